@@ -1,0 +1,32 @@
+//! Ployz's glossary (`CONTEXT.md`) as types.
+//!
+//! Every term a user, a log line or another crate speaks of has exactly one type here, spelled as
+//! the glossary spells it. The semantics are deliberately weak: names may be ambiguous, observations
+//! may be stale, results may be partial, and the types make the caller see that instead of hiding it.
+//!
+//! **Architecture Invariant:** this crate does no IO and starts no task. It is the vocabulary; the
+//! management API's wire format lives in [`api`] and nowhere else.
+
+pub mod api;
+mod healthcheck;
+mod id;
+mod membership;
+mod name;
+mod network;
+mod partial;
+mod phase;
+mod selector;
+
+pub use healthcheck::{ConfiguredHealthcheck, Healthcheck};
+pub use id::{ContainerId, IdError, MachineId, ServiceId};
+pub use membership::MembershipObservation;
+pub use name::{MachineName, NameError, ServiceName};
+pub use network::{
+    ClusterNetwork, MachineSubnet, ManagementAddress, NetworkError, DEFAULT_CLUSTER_NETWORK,
+};
+pub use partial::{PartialResult, TargetFailure};
+pub use phase::LocalMachinePhase;
+pub use selector::{
+    ContainerSelector, FanOutSelector, Identified, MachineTarget, Matches, ResolveError,
+    ServiceSelector,
+};

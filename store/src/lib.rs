@@ -1,0 +1,34 @@
+//! Ployz's local store, ready to replicate.
+//!
+//! Every Machine keeps one [`Store`]: a map from [`Key`] to the [`Record`] that currently wins for
+//! it. A record carries its origin Machine ID, a hybrid-logical-clock timestamp ([`Hlc`]), a
+//! per-origin sequence number and a tombstone flag. Two kinds of key exist:
+//!
+//! - **machine-owned** keys are written only by their Machine (its observations);
+//! - **cluster-scoped** keys are written by any Machine, last writer by HLC wins, ties broken by
+//!   Machine ID.
+//!
+//! Merging a remote record is idempotent, commutative and associative: the winner for a key is
+//! the maximum of a total order, so any delivery order of any set of records ends the same.
+//! Replication is the [`Digest`]/[`SyncBatch`] exchange in [`sync`](crate::Digest): a store says
+//! the highest sequence it has incorporated per origin, and a peer answers with the records of
+//! origin O after sequence N. The transport is not this crate's business.
+//!
+//! **Architecture Invariant:** sled is used here and nowhere else. Local writes are flushed to
+//! disk before they return.
+
+mod error;
+mod hlc;
+mod key;
+mod record;
+mod store;
+mod sync;
+mod watch;
+
+pub use error::StoreError;
+pub use hlc::Hlc;
+pub use key::{Key, KeyPrefix, Owner};
+pub use record::Record;
+pub use store::{MergeReport, Store};
+pub use sync::{Digest, SyncBatch, SyncRequest};
+pub use watch::{Change, Watch, WatchEvent};
