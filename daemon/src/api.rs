@@ -1,0 +1,151 @@
+//! The management API: JSON over HTTP, served on the daemon's unix socket.
+//!
+//! Handlers translate between [`ployz_core::api`] wire types and [`LocalMachine`]; every failure
+//! becomes an [`ApiError`] body with a code saying how the caller should react.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ployz_core::api::{self, ApiError, ErrorCode, MachineInitRequest, VersionInfo};
+
+use crate::local_machine::{LocalMachine, MachineError};
+
+/// An [`ApiError`] with its HTTP status.
+struct Failure(StatusCode, ApiError);
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        (self.0, Json(self.1)).into_response()
+    }
+}
+
+fn failure(status: StatusCode, code: ErrorCode, message: String, hint: Option<&str>) -> Failure {
+    Failure(
+        status,
+        ApiError {
+            code,
+            message,
+            hint: hint.map(str::to_owned),
+        },
+    )
+}
+
+impl From<MachineError> for Failure {
+    fn from(e: MachineError) -> Failure {
+        use ErrorCode::*;
+        let message = e.to_string();
+        match e {
+            MachineError::AlreadyInitialised { .. } => failure(
+                StatusCode::CONFLICT,
+                FailedPrecondition,
+                message,
+                Some("`ployz machine ls` shows it; a Machine is initialised once"),
+            ),
+            MachineError::NotInitialised => failure(
+                StatusCode::CONFLICT,
+                FailedPrecondition,
+                message,
+                Some("run `ployz machine init` first"),
+            ),
+            MachineError::InvalidName(_) => failure(
+                StatusCode::BAD_REQUEST,
+                InvalidArgument,
+                format!("name: {message}"),
+                None,
+            ),
+            MachineError::UnusableHostname(_) => failure(
+                StatusCode::BAD_REQUEST,
+                InvalidArgument,
+                message,
+                Some("give one with --name NAME"),
+            ),
+            MachineError::Store(ref s) if s.is_io() => failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Unavailable,
+                message,
+                Some("check the data dir's disk (full or read-only?) and the daemon log"),
+            ),
+            MachineError::Store(_) | MachineError::Io { .. } => failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Internal,
+                message,
+                Some("the daemon log has details"),
+            ),
+        }
+    }
+}
+
+/// Runs blocking work (fsyncs, sled) off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, MachineError> + Send + 'static,
+) -> Result<T, Failure> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(Failure::from),
+        Err(e) => Err(failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            format!("request handler failed: {e}"),
+            None,
+        )),
+    }
+}
+
+fn parse_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, Failure> {
+    if body.is_empty() {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            format!("request body is not valid: {e}"),
+            None,
+        )
+    })
+}
+
+async fn version(State(machine): State<Arc<LocalMachine>>) -> Json<VersionInfo> {
+    Json(VersionInfo {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        api: api::API_VERSION,
+        phase: machine.phase(),
+    })
+}
+
+async fn machines(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
+    let list = blocking(move || machine.machines()).await?;
+    Ok(Json(list).into_response())
+}
+
+async fn machine_init(
+    State(machine): State<Arc<LocalMachine>>,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    let request: MachineInitRequest = parse_body(&body)?;
+    let view = blocking(move || machine.init(request.name.as_deref())).await?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+async fn not_found() -> Failure {
+    failure(
+        StatusCode::NOT_FOUND,
+        ErrorCode::NotFound,
+        "no such API path".to_owned(),
+        Some("the CLI and daemon versions may differ; compare `ployz version`"),
+    )
+}
+
+/// The API's routes over one Machine.
+pub fn router(machine: Arc<LocalMachine>) -> Router {
+    Router::new()
+        .route(api::paths::VERSION, get(version))
+        .route(api::paths::MACHINES, get(machines))
+        .route(api::paths::MACHINE_INIT, post(machine_init))
+        .fallback(not_found)
+        .with_state(machine)
+}

@@ -1,0 +1,159 @@
+//! The daemon's configuration: built-in defaults, then an optional TOML file, then flags.
+//!
+//! [`DaemonConfig`] is the configuration the daemon actually runs with; [`DaemonConfigFile`] is
+//! the TOML front-end that lowers into it. `configs/daemon.toml` documents every key with its
+//! default, and a test keeps it equal to [`DaemonConfig::default`].
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use serde::Deserialize;
+
+/// Where the daemon keeps its data unless told otherwise.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/ployz";
+/// Where the management API listens unless told otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/ployz/ployz.sock";
+/// The group given access to the socket when it exists.
+pub const DEFAULT_SOCKET_GROUP: &str = "ployz";
+
+/// How log lines are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Text,
+    /// One JSON object per event.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("log format '{other}' is not one of: text, json")),
+        }
+    }
+}
+
+/// The configuration the daemon runs with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonConfig {
+    /// Identity, keys and the store live here.
+    pub data_dir: PathBuf,
+    /// The management API's unix socket (mode 0660).
+    pub socket: PathBuf,
+    /// The group that owns the socket, when such a group exists on this system.
+    pub socket_group: String,
+    /// Log line format.
+    pub log_format: LogFormat,
+    /// After SIGTERM, how long the daemon keeps serving before it closes listeners.
+    pub shutdown_grace_seconds: u64,
+    /// After the grace period, how long in-flight work may take before it is cut.
+    pub shutdown_timeout_seconds: u64,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            data_dir: DEFAULT_DATA_DIR.into(),
+            socket: DEFAULT_SOCKET.into(),
+            socket_group: DEFAULT_SOCKET_GROUP.into(),
+            log_format: LogFormat::Text,
+            shutdown_grace_seconds: 0,
+            shutdown_timeout_seconds: 5,
+        }
+    }
+}
+
+/// The TOML file's shape. Every key is optional; unknown keys are refused.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DaemonConfigFile {
+    pub data_dir: Option<PathBuf>,
+    pub socket: Option<PathBuf>,
+    pub socket_group: Option<String>,
+    pub log_format: Option<LogFormat>,
+    pub shutdown: Option<ShutdownSection>,
+}
+
+/// `[shutdown]` in the TOML file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownSection {
+    pub grace_seconds: Option<u64>,
+    pub timeout_seconds: Option<u64>,
+}
+
+impl DaemonConfigFile {
+    /// Reads and parses a TOML config file; the error names the file and the bad key.
+    pub fn load(path: &Path) -> anyhow::Result<DaemonConfigFile> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("config file {} is invalid", path.display()))
+    }
+
+    /// Parses TOML text.
+    pub fn parse(text: &str) -> anyhow::Result<DaemonConfigFile> {
+        Ok(toml::from_str(text)?)
+    }
+
+    /// The defaults overridden by what this file sets.
+    pub fn apply_to(self, mut config: DaemonConfig) -> DaemonConfig {
+        if let Some(v) = self.data_dir {
+            config.data_dir = v;
+        }
+        if let Some(v) = self.socket {
+            config.socket = v;
+        }
+        if let Some(v) = self.socket_group {
+            config.socket_group = v;
+        }
+        if let Some(v) = self.log_format {
+            config.log_format = v;
+        }
+        if let Some(s) = self.shutdown {
+            if let Some(v) = s.grace_seconds {
+                config.shutdown_grace_seconds = v;
+            }
+            if let Some(v) = s.timeout_seconds {
+                config.shutdown_timeout_seconds = v;
+            }
+        }
+        config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_example_states_the_defaults() {
+        let text = include_str!("../../configs/daemon.toml");
+        let parsed = DaemonConfigFile::parse(text).unwrap();
+        assert_eq!(
+            parsed.apply_to(DaemonConfig::default()),
+            DaemonConfig::default()
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let err = DaemonConfigFile::parse("data_dri = \"/x\"").unwrap_err();
+        assert!(format!("{err:#}").contains("data_dri"), "{err:#}");
+    }
+
+    #[test]
+    fn file_values_override_defaults() {
+        let parsed =
+            DaemonConfigFile::parse("socket = \"/tmp/p.sock\"\n[shutdown]\ngrace_seconds = 7\n")
+                .unwrap();
+        let c = parsed.apply_to(DaemonConfig::default());
+        assert_eq!(c.socket, PathBuf::from("/tmp/p.sock"));
+        assert_eq!(c.shutdown_grace_seconds, 7);
+        assert_eq!(c.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+    }
+}

@@ -1,0 +1,162 @@
+//! The Machine's local identity on disk: who this Machine is, before and beside the store.
+//!
+//! `machine.json` holds the Machine ID, Machine Name, Local Machine Phase, Machine Subnet and
+//! public key; `wireguard.key` holds the private key (mode 0600). Both are written atomically.
+//! The identity file is written last during `init`, so a crash midway leaves an uninitialised
+//! Machine that can simply be initialised again.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use ployz_core::api::MachineInfo;
+use ployz_core::{
+    ClusterNetwork, LocalMachinePhase, MachineId, MachineName, MachineSubnet, ManagementAddress,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::fsutil::write_atomic;
+
+/// The paths inside the data dir.
+#[derive(Debug, Clone)]
+pub struct DataDir {
+    root: PathBuf,
+}
+
+impl DataDir {
+    pub fn new(root: impl Into<PathBuf>) -> DataDir {
+        DataDir { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn identity_file(&self) -> PathBuf {
+        self.root.join("machine.json")
+    }
+
+    pub fn private_key_file(&self) -> PathBuf {
+        self.root.join("wireguard.key")
+    }
+
+    pub fn store_dir(&self) -> PathBuf {
+        self.root.join("store")
+    }
+}
+
+/// What this Machine knows about itself, independent of the store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalIdentity {
+    pub id: MachineId,
+    pub name: MachineName,
+    pub phase: LocalMachinePhase,
+    pub cluster_network: ClusterNetwork,
+    pub subnet: MachineSubnet,
+    /// WireGuard public key, base64.
+    pub public_key: String,
+}
+
+impl LocalIdentity {
+    /// Reads the identity file; `None` when this Machine was never initialised.
+    pub fn load(dir: &DataDir) -> anyhow::Result<Option<LocalIdentity>> {
+        let path = dir.identity_file();
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(|e| {
+                anyhow::anyhow!(
+                    "{} is not a valid identity file ({e}); move it away to start this Machine anew",
+                    path.display()
+                )
+            })?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+        }
+    }
+
+    /// Writes the identity file atomically.
+    pub fn save(&self, dir: &DataDir) -> std::io::Result<()> {
+        let bytes = serde_json::to_vec_pretty(self).expect("identity serialises");
+        write_atomic(&dir.identity_file(), &bytes, 0o644)
+    }
+
+    /// The Management Address derived from the public key.
+    pub fn management_address(&self) -> ManagementAddress {
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(&self.public_key)
+            .ok()
+            .and_then(|v| <[u8; 32]>::try_from(v).ok())
+            .unwrap_or([0; 32]);
+        ManagementAddress::from_public_key(&raw)
+    }
+
+    /// What this Machine publishes about itself in the store.
+    pub fn info(&self) -> MachineInfo {
+        MachineInfo {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            phase: self.phase,
+            subnet: self.subnet,
+            public_key: self.public_key.clone(),
+            management_address: self.management_address(),
+        }
+    }
+}
+
+/// A new WireGuard key pair, both halves base64 as `wg` prints them.
+pub struct KeyPair {
+    pub private_key: String,
+    pub public_key: String,
+}
+
+impl KeyPair {
+    pub fn generate() -> KeyPair {
+        let secret = x25519_dalek::StaticSecret::from(rand::random::<[u8; 32]>());
+        let public = x25519_dalek::PublicKey::from(&secret);
+        let b64 = base64::engine::general_purpose::STANDARD;
+        KeyPair {
+            private_key: b64.encode(secret.to_bytes()),
+            public_key: b64.encode(public.as_bytes()),
+        }
+    }
+
+    /// Writes the private key, mode 0600, atomically.
+    pub fn save_private(&self, dir: &DataDir) -> std::io::Result<()> {
+        write_atomic(
+            &dir.private_key_file(),
+            format!("{}\n", self.private_key).as_bytes(),
+            0o600,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_a_matching_curve25519_pair() {
+        let kp = KeyPair::generate();
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let private: [u8; 32] = b64.decode(&kp.private_key).unwrap().try_into().unwrap();
+        let public = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(private));
+        assert_eq!(b64.encode(public.as_bytes()), kp.public_key);
+    }
+
+    #[test]
+    fn identity_round_trips_through_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let dd = DataDir::new(dir.path());
+        assert!(LocalIdentity::load(&dd).unwrap().is_none());
+        let net = ClusterNetwork::default();
+        let id = LocalIdentity {
+            id: MachineId::generate(),
+            name: "m1".parse().unwrap(),
+            phase: LocalMachinePhase::Participating,
+            cluster_network: net,
+            subnet: net.first_free_subnet(&[]).unwrap(),
+            public_key: KeyPair::generate().public_key,
+        };
+        id.save(&dd).unwrap();
+        assert_eq!(LocalIdentity::load(&dd).unwrap().unwrap(), id);
+        assert!(id.management_address().to_string().starts_with("fdcc:"));
+    }
+}

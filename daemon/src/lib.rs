@@ -1,0 +1,20 @@
+//! The Ployz daemon: `ployz daemon run`, one process per Machine.
+//!
+//! A Pingora [`Server`](pingora::server::Server) is the process's frame. Today it carries the
+//! management API (JSON over HTTP on a unix socket) and the Machine's local identity and store;
+//! the edge, orchestrator, mesh, certificates and DNS join it as services of the same server.
+//!
+//! Lifecycle: [`DaemonConfig`] is resolved (built-in defaults, then a TOML file, then flags), the
+//! socket is bound before anything starts so a second daemon on the same path fails at once, the
+//! server runs until SIGTERM (graceful) or SIGINT (fast), and the store is flushed and the socket
+//! removed on the way out.
+
+mod api;
+mod config;
+mod fsutil;
+mod identity;
+mod local_machine;
+mod server;
+
+pub use config::{DaemonConfig, DaemonConfigFile, LogFormat};
+pub use server::run;

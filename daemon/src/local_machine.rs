@@ -1,0 +1,248 @@
+//! This Machine: its identity, its phase and its store, and the operations on them that the
+//! management API exposes.
+
+use std::sync::{Arc, Mutex};
+
+use ployz_core::api::{MachineInfo, MachineList, MachineView};
+use ployz_core::{
+    ClusterNetwork, LocalMachinePhase, MachineId, MachineName, MembershipObservation, NameError,
+    PartialResult, TargetFailure,
+};
+use ployz_store::{Key, KeyPrefix, Store, StoreError};
+
+use crate::identity::{DataDir, KeyPair, LocalIdentity};
+
+/// Store namespace of the records each Machine publishes about itself.
+pub const MACHINES_NAMESPACE: &str = "machines";
+/// Name of a Machine's self-description within [`MACHINES_NAMESPACE`].
+const INFO: &str = "info";
+
+/// Why an operation on this Machine failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    #[error("this Machine is already initialised as '{name}' ({id})")]
+    AlreadyInitialised { name: MachineName, id: MachineId },
+    #[error("this Machine is not initialised yet")]
+    NotInitialised,
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    #[error("the hostname '{0}' does not make a valid Machine Name")]
+    UnusableHostname(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{action}: {source}")]
+    Io {
+        action: String,
+        source: std::io::Error,
+    },
+}
+
+struct State {
+    identity: Option<LocalIdentity>,
+    store: Option<Arc<Store>>,
+}
+
+/// This Machine, as its daemon holds it.
+pub struct LocalMachine {
+    dir: DataDir,
+    state: Mutex<State>,
+}
+
+fn io(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> MachineError {
+    let action = action.into();
+    move |source| MachineError::Io { action, source }
+}
+
+fn machine_key(id: &MachineId) -> Key {
+    Key::machine(id, MACHINES_NAMESPACE, INFO)
+}
+
+/// Publishes `info` unless the store already holds exactly it.
+fn publish(store: &Store, info: &MachineInfo) -> Result<(), MachineError> {
+    let key = machine_key(&info.id);
+    let value = serde_json::to_vec(info).expect("machine info serialises");
+    let current = store.get(&key)?;
+    if current.as_ref().and_then(|r| r.live_value()) != Some(value.as_slice()) {
+        store.put(&key, value)?;
+    }
+    Ok(())
+}
+
+impl LocalMachine {
+    /// Loads this Machine from its data dir, opening the store when it is initialised.
+    pub fn open(dir: DataDir) -> anyhow::Result<LocalMachine> {
+        std::fs::create_dir_all(dir.root())
+            .map_err(|e| anyhow::anyhow!("cannot create data dir {}: {e}", dir.root().display()))?;
+        let identity = LocalIdentity::load(&dir)?;
+        let store = match &identity {
+            Some(identity) => {
+                let store = Store::open(dir.store_dir(), identity.id.clone()).map_err(|e| {
+                    anyhow::anyhow!("cannot open store {}: {e}", dir.store_dir().display())
+                })?;
+                publish(&store, &identity.info())?;
+                Some(Arc::new(store))
+            }
+            None => None,
+        };
+        Ok(LocalMachine {
+            dir,
+            state: Mutex::new(State { identity, store }),
+        })
+    }
+
+    /// This Machine's own phase.
+    pub fn phase(&self) -> LocalMachinePhase {
+        let state = self.state.lock().expect("machine state poisoned");
+        state
+            .identity
+            .as_ref()
+            .map_or(LocalMachinePhase::Uninitialized, |i| i.phase)
+    }
+
+    /// The store, once this Machine is initialised.
+    pub fn store(&self) -> Option<Arc<Store>> {
+        self.state
+            .lock()
+            .expect("machine state poisoned")
+            .store
+            .clone()
+    }
+
+    /// Creates this Machine's Cluster identity: Machine ID, Machine Name (`name`, or the
+    /// sanitised hostname), the first Machine Subnet, a WireGuard key pair; then participates.
+    pub fn init(&self, name: Option<&str>) -> Result<MachineView, MachineError> {
+        let name: MachineName = match name {
+            Some(n) => n.parse()?,
+            None => {
+                let host = hostname();
+                MachineName::sanitize_hostname(&host).ok_or(MachineError::UnusableHostname(host))?
+            }
+        };
+        let mut state = self.state.lock().expect("machine state poisoned");
+        if let Some(existing) = &state.identity {
+            return Err(MachineError::AlreadyInitialised {
+                name: existing.name.clone(),
+                id: existing.id.clone(),
+            });
+        }
+        let network = ClusterNetwork::default();
+        let subnet = network
+            .first_free_subnet(&[])
+            .expect("an empty cluster network has a free subnet");
+        let keys = KeyPair::generate();
+        keys.save_private(&self.dir)
+            .map_err(io("writing the WireGuard private key"))?;
+        // A store left by an init that crashed before writing the identity belongs to no one.
+        let store_dir = self.dir.store_dir();
+        if store_dir.exists() {
+            std::fs::remove_dir_all(&store_dir)
+                .map_err(io("removing a store left by an interrupted init"))?;
+        }
+        let identity = LocalIdentity {
+            id: MachineId::generate(),
+            name,
+            phase: LocalMachinePhase::Participating,
+            cluster_network: network,
+            subnet,
+            public_key: keys.public_key,
+        };
+        let store = Store::open(&store_dir, identity.id.clone())?;
+        publish(&store, &identity.info())?;
+        identity
+            .save(&self.dir)
+            .map_err(io("writing the identity file"))?;
+        tracing::info!(machine_id = %identity.id, machine_name = %identity.name, subnet = %identity.subnet, "machine initialised");
+        let view = MachineView {
+            info: identity.info(),
+            membership: MembershipObservation::Up,
+        };
+        state.identity = Some(identity);
+        state.store = Some(Arc::new(store));
+        Ok(view)
+    }
+
+    /// Every Machine this Machine observes: what each published in the store, with this
+    /// Machine's Membership Observation of it. A record that does not decode is reported as a
+    /// failure for that Machine, beside the others.
+    pub fn machines(&self) -> Result<MachineList, MachineError> {
+        let (identity, store) = {
+            let state = self.state.lock().expect("machine state poisoned");
+            match (&state.identity, &state.store) {
+                (Some(i), Some(s)) => (i.clone(), s.clone()),
+                _ => return Err(MachineError::NotInitialised),
+            }
+        };
+        let mut result = PartialResult::default();
+        for record in store.scan_live(&KeyPrefix::machine_namespace(MACHINES_NAMESPACE))? {
+            if record.key.name() != INFO {
+                continue;
+            }
+            match serde_json::from_slice::<MachineInfo>(&record.value) {
+                Ok(info) => {
+                    let membership = if info.id == identity.id {
+                        MembershipObservation::Up
+                    } else {
+                        MembershipObservation::Unknown
+                    };
+                    result.values.push(MachineView { info, membership });
+                }
+                Err(e) => result.failures.push(TargetFailure {
+                    target: record.origin.to_string(),
+                    reason: format!("its machine record does not decode: {e}"),
+                }),
+            }
+        }
+        Ok(result)
+    }
+
+    /// Flushes the store; called on shutdown.
+    pub fn flush(&self) {
+        if let Some(store) = self.store() {
+            if let Err(e) = store.flush() {
+                tracing::error!(error = %e, "flushing the store on shutdown failed");
+            }
+        }
+    }
+}
+
+/// This system's hostname.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_creates_identity_once_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = LocalMachine::open(DataDir::new(dir.path())).unwrap();
+        assert_eq!(m.phase(), LocalMachinePhase::Uninitialized);
+        assert!(matches!(m.machines(), Err(MachineError::NotInitialised)));
+        let view = m.init(Some("alpha")).unwrap();
+        assert_eq!(view.info.subnet.to_string(), "10.210.0.0/24");
+        assert_eq!(m.phase(), LocalMachinePhase::Participating);
+        let again = m.init(Some("beta")).unwrap_err();
+        assert!(again.to_string().contains("already initialised as 'alpha'"));
+        drop(m);
+        let reopened = LocalMachine::open(DataDir::new(dir.path())).unwrap();
+        let list = reopened.machines().unwrap();
+        assert_eq!(list.values.len(), 1);
+        assert_eq!(list.values[0].info, view.info);
+        // Reopening republishes nothing when nothing changed.
+        let store = reopened.store().unwrap();
+        assert_eq!(store.digest().unwrap().get(&view.info.id), 1);
+    }
+
+    #[test]
+    fn a_bad_name_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = LocalMachine::open(DataDir::new(dir.path())).unwrap();
+        let err = m.init(Some("Bad_Name")).unwrap_err();
+        assert!(err.to_string().contains("Machine Name 'Bad_Name'"), "{err}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}

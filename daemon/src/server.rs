@@ -1,0 +1,169 @@
+//! Composition: the Pingora server, its services, startup checks and shutdown.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, Context as _};
+use async_trait::async_trait;
+use pingora::server::configuration::ServerConf;
+use pingora::server::{RunArgs, Server, ShutdownWatch};
+use pingora::services::background::{background_service, BackgroundService};
+
+use crate::api;
+use crate::config::{DaemonConfig, LogFormat};
+use crate::identity::DataDir;
+use crate::local_machine::LocalMachine;
+
+/// Runs the daemon until SIGTERM or SIGINT. Blocks the calling thread; call it outside any async
+/// runtime (Pingora starts its own).
+pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
+    init_logging(config.log_format);
+    let listener = bind_socket(&config.socket, &config.socket_group)?;
+    let machine = Arc::new(
+        LocalMachine::open(DataDir::new(&config.data_dir))
+            .context("cannot load this Machine's data")?,
+    );
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        socket = %config.socket.display(),
+        data_dir = %config.data_dir.display(),
+        phase = %machine.phase(),
+        "ployz daemon starting"
+    );
+
+    let runtime_dir = config.data_dir.join("run");
+    std::fs::create_dir_all(&runtime_dir)
+        .with_context(|| format!("cannot create {}", runtime_dir.display()))?;
+    let conf = ServerConf {
+        pid_file: runtime_dir.join("ployz.pid").display().to_string(),
+        upgrade_sock: runtime_dir.join("upgrade.sock").display().to_string(),
+        threads: 1,
+        grace_period_seconds: Some(config.shutdown_grace_seconds),
+        graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout_seconds),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    server.add_service(background_service(
+        "management API",
+        ApiService {
+            listener: Mutex::new(Some(listener)),
+            machine: machine.clone(),
+        },
+    ));
+    server.run(RunArgs::default());
+
+    machine.flush();
+    let _ = std::fs::remove_file(&config.socket);
+    tracing::info!("ployz daemon stopped");
+    Ok(())
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PLOYZ_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Binds the management socket with mode 0660 (group `group` when it exists). A live socket
+/// at the path means another daemon runs there: refuse. A dead one is a leftover: replace it.
+fn bind_socket(path: &Path, group: &str) -> anyhow::Result<UnixListener> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create socket directory {}", parent.display()))?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            bail!(
+                "another ployz daemon is already listening on {}; stop it, or give this one its own --socket and --data-dir",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("cannot remove stale socket {}", path.display()))?;
+    }
+    let listener =
+        UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .with_context(|| format!("cannot set mode 0660 on {}", path.display()))?;
+    if let Some(gid) = group_id(group) {
+        if let Err(e) = std::os::unix::fs::chown(path, None, Some(gid)) {
+            tracing::warn!(socket = %path.display(), group, error = %e, "cannot give the socket to its group");
+        }
+    }
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// The ID of a group by name, from `/etc/group`.
+fn group_id(name: &str) -> Option<u32> {
+    let groups = std::fs::read_to_string("/etc/group").ok()?;
+    groups.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next()? == name).then_some(())?;
+        fields.nth(1)?.parse().ok()
+    })
+}
+
+/// Serves the management API on the bound socket until shutdown.
+struct ApiService {
+    listener: Mutex<Option<UnixListener>>,
+    machine: Arc<LocalMachine>,
+}
+
+#[async_trait]
+impl BackgroundService for ApiService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let Some(std_listener) = self.listener.lock().expect("listener lock").take() else {
+            return;
+        };
+        let listener = match tokio::net::UnixListener::from_std(std_listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(error = %e, "management API cannot use its socket");
+                return;
+            }
+        };
+        let app = api::router(self.machine.clone());
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = shutdown.changed().await;
+            })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "management API stopped");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_socket_is_refused_and_a_stale_one_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/ployz.sock");
+        let first = bind_socket(&path, "no-such-group").unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o660);
+        let err = bind_socket(&path, "no-such-group").unwrap_err();
+        assert!(err.to_string().contains("already listening"), "{err}");
+        drop(first);
+        bind_socket(&path, "no-such-group").expect("a stale socket is replaced");
+    }
+
+    #[test]
+    fn group_ids_come_from_etc_group() {
+        assert_eq!(group_id("root"), Some(0));
+        assert_eq!(group_id("no-such-group-here"), None);
+    }
+}
