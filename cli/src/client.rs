@@ -1,0 +1,272 @@
+//! The management API client: HTTP/1.1 over a unix socket, or over the stdio of the system `ssh`
+//! running `ployz dial-stdio` on the far side.
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context as _};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use ployz_core::api::ApiError;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::process::{Child, Command};
+
+use crate::connection::{Connection, SshTarget};
+
+/// The program and options used for SSH; `PLOYZ_SSH_COMMAND` replaces the default `ssh`
+/// (for instance `ssh -F /path/to/config`). Host keys are always checked: the CLI adds
+/// `StrictHostKeyChecking=accept-new` on the command line, which a config file cannot weaken.
+const SSH_COMMAND_ENV: &str = "PLOYZ_SSH_COMMAND";
+
+/// A connected client.
+pub struct ApiClient {
+    sender: SendRequest<Full<Bytes>>,
+    connection: Connection,
+    ssh: Option<SshProcess>,
+}
+
+struct SshProcess {
+    child: Child,
+    stderr: Arc<Mutex<Vec<u8>>>,
+}
+
+impl SshProcess {
+    /// ssh's exit status and what it printed, once it has ended (bounded wait).
+    async fn failure_report(&mut self) -> String {
+        let status = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+        // Give the stderr reader a moment to drain.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let text = String::from_utf8_lossy(&self.stderr.lock().expect("stderr lock")).into_owned();
+        let text: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.chars().all(|c| c == '@'))
+            .collect();
+        let status = match status {
+            Ok(Ok(s)) => format!("{s}"),
+            _ => "still running".to_owned(),
+        };
+        if text.is_empty() {
+            format!("ssh {status}")
+        } else {
+            format!("ssh {status}: {}", text.join(" "))
+        }
+    }
+}
+
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+fn ssh_command(target: &SshTarget) -> anyhow::Result<Command> {
+    let words = match std::env::var(SSH_COMMAND_ENV) {
+        Ok(v) if !v.trim().is_empty() => shlex::split(&v)
+            .ok_or_else(|| anyhow!("{SSH_COMMAND_ENV}='{v}' has unbalanced quotes"))?,
+        _ => vec!["ssh".to_owned()],
+    };
+    let (program, args) = words.split_first().expect("at least one word");
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    cmd.args([
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=5",
+        "-o",
+        "LogLevel=ERROR",
+    ]);
+    if let Some(port) = target.port {
+        cmd.args(["-p", &port.to_string()]);
+    }
+    if let Some(key) = &target.key_file {
+        cmd.arg("-i").arg(key);
+    }
+    let destination = match &target.user {
+        Some(u) => format!("{u}@{}", target.host),
+        None => target.host.clone(),
+    };
+    cmd.arg("--").arg(destination);
+    cmd.args(["ployz", "dial-stdio"]);
+    if let Some(socket) = &target.remote_socket {
+        cmd.args(["--socket", socket]);
+    }
+    Ok(cmd)
+}
+
+impl ApiClient {
+    /// Opens a connection to a daemon.
+    pub async fn connect(connection: &Connection) -> anyhow::Result<ApiClient> {
+        let (stream, ssh): (Box<dyn Stream>, Option<SshProcess>) = match connection {
+            Connection::Unix(path) => {
+                let stream = tokio::net::UnixStream::connect(path).await.map_err(|e| {
+                    let why = match e.kind() {
+                        std::io::ErrorKind::NotFound => {
+                            "no socket there; is `ployz daemon run` running? Start it, or point --connect at its socket".to_owned()
+                        }
+                        std::io::ErrorKind::PermissionDenied => {
+                            "permission denied; run as root or as a member of the 'ployz' group".to_owned()
+                        }
+                        std::io::ErrorKind::ConnectionRefused => {
+                            "nothing listens there (a stale socket?); start `ployz daemon run`".to_owned()
+                        }
+                        _ => e.to_string(),
+                    };
+                    anyhow!("cannot reach the daemon at {connection}: {why}")
+                })?;
+                (Box::new(stream), None)
+            }
+            Connection::Ssh(target) => {
+                let mut cmd = ssh_command(target)?;
+                cmd.stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .kill_on_drop(true);
+                let mut child = cmd
+                    .spawn()
+                    .with_context(|| format!("cannot start ssh for {connection}"))?;
+                let stdin = child.stdin.take().expect("piped stdin");
+                let stdout = child.stdout.take().expect("piped stdout");
+                let mut stderr = child.stderr.take().expect("piped stderr");
+                let buffer = Arc::new(Mutex::new(Vec::new()));
+                let sink = buffer.clone();
+                tokio::spawn(async move {
+                    let mut chunk = [0u8; 1024];
+                    while let Ok(n) = stderr.read(&mut chunk).await {
+                        if n == 0 {
+                            break;
+                        }
+                        sink.lock()
+                            .expect("stderr lock")
+                            .extend_from_slice(&chunk[..n]);
+                    }
+                });
+                (
+                    Box::new(tokio::io::join(stdout, stdin)),
+                    Some(SshProcess {
+                        child,
+                        stderr: buffer,
+                    }),
+                )
+            }
+        };
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .with_context(|| format!("cannot speak HTTP to the daemon at {connection}"))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(ApiClient {
+            sender,
+            connection: connection.clone(),
+            ssh,
+        })
+    }
+
+    /// `GET path`, decoding the JSON answer.
+    pub async fn get<T: DeserializeOwned>(&mut self, path: &str) -> anyhow::Result<T> {
+        self.call(Method::GET, path, None::<&()>).await
+    }
+
+    /// `POST path` with a JSON body, decoding the JSON answer.
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
+        &mut self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    async fn call<B: Serialize, T: DeserializeOwned>(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> anyhow::Result<T> {
+        let bytes = match body {
+            Some(b) => Bytes::from(serde_json::to_vec(b)?),
+            None => Bytes::new(),
+        };
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "ployz")
+            .header("user-agent", concat!("ployz/", env!("CARGO_PKG_VERSION")))
+            .header("content-type", "application/json")
+            .body(Full::new(bytes))?;
+        let sent = async {
+            self.sender.ready().await?;
+            let response = self.sender.send_request(request).await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok::<_, hyper::Error>((status, body))
+        }
+        .await;
+        let (status, body) = match sent {
+            Ok(answer) => answer,
+            Err(e) => {
+                if let Some(ssh) = &mut self.ssh {
+                    let report = ssh.failure_report().await;
+                    bail!("cannot reach the daemon at {}: {report}", self.connection);
+                }
+                bail!("the daemon at {} did not answer: {e}", self.connection);
+            }
+        };
+        if status.is_success() {
+            return serde_json::from_slice(&body).with_context(|| {
+                format!("the daemon answered {path} with a body this CLI does not understand; compare `ployz version` on both sides")
+            });
+        }
+        match serde_json::from_slice::<ApiError>(&body) {
+            Ok(api_error) => Err(api_error.into()),
+            Err(_) => Err(unexpected(status, &body)),
+        }
+    }
+}
+
+fn unexpected(status: StatusCode, body: &[u8]) -> anyhow::Error {
+    let text = String::from_utf8_lossy(body);
+    anyhow!(
+        "the daemon answered {status}: {}",
+        text.chars().take(200).collect::<String>()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ssh_always_checks_host_keys_and_runs_dial_stdio() {
+        let target = SshTarget {
+            user: Some("root".into()),
+            host: "127.0.0.1".into(),
+            port: Some(2222),
+            remote_socket: Some("/tmp/p.sock".into()),
+            key_file: Some("/k".into()),
+        };
+        let cmd = ssh_command(&target).unwrap();
+        let args: Vec<String> = cmd
+            .as_std()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let joined = args.join(" ");
+        assert!(
+            joined.contains("-o StrictHostKeyChecking=accept-new"),
+            "{joined}"
+        );
+        assert!(!joined.contains("StrictHostKeyChecking=no"));
+        assert!(
+            joined
+                .ends_with("-p 2222 -i /k -- root@127.0.0.1 ployz dial-stdio --socket /tmp/p.sock"),
+            "{joined}"
+        );
+    }
+}

@@ -1,0 +1,47 @@
+//! `ployz daemon run`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use ployz_daemon::{DaemonConfig, DaemonConfigFile, LogFormat};
+
+#[derive(Debug, Subcommand)]
+pub enum DaemonCommand {
+    /// Run the daemon in the foreground until SIGTERM (graceful) or SIGINT (fast).
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// A TOML config file (see configs/daemon.toml); flags override what it sets.
+    #[arg(long, value_name = "FILE", env = "PLOYZ_DAEMON_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where identity, keys and the store live [default: /var/lib/ployz].
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// The management API's unix socket [default: /run/ployz/ployz.sock].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Log lines as `text` or `json` [default: text].
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
+}
+
+pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
+    let DaemonCommand::Run(args) = cmd;
+    let file = match &args.config {
+        Some(path) => DaemonConfigFile::load(path)?,
+        None => DaemonConfigFile::default(),
+    };
+    let mut config = file.apply_to(DaemonConfig::default());
+    if let Some(v) = args.data_dir {
+        config.data_dir = v;
+    }
+    if let Some(v) = args.socket {
+        config.socket = v;
+    }
+    if let Some(v) = args.log_format {
+        config.log_format = v;
+    }
+    ployz_daemon::run(config)
+}

@@ -1,0 +1,66 @@
+//! One module per command group.
+
+pub mod ctx;
+pub mod daemon;
+pub mod dial_stdio;
+pub mod machine;
+pub mod version;
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+
+use crate::client::ApiClient;
+use crate::config::{self, CliConfig};
+use crate::connection::{Connection, DEFAULT_SOCKET};
+use crate::GlobalArgs;
+
+/// The config file path in force.
+pub fn config_path(global: &GlobalArgs) -> PathBuf {
+    global.config.clone().unwrap_or_else(config::default_path)
+}
+
+/// The connections to try, in order: `--connect`; else the named or current context's
+/// connections; else the local socket.
+pub fn connections(global: &GlobalArgs) -> anyhow::Result<Vec<Connection>> {
+    if let Some(c) = &global.connect {
+        return Ok(vec![c.clone()]);
+    }
+    let path = config_path(global);
+    let cfg = CliConfig::load(&path)?;
+    let name = global.context.clone().or(cfg.current_context.clone());
+    let Some(name) = name else {
+        return Ok(vec![Connection::Unix(DEFAULT_SOCKET.into())]);
+    };
+    let context = cfg.context(&name)?;
+    if context.connections.is_empty() {
+        anyhow::bail!(
+            "context '{name}' has no connections; add one with `ployz ctx add {name} --connect URL`"
+        );
+    }
+    context
+        .connections
+        .iter()
+        .map(|c| {
+            c.to_connection()
+                .with_context(|| format!("context '{name}' in {}", path.display()))
+        })
+        .collect()
+}
+
+/// Connects to the first connection that answers.
+pub async fn connect(global: &GlobalArgs) -> anyhow::Result<ApiClient> {
+    let candidates = connections(global)?;
+    let mut failures = Vec::new();
+    for candidate in &candidates {
+        match ApiClient::connect(candidate).await {
+            Ok(client) => return Ok(client),
+            Err(e) => failures.push(e),
+        }
+    }
+    if failures.len() == 1 {
+        return Err(failures.remove(0));
+    }
+    let reasons: Vec<String> = failures.iter().map(|e| format!("{e:#}")).collect();
+    anyhow::bail!("no connection answered: {}", reasons.join("; "))
+}

@@ -1,0 +1,220 @@
+//! The end-to-end harness: real `ployz daemon run` processes in temp dirs, driven by the real
+//! `ployz` CLI. Everything a test starts is stopped by PID when the test's handles drop.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const PLOYZ: &str = env!("CARGO_BIN_EXE_ployz");
+
+/// A temp dir holding one test's daemons, sockets and CLI config.
+pub struct Lab {
+    pub dir: tempfile::TempDir,
+}
+
+impl Lab {
+    pub fn new() -> Lab {
+        Lab {
+            dir: tempfile::Builder::new()
+                .prefix("ployz-e2e-")
+                .tempdir()
+                .unwrap(),
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The CLI with HOME and config pointed into the lab, and no ambient connection settings.
+    pub fn cli(&self) -> Command {
+        let mut cmd = Command::new(PLOYZ);
+        cmd.env("HOME", self.dir.path())
+            .env("XDG_CONFIG_HOME", self.dir.path().join("config"))
+            .env_remove("PLOYZ_CONNECT")
+            .env_remove("PLOYZ_CONTEXT")
+            .env_remove("PLOYZ_CONFIG")
+            .env_remove("PLOYZ_SSH_COMMAND")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Runs the CLI against `daemon`'s socket.
+    pub fn ployz(&self, daemon: &Daemon, args: &[&str]) -> Output {
+        self.cli()
+            .arg("--connect")
+            .arg(daemon.connect_url())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// Starts a daemon whose data dir and socket are named after `name`.
+    pub fn daemon(&self, name: &str) -> Daemon {
+        Daemon::start(
+            self.path(&format!("{name}-data")),
+            self.path(&format!("{name}.sock")),
+        )
+    }
+}
+
+/// A running `ployz daemon run`.
+pub struct Daemon {
+    pub data_dir: PathBuf,
+    pub socket: PathBuf,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(data_dir: PathBuf, socket: PathBuf) -> Daemon {
+        let log = data_dir.with_extension("log");
+        let child = spawn_daemon(&data_dir, &socket, &log);
+        let mut d = Daemon {
+            data_dir,
+            socket,
+            child: Some(child),
+            log,
+        };
+        d.wait_ready();
+        d
+    }
+
+    pub fn connect_url(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("daemon exited early ({status}): {}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("daemon not ready within 20 s: {}", self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM, a bounded wait, then SIGKILL. Returns whether it stopped on SIGTERM.
+    pub fn stop(&mut self) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        stop_child(&mut child, Duration::from_secs(10))
+    }
+
+    /// Stops and starts again on the same data dir and socket.
+    pub fn restart(&mut self) {
+        assert!(
+            self.stop(),
+            "daemon did not stop on SIGTERM: {}",
+            self.log_text()
+        );
+        self.child = Some(spawn_daemon(&self.data_dir, &self.socket, &self.log));
+        self.wait_ready();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn spawn_daemon(data_dir: &Path, socket: &Path, log: &Path) -> Child {
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    Command::new(PLOYZ)
+        .args(["daemon", "run", "--data-dir"])
+        .arg(data_dir)
+        .arg("--socket")
+        .arg(socket)
+        .env("PLOYZ_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone().unwrap())
+        .stderr(log_file)
+        .spawn()
+        .unwrap()
+}
+
+/// SIGTERM, wait up to `grace`, then SIGKILL. Returns whether SIGTERM sufficed.
+pub fn stop_child(child: &mut Child, grace: Duration) -> bool {
+    if child.try_wait().unwrap().is_some() {
+        return true;
+    }
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if child.try_wait().unwrap().is_some() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    false
+}
+
+/// stdout as text.
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// stderr as text.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts a command failed with exactly one line on stderr containing every `needle`.
+pub fn assert_one_line_error(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert!(
+        !o.status.success(),
+        "expected failure, got success: {}",
+        stdout(o)
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err:?}");
+    assert!(err.starts_with("error: "), "{err}");
+    for n in needles {
+        assert!(err.contains(n), "missing {n:?} in {err:?}");
+    }
+}
+
+/// Parses stdout as JSON, or panics with both streams.
+pub fn json(o: &Output) -> serde_json::Value {
+    assert!(
+        o.status.success(),
+        "command failed: {}{}",
+        stdout(o),
+        stderr(o)
+    );
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", stdout(o)))
+}
+
+/// A free TCP port on loopback (released before return; a test binds it soon after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

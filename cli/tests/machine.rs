@@ -1,0 +1,174 @@
+//! `ployz machine init|ls` and the daemon's lifecycle, end to end through real processes.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn init_then_ls_then_restart_keeps_the_machine() {
+    let lab = Lab::new();
+    let mut daemon = lab.daemon("m1");
+
+    let version = json(&lab.ployz(&daemon, &["version", "--json"]));
+    assert_eq!(version["daemon"]["phase"], "uninitialized");
+
+    let init = json(&lab.ployz(&daemon, &["machine", "init", "--name", "alpha", "--json"]));
+    assert_eq!(init["name"], "alpha");
+    assert_eq!(init["phase"], "participating");
+    assert_eq!(init["subnet"], "10.210.0.0/24");
+    let id = init["id"].as_str().unwrap().to_owned();
+    assert_eq!(id.len(), 32);
+
+    // The private key is 0600 and matches nothing else in the data dir.
+    use std::os::unix::fs::PermissionsExt;
+    let key = daemon.data_dir.join("wireguard.key");
+    let mode = std::fs::metadata(&key).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    let ls = json(&lab.ployz(&daemon, &["machine", "ls", "--json"]));
+    assert_eq!(ls["values"].as_array().unwrap().len(), 1);
+    assert_eq!(ls["values"][0]["id"], id.as_str());
+    assert_eq!(ls["values"][0]["membership"], "up");
+    assert_eq!(ls["failures"].as_array().unwrap().len(), 0);
+
+    daemon.restart();
+
+    let ls = json(&lab.ployz(&daemon, &["machine", "ls", "--json"]));
+    assert_eq!(ls["values"][0]["id"], id.as_str());
+    assert_eq!(ls["values"][0]["name"], "alpha");
+    assert_eq!(ls["values"][0]["phase"], "participating");
+
+    let table = lab.ployz(&daemon, &["machine", "ls"]);
+    let text = stdout(&table);
+    assert!(text.starts_with("NAME"), "{text}");
+    assert!(text.contains("alpha") && text.contains(&id), "{text}");
+}
+
+#[test]
+fn bad_input_gets_a_one_line_error_and_a_nonzero_exit() {
+    let lab = Lab::new();
+    let daemon = lab.daemon("m1");
+
+    let out = lab.ployz(&daemon, &["machine", "init", "--name", "web_1"]);
+    assert_one_line_error(
+        &out,
+        &["--name", "Machine Name 'web_1'", "only lowercase letters"],
+    );
+
+    let out = lab.ployz(&daemon, &["machine", "init", "--name", &"x".repeat(64)]);
+    assert_one_line_error(&out, &["the limit is 63"]);
+
+    let out = lab.ployz(&daemon, &["machine", "ls"]);
+    assert_one_line_error(&out, &["not initialised", "run `ployz machine init` first"]);
+
+    assert!(lab
+        .ployz(&daemon, &["machine", "init", "--name", "one"])
+        .status
+        .success());
+    let out = lab.ployz(&daemon, &["machine", "init", "--name", "two"]);
+    assert_one_line_error(&out, &["already initialised as 'one'"]);
+
+    let missing = lab.path("nowhere.sock");
+    let out = lab
+        .cli()
+        .args([
+            "--connect",
+            &format!("unix://{}", missing.display()),
+            "machine",
+            "ls",
+        ])
+        .output()
+        .unwrap();
+    assert_one_line_error(
+        &out,
+        &["cannot reach the daemon", "is `ployz daemon run` running?"],
+    );
+
+    let out = lab
+        .cli()
+        .args(["--connect", "tcp://1.2.3.4:5", "machine", "ls"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("write unix:///"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_second_daemon_on_the_same_socket_is_refused_and_sigterm_cleans_up() {
+    let lab = Lab::new();
+    let mut daemon = lab.daemon("m1");
+    let second = lab
+        .cli()
+        .args(["daemon", "run", "--data-dir"])
+        .arg(lab.path("other-data"))
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(
+        stderr(&second).contains("already listening"),
+        "{}",
+        stderr(&second)
+    );
+
+    let bad_config = lab.path("bad.toml");
+    std::fs::write(&bad_config, "sockett = \"/x\"\n").unwrap();
+    let out = lab
+        .cli()
+        .args(["daemon", "run", "--config"])
+        .arg(&bad_config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("sockett"), "{}", stderr(&out));
+
+    assert!(daemon.stop(), "SIGTERM did not stop the daemon");
+    assert!(!daemon.socket.exists(), "socket left behind");
+}
+
+#[test]
+fn contexts_choose_the_connection_and_fall_through_dead_ones() {
+    let lab = Lab::new();
+    let daemon = lab.daemon("m1");
+    let dead = format!("unix://{}", lab.path("dead.sock").display());
+
+    let add = lab
+        .cli()
+        .args(["ctx", "add", "lab", &dead, &daemon.connect_url()])
+        .output()
+        .unwrap();
+    assert!(add.status.success(), "{}", stderr(&add));
+
+    let ls = json(&lab.cli().args(["ctx", "ls", "--json"]).output().unwrap());
+    assert_eq!(ls[0]["name"], "lab");
+    assert_eq!(ls[0]["current"], true);
+    assert_eq!(ls[0]["connections"][1], daemon.connect_url().as_str());
+
+    // No --connect: the current context is used, and its dead first connection skipped.
+    let out = lab
+        .cli()
+        .args(["machine", "init", "--name", "via-ctx"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let show = json(&lab.cli().args(["ctx", "show", "--json"]).output().unwrap());
+    assert_eq!(show["name"], "lab");
+
+    let out = lab.cli().args(["ctx", "use", "nope"]).output().unwrap();
+    assert_one_line_error(
+        &out,
+        &["context 'nope' does not exist", "known contexts: lab"],
+    );
+
+    let out = lab
+        .cli()
+        .args(["-c", "nope", "machine", "ls"])
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, &["context 'nope' does not exist"]);
+
+    let completion = lab.cli().args(["completion", "bash"]).output().unwrap();
+    assert!(stdout(&completion).contains("ployz"));
+}
