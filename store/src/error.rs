@@ -25,12 +25,3 @@ impl StoreError {
         matches!(self, StoreError::Io(_))
     }
 }
-
-impl From<sled::transaction::TransactionError<StoreError>> for StoreError {
-    fn from(e: sled::transaction::TransactionError<StoreError>) -> Self {
-        match e {
-            sled::transaction::TransactionError::Abort(e) => e,
-            sled::transaction::TransactionError::Storage(e) => StoreError::Io(e),
-        }
-    }
-}

@@ -1,11 +1,19 @@
-//! The store itself: sled trees, local writes, merges and the sync answers.
+//! The store itself: local writes, merges and the sync answers.
+//!
+//! Layout: one sled tree, four kinds of entry told apart by their first byte, so that every
+//! change is one atomic sled batch:
+//!
+//! - `r` + key: the record currently winning for the key;
+//! - `l` + origin + seq (big-endian): the key that record was written under, for the records
+//!   currently held (an entry is removed when its record is superseded);
+//! - `d` + origin: the highest sequence incorporated from that origin (the digest);
+//! - `h`: the clock's last timestamp.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
 
 use ployz_core::MachineId;
-use sled::transaction::{ConflictableTransactionError, TransactionalTree};
-use sled::Transactional;
 use tokio::sync::broadcast;
 
 use crate::hlc::{wall_now_ms, Clock};
@@ -16,8 +24,10 @@ use crate::{
 /// How many changes a slow watcher may fall behind before it is told to rescan.
 const WATCH_BUFFER: usize = 4096;
 
-/// Meta key holding the clock's last timestamp.
-const META_HLC: &[u8] = b"hlc";
+const RECORD: u8 = b'r';
+const LOG: u8 = b'l';
+const DIGEST: u8 = b'd';
+const CLOCK: &[u8] = b"h";
 
 /// What a merge did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,14 +41,7 @@ pub struct MergeReport {
 /// One Machine's local store. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Store {
     db: sled::Db,
-    /// Key -> the record currently winning for it.
-    records: sled::Tree,
-    /// (origin, seq) -> key, for the records currently held. Superseded entries are removed.
-    log: sled::Tree,
-    /// Origin -> highest sequence incorporated.
-    digest: sled::Tree,
-    /// The clock and other small facts.
-    meta: sled::Tree,
+    tree: sled::Tree,
     local: MachineId,
     /// Serialises writes and merges; holds the clock so timestamps and sequences agree.
     clock: Mutex<Clock>,
@@ -51,10 +54,25 @@ impl std::fmt::Debug for Store {
     }
 }
 
+fn record_key(key_bytes: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + key_bytes.len());
+    k.push(RECORD);
+    k.extend_from_slice(key_bytes);
+    k
+}
+
 fn log_key(origin: &MachineId, seq: u64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(40);
+    let mut k = Vec::with_capacity(41);
+    k.push(LOG);
     k.extend_from_slice(origin.as_str().as_bytes());
     k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+fn digest_key(origin: &MachineId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(33);
+    k.push(DIGEST);
+    k.extend_from_slice(origin.as_str().as_bytes());
     k
 }
 
@@ -72,42 +90,72 @@ fn encode_hlc(h: Hlc) -> [u8; 12] {
     out
 }
 
-type TxResult<T> = Result<T, ConflictableTransactionError<StoreError>>;
-
-fn abort<T>(e: StoreError) -> TxResult<T> {
-    Err(ConflictableTransactionError::Abort(e))
+/// One atomic change being assembled under the writer lock: a sled batch plus an overlay of
+/// what it will have written, so later steps of the same change read their own writes.
+struct Pending<'a> {
+    tree: &'a sled::Tree,
+    batch: sled::Batch,
+    records: HashMap<Vec<u8>, Record>,
+    digests: HashMap<MachineId, u64>,
 }
 
-fn tx_digest(d: &TransactionalTree, origin: &MachineId) -> TxResult<u64> {
-    match d.get(origin.as_str().as_bytes())? {
-        Some(v) => match decode_u64(&v) {
-            Ok(n) => Ok(n),
-            Err(e) => abort(e),
-        },
-        None => Ok(0),
-    }
-}
-
-/// Installs `record` if it beats what `records` holds for its key. Returns whether it did.
-fn tx_merge_one(
-    records: &TransactionalTree,
-    log: &TransactionalTree,
-    record: &Record,
-) -> TxResult<bool> {
-    let key_bytes = record.key.encode();
-    if let Some(current) = records.get(&key_bytes)? {
-        let current = match Record::decode(record.key.clone(), &current) {
-            Ok(c) => c,
-            Err(e) => return abort(e),
-        };
-        if current.precedence(record).is_ge() {
-            return Ok(false);
+impl<'a> Pending<'a> {
+    fn new(tree: &'a sled::Tree) -> Pending<'a> {
+        Pending {
+            tree,
+            batch: sled::Batch::default(),
+            records: HashMap::new(),
+            digests: HashMap::new(),
         }
-        log.remove(log_key(&current.origin, current.seq))?;
     }
-    records.insert(key_bytes.as_slice(), record.encode_value())?;
-    log.insert(log_key(&record.origin, record.seq), key_bytes)?;
-    Ok(true)
+
+    fn digest(&self, origin: &MachineId) -> Result<u64, StoreError> {
+        if let Some(n) = self.digests.get(origin) {
+            return Ok(*n);
+        }
+        match self.tree.get(digest_key(origin))? {
+            Some(v) => decode_u64(&v),
+            None => Ok(0),
+        }
+    }
+
+    fn set_digest(&mut self, origin: &MachineId, seq: u64) {
+        self.batch.insert(digest_key(origin), &seq.to_be_bytes());
+        self.digests.insert(origin.clone(), seq);
+    }
+
+    fn current(&self, key: &Key, rkey: &[u8]) -> Result<Option<Record>, StoreError> {
+        if let Some(r) = self.records.get(rkey) {
+            return Ok(Some(r.clone()));
+        }
+        match self.tree.get(rkey)? {
+            Some(v) => Ok(Some(Record::decode(key.clone(), &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Installs `record` if it beats what is held for its key. Returns whether it did.
+    fn merge_one(&mut self, record: &Record) -> Result<bool, StoreError> {
+        let rkey = record_key(&record.key.encode());
+        if let Some(current) = self.current(&record.key, &rkey)? {
+            if current.precedence(record).is_ge() {
+                return Ok(false);
+            }
+            self.batch.remove(log_key(&current.origin, current.seq));
+        }
+        self.batch.insert(rkey.as_slice(), record.encode_value());
+        self.batch
+            .insert(log_key(&record.origin, record.seq), record.key.encode());
+        self.records.insert(rkey, record.clone());
+        Ok(true)
+    }
+
+    fn commit(self, clock: Hlc) -> Result<(), StoreError> {
+        let mut batch = self.batch;
+        batch.insert(CLOCK, &encode_hlc(clock));
+        self.tree.apply_batch(batch)?;
+        Ok(())
+    }
 }
 
 impl Store {
@@ -124,11 +172,8 @@ impl Store {
     }
 
     fn with_db(db: sled::Db, local: MachineId) -> Result<Store, StoreError> {
-        let records = db.open_tree("records")?;
-        let log = db.open_tree("log")?;
-        let digest = db.open_tree("digest")?;
-        let meta = db.open_tree("meta")?;
-        let last = match meta.get(META_HLC)? {
+        let tree = db.open_tree("ployz")?;
+        let last = match tree.get(CLOCK)? {
             Some(v) if v.len() == 12 => Hlc {
                 wall_ms: u64::from_be_bytes(v[..8].try_into().expect("8 bytes")),
                 counter: u32::from_be_bytes(v[8..].try_into().expect("4 bytes")),
@@ -139,10 +184,7 @@ impl Store {
         let (changes, _) = broadcast::channel(WATCH_BUFFER);
         Ok(Store {
             db,
-            records,
-            log,
-            digest,
-            meta,
+            tree,
             local,
             clock: Mutex::new(Clock::starting_at(last)),
             changes,
@@ -181,24 +223,20 @@ impl Store {
         let mut clock = self.clock.lock().expect("store clock poisoned");
         let mut next_clock = *clock;
         let hlc = next_clock.tick(wall_now_ms());
-        let local = &self.local;
-        let record = (&self.records, &self.log, &self.digest, &self.meta).transaction(
-            |(records, log, digest, meta)| {
-                let seq = tx_digest(digest, local)? + 1;
-                let record = Record {
-                    key: key.clone(),
-                    value: value.clone(),
-                    origin: local.clone(),
-                    hlc,
-                    seq,
-                    tombstone,
-                };
-                tx_merge_one(records, log, &record)?;
-                digest.insert(local.as_str().as_bytes(), &seq.to_be_bytes())?;
-                meta.insert(META_HLC, &encode_hlc(hlc))?;
-                Ok(record)
-            },
-        )?;
+        let mut pending = Pending::new(&self.tree);
+        let seq = pending.digest(&self.local)? + 1;
+        let record = Record {
+            key: key.clone(),
+            value,
+            origin: self.local.clone(),
+            hlc,
+            seq,
+            tombstone,
+        };
+        // The clock orders this write after everything held, so it always wins.
+        pending.merge_one(&record)?;
+        pending.set_digest(&self.local, seq);
+        pending.commit(hlc)?;
         self.db.flush()?;
         *clock = next_clock;
         drop(clock);
@@ -210,7 +248,7 @@ impl Store {
 
     /// The record currently winning for `key`, tombstones included.
     pub fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        match self.records.get(key.encode())? {
+        match self.tree.get(record_key(&key.encode()))? {
             Some(bytes) => Ok(Some(Record::decode(key.clone(), &bytes)?)),
             None => Ok(None),
         }
@@ -218,11 +256,11 @@ impl Store {
 
     /// Every record under `prefix`, tombstones included, in key order.
     pub fn scan(&self, prefix: &KeyPrefix) -> Result<Vec<Record>, StoreError> {
-        self.records
-            .scan_prefix(prefix.as_bytes())
+        self.tree
+            .scan_prefix(record_key(prefix.as_bytes()))
             .map(|item| {
                 let (k, v) = item?;
-                Record::decode(Key::decode(&k)?, &v)
+                Record::decode(Key::decode(&k[1..])?, &v)
             })
             .collect()
     }
@@ -281,33 +319,26 @@ impl Store {
         for r in incoming {
             next_clock.observe(r.hlc);
         }
-        let local = &self.local;
         let last = next_clock.tick(wall_now_ms());
-        let applied = (&self.records, &self.log, &self.digest, &self.meta).transaction(
-            |(records, log, digest, meta)| {
-                let mut applied = Vec::new();
-                let mut own_seq = tx_digest(digest, local)?;
-                for r in incoming {
-                    if tx_merge_one(records, log, r)? {
-                        applied.push(r.clone());
-                    }
-                    // Our own writes coming back from a peer (after data loss here): never
-                    // reuse their sequence numbers.
-                    if &r.origin == local && r.seq > own_seq {
-                        own_seq = r.seq;
-                        digest.insert(local.as_str().as_bytes(), &own_seq.to_be_bytes())?;
-                    }
-                }
-                if let Some(b) = batch {
-                    let have = tx_digest(digest, &b.origin)?;
-                    if b.after <= have && b.up_to > have {
-                        digest.insert(b.origin.as_str().as_bytes(), &b.up_to.to_be_bytes())?;
-                    }
-                }
-                meta.insert(META_HLC, &encode_hlc(last))?;
-                Ok(applied)
-            },
-        )?;
+        let mut pending = Pending::new(&self.tree);
+        let mut applied = Vec::new();
+        for r in incoming {
+            if pending.merge_one(r)? {
+                applied.push(r.clone());
+            }
+            // Our own writes coming back from a peer (after data loss here): never reuse
+            // their sequence numbers.
+            if r.origin == self.local && r.seq > pending.digest(&self.local)? {
+                pending.set_digest(&self.local, r.seq);
+            }
+        }
+        if let Some(b) = batch {
+            let have = pending.digest(&b.origin)?;
+            if b.after <= have && b.up_to > have {
+                pending.set_digest(&b.origin, b.up_to);
+            }
+        }
+        pending.commit(last)?;
         self.db.flush()?;
         *clock = next_clock;
         drop(clock);
@@ -324,9 +355,9 @@ impl Store {
     /// Per origin, the highest sequence this store has incorporated.
     pub fn digest(&self) -> Result<Digest, StoreError> {
         let mut out = Digest::default();
-        for item in self.digest.iter() {
+        for item in self.tree.scan_prefix([DIGEST]) {
             let (k, v) = item?;
-            let origin = std::str::from_utf8(&k)
+            let origin = std::str::from_utf8(&k[1..])
                 .ok()
                 .and_then(|s| s.parse::<MachineId>().ok())
                 .ok_or_else(|| StoreError::Malformed("digest origin is not a Machine ID".into()))?;
@@ -343,7 +374,7 @@ impl Store {
     ) -> Result<SyncBatch, StoreError> {
         // Read the digest first: everything it covers is already in the log, so the batch can
         // claim it. Reading it after the log could claim a write the scan missed.
-        let have = match self.digest.get(request.origin.as_str().as_bytes())? {
+        let have = match self.tree.get(digest_key(&request.origin))? {
             Some(v) => decode_u64(&v)?,
             None => 0,
         };
@@ -358,15 +389,15 @@ impl Store {
         }
         let start = log_key(&request.origin, request.after + 1);
         let end = log_key(&request.origin, have);
-        for item in self.log.range(start..=end) {
+        for item in self.tree.range(start..=end) {
             let (lk, key_bytes) = item?;
-            let seq = decode_u64(&lk[32..])?;
+            let seq = decode_u64(&lk[33..])?;
             if batch.records.len() == limit {
                 batch.up_to = seq - 1;
                 break;
             }
             let key = Key::decode(&key_bytes)?;
-            if let Some(v) = self.records.get(&key_bytes)? {
+            if let Some(v) = self.tree.get(record_key(&key_bytes))? {
                 batch.records.push(Record::decode(key, &v)?);
             }
         }

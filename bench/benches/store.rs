@@ -1,0 +1,98 @@
+//! The store's costs: a durable local write, merging 10,000 remote records, computing a digest.
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use ployz_core::MachineId;
+use ployz_store::{Key, Store, SyncRequest};
+
+fn on_disk(dir: &tempfile::TempDir) -> Store {
+    Store::open(dir.path(), MachineId::generate()).unwrap()
+}
+
+fn local_write(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = on_disk(&dir);
+    let local = store.local().clone();
+    let mut n = 0u64;
+    let value = vec![7u8; 512];
+    c.bench_function("store/local_write_durable_512B", |b| {
+        b.iter(|| {
+            n += 1;
+            store
+                .put(
+                    &Key::machine(&local, "containers", (n % 1000).to_string()),
+                    value.clone(),
+                )
+                .unwrap()
+        })
+    });
+}
+
+/// 10,000 records written by one origin, as a peer would send them.
+fn remote_records(count: usize) -> Vec<ployz_store::Record> {
+    let id = MachineId::generate();
+    let dir = tempfile::tempdir().unwrap();
+    let source = Store::open(dir.path(), id.clone()).unwrap();
+    for i in 0..count {
+        source
+            .put(
+                &Key::machine(&id, "containers", i.to_string()),
+                vec![1u8; 256],
+            )
+            .unwrap();
+    }
+    source
+        .records_after(
+            &SyncRequest {
+                origin: id,
+                after: 0,
+            },
+            count,
+        )
+        .unwrap()
+        .records
+}
+
+fn merge_10k(c: &mut Criterion) {
+    let records = remote_records(10_000);
+    let mut group = c.benchmark_group("store");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(records.len() as u64));
+    group.bench_function("merge_10k_remote_records", |b| {
+        b.iter_batched(
+            || {
+                let dir = tempfile::tempdir().unwrap();
+                let store = on_disk(&dir);
+                (dir, store)
+            },
+            |(_dir, store)| store.merge(&records).unwrap(),
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
+fn digest(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = on_disk(&dir);
+    // 50 origins, as a Cluster of 50 Machines would leave.
+    for _ in 0..50 {
+        let other = Store::temporary(MachineId::generate()).unwrap();
+        let k = Key::machine(other.local(), "machines", "info");
+        let r = other.put(&k, vec![0; 64]).unwrap();
+        store
+            .apply_batch(&ployz_store::SyncBatch {
+                origin: r.origin.clone(),
+                after: 0,
+                up_to: r.seq,
+                records: vec![r],
+            })
+            .unwrap();
+    }
+    assert_eq!(store.digest().unwrap().0.len(), 50);
+    c.bench_function("store/digest_50_origins", |b| {
+        b.iter(|| store.digest().unwrap())
+    });
+}
+
+criterion_group!(benches, local_write, merge_10k, digest);
+criterion_main!(benches);

@@ -1,0 +1,1 @@
+//! Benches live in `benches/`; run them with `cargo bench -p ployz-bench`.
