@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Sets up a Debian machine (as root) and runs every Ployz test: formatting, lints, unit,
+# property, crash and end-to-end tests against real processes. `.ci/run` calls this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/setup.sh
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "==> cargo test"
+cargo test --workspace --locked --no-fail-fast
