@@ -16,6 +16,7 @@ mod network;
 mod partial;
 mod phase;
 mod selector;
+mod spec;
 
 pub use healthcheck::{ConfiguredHealthcheck, Healthcheck};
 pub use id::{ContainerId, IdError, MachineId, ServiceId};
@@ -29,4 +30,9 @@ pub use phase::LocalMachinePhase;
 pub use selector::{
     ContainerSelector, FanOutSelector, Identified, MachineTarget, Matches, ResolveError,
     ServiceSelector,
+};
+pub use spec::{
+    ConfigFile, ContainerSpec, HostProtocol, IngressProtocol, Logging, Mount, PortSpec,
+    PreDeployHook, PullPolicy, Resources, ServiceMode, ServiceSpec, Ulimit, UpdateConfig,
+    UpdateOrder, VolumeSpec,
 };

@@ -1,0 +1,429 @@
+//! Service specifications: what a Deploy is asked for and what each Service Container carries.
+//!
+//! A [`ServiceSpec`] is the normalised configuration of one Service. Given to a Deploy it is the
+//! Requested Service Spec; attached to a Service Container when it is created (as a label) it is
+//! that container's Resolved Service Spec. Two specs are compared field by field to decide whether
+//! a container is up to date, so every field is normalised (sorted maps, canonical ports) at
+//! construction and two equal configurations always compare equal.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Healthcheck, MachineTarget, ServiceName};
+
+/// How many containers a Service runs and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ServiceMode {
+    /// `replicas` containers spread over the eligible Machines.
+    #[default]
+    Replicated,
+    /// One container on every eligible Machine.
+    Global,
+}
+
+impl ServiceMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceMode::Replicated => "replicated",
+            ServiceMode::Global => "global",
+        }
+    }
+}
+
+/// Whether a replacement starts the new container before stopping the old one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UpdateOrder {
+    StartFirst,
+    StopFirst,
+}
+
+impl UpdateOrder {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateOrder::StartFirst => "start-first",
+            UpdateOrder::StopFirst => "stop-first",
+        }
+    }
+}
+
+/// When the Machine's Docker pulls the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PullPolicy {
+    /// Pull only when the Machine does not have the image (Compose `missing`, `if_not_present`).
+    #[default]
+    Missing,
+    /// Pull before every create; a container with this policy is always recreated.
+    Always,
+    /// Never pull; a missing image is an error before anything runs.
+    Never,
+}
+
+/// One Service's normalised configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServiceSpec {
+    pub name: ServiceName,
+    #[serde(default)]
+    pub mode: ServiceMode,
+    /// Containers to run in [`ServiceMode::Replicated`]; ignored for global Services.
+    #[serde(default = "one")]
+    pub replicas: u32,
+    pub container: ContainerSpec,
+    /// Ingress and host ports, canonical and sorted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortSpec>,
+    /// `x-machines`: the Machines this Service may run on; empty means every Machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machines: Vec<MachineTarget>,
+    #[serde(default)]
+    pub update: UpdateConfig,
+    /// `x-pre_deploy`: a Hook Container run before the Service's first run or replace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_deploy: Option<PreDeployHook>,
+    /// `depends_on`: Services deployed before this one (order only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<ServiceName>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `deploy.update_config`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct UpdateConfig {
+    /// An explicit order; `None` lets the Deploy choose by the reference's rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<UpdateOrder>,
+    /// How long a new container is watched before it counts as good; `None` is the default
+    /// (5 s), `Some(0)` skips the wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitor_ms: Option<u64>,
+}
+
+/// The container part of a Service's configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ContainerSpec {
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// `Some(vec![])` resets the image's entrypoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// `None`: the image's probe is inherited, or there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthcheck: Option<Healthcheck>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<bool>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub privileged: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cap_add: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cap_drop: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sysctls: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ulimits: BTreeMap<String, Ulimit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_size_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_grace_period_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Resources::is_empty")]
+    pub resources: Resources,
+    /// Volumes, binds and tmpfs, sorted by target.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+    #[serde(default)]
+    pub pull_policy: PullPolicy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logging: Option<Logging>,
+    /// Files copied into the container before it starts, sorted by target.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub configs: Vec<ConfigFile>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// One `ulimits` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Ulimit {
+    pub soft: i64,
+    pub hard: i64,
+}
+
+/// CPU and memory limits.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Resources {
+    /// CPUs in billionths (`cpus: 0.5` is 500,000,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nano_cpus: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_reservation_bytes: Option<u64>,
+}
+
+impl Resources {
+    pub fn is_empty(&self) -> bool {
+        self == &Resources::default()
+    }
+}
+
+/// One mount of a Service Container.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Mount {
+    /// A Docker Volume on the container's Machine, by its name there.
+    Volume {
+        source: String,
+        target: String,
+        #[serde(default, skip_serializing_if = "is_false")]
+        read_only: bool,
+        #[serde(default, skip_serializing_if = "is_false")]
+        no_copy: bool,
+    },
+    /// A Bind Mount of an absolute path on the Machine.
+    Bind {
+        source: String,
+        target: String,
+        #[serde(default, skip_serializing_if = "is_false")]
+        read_only: bool,
+    },
+    /// A Tmpfs Mount.
+    Tmpfs {
+        target: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        size_bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mode: Option<u32>,
+    },
+}
+
+impl Mount {
+    /// Where the mount appears inside the container.
+    pub fn target(&self) -> &str {
+        match self {
+            Mount::Volume { target, .. } | Mount::Bind { target, .. } | Mount::Tmpfs { target, .. } => {
+                target
+            }
+        }
+    }
+}
+
+/// `logging`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Logging {
+    pub driver: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
+}
+
+/// A `configs` entry: content copied into the container before start.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ConfigFile {
+    /// The config's name in the Compose file.
+    pub name: String,
+    /// Absolute path inside the container.
+    pub target: String,
+    /// The file's content.
+    pub content: String,
+    /// File mode; 0o444 when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+}
+
+/// `x-pre_deploy`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PreDeployHook {
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub privileged: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Default 5 minutes.
+    pub timeout_ms: u64,
+}
+
+/// A named Docker Volume a Deploy may create (top-level `volumes:`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct VolumeSpec {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub driver_opts: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Must already exist; never created by a Deploy.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub external: bool,
+}
+
+/// A published port: through the edge by hostname, or bound on the Machine's own addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum PortSpec {
+    /// `[hostname:][lb_port:]container_port[/http|https]` in `x-ports`.
+    Ingress {
+        /// The Ingress Hostname, lowercase; `None` until a cluster domain assigns one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        hostname: Option<String>,
+        /// The port shown in endpoints; the edge listens on 80/443 regardless.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        published: Option<u16>,
+        container_port: u16,
+        protocol: IngressProtocol,
+    },
+    /// `[host_ip:]host_port:container_port[/tcp|udp]@host`, a plain Docker port binding.
+    Host {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host_ip: Option<String>,
+        host_port: u16,
+        container_port: u16,
+        protocol: HostProtocol,
+    },
+}
+
+/// Protocol of an ingress port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IngressProtocol {
+    Http,
+    Https,
+}
+
+/// Protocol of a host port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HostProtocol {
+    Tcp,
+    Udp,
+}
+
+impl std::fmt::Display for PortSpec {
+    /// The canonical text, as labels carry it and comparisons use it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PortSpec::Ingress {
+                hostname,
+                published,
+                container_port,
+                protocol,
+            } => {
+                if let Some(h) = hostname {
+                    write!(f, "{h}:")?;
+                }
+                if let Some(p) = published {
+                    write!(f, "{p}:")?;
+                }
+                let proto = match protocol {
+                    IngressProtocol::Http => "http",
+                    IngressProtocol::Https => "https",
+                };
+                write!(f, "{container_port}/{proto}")
+            }
+            PortSpec::Host {
+                host_ip,
+                host_port,
+                container_port,
+                protocol,
+            } => {
+                if let Some(ip) = host_ip {
+                    if ip.contains(':') && !ip.contains('/') {
+                        write!(f, "[{ip}]:")?;
+                    } else {
+                        write!(f, "{ip}:")?;
+                    }
+                }
+                let proto = match protocol {
+                    HostProtocol::Tcp => "tcp",
+                    HostProtocol::Udp => "udp",
+                };
+                write!(f, "{host_port}:{container_port}/{proto}@host")
+            }
+        }
+    }
+}
+
+impl ServiceSpec {
+    /// The host ports this Service binds on its Machine, as (port, protocol).
+    pub fn host_ports(&self) -> impl Iterator<Item = (u16, HostProtocol)> + '_ {
+        self.ports.iter().filter_map(|p| match p {
+            PortSpec::Host {
+                host_port,
+                protocol,
+                ..
+            } => Some((*host_port, *protocol)),
+            PortSpec::Ingress { .. } => None,
+        })
+    }
+
+    /// The named Docker Volumes this Service mounts.
+    pub fn volume_names(&self) -> impl Iterator<Item = &str> + '_ {
+        self.container.mounts.iter().filter_map(|m| match m {
+            Mount::Volume { source, .. } => Some(source.as_str()),
+            _ => None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_print_in_canonical_form() {
+        let ingress = PortSpec::Ingress {
+            hostname: Some("app.example.com".into()),
+            published: None,
+            container_port: 8080,
+            protocol: IngressProtocol::Https,
+        };
+        assert_eq!(ingress.to_string(), "app.example.com:8080/https");
+        let host = PortSpec::Host {
+            host_ip: Some("::1".into()),
+            host_port: 53,
+            container_port: 5353,
+            protocol: HostProtocol::Udp,
+        };
+        assert_eq!(host.to_string(), "[::1]:53:5353/udp@host");
+    }
+
+    #[test]
+    fn a_spec_survives_its_label_round_trip_unchanged() {
+        let spec = ServiceSpec {
+            name: "web".parse().unwrap(),
+            mode: ServiceMode::Replicated,
+            replicas: 2,
+            container: ContainerSpec {
+                image: "busybox:latest".into(),
+                env: [("A".to_string(), "1".to_string())].into(),
+                ..Default::default()
+            },
+            ports: vec![],
+            machines: vec![],
+            update: UpdateConfig::default(),
+            pre_deploy: None,
+            depends_on: vec![],
+        };
+        let label = serde_json::to_string(&spec).unwrap();
+        let back: ServiceSpec = serde_json::from_str(&label).unwrap();
+        assert_eq!(back, spec);
+    }
+}
