@@ -8,6 +8,7 @@
 //! management API's wire format lives in [`api`] and nowhere else.
 
 pub mod api;
+mod deploy;
 mod healthcheck;
 mod id;
 mod membership;
@@ -18,6 +19,12 @@ mod phase;
 mod selector;
 mod spec;
 
+pub use deploy::{
+    Compensation, CompletedOperation, ContainerHealth, ContainerKind, ContainerRef,
+    ContainerRuntimeObservation, ContainerState, DeployIntent, DeployOutcome, DeployPlan,
+    DeployPreview, DeploySnapshot, DockerVolume, FailedOperation, MachineSnapshot, Operation,
+    ServicePlan,
+};
 pub use healthcheck::{ConfiguredHealthcheck, Healthcheck};
 pub use id::{ContainerId, IdError, MachineId, ServiceId};
 pub use membership::MembershipObservation;

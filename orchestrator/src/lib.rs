@@ -6,3 +6,5 @@
 //! **Architecture Invariant:** loading and planning do no IO beyond reading the Compose files and
 //! the files they name; everything Docker is behind the daemon's API.
 
+pub mod plan;
+pub mod preview;

@@ -1,0 +1,335 @@
+//! Deploy types: observations a Deploy reads, and the plan and outcome it produces.
+
+use std::net::Ipv4Addr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::MachineView;
+use crate::{
+    ContainerId, MachineId, PartialResult, PreDeployHook, ServiceId, ServiceMode, ServiceName,
+    ServiceSpec, UpdateOrder, VolumeSpec,
+};
+
+/// Docker's lifecycle state of a container at the moment it was observed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContainerState {
+    Created,
+    Running,
+    Paused,
+    Restarting,
+    Exited,
+    Removing,
+    Dead,
+    /// A state this version of Ployz does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ContainerState {
+    /// Parses Docker's word for a state; anything unknown is [`ContainerState::Unknown`].
+    pub fn from_docker(s: &str) -> ContainerState {
+        match s {
+            "created" => ContainerState::Created,
+            "running" => ContainerState::Running,
+            "paused" => ContainerState::Paused,
+            "restarting" => ContainerState::Restarting,
+            "exited" => ContainerState::Exited,
+            "removing" => ContainerState::Removing,
+            "dead" => ContainerState::Dead,
+            _ => ContainerState::Unknown,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContainerState::Created => "created",
+            ContainerState::Running => "running",
+            ContainerState::Paused => "paused",
+            ContainerState::Restarting => "restarting",
+            ContainerState::Exited => "exited",
+            ContainerState::Removing => "removing",
+            ContainerState::Dead => "dead",
+            ContainerState::Unknown => "unknown",
+        }
+    }
+}
+
+/// Docker's health verdict, for a container that has a Healthcheck.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContainerHealth {
+    Starting,
+    Healthy,
+    Unhealthy,
+}
+
+/// Whether a managed container serves a Service or runs its pre-deploy hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ContainerKind {
+    #[default]
+    Service,
+    Hook,
+}
+
+/// A point-in-time observation of one managed container: its Docker lifecycle state and health,
+/// its Container Address, which Service it belongs to and the Resolved Service Spec it carries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContainerRuntimeObservation {
+    pub id: ContainerId,
+    /// The display name, `<service>-<4>`; not an identity.
+    pub name: String,
+    pub machine_id: MachineId,
+    pub service_id: ServiceId,
+    pub service_name: ServiceName,
+    pub kind: ContainerKind,
+    pub state: ContainerState,
+    /// `None` when the container has no Healthcheck.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<ContainerHealth>,
+    /// The Container Address on the Machine's `ployz` network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<Ipv4Addr>,
+    /// The image reference it was created from.
+    pub image: String,
+    /// Creation time, seconds since the Unix epoch.
+    pub created_at: i64,
+    /// The Resolved Service Spec from its label; `None` when the label is missing or unreadable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<ServiceSpec>,
+}
+
+impl ContainerRuntimeObservation {
+    /// Running, and not crash-looping.
+    pub fn is_running(&self) -> bool {
+        self.state == ContainerState::Running
+    }
+
+    /// A Serving Container: running, healthy or without a Healthcheck, with a Container Address.
+    pub fn is_serving(&self) -> bool {
+        self.kind == ContainerKind::Service
+            && self.is_running()
+            && self.address.is_some()
+            && matches!(self.health, None | Some(ContainerHealth::Healthy))
+    }
+
+    /// A short, human status such as `running (healthy)`.
+    pub fn status(&self) -> String {
+        match self.health {
+            Some(h) if self.is_running() => format!(
+                "{} ({})",
+                self.state.as_str(),
+                match h {
+                    ContainerHealth::Starting => "starting",
+                    ContainerHealth::Healthy => "healthy",
+                    ContainerHealth::Unhealthy => "unhealthy",
+                }
+            ),
+            _ => self.state.as_str().to_owned(),
+        }
+    }
+}
+
+impl crate::Identified for ContainerRuntimeObservation {
+    fn id(&self) -> &str {
+        self.id.as_str()
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// A machine-local Docker storage resource; its name means something only with its Machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DockerVolume {
+    pub machine_id: MachineId,
+    pub name: String,
+    pub driver: String,
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// What one Machine showed a Deploy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachineSnapshot {
+    pub machine: MachineView,
+    pub containers: Vec<ContainerRuntimeObservation>,
+    pub volumes: Vec<DockerVolume>,
+    /// Image references present on the Machine (`repo:tag`).
+    pub images: Vec<String>,
+}
+
+/// The observer-relative Machine, container and volume observations gathered for one Deploy:
+/// Live Observation, partial where a Machine did not answer.
+pub type DeploySnapshot = PartialResult<MachineSnapshot>;
+
+/// The complete desired Services of one Deploy, and which of them this command applies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeployIntent {
+    pub services: Vec<ServiceSpec>,
+    /// The Service Attempts: the Services this command applies. The rest are left unchanged.
+    pub attempts: Vec<ServiceName>,
+    pub volumes: Vec<VolumeSpec>,
+}
+
+impl DeployIntent {
+    /// An intent that applies every Service it names.
+    pub fn all(services: Vec<ServiceSpec>, volumes: Vec<VolumeSpec>) -> DeployIntent {
+        DeployIntent {
+            attempts: services.iter().map(|s| s.name.clone()).collect(),
+            services,
+            volumes,
+        }
+    }
+}
+
+/// A container an operation acts on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerRef {
+    pub id: ContainerId,
+    pub name: String,
+}
+
+/// One step of a Deploy Plan, executed against one Machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Operation {
+    CreateVolume {
+        machine_id: MachineId,
+        volume: VolumeSpec,
+    },
+    RunHook {
+        machine_id: MachineId,
+        service_id: ServiceId,
+        spec: ServiceSpec,
+        hook: PreDeployHook,
+    },
+    RunContainer {
+        machine_id: MachineId,
+        service_id: ServiceId,
+        spec: ServiceSpec,
+    },
+    ReplaceContainer {
+        machine_id: MachineId,
+        service_id: ServiceId,
+        old: ContainerRef,
+        spec: ServiceSpec,
+        order: UpdateOrder,
+    },
+    StopContainer {
+        machine_id: MachineId,
+        container: ContainerRef,
+    },
+    RemoveContainer {
+        machine_id: MachineId,
+        container: ContainerRef,
+    },
+}
+
+impl Operation {
+    pub fn machine_id(&self) -> &MachineId {
+        match self {
+            Operation::CreateVolume { machine_id, .. }
+            | Operation::RunHook { machine_id, .. }
+            | Operation::RunContainer { machine_id, .. }
+            | Operation::ReplaceContainer { machine_id, .. }
+            | Operation::StopContainer { machine_id, .. }
+            | Operation::RemoveContainer { machine_id, .. } => machine_id,
+        }
+    }
+}
+
+/// The operations of one Service in a Deploy Plan, with what the preview shows about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServicePlan {
+    pub service_id: ServiceId,
+    pub name: ServiceName,
+    pub mode: ServiceMode,
+    /// No container of this Service existed before.
+    pub is_new: bool,
+    pub replicas: u32,
+    /// The image the existing containers run, when it differs from the requested one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_image: Option<String>,
+    pub image: String,
+    pub operations: Vec<Operation>,
+}
+
+/// The ephemeral sequence of operations for one Deploy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeployPlan {
+    /// Volumes created before any Service.
+    pub volume_operations: Vec<Operation>,
+    /// Services in deploy order; a Service with nothing to do has no operations.
+    pub services: Vec<ServicePlan>,
+}
+
+impl DeployPlan {
+    /// Every operation, in execution order.
+    pub fn operations(&self) -> impl Iterator<Item = &Operation> + '_ {
+        self.volume_operations
+            .iter()
+            .chain(self.services.iter().flat_map(|s| s.operations.iter()))
+    }
+
+    /// Whether nothing needs doing.
+    pub fn is_empty(&self) -> bool {
+        self.operations().next().is_none()
+    }
+}
+
+/// The plan plus the warnings offered for confirmation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeployPreview {
+    pub plan: DeployPlan,
+    pub warnings: Vec<String>,
+}
+
+/// One operation that ran, and what it produced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletedOperation {
+    pub operation: Operation,
+    /// The container it created, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerRef>,
+}
+
+/// The operation that failed, why, and the failed container's last log lines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailedOperation {
+    pub operation: Operation,
+    pub reason: String,
+    /// The container that failed (kept for inspection), if one was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<ContainerRef>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<String>,
+}
+
+/// The narrow compensation a failed replacement attempted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Compensation {
+    /// What was tried, e.g. "restarted web-ab12 (stop-first replacement)".
+    pub action: String,
+    /// `None` when it worked, else why not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The evidence of executing a Deploy Plan. No atomicity or rollback is implied.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeployOutcome {
+    pub completed: Vec<CompletedOperation>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<FailedOperation>,
+    pub unexecuted: Vec<Operation>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compensation: Option<Compensation>,
+}
+
+impl DeployOutcome {
+    pub fn succeeded(&self) -> bool {
+        self.failed.is_none()
+    }
+}

@@ -1,0 +1,154 @@
+//! The Deploy Preview as a person reads it: a tree per Service and a summary line.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use ployz_core::{DeployPreview, MachineId, MachineSnapshot, Operation, UpdateOrder};
+
+/// Counts of the preview's summary line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    pub create: usize,
+    pub replace_start_first: usize,
+    pub replace_stop_first: usize,
+    pub remove: usize,
+    pub machines: usize,
+}
+
+/// Counts what a plan does.
+pub fn summary(preview: &DeployPreview) -> Summary {
+    let mut s = Summary::default();
+    let mut machines = BTreeSet::new();
+    for op in preview.plan.operations() {
+        machines.insert(op.machine_id().clone());
+        match op {
+            Operation::RunContainer { .. } => s.create += 1,
+            Operation::ReplaceContainer { order, .. } => match order {
+                UpdateOrder::StartFirst => s.replace_start_first += 1,
+                UpdateOrder::StopFirst => s.replace_stop_first += 1,
+            },
+            Operation::RemoveContainer { .. } => s.remove += 1,
+            _ => {}
+        }
+    }
+    s.machines = machines.len();
+    s
+}
+
+fn machine_name<'a>(machines: &'a [MachineSnapshot], id: &'a MachineId) -> &'a str {
+    machines
+        .iter()
+        .find(|m| &m.machine.info.id == id)
+        .map(|m| m.machine.info.name.as_str())
+        .unwrap_or(id.as_str())
+}
+
+fn human_ms(ms: u64) -> String {
+    if ms % 60_000 == 0 && ms > 0 {
+        format!("{}m", ms / 60_000)
+    } else if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// One line for an operation, without the tree prefix.
+pub fn describe(op: &Operation, machines: &[MachineSnapshot]) -> String {
+    let on = |id: &MachineId| format!(" on {}", machine_name(machines, id));
+    match op {
+        Operation::CreateVolume { machine_id, volume } => {
+            format!("+ create volume {}{}", volume.name, on(machine_id))
+        }
+        Operation::RunHook {
+            machine_id, hook, ..
+        } => format!(
+            "▶ run pre-deploy hook [{}] (timeout {}){}",
+            hook.command.join(" "),
+            human_ms(hook.timeout_ms),
+            on(machine_id)
+        ),
+        Operation::RunContainer { machine_id, .. } => format!("+ run container{}", on(machine_id)),
+        Operation::ReplaceContainer {
+            machine_id,
+            old,
+            order,
+            ..
+        } => match order {
+            UpdateOrder::StartFirst => format!("+/- replace container {}{}", old.name, on(machine_id)),
+            UpdateOrder::StopFirst => {
+                format!("-/+ replace container {} (stop-first){}", old.name, on(machine_id))
+            }
+        },
+        Operation::StopContainer {
+            machine_id,
+            container,
+        } => format!("- stop container {}{}", container.name, on(machine_id)),
+        Operation::RemoveContainer {
+            machine_id,
+            container,
+        } => format!("- remove container {}{}", container.name, on(machine_id)),
+    }
+}
+
+/// The whole preview: warnings, volume operations, a tree per Service with work to do, and the
+/// summary line; or "Services are up to date." when nothing changes.
+pub fn render(preview: &DeployPreview, machines: &[MachineSnapshot]) -> String {
+    let mut out = String::new();
+    for w in &preview.warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    if preview.plan.is_empty() {
+        out.push_str("Services are up to date.\n");
+        return out;
+    }
+    if !preview.warnings.is_empty() {
+        out.push('\n');
+    }
+    for op in &preview.plan.volume_operations {
+        let _ = writeln!(out, "{}", describe(op, machines));
+    }
+    for service in preview.plan.services.iter().filter(|s| !s.operations.is_empty()) {
+        let header = if service.is_new {
+            "+ create service"
+        } else {
+            "~ update service"
+        };
+        let global = if service.mode == ployz_core::ServiceMode::Global {
+            " (global)"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "{header} {}{global}", service.name);
+        match &service.previous_image {
+            Some(prev) => {
+                let _ = writeln!(out, "│ image: {prev} → {}", service.image);
+            }
+            None if service.is_new => {
+                let _ = writeln!(out, "│ image: {}", service.image);
+            }
+            None => {}
+        }
+        if service.mode == ployz_core::ServiceMode::Replicated {
+            let _ = writeln!(out, "│ replicas: {}", service.replicas);
+        }
+        let last = service.operations.len() - 1;
+        for (i, op) in service.operations.iter().enumerate() {
+            let branch = if i == last { "└─" } else { "├─" };
+            let _ = writeln!(out, "{branch} {}", describe(op, machines));
+        }
+        out.push('\n');
+    }
+    let s = summary(preview);
+    let _ = writeln!(
+        out,
+        "{} create · {} replace (start-first) · {} replace (stop-first) · {} remove · across {} machine{}",
+        s.create,
+        s.replace_start_first,
+        s.replace_stop_first,
+        s.remove,
+        s.machines,
+        if s.machines == 1 { "" } else { "s" }
+    );
+    out
+}

@@ -1,0 +1,464 @@
+//! The planner, case by case: Deploy Intent + Deploy Snapshot in, Deploy Plan out.
+
+use ployz_core::api::{MachineInfo, MachineView};
+use ployz_core::{
+    ClusterNetwork, ContainerKind, ContainerRuntimeObservation, ContainerSpec, ContainerState,
+    DeployIntent, DeployPreview, DockerVolume, HostProtocol, IngressProtocol, LocalMachinePhase,
+    MachineId, MachineSnapshot, ManagementAddress, MembershipObservation, Mount, Operation,
+    PortSpec, PreDeployHook, PullPolicy, ServiceId, ServiceMode, ServiceSpec, UpdateConfig,
+    UpdateOrder, VolumeSpec,
+};
+use ployz_orchestrator::plan::{plan, PlanError, PlanOptions};
+use ployz_orchestrator::preview;
+
+fn machine(name: &str) -> MachineSnapshot {
+    let net = ClusterNetwork::default();
+    MachineSnapshot {
+        machine: MachineView {
+            info: MachineInfo {
+                id: MachineId::generate(),
+                name: name.parse().unwrap(),
+                phase: LocalMachinePhase::Participating,
+                subnet: net.first_free_subnet(&[]).unwrap(),
+                public_key: String::new(),
+                management_address: ManagementAddress::from_public_key(&[0; 32]),
+            },
+            membership: MembershipObservation::Up,
+        },
+        containers: vec![],
+        volumes: vec![],
+        images: vec![],
+    }
+}
+
+fn spec(name: &str) -> ServiceSpec {
+    ServiceSpec {
+        name: name.parse().unwrap(),
+        mode: ServiceMode::Replicated,
+        replicas: 1,
+        container: ContainerSpec {
+            image: "app:1".into(),
+            ..Default::default()
+        },
+        ports: vec![],
+        machines: vec![],
+        update: UpdateConfig::default(),
+        pre_deploy: None,
+        depends_on: vec![],
+    }
+}
+
+fn host_port(port: u16) -> PortSpec {
+    PortSpec::Host {
+        host_ip: None,
+        host_port: port,
+        container_port: 80,
+        protocol: HostProtocol::Tcp,
+    }
+}
+
+static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// Adds a container of `spec` (its Resolved Service Spec) to machine `m`.
+fn add(
+    m: &mut MachineSnapshot,
+    service_id: &ServiceId,
+    spec: &ServiceSpec,
+    state: ContainerState,
+) -> String {
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("{}-{n:04}", spec.name);
+    m.containers.push(ContainerRuntimeObservation {
+        id: format!("{n:064x}").parse().unwrap(),
+        name: name.clone(),
+        machine_id: m.machine.info.id.clone(),
+        service_id: service_id.clone(),
+        service_name: spec.name.clone(),
+        kind: ContainerKind::Service,
+        state,
+        health: None,
+        address: Some("10.210.0.2".parse().unwrap()),
+        image: spec.container.image.clone(),
+        created_at: n as i64,
+        spec: Some(spec.clone()),
+    });
+    name
+}
+
+fn ops_of(plan: &ployz_core::DeployPlan) -> Vec<String> {
+    plan.operations()
+        .map(|op| match op {
+            Operation::CreateVolume { volume, .. } => format!("volume {}", volume.name),
+            Operation::RunHook { .. } => "hook".into(),
+            Operation::RunContainer { .. } => "run".into(),
+            Operation::ReplaceContainer { old, order, .. } => {
+                format!("replace {} {}", old.name, order.as_str())
+            }
+            Operation::StopContainer { container, .. } => format!("stop {}", container.name),
+            Operation::RemoveContainer { container, .. } => format!("remove {}", container.name),
+        })
+        .collect()
+}
+
+fn plan_all(services: Vec<ServiceSpec>, machines: &[MachineSnapshot]) -> Vec<String> {
+    let intent = DeployIntent::all(services, vec![]);
+    ops_of(&plan(&intent, machines, &PlanOptions::default()).unwrap())
+}
+
+#[test]
+fn a_new_service_runs_its_replicas_round_robin() {
+    let machines = [machine("a"), machine("b")];
+    let mut s = spec("web");
+    s.replicas = 3;
+    let intent = DeployIntent::all(vec![s], vec![]);
+    let p = plan(&intent, &machines, &PlanOptions::default()).unwrap();
+    assert_eq!(ops_of(&p), ["run", "run", "run"]);
+    assert!(p.services[0].is_new);
+    let per_machine = |m: &MachineSnapshot| {
+        p.operations()
+            .filter(|op| op.machine_id() == &m.machine.info.id)
+            .count()
+    };
+    let mut counts = [per_machine(&machines[0]), per_machine(&machines[1])];
+    counts.sort();
+    assert_eq!(counts, [1, 2]);
+}
+
+#[test]
+fn an_unchanged_spec_plans_nothing_and_says_so() {
+    let mut m = machine("a");
+    let s = spec("web");
+    let id = ServiceId::generate();
+    add(&mut m, &id, &s, ContainerState::Running);
+    let intent = DeployIntent::all(vec![s], vec![]);
+    let p = plan(&intent, std::slice::from_ref(&m), &PlanOptions::default()).unwrap();
+    assert!(p.is_empty());
+    assert_eq!(p.services[0].service_id, id, "the Service keeps its ID");
+    let text = preview::render(
+        &DeployPreview {
+            plan: p,
+            warnings: vec![],
+        },
+        &[m],
+    );
+    assert_eq!(text, "Services are up to date.\n");
+}
+
+#[test]
+fn an_env_change_replaces_every_container_start_first() {
+    let mut m = machine("a");
+    let mut s = spec("web");
+    s.replicas = 2;
+    let id = ServiceId::generate();
+    let c1 = add(&mut m, &id, &s, ContainerState::Running);
+    let c2 = add(&mut m, &id, &s, ContainerState::Running);
+    s.container.env.insert("A".into(), "2".into());
+    assert_eq!(
+        plan_all(vec![s], &[m]),
+        [
+            format!("replace {c1} start-first"),
+            format!("replace {c2} start-first")
+        ]
+    );
+}
+
+#[test]
+fn a_host_port_held_by_the_old_container_forces_stop_first() {
+    let mut m = machine("a");
+    let mut s = spec("web");
+    s.ports = vec![host_port(8080)];
+    let id = ServiceId::generate();
+    let c1 = add(&mut m, &id, &s, ContainerState::Running);
+    let mut changed = s.clone();
+    changed.container.image = "app:2".into();
+    assert_eq!(
+        plan_all(vec![changed.clone()], std::slice::from_ref(&m)),
+        [format!("replace {c1} stop-first")]
+    );
+    // A different host port does not conflict: start-first.
+    changed.ports = vec![host_port(8081)];
+    assert_eq!(plan_all(vec![changed], &[m]), [format!("replace {c1} start-first")]);
+}
+
+#[test]
+fn an_explicit_order_wins() {
+    let mut m = machine("a");
+    let mut s = spec("web");
+    let id = ServiceId::generate();
+    let c1 = add(&mut m, &id, &s, ContainerState::Running);
+    s.update.order = Some(UpdateOrder::StopFirst);
+    // The order alone changes no container.
+    assert!(plan_all(vec![s.clone()], std::slice::from_ref(&m)).is_empty());
+    s.container.image = "app:2".into();
+    assert_eq!(plan_all(vec![s], &[m]), [format!("replace {c1} stop-first")]);
+}
+
+#[test]
+fn a_single_replica_with_a_named_volume_is_stop_first_and_its_volume_is_created() {
+    let mut m = machine("a");
+    let mut s = spec("db");
+    s.container.mounts = vec![Mount::Volume {
+        source: "data".into(),
+        target: "/data".into(),
+        read_only: false,
+        no_copy: false,
+    }];
+    let intent = DeployIntent::all(
+        vec![s.clone()],
+        vec![VolumeSpec {
+            name: "data".into(),
+            driver: None,
+            driver_opts: Default::default(),
+            labels: Default::default(),
+            external: false,
+        }],
+    );
+    let p = plan(&intent, std::slice::from_ref(&m), &PlanOptions::default()).unwrap();
+    assert_eq!(ops_of(&p), ["volume data", "run"]);
+
+    let id = ServiceId::generate();
+    let c1 = add(&mut m, &id, &s, ContainerState::Running);
+    m.volumes.push(DockerVolume {
+        machine_id: m.machine.info.id.clone(),
+        name: "data".into(),
+        driver: "local".into(),
+        labels: Default::default(),
+    });
+    let mut changed = s.clone();
+    changed.container.image = "app:2".into();
+    assert_eq!(
+        plan_all(vec![changed], &[m]),
+        [format!("replace {c1} stop-first")]
+    );
+}
+
+#[test]
+fn global_services_get_one_container_per_machine_that_is_up() {
+    let mut machines = [machine("a"), machine("b"), machine("c")];
+    machines[2].machine.membership = MembershipObservation::Down;
+    let mut s = spec("agent");
+    s.mode = ServiceMode::Global;
+    assert_eq!(plan_all(vec![s.clone()], &machines), ["run", "run"]);
+
+    // A Machine with two containers keeps one up-to-date one and removes the other.
+    let id = ServiceId::generate();
+    let _keep = add(&mut machines[0], &id, &s, ContainerState::Running);
+    let extra = add(&mut machines[0], &id, &s, ContainerState::Running);
+    assert_eq!(plan_all(vec![s], &machines), ["run".to_string(), format!("remove {extra}")]);
+}
+
+#[test]
+fn scaling_up_runs_more_and_scaling_down_removes_the_extra() {
+    let mut m = machine("a");
+    let mut s = spec("web");
+    s.replicas = 2;
+    let id = ServiceId::generate();
+    add(&mut m, &id, &s, ContainerState::Running);
+    let second = add(&mut m, &id, &s, ContainerState::Running);
+    s.replicas = 3;
+    // Replicas shape the Deploy, not the containers: the running ones stay.
+    assert_eq!(plan_all(vec![s.clone()], std::slice::from_ref(&m)), ["run"]);
+    s.replicas = 1;
+    assert_eq!(plan_all(vec![s], &[m]), [format!("remove {second}")]);
+}
+
+#[test]
+fn a_hook_runs_only_when_something_runs_and_first() {
+    let mut m = machine("a");
+    let mut s = spec("web");
+    s.pre_deploy = Some(PreDeployHook {
+        command: vec!["migrate".into()],
+        env: Default::default(),
+        privileged: false,
+        user: None,
+        timeout_ms: 300_000,
+    });
+    let id = ServiceId::generate();
+    let c1 = add(&mut m, &id, &s, ContainerState::Running);
+    assert!(plan_all(vec![s.clone()], std::slice::from_ref(&m)).is_empty());
+    s.container.image = "app:2".into();
+    assert_eq!(
+        plan_all(vec![s], &[m]),
+        ["hook".to_string(), format!("replace {c1} start-first")]
+    );
+}
+
+#[test]
+fn pull_policy_always_and_recreate_replace_even_when_equal() {
+    let mut m = machine("a");
+    let mut s = spec("web");
+    s.container.pull_policy = PullPolicy::Always;
+    let id = ServiceId::generate();
+    let c1 = add(&mut m, &id, &s, ContainerState::Running);
+    assert_eq!(
+        plan_all(vec![s.clone()], std::slice::from_ref(&m)),
+        [format!("replace {c1} start-first")]
+    );
+    s.container.pull_policy = PullPolicy::Missing;
+    m.containers[0].spec = Some(s.clone());
+    let intent = DeployIntent::all(vec![s], vec![]);
+    let opts = PlanOptions {
+        recreate: true,
+        seed: 0,
+    };
+    assert_eq!(
+        ops_of(&plan(&intent, &[m], &opts).unwrap()),
+        [format!("replace {c1} start-first")]
+    );
+}
+
+#[test]
+fn stopped_and_half_created_containers_are_cleaned_up() {
+    let mut m = machine("a");
+    let s = spec("web");
+    let id = ServiceId::generate();
+    let exited = add(&mut m, &id, &s, ContainerState::Exited);
+    let created = add(&mut m, &id, &s, ContainerState::Created);
+    assert_eq!(
+        plan_all(vec![s], &[m]),
+        ["run".to_string(), format!("remove {exited}"), format!("remove {created}")]
+    );
+}
+
+#[test]
+fn only_attempted_services_are_planned() {
+    let mut m = machine("a");
+    let web = spec("web");
+    let mut api = spec("api");
+    let id = ServiceId::generate();
+    add(&mut m, &id, &api, ContainerState::Running);
+    api.container.image = "app:9".into();
+    let intent = DeployIntent {
+        services: vec![web.clone(), api],
+        attempts: vec![web.name.clone()],
+        volumes: vec![],
+    };
+    let p = plan(&intent, &[m], &PlanOptions::default()).unwrap();
+    assert_eq!(p.services.len(), 1);
+    assert_eq!(ops_of(&p), ["run"]);
+
+    let unknown = DeployIntent {
+        services: vec![web],
+        attempts: vec!["nope".parse().unwrap()],
+        volumes: vec![],
+    };
+    let err = plan(&unknown, &[machine("a")], &PlanOptions::default()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "service 'nope' is not in the Compose file; services there: web"
+    );
+}
+
+#[test]
+fn x_machines_restricts_placement_by_name_or_id() {
+    let machines = [machine("a"), machine("b")];
+    let mut s = spec("web");
+    s.replicas = 2;
+    s.machines = vec!["b".parse().unwrap()];
+    let intent = DeployIntent::all(vec![s.clone()], vec![]);
+    let p = plan(&intent, &machines, &PlanOptions::default()).unwrap();
+    assert!(p.operations().all(|op| op.machine_id() == &machines[1].machine.info.id));
+    s.machines = vec!["zz".parse().unwrap()];
+    let err = plan(&DeployIntent::all(vec![s], vec![]), &machines, &PlanOptions::default())
+        .unwrap_err();
+    assert!(matches!(err, PlanError::NoEligibleMachine { .. }), "{err}");
+    assert!(err.to_string().contains("x-machines zz"), "{err}");
+}
+
+#[test]
+fn name_ambiguity_and_mode_changes_are_refused() {
+    let mut m = machine("a");
+    let s = spec("web");
+    add(&mut m, &ServiceId::generate(), &s, ContainerState::Running);
+    add(&mut m, &ServiceId::generate(), &s, ContainerState::Running);
+    let err = plan(
+        &DeployIntent::all(vec![s.clone()], vec![]),
+        &[m],
+        &PlanOptions::default(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, PlanError::AmbiguousService { ref ids, .. } if ids.len() == 2), "{err}");
+
+    let mut m = machine("a");
+    add(&mut m, &ServiceId::generate(), &s, ContainerState::Running);
+    let mut global = s;
+    global.mode = ServiceMode::Global;
+    let err = plan(&DeployIntent::all(vec![global], vec![]), &[m], &PlanOptions::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("changing it to global needs `ployz rm web`"), "{err}");
+}
+
+#[test]
+fn a_hostname_published_by_another_service_is_refused() {
+    let mut m = machine("a");
+    let ingress = PortSpec::Ingress {
+        hostname: Some("app.example.com".into()),
+        published: None,
+        container_port: 80,
+        protocol: IngressProtocol::Https,
+    };
+    let mut owner = spec("old");
+    owner.ports = vec![ingress.clone()];
+    add(&mut m, &ServiceId::generate(), &owner, ContainerState::Running);
+    let mut s = spec("new");
+    s.ports = vec![ingress];
+    let err = plan(&DeployIntent::all(vec![s], vec![]), &[m], &PlanOptions::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("already published by Service 'old'"), "{err}");
+}
+
+#[test]
+fn pull_policy_never_needs_the_image_on_the_machine() {
+    let mut m = machine("a");
+    let mut s = spec("web");
+    s.container.image = "app".into();
+    s.container.pull_policy = PullPolicy::Never;
+    let err = plan(
+        &DeployIntent::all(vec![s.clone()], vec![]),
+        std::slice::from_ref(&m),
+        &PlanOptions::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("pull_policy is never"), "{err}");
+    m.images.push("app:latest".into());
+    assert_eq!(plan_all(vec![s], &[m]), ["run"]);
+}
+
+#[test]
+fn replicas_with_a_host_port_on_one_machine_are_refused() {
+    let mut s = spec("web");
+    s.replicas = 2;
+    s.ports = vec![host_port(8080)];
+    let err = plan(&DeployIntent::all(vec![s], vec![]), &[machine("a")], &PlanOptions::default())
+        .unwrap_err();
+    assert!(err.to_string().contains("publishes host port 8080"), "{err}");
+}
+
+#[test]
+fn the_preview_shows_a_tree_and_the_summary_line() {
+    let mut m = machine("a");
+    let mut s = spec("web");
+    let id = ServiceId::generate();
+    let c1 = add(&mut m, &id, &s, ContainerState::Running);
+    s.container.image = "app:2".into();
+    let p = plan(
+        &DeployIntent::all(vec![s, spec("api")], vec![]),
+        std::slice::from_ref(&m),
+        &PlanOptions::default(),
+    )
+    .unwrap();
+    let text = preview::render(
+        &DeployPreview {
+            plan: p,
+            warnings: vec!["service 'web': privileged".into()],
+        },
+        &[m],
+    );
+    let expected = format!(
+        "warning: service 'web': privileged\n\n\
+         ~ update service web\n│ image: app:1 → app:2\n│ replicas: 1\n└─ +/- replace container {c1} on a\n\n\
+         + create service api\n│ image: app:1\n│ replicas: 1\n└─ + run container on a\n\n\
+         1 create · 1 replace (start-first) · 0 replace (stop-first) · 0 remove · across 1 machine\n"
+    );
+    assert_eq!(text, expected);
+}
