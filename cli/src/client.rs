@@ -183,6 +183,42 @@ impl ApiClient {
         self.call(Method::POST, path, Some(body)).await
     }
 
+    /// `DELETE path`.
+    pub async fn delete(&mut self, path: &str) -> anyhow::Result<()> {
+        let _: serde_json::Value = self.call(Method::DELETE, path, None::<&()>).await?;
+        Ok(())
+    }
+
+    /// `GET path`, handing each chunk of a streamed text answer to `sink` as it arrives.
+    pub async fn get_stream(
+        &mut self,
+        path: &str,
+        mut sink: impl FnMut(&[u8]),
+    ) -> anyhow::Result<()> {
+        let request = Request::builder()
+            .method(Method::GET)
+            .uri(path)
+            .header("host", "ployz")
+            .body(Full::new(Bytes::new()))?;
+        self.sender.ready().await?;
+        let response = self.sender.send_request(request).await?;
+        let status = response.status();
+        let mut body = response.into_body();
+        if !status.is_success() {
+            let bytes = body.collect().await?.to_bytes();
+            return match serde_json::from_slice::<ApiError>(&bytes) {
+                Ok(e) => Err(e.into()),
+                Err(_) => Err(unexpected(status, &bytes)),
+            };
+        }
+        while let Some(frame) = body.frame().await {
+            if let Some(data) = frame?.data_ref() {
+                sink(data);
+            }
+        }
+        Ok(())
+    }
+
     async fn call<B: Serialize, T: DeserializeOwned>(
         &mut self,
         method: Method,

@@ -5,6 +5,7 @@ mod commands;
 mod config;
 mod connection;
 mod output;
+mod target;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -60,6 +61,31 @@ enum Command {
     /// Manage Machines: init, ls.
     #[command(subcommand, visible_alias = "m")]
     Machine(commands::machine::MachineCommand),
+    /// Deploy Services from a Compose file: preview, confirm, roll out one operation at a time.
+    Deploy(commands::deploy::DeployArgs),
+    /// List Services.
+    #[command(visible_alias = "list")]
+    Ls(commands::service::LsArgs),
+    /// List the containers of every Service.
+    Ps(commands::service::PsArgs),
+    /// Show one Service and its containers.
+    Inspect(commands::service::InspectArgs),
+    /// Print a Service's logs.
+    Logs(commands::service::LogsArgs),
+    /// Run a command in a container of a Service.
+    Exec(commands::service::ExecArgs),
+    /// Remove Services and all their containers (named volumes are kept).
+    #[command(visible_alias = "remove")]
+    Rm(commands::service::ServicesArgs),
+    /// Start the stopped containers of Services.
+    Start(commands::service::ServicesArgs),
+    /// Stop the containers of Services.
+    Stop(commands::service::ServicesArgs),
+    /// Change how many containers a replicated Service runs.
+    Scale(commands::service::ScaleArgs),
+    /// Manage Docker Volumes.
+    #[command(subcommand)]
+    Volume(commands::volume::VolumeCommand),
     /// Manage contexts: named ways to reach a Cluster.
     #[command(subcommand, visible_alias = "context")]
     Ctx(commands::ctx::CtxCommand),
@@ -90,6 +116,29 @@ fn main() -> ExitCode {
         Command::Ctx(cmd) => commands::ctx::run(&cli.global, cmd),
         Command::Machine(cmd) => client_runtime(commands::machine::run(&cli.global, cmd)),
         Command::Version(args) => client_runtime(commands::version::run(&cli.global, args)),
+        Command::Deploy(args) => client_runtime(commands::deploy::run(&cli.global, args)),
+        Command::Ls(args) => client_runtime(commands::service::ls(&cli.global, args)),
+        Command::Ps(args) => client_runtime(commands::service::ps(&cli.global, args)),
+        Command::Inspect(args) => client_runtime(commands::service::inspect(&cli.global, args)),
+        Command::Logs(args) => client_runtime(commands::service::logs(&cli.global, args)),
+        Command::Exec(args) => {
+            return match client_runtime_value(commands::service::exec(&cli.global, args)) {
+                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) => {
+                    output::print_error(&e);
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Rm(args) => client_runtime(commands::service::lifecycle(&cli.global, "rm", args)),
+        Command::Start(args) => {
+            client_runtime(commands::service::lifecycle(&cli.global, "start", args))
+        }
+        Command::Stop(args) => {
+            client_runtime(commands::service::lifecycle(&cli.global, "stop", args))
+        }
+        Command::Scale(args) => client_runtime(commands::service::scale(&cli.global, args)),
+        Command::Volume(cmd) => client_runtime(commands::volume::run(&cli.global, cmd)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -102,6 +151,12 @@ fn main() -> ExitCode {
 
 /// Runs a client command on a small single-threaded runtime.
 fn client_runtime(f: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    client_runtime_value(f)
+}
+
+fn client_runtime_value<T>(
+    f: impl std::future::Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?

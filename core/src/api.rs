@@ -116,3 +116,79 @@ impl std::fmt::Display for ApiError {
 }
 
 impl std::error::Error for ApiError {}
+
+/// Paths of the Machine's Docker operations. `{id}` is a full Container ID.
+pub mod docker_paths {
+    /// `GET`: the Machine's [`crate::MachineSnapshot`] (Live Observation).
+    pub const SNAPSHOT: &str = "/v1/snapshot";
+    /// `GET`: every managed container ([`crate::ContainerRuntimeObservation`]s);
+    /// `POST` [`super::RunContainerRequest`]: create and start a Service Container.
+    pub const CONTAINERS: &str = "/v1/containers";
+    /// `GET` one container; `DELETE` removes it.
+    pub const CONTAINER: &str = "/v1/containers/{id}";
+    /// `POST`: start a stopped container.
+    pub const CONTAINER_START: &str = "/v1/containers/{id}/start";
+    /// `POST` [`super::StopContainerRequest`].
+    pub const CONTAINER_STOP: &str = "/v1/containers/{id}/stop";
+    /// `GET ?tail=N&follow=bool&since=T&until=T`: the log as plain text, streamed.
+    pub const CONTAINER_LOGS: &str = "/v1/containers/{id}/logs";
+    /// `POST` [`super::ExecRequest`]: [`super::ExecResult`].
+    pub const CONTAINER_EXEC: &str = "/v1/containers/{id}/exec";
+    /// `POST` [`super::RunHookRequest`]: [`super::HookResult`].
+    pub const HOOKS: &str = "/v1/hooks";
+    /// `GET`: the Machine's [`crate::DockerVolume`]s; `POST` [`crate::VolumeSpec`] creates one.
+    pub const VOLUMES: &str = "/v1/volumes";
+    /// `DELETE ?force=bool`.
+    pub const VOLUME: &str = "/v1/volumes/{name}";
+
+    /// A path with `{id}` or `{name}` filled in.
+    pub fn fill(template: &str, value: &str) -> String {
+        template.replace("{id}", value).replace("{name}", value)
+    }
+}
+
+/// Create and start one Service Container.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunContainerRequest {
+    pub service_id: crate::ServiceId,
+    pub spec: crate::ServiceSpec,
+}
+
+/// Stop a container.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopContainerRequest {
+    /// Seconds before SIGKILL; the container's own stop timeout when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// Run a command inside a container, to completion.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    pub command: Vec<String>,
+}
+
+/// What a command run inside a container ended with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResult {
+    pub exit_code: i64,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Run a Service's pre-deploy hook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunHookRequest {
+    pub service_id: crate::ServiceId,
+    pub spec: crate::ServiceSpec,
+    pub hook: crate::PreDeployHook,
+}
+
+/// What a pre-deploy hook ended with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookResult {
+    pub container: crate::ContainerRef,
+    /// `None` when it was stopped at its timeout.
+    pub exit_code: Option<i64>,
+    pub logs: Vec<String>,
+}

@@ -88,6 +88,9 @@ pub struct ContainerRuntimeObservation {
     /// `None` when the container has no Healthcheck.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<ContainerHealth>,
+    /// How many times Docker restarted it (a crash loop shows here).
+    #[serde(default)]
+    pub restart_count: u32,
     /// The Container Address on the Machine's `ployz` network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<Ipv4Addr>,

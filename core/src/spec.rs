@@ -213,9 +213,9 @@ impl Mount {
     /// Where the mount appears inside the container.
     pub fn target(&self) -> &str {
         match self {
-            Mount::Volume { target, .. } | Mount::Bind { target, .. } | Mount::Tmpfs { target, .. } => {
-                target
-            }
+            Mount::Volume { target, .. }
+            | Mount::Bind { target, .. }
+            | Mount::Tmpfs { target, .. } => target,
         }
     }
 }

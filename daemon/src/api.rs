@@ -70,6 +70,12 @@ impl From<MachineError> for Failure {
                 message,
                 Some("check the data dir's disk (full or read-only?) and the daemon log"),
             ),
+            MachineError::Docker(_) => failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Unavailable,
+                message,
+                Some("check that dockerd runs and --docker-host points at it"),
+            ),
             MachineError::Store(_) | MachineError::Io { .. } => failure(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 Internal,
@@ -146,6 +152,7 @@ pub fn router(machine: Arc<LocalMachine>) -> Router {
         .route(api::paths::VERSION, get(version))
         .route(api::paths::MACHINES, get(machines))
         .route(api::paths::MACHINE_INIT, post(machine_init))
+        .with_state(machine.clone())
+        .merge(crate::docker_api::router(machine))
         .fallback(not_found)
-        .with_state(machine)
 }

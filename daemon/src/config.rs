@@ -49,6 +49,8 @@ pub struct DaemonConfig {
     pub socket_group: String,
     /// Log line format.
     pub log_format: LogFormat,
+    /// Where Docker listens (`unix:///path`); `None`: `DOCKER_HOST` or the default socket.
+    pub docker_host: Option<String>,
     /// After SIGTERM, how long the daemon keeps serving before it closes listeners.
     pub shutdown_grace_seconds: u64,
     /// After the grace period, how long in-flight work may take before it is cut.
@@ -62,6 +64,7 @@ impl Default for DaemonConfig {
             socket: DEFAULT_SOCKET.into(),
             socket_group: DEFAULT_SOCKET_GROUP.into(),
             log_format: LogFormat::Text,
+            docker_host: None,
             shutdown_grace_seconds: 0,
             shutdown_timeout_seconds: 5,
         }
@@ -76,6 +79,7 @@ pub struct DaemonConfigFile {
     pub socket: Option<PathBuf>,
     pub socket_group: Option<String>,
     pub log_format: Option<LogFormat>,
+    pub docker_host: Option<String>,
     pub shutdown: Option<ShutdownSection>,
 }
 
@@ -113,6 +117,9 @@ impl DaemonConfigFile {
         }
         if let Some(v) = self.log_format {
             config.log_format = v;
+        }
+        if let Some(v) = self.docker_host {
+            config.docker_host = Some(v);
         }
         if let Some(s) = self.shutdown {
             if let Some(v) = s.grace_seconds {

@@ -11,6 +11,7 @@
 
 mod api;
 mod config;
+mod docker_api;
 mod fsutil;
 mod identity;
 mod local_machine;

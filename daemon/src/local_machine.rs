@@ -8,6 +8,7 @@ use ployz_core::{
     ClusterNetwork, LocalMachinePhase, MachineId, MachineName, MembershipObservation, NameError,
     PartialResult, TargetFailure,
 };
+use ployz_orchestrator::docker::MachineDocker;
 use ployz_store::{Key, KeyPrefix, Store, StoreError};
 
 use crate::identity::{DataDir, KeyPair, LocalIdentity};
@@ -30,6 +31,8 @@ pub enum MachineError {
     UnusableHostname(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("{0}")]
+    Docker(String),
     #[error("{action}: {source}")]
     Io {
         action: String,
@@ -40,11 +43,14 @@ pub enum MachineError {
 struct State {
     identity: Option<LocalIdentity>,
     store: Option<Arc<Store>>,
+    docker: Option<MachineDocker>,
 }
 
 /// This Machine, as its daemon holds it.
 pub struct LocalMachine {
     dir: DataDir,
+    /// Where Docker listens (`unix:///path`); `None`: `DOCKER_HOST` or the default socket.
+    docker_host: Option<String>,
     state: Mutex<State>,
 }
 
@@ -70,7 +76,7 @@ fn publish(store: &Store, info: &MachineInfo) -> Result<(), MachineError> {
 
 impl LocalMachine {
     /// Loads this Machine from its data dir, opening the store when it is initialised.
-    pub fn open(dir: DataDir) -> anyhow::Result<LocalMachine> {
+    pub fn open(dir: DataDir, docker_host: Option<String>) -> anyhow::Result<LocalMachine> {
         std::fs::create_dir_all(dir.root())
             .map_err(|e| anyhow::anyhow!("cannot create data dir {}: {e}", dir.root().display()))?;
         let identity = LocalIdentity::load(&dir)?;
@@ -84,9 +90,22 @@ impl LocalMachine {
             }
             None => None,
         };
+        let docker = match &identity {
+            Some(i) => Some(MachineDocker::connect(
+                docker_host.as_deref(),
+                i.id.clone(),
+                i.subnet,
+            )?),
+            None => None,
+        };
         Ok(LocalMachine {
             dir,
-            state: Mutex::new(State { identity, store }),
+            docker_host,
+            state: Mutex::new(State {
+                identity,
+                store,
+                docker,
+            }),
         })
     }
 
@@ -106,6 +125,25 @@ impl LocalMachine {
             .expect("machine state poisoned")
             .store
             .clone()
+    }
+
+    /// This Machine's Docker, once this Machine is initialised.
+    pub fn docker(&self) -> Option<MachineDocker> {
+        self.state
+            .lock()
+            .expect("machine state poisoned")
+            .docker
+            .clone()
+    }
+
+    /// This Machine's published self-description, once initialised.
+    pub fn info(&self) -> Option<MachineInfo> {
+        self.state
+            .lock()
+            .expect("machine state poisoned")
+            .identity
+            .as_ref()
+            .map(LocalIdentity::info)
     }
 
     /// Creates this Machine's Cluster identity: Machine ID, Machine Name (`name`, or the
@@ -146,6 +184,9 @@ impl LocalMachine {
             subnet,
             public_key: keys.public_key,
         };
+        let docker =
+            MachineDocker::connect(self.docker_host.as_deref(), identity.id.clone(), subnet)
+                .map_err(|e| MachineError::Docker(e.to_string()))?;
         let store = Store::open(&store_dir, identity.id.clone())?;
         publish(&store, &identity.info())?;
         identity
@@ -158,6 +199,7 @@ impl LocalMachine {
         };
         state.identity = Some(identity);
         state.store = Some(Arc::new(store));
+        state.docker = Some(docker);
         Ok(view)
     }
 
@@ -219,7 +261,7 @@ mod tests {
     #[test]
     fn init_creates_identity_once_and_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let m = LocalMachine::open(DataDir::new(dir.path())).unwrap();
+        let m = LocalMachine::open(DataDir::new(dir.path()), None).unwrap();
         assert_eq!(m.phase(), LocalMachinePhase::Uninitialized);
         assert!(matches!(m.machines(), Err(MachineError::NotInitialised)));
         let view = m.init(Some("alpha")).unwrap();
@@ -228,7 +270,7 @@ mod tests {
         let again = m.init(Some("beta")).unwrap_err();
         assert!(again.to_string().contains("already initialised as 'alpha'"));
         drop(m);
-        let reopened = LocalMachine::open(DataDir::new(dir.path())).unwrap();
+        let reopened = LocalMachine::open(DataDir::new(dir.path()), None).unwrap();
         let list = reopened.machines().unwrap();
         assert_eq!(list.values.len(), 1);
         assert_eq!(list.values[0].info, view.info);
@@ -240,7 +282,7 @@ mod tests {
     #[test]
     fn a_bad_name_is_refused_before_anything_is_written() {
         let dir = tempfile::tempdir().unwrap();
-        let m = LocalMachine::open(DataDir::new(dir.path())).unwrap();
+        let m = LocalMachine::open(DataDir::new(dir.path()), None).unwrap();
         let err = m.init(Some("Bad_Name")).unwrap_err();
         assert!(err.to_string().contains("Machine Name 'Bad_Name'"), "{err}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);

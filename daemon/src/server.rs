@@ -23,7 +23,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     init_logging(config.log_format);
     let listener = bind_socket(&config.socket, &config.socket_group)?;
     let machine = Arc::new(
-        LocalMachine::open(DataDir::new(&config.data_dir))
+        LocalMachine::open(DataDir::new(&config.data_dir), config.docker_host.clone())
             .context("cannot load this Machine's data")?,
     );
     tracing::info!(
@@ -51,6 +51,12 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         "management API",
         ApiService {
             listener: Mutex::new(Some(listener)),
+            machine: machine.clone(),
+        },
+    ));
+    server.add_service(background_service(
+        "docker observer",
+        ObserverService {
             machine: machine.clone(),
         },
     ));
@@ -143,6 +149,27 @@ impl BackgroundService for ApiService {
         if let Err(e) = served {
             tracing::error!(error = %e, "management API stopped");
         }
+    }
+}
+
+/// Keeps this Machine's Container Runtime Observations in the store, once it is initialised.
+struct ObserverService {
+    machine: Arc<LocalMachine>,
+}
+
+#[async_trait]
+impl BackgroundService for ObserverService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let (docker, store) = loop {
+            if let (Some(d), Some(s)) = (self.machine.docker(), self.machine.store()) {
+                break (d, s);
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+            }
+        };
+        ployz_orchestrator::observer::run(docker, store, shutdown).await;
     }
 }
 

@@ -6,5 +6,10 @@
 //! **Architecture Invariant:** loading and planning do no IO beyond reading the Compose files and
 //! the files they name; everything Docker is behind the daemon's API.
 
+pub mod docker;
+pub mod execute;
+pub mod observer;
 pub mod plan;
 pub mod preview;
+
+pub mod compose;

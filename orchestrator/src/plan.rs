@@ -18,9 +18,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ployz_core::{
-    ContainerKind, ContainerRef, ContainerRuntimeObservation, DeployIntent, DeployPlan,
-    MachineId, MachineSnapshot, MembershipObservation, Operation, PortSpec, PullPolicy,
-    ServiceId, ServiceMode, ServicePlan, ServiceSpec, UpdateOrder,
+    ContainerKind, ContainerRef, ContainerRuntimeObservation, DeployIntent, DeployPlan, MachineId,
+    MachineSnapshot, MembershipObservation, Operation, PortSpec, PullPolicy, ServiceId,
+    ServiceMode, ServicePlan, ServiceSpec, UpdateOrder,
 };
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -42,7 +42,9 @@ pub enum PlanError {
     UnknownAttempt(String, String),
     #[error("Service Name '{name}' matches {} Services ({}); remove the extra ones (`ployz rm` by ID) or rename this one", ids.len(), ids.join(", "))]
     AmbiguousService { name: String, ids: Vec<String> },
-    #[error("service '{name}' runs in {from} mode; changing it to {to} needs `ployz rm {name}` first")]
+    #[error(
+        "service '{name}' runs in {from} mode; changing it to {to} needs `ployz rm {name}` first"
+    )]
     ModeChange {
         name: String,
         from: &'static str,
@@ -89,7 +91,9 @@ fn up_to_date(c: &ContainerRuntimeObservation, spec: &ServiceSpec, opts: &PlanOp
     c.is_running()
         && !opts.recreate
         && spec.container.pull_policy != PullPolicy::Always
-        && c.spec.as_ref().is_some_and(|old| same_container_config(old, spec))
+        && c.spec
+            .as_ref()
+            .is_some_and(|old| same_container_config(old, spec))
 }
 
 /// Whether two specs would create the same container: name, mode, container configuration,
@@ -267,7 +271,11 @@ pub fn plan(
             }
             ServiceMode::Replicated => {
                 // Replicas sharing a named volume must share its Machine.
-                let spread = if mounted.is_empty() { eligible.len() } else { 1 };
+                let spread = if mounted.is_empty() {
+                    eligible.len()
+                } else {
+                    1
+                };
                 for i in 0..spec.replicas as usize {
                     *wanted
                         .entry(&eligible[i % spread].machine.info.id)
@@ -390,10 +398,14 @@ pub fn plan(
                 }
             }
         }
-        operations.extend(removals.into_iter().map(|(m, c)| Operation::RemoveContainer {
-            machine_id: m.clone(),
-            container: container_ref(c),
-        }));
+        operations.extend(
+            removals
+                .into_iter()
+                .map(|(m, c)| Operation::RemoveContainer {
+                    machine_id: m.clone(),
+                    container: container_ref(c),
+                }),
+        );
         if let Some(hook) = &spec.pre_deploy {
             let first_run = operations.iter().find(|op| {
                 matches!(
@@ -452,9 +464,9 @@ fn check_hostnames(spec: &ServiceSpec, machines: &[MachineSnapshot]) -> Result<(
                 continue;
             }
             let claims = c.spec.as_ref().is_some_and(|s| {
-                s.ports.iter().any(|p| {
-                    matches!(p, PortSpec::Ingress { hostname: Some(h), .. } if h == host)
-                })
+                s.ports
+                    .iter()
+                    .any(|p| matches!(p, PortSpec::Ingress { hostname: Some(h), .. } if h == host))
             });
             if claims {
                 return Err(PlanError::HostnameClaimed {

@@ -75,9 +75,15 @@ pub fn describe(op: &Operation, machines: &[MachineSnapshot]) -> String {
             order,
             ..
         } => match order {
-            UpdateOrder::StartFirst => format!("+/- replace container {}{}", old.name, on(machine_id)),
+            UpdateOrder::StartFirst => {
+                format!("+/- replace container {}{}", old.name, on(machine_id))
+            }
             UpdateOrder::StopFirst => {
-                format!("-/+ replace container {} (stop-first){}", old.name, on(machine_id))
+                format!(
+                    "-/+ replace container {} (stop-first){}",
+                    old.name,
+                    on(machine_id)
+                )
             }
         },
         Operation::StopContainer {
@@ -108,7 +114,12 @@ pub fn render(preview: &DeployPreview, machines: &[MachineSnapshot]) -> String {
     for op in &preview.plan.volume_operations {
         let _ = writeln!(out, "{}", describe(op, machines));
     }
-    for service in preview.plan.services.iter().filter(|s| !s.operations.is_empty()) {
+    for service in preview
+        .plan
+        .services
+        .iter()
+        .filter(|s| !s.operations.is_empty())
+    {
         let header = if service.is_new {
             "+ create service"
         } else {

@@ -77,6 +77,7 @@ fn add(
         kind: ContainerKind::Service,
         state,
         health: None,
+        restart_count: 0,
         address: Some("10.210.0.2".parse().unwrap()),
         image: spec.container.image.clone(),
         created_at: n as i64,
@@ -177,7 +178,10 @@ fn a_host_port_held_by_the_old_container_forces_stop_first() {
     );
     // A different host port does not conflict: start-first.
     changed.ports = vec![host_port(8081)];
-    assert_eq!(plan_all(vec![changed], &[m]), [format!("replace {c1} start-first")]);
+    assert_eq!(
+        plan_all(vec![changed], &[m]),
+        [format!("replace {c1} start-first")]
+    );
 }
 
 #[test]
@@ -190,7 +194,10 @@ fn an_explicit_order_wins() {
     // The order alone changes no container.
     assert!(plan_all(vec![s.clone()], std::slice::from_ref(&m)).is_empty());
     s.container.image = "app:2".into();
-    assert_eq!(plan_all(vec![s], &[m]), [format!("replace {c1} stop-first")]);
+    assert_eq!(
+        plan_all(vec![s], &[m]),
+        [format!("replace {c1} stop-first")]
+    );
 }
 
 #[test]
@@ -244,7 +251,10 @@ fn global_services_get_one_container_per_machine_that_is_up() {
     let id = ServiceId::generate();
     let _keep = add(&mut machines[0], &id, &s, ContainerState::Running);
     let extra = add(&mut machines[0], &id, &s, ContainerState::Running);
-    assert_eq!(plan_all(vec![s], &machines), ["run".to_string(), format!("remove {extra}")]);
+    assert_eq!(
+        plan_all(vec![s], &machines),
+        ["run".to_string(), format!("remove {extra}")]
+    );
 }
 
 #[test]
@@ -316,7 +326,11 @@ fn stopped_and_half_created_containers_are_cleaned_up() {
     let created = add(&mut m, &id, &s, ContainerState::Created);
     assert_eq!(
         plan_all(vec![s], &[m]),
-        ["run".to_string(), format!("remove {exited}"), format!("remove {created}")]
+        [
+            "run".to_string(),
+            format!("remove {exited}"),
+            format!("remove {created}")
+        ]
     );
 }
 
@@ -357,10 +371,16 @@ fn x_machines_restricts_placement_by_name_or_id() {
     s.machines = vec!["b".parse().unwrap()];
     let intent = DeployIntent::all(vec![s.clone()], vec![]);
     let p = plan(&intent, &machines, &PlanOptions::default()).unwrap();
-    assert!(p.operations().all(|op| op.machine_id() == &machines[1].machine.info.id));
+    assert!(p
+        .operations()
+        .all(|op| op.machine_id() == &machines[1].machine.info.id));
     s.machines = vec!["zz".parse().unwrap()];
-    let err = plan(&DeployIntent::all(vec![s], vec![]), &machines, &PlanOptions::default())
-        .unwrap_err();
+    let err = plan(
+        &DeployIntent::all(vec![s], vec![]),
+        &machines,
+        &PlanOptions::default(),
+    )
+    .unwrap_err();
     assert!(matches!(err, PlanError::NoEligibleMachine { .. }), "{err}");
     assert!(err.to_string().contains("x-machines zz"), "{err}");
 }
@@ -377,15 +397,26 @@ fn name_ambiguity_and_mode_changes_are_refused() {
         &PlanOptions::default(),
     )
     .unwrap_err();
-    assert!(matches!(err, PlanError::AmbiguousService { ref ids, .. } if ids.len() == 2), "{err}");
+    assert!(
+        matches!(err, PlanError::AmbiguousService { ref ids, .. } if ids.len() == 2),
+        "{err}"
+    );
 
     let mut m = machine("a");
     add(&mut m, &ServiceId::generate(), &s, ContainerState::Running);
     let mut global = s;
     global.mode = ServiceMode::Global;
-    let err = plan(&DeployIntent::all(vec![global], vec![]), &[m], &PlanOptions::default())
-        .unwrap_err();
-    assert!(err.to_string().contains("changing it to global needs `ployz rm web`"), "{err}");
+    let err = plan(
+        &DeployIntent::all(vec![global], vec![]),
+        &[m],
+        &PlanOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("changing it to global needs `ployz rm web`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -399,12 +430,25 @@ fn a_hostname_published_by_another_service_is_refused() {
     };
     let mut owner = spec("old");
     owner.ports = vec![ingress.clone()];
-    add(&mut m, &ServiceId::generate(), &owner, ContainerState::Running);
+    add(
+        &mut m,
+        &ServiceId::generate(),
+        &owner,
+        ContainerState::Running,
+    );
     let mut s = spec("new");
     s.ports = vec![ingress];
-    let err = plan(&DeployIntent::all(vec![s], vec![]), &[m], &PlanOptions::default())
-        .unwrap_err();
-    assert!(err.to_string().contains("already published by Service 'old'"), "{err}");
+    let err = plan(
+        &DeployIntent::all(vec![s], vec![]),
+        &[m],
+        &PlanOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("already published by Service 'old'"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -429,9 +473,16 @@ fn replicas_with_a_host_port_on_one_machine_are_refused() {
     let mut s = spec("web");
     s.replicas = 2;
     s.ports = vec![host_port(8080)];
-    let err = plan(&DeployIntent::all(vec![s], vec![]), &[machine("a")], &PlanOptions::default())
-        .unwrap_err();
-    assert!(err.to_string().contains("publishes host port 8080"), "{err}");
+    let err = plan(
+        &DeployIntent::all(vec![s], vec![]),
+        &[machine("a")],
+        &PlanOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("publishes host port 8080"),
+        "{err}"
+    );
 }
 
 #[test]

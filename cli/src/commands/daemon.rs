@@ -22,6 +22,10 @@ pub struct RunArgs {
     /// The management API's unix socket [default: /run/ployz/ployz.sock].
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+    /// Where Docker listens, e.g. unix:///var/run/docker.sock [default: DOCKER_HOST, else the
+    /// default socket].
+    #[arg(long, value_name = "URL")]
+    docker_host: Option<String>,
     /// Log lines as `text` or `json` [default: text].
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
@@ -39,6 +43,9 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     }
     if let Some(v) = args.socket {
         config.socket = v;
+    }
+    if let Some(v) = args.docker_host {
+        config.docker_host = Some(v);
     }
     if let Some(v) = args.log_format {
         config.log_format = v;

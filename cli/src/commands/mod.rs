@@ -2,9 +2,12 @@
 
 pub mod ctx;
 pub mod daemon;
+pub mod deploy;
 pub mod dial_stdio;
 pub mod machine;
+pub mod service;
 pub mod version;
+pub mod volume;
 
 use std::path::PathBuf;
 

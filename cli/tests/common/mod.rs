@@ -116,6 +116,15 @@ impl Daemon {
         stop_child(&mut child, Duration::from_secs(10))
     }
 
+    /// Starts again after the process was killed from outside.
+    pub fn restart_after_kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+        self.child = Some(spawn_daemon(&self.data_dir, &self.socket, &self.log));
+        self.wait_ready();
+    }
+
     /// Stops and starts again on the same data dir and socket.
     pub fn restart(&mut self) {
         assert!(
@@ -217,4 +226,125 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The test image: Debian's busybox-static imported into Docker (no registry needed). It has
+/// `sh`, `httpd`, `wget`, `nc`, `nslookup` and `sleep`.
+pub const TEST_IMAGE: &str = "ployz-test/busybox:1";
+
+/// Runs the docker CLI (tests only: the product talks to Docker through its API).
+pub fn docker(args: &[&str]) -> Output {
+    Command::new("docker")
+        .args(args)
+        .output()
+        .expect("the docker CLI runs")
+}
+
+/// Makes [`TEST_IMAGE`] once per test binary.
+pub fn ensure_test_image() {
+    static ONCE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        assert!(
+            docker(&["info"]).status.success(),
+            "dockerd is not running; scripts/test.sh starts it"
+        );
+        if docker(&["image", "inspect", TEST_IMAGE]).status.success() {
+            return;
+        }
+        let root = tempfile::tempdir().unwrap();
+        let bin = root.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        for dir in ["tmp", "www", "etc"] {
+            std::fs::create_dir_all(root.path().join(dir)).unwrap();
+        }
+        std::fs::write(
+            root.path().join("etc/passwd"),
+            "root:x:0:0:root:/:/bin/sh\n",
+        )
+        .unwrap();
+        std::fs::copy("/bin/busybox", bin.join("busybox"))
+            .expect("/bin/busybox exists (Debian package busybox-static)");
+        let list = Command::new("/bin/busybox").arg("--list").output().unwrap();
+        for applet in String::from_utf8_lossy(&list.stdout).lines() {
+            if applet != "busybox" {
+                std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+            }
+        }
+        let archive = root.path().with_extension("tar");
+        let tar = Command::new("tar")
+            .arg("-C")
+            .arg(root.path())
+            .args(["-cf"])
+            .arg(&archive)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(tar.success(), "tar failed");
+        let status = Command::new("docker")
+            .args(["import"])
+            .arg(&archive)
+            .arg(TEST_IMAGE)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        let _ = std::fs::remove_file(&archive);
+        assert!(status.success(), "docker import failed");
+    });
+}
+
+/// Removes every container and volume a Machine's daemon created on the shared Docker.
+pub fn remove_machine_containers(machine_id: &str) {
+    let filter = format!("label=ployz.machine.id={machine_id}");
+    let ids = docker(&["ps", "-aq", "--filter", &filter]);
+    for id in String::from_utf8_lossy(&ids.stdout).split_whitespace() {
+        docker(&["rm", "-f", "-v", id]);
+    }
+    let vols = docker(&["volume", "ls", "-q", "--filter", &filter]);
+    for v in String::from_utf8_lossy(&vols.stdout).split_whitespace() {
+        docker(&["volume", "rm", "-f", v]);
+    }
+}
+
+/// An initialised Machine whose containers are removed when the test ends.
+pub struct DockerMachine {
+    pub daemon: Daemon,
+    pub id: String,
+}
+
+impl DockerMachine {
+    pub fn new(lab: &Lab, name: &str) -> DockerMachine {
+        ensure_test_image();
+        let daemon = lab.daemon(name);
+        let init = json(&lab.ployz(&daemon, &["machine", "init", "--name", name, "--json"]));
+        DockerMachine {
+            id: init["id"].as_str().unwrap().to_owned(),
+            daemon,
+        }
+    }
+
+    /// Containers of this Machine as `docker ps` sees them: (name, state).
+    pub fn docker_containers(&self) -> Vec<(String, String)> {
+        let filter = format!("label=ployz.machine.id={}", self.id);
+        let out = docker(&[
+            "ps",
+            "-a",
+            "--filter",
+            &filter,
+            "--format",
+            "{{.Names}} {{.State}}",
+        ]);
+        let mut v: Vec<(String, String)> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once(' ').map(|(a, b)| (a.to_owned(), b.to_owned())))
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for DockerMachine {
+    fn drop(&mut self) {
+        self.daemon.stop();
+        remove_machine_containers(&self.id);
+    }
 }

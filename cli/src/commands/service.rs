@@ -1,0 +1,494 @@
+//! Commands over Services and their containers: ls, ps, inspect, logs, exec, rm, start, stop,
+//! scale. Services are derived from the containers the Machine observes; a Service Selector
+//! that matches several Service IDs is reported, never guessed.
+
+use std::collections::BTreeMap;
+
+use anyhow::{anyhow, bail};
+use clap::Args;
+use ployz_core::api::{docker_paths as paths, ExecRequest, ExecResult, StopContainerRequest};
+use ployz_core::{
+    ContainerKind, ContainerRuntimeObservation, ContainerSelector, DeployIntent, Identified,
+    IngressProtocol, PortSpec, ServiceId, ServiceMode, ServiceSelector, ServiceSpec,
+};
+use serde::Serialize;
+
+use crate::client::ApiClient;
+use crate::output::{print_json, print_table, table};
+use crate::GlobalArgs;
+
+/// One Service as derived from its observed containers.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceView {
+    pub id: ServiceId,
+    pub name: String,
+    pub mode: ServiceMode,
+    /// Running containers / all containers.
+    pub running: usize,
+    pub containers: usize,
+    pub image: String,
+    pub endpoints: Vec<String>,
+    /// The newest container's Resolved Service Spec.
+    #[serde(skip)]
+    pub spec: Option<ServiceSpec>,
+}
+
+impl Identified for ServiceView {
+    fn id(&self) -> &str {
+        self.id.as_str()
+    }
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+fn endpoints(spec: &ServiceSpec) -> Vec<String> {
+    spec.ports
+        .iter()
+        .filter_map(|p| match p {
+            PortSpec::Ingress {
+                hostname: Some(h),
+                published,
+                protocol,
+                ..
+            } => {
+                let scheme = match protocol {
+                    IngressProtocol::Http => "http",
+                    IngressProtocol::Https => "https",
+                };
+                Some(match published {
+                    Some(port) => format!("{scheme}://{h}:{port}"),
+                    None => format!("{scheme}://{h}"),
+                })
+            }
+            PortSpec::Host {
+                host_port,
+                container_port,
+                ..
+            } => Some(format!("{host_port}->{container_port} (host)")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Every managed container the connected Machine runs.
+pub async fn containers(
+    client: &mut ApiClient,
+) -> anyhow::Result<Vec<ContainerRuntimeObservation>> {
+    client.get(paths::CONTAINERS).await
+}
+
+/// Services derived from containers (hook containers excluded).
+pub fn services(containers: &[ContainerRuntimeObservation]) -> Vec<ServiceView> {
+    let mut by_id: BTreeMap<&ServiceId, Vec<&ContainerRuntimeObservation>> = BTreeMap::new();
+    for c in containers
+        .iter()
+        .filter(|c| c.kind == ContainerKind::Service)
+    {
+        by_id.entry(&c.service_id).or_default().push(c);
+    }
+    let mut out: Vec<ServiceView> = by_id
+        .into_iter()
+        .map(|(id, cs)| {
+            let newest = cs.iter().max_by_key(|c| c.created_at).expect("non-empty");
+            let spec = newest.spec.clone();
+            ServiceView {
+                id: id.clone(),
+                name: newest.service_name.to_string(),
+                mode: spec.as_ref().map(|s| s.mode).unwrap_or_default(),
+                running: cs.iter().filter(|c| c.is_running()).count(),
+                containers: cs.len(),
+                image: newest.image.clone(),
+                endpoints: spec.as_ref().map(endpoints).unwrap_or_default(),
+                spec,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.name, &a.id).cmp(&(&b.name, &b.id)));
+    out
+}
+
+/// The one Service a selector names.
+fn one_service<'a>(all: &'a [ServiceView], selector: &str) -> anyhow::Result<&'a ServiceView> {
+    let sel: ServiceSelector = selector.parse().map_err(|e| anyhow!("{e}"))?;
+    sel.resolve(all)
+        .one()
+        .map_err(|e| anyhow!("{e}; `ployz ls` lists the Services"))
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn ls(global: &GlobalArgs, args: LsArgs) -> anyhow::Result<()> {
+    let mut client = super::connect(global).await?;
+    let all = services(&containers(&mut client).await?);
+    if args.json {
+        return print_json(&all);
+    }
+    let shared_names = {
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for s in &all {
+            *counts.entry(&s.name).or_default() += 1;
+        }
+        counts.values().any(|n| *n > 1)
+    };
+    let mut header = vec!["NAME"];
+    if shared_names {
+        header.push("ID");
+    }
+    header.extend(["MODE", "REPLICAS", "IMAGE", "ENDPOINTS"]);
+    let mut t = table(&header);
+    for s in &all {
+        let mut row = vec![s.name.clone()];
+        if shared_names {
+            row.push(s.id.to_string());
+        }
+        row.extend([
+            s.mode.as_str().to_owned(),
+            format!("{}/{}", s.running, s.containers),
+            s.image.clone(),
+            s.endpoints.join(", "),
+        ]);
+        t.add_row(row);
+    }
+    print_table(&t);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct PsArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn ps(global: &GlobalArgs, args: PsArgs) -> anyhow::Result<()> {
+    let mut client = super::connect(global).await?;
+    let all = containers(&mut client).await?;
+    if args.json {
+        return print_json(&all);
+    }
+    let mut t = table(&[
+        "SERVICE",
+        "CONTAINER ID",
+        "NAME",
+        "IMAGE",
+        "STATUS",
+        "HOOK",
+        "IP ADDRESS",
+    ]);
+    for c in &all {
+        t.add_row(vec![
+            c.service_name.to_string(),
+            c.id.as_str().chars().take(12).collect(),
+            c.name.clone(),
+            c.image.clone(),
+            c.status(),
+            if c.kind == ContainerKind::Hook {
+                "pre-deploy".into()
+            } else {
+                String::new()
+            },
+            c.address.map(|a| a.to_string()).unwrap_or_default(),
+        ]);
+    }
+    print_table(&t);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// Service name or ID.
+    service: String,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn inspect(global: &GlobalArgs, args: InspectArgs) -> anyhow::Result<()> {
+    let mut client = super::connect(global).await?;
+    let all_containers = containers(&mut client).await?;
+    let all = services(&all_containers);
+    let s = one_service(&all, &args.service)?;
+    let mine: Vec<&ContainerRuntimeObservation> = all_containers
+        .iter()
+        .filter(|c| c.service_id == s.id)
+        .collect();
+    if args.json {
+        #[derive(Serialize)]
+        struct Inspect<'a> {
+            service: &'a ServiceView,
+            spec: &'a Option<ServiceSpec>,
+            containers: Vec<&'a ContainerRuntimeObservation>,
+        }
+        return print_json(&Inspect {
+            service: s,
+            spec: &s.spec,
+            containers: mine,
+        });
+    }
+    println!("ID:    {}", s.id);
+    println!("Name:  {}", s.name);
+    println!("Mode:  {}", s.mode.as_str());
+    println!();
+    let mut t = table(&["CONTAINER ID", "NAME", "IMAGE", "STATUS", "IP ADDRESS"]);
+    for c in mine {
+        t.add_row(vec![
+            c.id.as_str().chars().take(12).collect(),
+            c.name.clone(),
+            c.image.clone(),
+            c.status(),
+            c.address.map(|a| a.to_string()).unwrap_or_default(),
+        ]);
+    }
+    print_table(&t);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// `SERVICE` or `SERVICE/CONTAINER` (name, ID or ID prefix).
+    target: String,
+    /// Keep printing new lines.
+    #[arg(short, long)]
+    follow: bool,
+    /// Lines from the end of each container's log, or `all`.
+    #[arg(short = 'n', long, default_value = "100")]
+    tail: String,
+    /// Only lines since this Unix time (seconds).
+    #[arg(long)]
+    since: Option<i64>,
+    /// Only lines until this Unix time (seconds).
+    #[arg(long)]
+    until: Option<i64>,
+}
+
+pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<()> {
+    let tail = match args.tail.as_str() {
+        "all" => None,
+        n => Some(
+            n.parse::<usize>()
+                .map_err(|_| anyhow!("--tail '{n}' is not a number or 'all'"))?,
+        ),
+    };
+    let mut client = super::connect(global).await?;
+    let all_containers = containers(&mut client).await?;
+    let (service, container) = match args.target.split_once('/') {
+        Some((s, c)) => (s, Some(c)),
+        None => (args.target.as_str(), None),
+    };
+    let all = services(&all_containers);
+    let s = one_service(&all, service)?;
+    let mut mine: Vec<ContainerRuntimeObservation> = all_containers
+        .into_iter()
+        .filter(|c| c.service_id == s.id && c.kind == ContainerKind::Service)
+        .collect();
+    if let Some(sel) = container {
+        let sel: ContainerSelector = sel.parse().map_err(|e| anyhow!("{e}"))?;
+        let one = sel.resolve(&mine).one()?.clone();
+        mine = vec![one];
+    }
+    if args.follow && mine.len() > 1 {
+        bail!(
+            "--follow takes one container; Service '{}' has {}: name one as {}/CONTAINER",
+            s.name,
+            mine.len(),
+            s.name
+        );
+    }
+    let multi = mine.len() > 1;
+    for c in &mine {
+        let mut query = vec![format!("follow={}", args.follow)];
+        if let Some(t) = tail {
+            query.push(format!("tail={t}"));
+        }
+        if let Some(v) = args.since {
+            query.push(format!("since={v}"));
+        }
+        if let Some(v) = args.until {
+            query.push(format!("until={v}"));
+        }
+        let path = format!(
+            "{}?{}",
+            paths::fill(paths::CONTAINER_LOGS, c.id.as_str()),
+            query.join("&")
+        );
+        let mut pending = Vec::new();
+        let prefix = format!("{} | ", c.name);
+        client
+            .get_stream(&path, |chunk| {
+                use std::io::Write;
+                if !multi {
+                    let _ = std::io::stdout().write_all(chunk);
+                    let _ = std::io::stdout().flush();
+                    return;
+                }
+                pending.extend_from_slice(chunk);
+                while let Some(i) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=i).collect();
+                    print!("{prefix}{}", String::from_utf8_lossy(&line));
+                }
+            })
+            .await?;
+        if multi && !pending.is_empty() {
+            println!("{prefix}{}", String::from_utf8_lossy(&pending));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Service name or ID.
+    service: String,
+    /// A container of the Service (name, ID or unique ID prefix); default: a running one.
+    #[arg(long)]
+    container: Option<String>,
+    /// The command and its arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+    command: Vec<String>,
+}
+
+pub async fn exec(global: &GlobalArgs, args: ExecArgs) -> anyhow::Result<i32> {
+    let mut client = super::connect(global).await?;
+    let all_containers = containers(&mut client).await?;
+    let all = services(&all_containers);
+    let s = one_service(&all, &args.service)?;
+    let mine: Vec<ContainerRuntimeObservation> = all_containers
+        .into_iter()
+        .filter(|c| c.service_id == s.id && c.kind == ContainerKind::Service)
+        .collect();
+    let chosen = match &args.container {
+        Some(sel) => {
+            let sel: ContainerSelector = sel.parse().map_err(|e| anyhow!("{e}"))?;
+            sel.resolve(&mine).one()?.clone()
+        }
+        None => mine
+            .iter()
+            .find(|c| c.is_running())
+            .cloned()
+            .ok_or_else(|| anyhow!("Service '{}' has no running container", s.name))?,
+    };
+    let result: ExecResult = client
+        .post(
+            &paths::fill(paths::CONTAINER_EXEC, chosen.id.as_str()),
+            &ExecRequest {
+                command: args.command,
+            },
+        )
+        .await?;
+    print!("{}", result.stdout);
+    eprint!("{}", result.stderr);
+    Ok(result.exit_code as i32)
+}
+
+#[derive(Debug, Args)]
+pub struct ServicesArgs {
+    /// Service names or IDs.
+    #[arg(required = true)]
+    services: Vec<String>,
+    /// Do not ask for confirmation.
+    #[arg(short = 'y', long, env = "PLOYZ_AUTO_CONFIRM")]
+    yes: bool,
+}
+
+/// `rm`, `start` and `stop` over every container of the named Services.
+pub async fn lifecycle(global: &GlobalArgs, verb: &str, args: ServicesArgs) -> anyhow::Result<()> {
+    let mut client = super::connect(global).await?;
+    let all_containers = containers(&mut client).await?;
+    let all = services(&all_containers);
+    let mut chosen = Vec::new();
+    for sel in &args.services {
+        chosen.push(one_service(&all, sel)?.clone());
+    }
+    if verb == "rm" && !args.yes {
+        let names: Vec<&str> = chosen.iter().map(|s| s.name.as_str()).collect();
+        super::deploy::confirm(&format!(
+            "Remove Service(s) {} and all their containers?",
+            names.join(", ")
+        ))?;
+    }
+    for s in &chosen {
+        for c in all_containers.iter().filter(|c| c.service_id == s.id) {
+            match verb {
+                "rm" => {
+                    client
+                        .delete(&paths::fill(paths::CONTAINER, c.id.as_str()))
+                        .await?
+                }
+                "stop" => {
+                    let _: serde_json::Value = client
+                        .post(
+                            &paths::fill(paths::CONTAINER_STOP, c.id.as_str()),
+                            &StopContainerRequest::default(),
+                        )
+                        .await?;
+                }
+                "start" if c.kind == ContainerKind::Service => {
+                    let _: serde_json::Value = client
+                        .post(&paths::fill(paths::CONTAINER_START, c.id.as_str()), &())
+                        .await?;
+                }
+                _ => {}
+            }
+        }
+        let done = match verb {
+            "rm" => "removed",
+            "stop" => "stopped",
+            _ => "started",
+        };
+        println!("Service '{}' {done}.", s.name);
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ScaleArgs {
+    /// Service name or ID.
+    service: String,
+    /// How many containers it should run (1 or more).
+    replicas: u32,
+    /// Do not ask for confirmation.
+    #[arg(short = 'y', long, env = "PLOYZ_AUTO_CONFIRM")]
+    yes: bool,
+}
+
+pub async fn scale(global: &GlobalArgs, args: ScaleArgs) -> anyhow::Result<()> {
+    if args.replicas == 0 {
+        bail!(
+            "scaling to 0 is refused; use `ployz stop {}` or `ployz rm {}`",
+            args.service,
+            args.service
+        );
+    }
+    let mut client = super::connect(global).await?;
+    let all = services(&containers(&mut client).await?);
+    let s = one_service(&all, &args.service)?;
+    let mut spec = s
+        .spec
+        .clone()
+        .ok_or_else(|| anyhow!("Service '{}' carries no readable spec; redeploy it", s.name))?;
+    if spec.mode == ServiceMode::Global {
+        bail!(
+            "Service '{}' is global: it runs one container per Machine and cannot be scaled",
+            s.name
+        );
+    }
+    spec.replicas = args.replicas;
+    let intent = DeployIntent::all(vec![spec], vec![]);
+    let flow = super::deploy::Flow {
+        yes: args.yes,
+        dry_run: false,
+        json: false,
+        plan: ployz_orchestrator::plan::PlanOptions {
+            recreate: false,
+            seed: super::deploy::rand_seed(),
+        },
+        execute: super::deploy::monitor_defaults(),
+    };
+    super::deploy::deploy_intent(&mut client, &intent, vec![], &flow).await
+}

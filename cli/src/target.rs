@@ -1,0 +1,178 @@
+//! The Deploy executor's target: the Machines' management API, through the entry daemon.
+
+use ployz_core::api::{
+    docker_paths as paths, HookResult, RunContainerRequest, RunHookRequest, StopContainerRequest,
+};
+use ployz_core::{
+    ContainerRef, ContainerRuntimeObservation, MachineId, PreDeployHook, ServiceId, ServiceSpec,
+    VolumeSpec,
+};
+use ployz_orchestrator::execute::DeployTarget;
+
+use crate::client::ApiClient;
+
+/// Executes operations on the Machine the client is connected to.
+pub struct ApiTarget<'a> {
+    pub client: &'a mut ApiClient,
+    /// The connected Machine; operations for any other Machine are refused.
+    pub machine: MachineId,
+}
+
+impl ApiTarget<'_> {
+    fn check(&self, machine: &MachineId) -> Result<(), String> {
+        if machine == &self.machine {
+            Ok(())
+        } else {
+            Err(format!(
+                "Machine {machine} is not reachable from the entry Machine {}",
+                self.machine
+            ))
+        }
+    }
+}
+
+fn sentence(e: anyhow::Error) -> String {
+    format!("{e:#}")
+}
+
+impl DeployTarget for ApiTarget<'_> {
+    async fn create_volume(
+        &mut self,
+        machine: &MachineId,
+        volume: &VolumeSpec,
+    ) -> Result<(), String> {
+        self.check(machine)?;
+        let _: serde_json::Value = self
+            .client
+            .post(paths::VOLUMES, volume)
+            .await
+            .map_err(sentence)?;
+        Ok(())
+    }
+
+    async fn run_container(
+        &mut self,
+        machine: &MachineId,
+        service_id: &ServiceId,
+        spec: &ServiceSpec,
+    ) -> Result<ContainerRuntimeObservation, String> {
+        self.check(machine)?;
+        self.client
+            .post(
+                paths::CONTAINERS,
+                &RunContainerRequest {
+                    service_id: service_id.clone(),
+                    spec: spec.clone(),
+                },
+            )
+            .await
+            .map_err(sentence)
+    }
+
+    async fn observe_container(
+        &mut self,
+        machine: &MachineId,
+        container: &ContainerRef,
+    ) -> Result<Option<ContainerRuntimeObservation>, String> {
+        self.check(machine)?;
+        match self
+            .client
+            .get(&paths::fill(paths::CONTAINER, container.id.as_str()))
+            .await
+        {
+            Ok(c) => Ok(Some(c)),
+            Err(e) => match e.downcast_ref::<ployz_core::api::ApiError>() {
+                Some(api) if api.code == ployz_core::api::ErrorCode::NotFound => Ok(None),
+                _ => Err(sentence(e)),
+            },
+        }
+    }
+
+    async fn start_container(
+        &mut self,
+        machine: &MachineId,
+        c: &ContainerRef,
+    ) -> Result<(), String> {
+        self.check(machine)?;
+        let _: serde_json::Value = self
+            .client
+            .post(&paths::fill(paths::CONTAINER_START, c.id.as_str()), &())
+            .await
+            .map_err(sentence)?;
+        Ok(())
+    }
+
+    async fn stop_container(
+        &mut self,
+        machine: &MachineId,
+        c: &ContainerRef,
+    ) -> Result<(), String> {
+        self.check(machine)?;
+        let _: serde_json::Value = self
+            .client
+            .post(
+                &paths::fill(paths::CONTAINER_STOP, c.id.as_str()),
+                &StopContainerRequest::default(),
+            )
+            .await
+            .map_err(sentence)?;
+        Ok(())
+    }
+
+    async fn remove_container(
+        &mut self,
+        machine: &MachineId,
+        c: &ContainerRef,
+    ) -> Result<(), String> {
+        self.check(machine)?;
+        self.client
+            .delete(&paths::fill(paths::CONTAINER, c.id.as_str()))
+            .await
+            .map_err(sentence)
+    }
+
+    async fn tail_logs(
+        &mut self,
+        machine: &MachineId,
+        c: &ContainerRef,
+        lines: usize,
+    ) -> Result<Vec<String>, String> {
+        self.check(machine)?;
+        let mut text = Vec::new();
+        self.client
+            .get_stream(
+                &format!(
+                    "{}?tail={lines}",
+                    paths::fill(paths::CONTAINER_LOGS, c.id.as_str())
+                ),
+                |chunk| text.extend_from_slice(chunk),
+            )
+            .await
+            .map_err(sentence)?;
+        Ok(String::from_utf8_lossy(&text)
+            .lines()
+            .map(str::to_owned)
+            .collect())
+    }
+
+    async fn run_hook(
+        &mut self,
+        machine: &MachineId,
+        service_id: &ServiceId,
+        spec: &ServiceSpec,
+        hook: &PreDeployHook,
+    ) -> Result<HookResult, String> {
+        self.check(machine)?;
+        self.client
+            .post(
+                paths::HOOKS,
+                &RunHookRequest {
+                    service_id: service_id.clone(),
+                    spec: spec.clone(),
+                    hook: hook.clone(),
+                },
+            )
+            .await
+            .map_err(sentence)
+    }
+}

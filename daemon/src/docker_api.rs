@@ -1,0 +1,289 @@
+//! The management API's Docker operations on this Machine: the Deploy Snapshot and the
+//! primitives a Deploy executes (run, stop, start, remove, hooks, volumes, logs, exec).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use ployz_core::api::{
+    docker_paths as paths, ApiError, ErrorCode, ExecRequest, MachineView, RunContainerRequest,
+    RunHookRequest, StopContainerRequest,
+};
+use ployz_core::{MachineSnapshot, MembershipObservation, VolumeSpec};
+use ployz_orchestrator::docker::{DockerError, MachineDocker};
+use serde::Deserialize;
+
+use crate::local_machine::LocalMachine;
+
+/// A failed Docker operation as an API answer.
+pub struct DockerFailure(StatusCode, ApiError);
+
+impl IntoResponse for DockerFailure {
+    fn into_response(self) -> Response {
+        (self.0, Json(self.1)).into_response()
+    }
+}
+
+fn fail(status: StatusCode, code: ErrorCode, message: String, hint: Option<&str>) -> DockerFailure {
+    DockerFailure(
+        status,
+        ApiError {
+            code,
+            message,
+            hint: hint.map(str::to_owned),
+        },
+    )
+}
+
+impl From<DockerError> for DockerFailure {
+    fn from(e: DockerError) -> DockerFailure {
+        let message = e.to_string();
+        match e {
+            DockerError::Unreachable(_) => fail(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                message,
+                None,
+            ),
+            DockerError::NoSuchContainer(_) => {
+                fail(StatusCode::NOT_FOUND, ErrorCode::NotFound, message, None)
+            }
+            DockerError::ImageUnavailable { .. } | DockerError::NetworkConflict { .. } => fail(
+                StatusCode::CONFLICT,
+                ErrorCode::FailedPrecondition,
+                message,
+                None,
+            ),
+            _ => fail(
+                StatusCode::BAD_GATEWAY,
+                ErrorCode::Internal,
+                message,
+                Some("Docker refused the request; the daemon log has details"),
+            ),
+        }
+    }
+}
+
+fn docker(machine: &LocalMachine) -> Result<MachineDocker, DockerFailure> {
+    machine.docker().ok_or_else(|| {
+        fail(
+            StatusCode::CONFLICT,
+            ErrorCode::FailedPrecondition,
+            "this Machine is not initialised yet".into(),
+            Some("run `ployz machine init` first"),
+        )
+    })
+}
+
+fn checked_id(id: &str) -> Result<&str, DockerFailure> {
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            format!("'{id}' is not a Container ID"),
+            Some("resolve names and prefixes with `GET /v1/containers` first"),
+        ));
+    }
+    Ok(id)
+}
+
+async fn snapshot(
+    State(machine): State<Arc<LocalMachine>>,
+) -> Result<Json<MachineSnapshot>, DockerFailure> {
+    let d = docker(&machine)?;
+    let info = machine.info().expect("initialised when docker exists");
+    d.ensure_network().await?;
+    Ok(Json(MachineSnapshot {
+        machine: MachineView {
+            info,
+            membership: MembershipObservation::Up,
+        },
+        containers: d.observe().await?,
+        volumes: d.volumes().await?,
+        images: d.images().await?,
+    }))
+}
+
+async fn list_containers(
+    State(machine): State<Arc<LocalMachine>>,
+) -> Result<Response, DockerFailure> {
+    Ok(Json(docker(&machine)?.observe().await?).into_response())
+}
+
+async fn run_container(
+    State(machine): State<Arc<LocalMachine>>,
+    Json(req): Json<RunContainerRequest>,
+) -> Result<Response, DockerFailure> {
+    let c = docker(&machine)?
+        .run_service_container(&req.service_id, &req.spec)
+        .await?;
+    tracing::info!(container = %c.name, service = %c.service_name, "service container started");
+    Ok((StatusCode::CREATED, Json(c)).into_response())
+}
+
+async fn get_container(
+    State(machine): State<Arc<LocalMachine>>,
+    Path(id): Path<String>,
+) -> Result<Response, DockerFailure> {
+    match docker(&machine)?
+        .observe_container(checked_id(&id)?)
+        .await?
+    {
+        Some(c) => Ok(Json(c).into_response()),
+        None => Err(DockerError::NoSuchContainer(id).into()),
+    }
+}
+
+async fn start_container(
+    State(machine): State<Arc<LocalMachine>>,
+    Path(id): Path<String>,
+) -> Result<Response, DockerFailure> {
+    docker(&machine)?.start(checked_id(&id)?).await?;
+    Ok(Json(serde_json::json!({})).into_response())
+}
+
+async fn stop_container(
+    State(machine): State<Arc<LocalMachine>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, DockerFailure> {
+    let req: StopContainerRequest = if body.is_empty() {
+        StopContainerRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            fail(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidArgument,
+                format!("request body is not valid: {e}"),
+                None,
+            )
+        })?
+    };
+    docker(&machine)?
+        .stop(
+            checked_id(&id)?,
+            req.timeout_seconds.map(Duration::from_secs),
+        )
+        .await?;
+    Ok(Json(serde_json::json!({})).into_response())
+}
+
+async fn remove_container(
+    State(machine): State<Arc<LocalMachine>>,
+    Path(id): Path<String>,
+) -> Result<Response, DockerFailure> {
+    docker(&machine)?.remove(checked_id(&id)?).await?;
+    tracing::info!(container = %id, "container removed");
+    Ok(Json(serde_json::json!({})).into_response())
+}
+
+#[derive(Deserialize)]
+struct LogsQuery {
+    tail: Option<usize>,
+    #[serde(default)]
+    follow: bool,
+    since: Option<i64>,
+    until: Option<i64>,
+}
+
+async fn logs(
+    State(machine): State<Arc<LocalMachine>>,
+    Path(id): Path<String>,
+    Query(q): Query<LogsQuery>,
+) -> Result<Response, DockerFailure> {
+    let d = docker(&machine)?;
+    let id = checked_id(&id)?.to_owned();
+    if d.observe_container(&id).await?.is_none() {
+        return Err(DockerError::NoSuchContainer(id).into());
+    }
+    let stream = d
+        .log_stream(&id, q.follow, q.tail, q.since, q.until)
+        .await?
+        .map(|item| item.map_err(std::io::Error::other));
+    Ok(Response::builder()
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Body::from_stream(stream))
+        .expect("a valid response"))
+}
+
+async fn exec(
+    State(machine): State<Arc<LocalMachine>>,
+    Path(id): Path<String>,
+    Json(req): Json<ExecRequest>,
+) -> Result<Response, DockerFailure> {
+    if req.command.is_empty() {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            "command: empty; give the command to run".into(),
+            None,
+        ));
+    }
+    let result = docker(&machine)?
+        .exec(checked_id(&id)?, req.command)
+        .await?;
+    Ok(Json(result).into_response())
+}
+
+async fn run_hook(
+    State(machine): State<Arc<LocalMachine>>,
+    Json(req): Json<RunHookRequest>,
+) -> Result<Response, DockerFailure> {
+    let result = docker(&machine)?
+        .run_hook(&req.service_id, &req.spec, &req.hook)
+        .await?;
+    tracing::info!(service = %req.spec.name, exit_code = ?result.exit_code, "pre-deploy hook ended");
+    Ok(Json(result).into_response())
+}
+
+async fn list_volumes(State(machine): State<Arc<LocalMachine>>) -> Result<Response, DockerFailure> {
+    Ok(Json(docker(&machine)?.volumes().await?).into_response())
+}
+
+async fn create_volume(
+    State(machine): State<Arc<LocalMachine>>,
+    Json(spec): Json<VolumeSpec>,
+) -> Result<Response, DockerFailure> {
+    let v = docker(&machine)?.create_volume(&spec).await?;
+    Ok((StatusCode::CREATED, Json(v)).into_response())
+}
+
+#[derive(Deserialize)]
+struct RemoveVolumeQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+async fn remove_volume(
+    State(machine): State<Arc<LocalMachine>>,
+    Path(name): Path<String>,
+    Query(q): Query<RemoveVolumeQuery>,
+) -> Result<Response, DockerFailure> {
+    docker(&machine)?.remove_volume(&name, q.force).await?;
+    Ok(Json(serde_json::json!({})).into_response())
+}
+
+/// The Docker routes over one Machine.
+pub fn router(machine: Arc<LocalMachine>) -> Router {
+    Router::new()
+        .route(paths::SNAPSHOT, get(snapshot))
+        .route(paths::CONTAINERS, get(list_containers).post(run_container))
+        .route(
+            paths::CONTAINER,
+            get(get_container).delete(remove_container),
+        )
+        .route(paths::CONTAINER_START, post(start_container))
+        .route(paths::CONTAINER_STOP, post(stop_container))
+        .route(paths::CONTAINER_LOGS, get(logs))
+        .route(paths::CONTAINER_EXEC, post(exec))
+        .route(paths::HOOKS, post(run_hook))
+        .route(paths::VOLUMES, get(list_volumes).post(create_volume))
+        .route(paths::VOLUME, delete(remove_volume))
+        .with_state(machine)
+}

@@ -1,0 +1,252 @@
+//! The Compose loader: Compose files in, Requested Service Specs out.
+//!
+//! [`load`] reads one or more Compose files (merged in order), the project's `.env`, and the
+//! `env_file` and `configs` files they name; interpolates variables; applies profiles; and turns
+//! every included Service into a normalised [`ServiceSpec`](ployz_core::ServiceSpec), in
+//! dependency order. Nothing here touches Docker or the network.
+//!
+//! Every problem in the project is collected before returning, so one run shows them all:
+//! errors ([`ComposeError`]) name the file, the Service, the key, the value and the fix; keys that
+//! Ployz does not support (or does not know) are warnings ([`ComposeWarning`]), never silently
+//! dropped. Settings that give a container power over its Machine (privileged, capabilities, a
+//! bind of `/` or the Docker socket, devices) are accepted with a warning, for the Deploy Preview.
+//!
+//! **Architecture Invariant:** the loader is pure apart from reading files; it never panics on
+//! any input, and two equal configurations always produce equal specs.
+
+mod interp;
+mod port;
+mod project;
+mod service;
+mod units;
+mod yaml;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+pub use port::parse_port;
+
+/// What to load: the `-f` files, the `-p` profiles and the process environment.
+#[derive(Debug, Clone, Default)]
+pub struct ComposeInput {
+    /// Compose files, merged in order: a later file overrides an earlier one.
+    pub files: Vec<PathBuf>,
+    /// Services with `profiles:` are included only if one of them is listed here (`*`: all).
+    pub profiles: Vec<String>,
+    /// The process environment (`std::env::vars()`); it wins over the project's `.env`.
+    pub env: BTreeMap<String, String>,
+}
+
+/// A loaded project: the Requested Service Specs, the named Docker Volumes they use, and the
+/// warnings to show before deploying.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedProject {
+    /// Every included Service, dependencies first, ties by name.
+    pub services: Vec<ployz_core::ServiceSpec>,
+    /// The top-level named volumes some included Service mounts, by Docker Volume name.
+    pub volumes: Vec<ployz_core::VolumeSpec>,
+    pub warnings: Vec<ComposeWarning>,
+}
+
+/// Something in a Compose file that Ployz accepts but ignores, or that deserves a second look.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComposeWarning {
+    pub file: String,
+    pub service: Option<String>,
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for ComposeWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", one_line(&self.file))?;
+        if let Some(s) = &self.service {
+            write!(f, ": service '{}'", one_line(s))?;
+        }
+        if !self.key.is_empty() {
+            write!(f, ": {}", one_line(&self.key))?;
+        }
+        write!(f, ": {}", one_line(&self.message))
+    }
+}
+
+/// One reason a Compose project cannot be deployed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComposeError {
+    pub file: String,
+    pub service: Option<String>,
+    pub key: Option<String>,
+    pub value: Option<String>,
+    pub message: String,
+    pub fix: Option<String>,
+}
+
+impl fmt::Display for ComposeError {
+    /// One line: `compose.yaml: service 'web': ports[0] '8000-8001:80': <message>; <fix>`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", one_line(&self.file))?;
+        if let Some(s) = &self.service {
+            write!(f, ": service '{}'", one_line(s))?;
+        }
+        match (&self.key, &self.value) {
+            (Some(k), Some(v)) => write!(f, ": {} '{}'", one_line(k), bounded(v, 120))?,
+            (Some(k), None) => write!(f, ": {}", one_line(k))?,
+            (None, Some(v)) => write!(f, ": '{}'", bounded(v, 120))?,
+            (None, None) => {}
+        }
+        write!(f, ": {}", one_line(&self.message))?;
+        if let Some(fix) = &self.fix {
+            write!(f, "; {}", one_line(fix))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ComposeError {}
+
+/// Every error found in a project, in file order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComposeErrors(pub Vec<ComposeError>);
+
+impl fmt::Display for ComposeErrors {
+    /// One error per line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ComposeErrors {}
+
+impl From<ComposeError> for ComposeErrors {
+    fn from(e: ComposeError) -> Self {
+        ComposeErrors(vec![e])
+    }
+}
+
+/// Loads a Compose project. Either every included Service converts, or every error found is
+/// returned together.
+pub fn load(input: &ComposeInput) -> Result<LoadedProject, ComposeErrors> {
+    project::load(input)
+}
+
+/// Text with its line breaks escaped and its length bounded, so every message stays one line.
+fn one_line(s: &str) -> String {
+    bounded(s, 1000)
+}
+
+/// [`one_line`] with a custom bound, for values that may be long (file contents, commands).
+fn bounded(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max + 3));
+    for (i, c) in s.chars().enumerate() {
+        if i >= max {
+            out.push_str("...");
+            break;
+        }
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push('?'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Errors and warnings collected while loading.
+#[derive(Debug, Default)]
+pub(crate) struct Diagnostics {
+    pub errors: Vec<ComposeError>,
+    pub warnings: Vec<ComposeWarning>,
+}
+
+impl Diagnostics {
+    pub(crate) fn error(
+        &mut self,
+        file: &str,
+        service: Option<&str>,
+        key: Option<&str>,
+        value: Option<String>,
+        message: impl Into<String>,
+        fix: Option<String>,
+    ) {
+        let e = ComposeError {
+            file: file.to_owned(),
+            service: service.map(str::to_owned),
+            key: key.map(str::to_owned),
+            value,
+            message: message.into(),
+            fix,
+        };
+        if !self.errors.contains(&e) {
+            self.errors.push(e);
+        }
+    }
+
+    pub(crate) fn warn(
+        &mut self,
+        file: &str,
+        service: Option<&str>,
+        key: &str,
+        message: impl Into<String>,
+    ) {
+        let w = ComposeWarning {
+            file: file.to_owned(),
+            service: service.map(str::to_owned),
+            key: key.to_owned(),
+            message: message.into(),
+        };
+        if !self.warnings.contains(&w) {
+            self.warnings.push(w);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_display_on_one_line_with_every_part() {
+        let e = ComposeError {
+            file: "compose.yaml".into(),
+            service: Some("web".into()),
+            key: Some("ports[0]".into()),
+            value: Some("8000-8001:80".into()),
+            message: "published port ranges are not supported".into(),
+            fix: Some("publish each port on its own line".into()),
+        };
+        assert_eq!(
+            e.to_string(),
+            "compose.yaml: service 'web': ports[0] '8000-8001:80': published port ranges are not supported; publish each port on its own line"
+        );
+        let bare = ComposeError {
+            file: "a.yaml".into(),
+            service: None,
+            key: None,
+            value: Some("x\ny".into()),
+            message: "m".into(),
+            fix: None,
+        };
+        assert_eq!(bare.to_string(), "a.yaml: 'x\\ny': m");
+        let all = ComposeErrors(vec![e.clone(), bare]);
+        assert_eq!(all.to_string().lines().count(), 2);
+        let w = ComposeWarning {
+            file: "compose.yaml".into(),
+            service: Some("web".into()),
+            key: "dns".into(),
+            message: "is not supported".into(),
+        };
+        assert_eq!(
+            w.to_string(),
+            "compose.yaml: service 'web': dns: is not supported"
+        );
+    }
+}

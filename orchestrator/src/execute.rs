@@ -1,0 +1,401 @@
+//! Executing a Deploy Plan: operations one at a time, health-gated, ending in a Deploy Outcome.
+//!
+//! The executor does not talk to Docker itself: it drives a [`DeployTarget`] (the CLI's is the
+//! management API of the Machines), so the sequencing, monitoring and compensation rules live in
+//! one place.
+//!
+//! Per operation:
+//! - run: create and start, then monitor;
+//! - start-first replace: run the new container and monitor it; on success stop and remove the
+//!   old one; on failure stop the new one (kept for inspection) and leave the old one running;
+//! - stop-first replace: stop the old container, run and monitor the new one; on success remove
+//!   the old one; on failure stop the new one and restart the old one (the compensation);
+//! - hook: run the Hook Container to its end; a non-zero exit or a timeout fails the Deploy;
+//! - the first failure stops the Deploy: the Outcome lists the completed prefix, the failed
+//!   operation with the failed container's last log lines, and the unexecuted suffix.
+
+use std::time::Duration;
+
+use ployz_core::api::HookResult;
+use ployz_core::{
+    Compensation, CompletedOperation, ContainerHealth, ContainerRef, ContainerRuntimeObservation,
+    ContainerState, DeployOutcome, DeployPlan, FailedOperation, Healthcheck, MachineId, Operation,
+    PreDeployHook, ServiceId, ServiceSpec, UpdateOrder, VolumeSpec,
+};
+
+/// Where the operations of a Deploy are carried out. Errors are sentences for the Outcome.
+#[allow(async_fn_in_trait)]
+pub trait DeployTarget {
+    async fn create_volume(
+        &mut self,
+        machine: &MachineId,
+        volume: &VolumeSpec,
+    ) -> Result<(), String>;
+    async fn run_container(
+        &mut self,
+        machine: &MachineId,
+        service_id: &ServiceId,
+        spec: &ServiceSpec,
+    ) -> Result<ContainerRuntimeObservation, String>;
+    async fn observe_container(
+        &mut self,
+        machine: &MachineId,
+        container: &ContainerRef,
+    ) -> Result<Option<ContainerRuntimeObservation>, String>;
+    async fn start_container(
+        &mut self,
+        machine: &MachineId,
+        container: &ContainerRef,
+    ) -> Result<(), String>;
+    async fn stop_container(
+        &mut self,
+        machine: &MachineId,
+        container: &ContainerRef,
+    ) -> Result<(), String>;
+    async fn remove_container(
+        &mut self,
+        machine: &MachineId,
+        container: &ContainerRef,
+    ) -> Result<(), String>;
+    async fn tail_logs(
+        &mut self,
+        machine: &MachineId,
+        container: &ContainerRef,
+        lines: usize,
+    ) -> Result<Vec<String>, String>;
+    async fn run_hook(
+        &mut self,
+        machine: &MachineId,
+        service_id: &ServiceId,
+        spec: &ServiceSpec,
+        hook: &PreDeployHook,
+    ) -> Result<HookResult, String>;
+}
+
+/// How the executor watches new containers.
+#[derive(Debug, Clone)]
+pub struct ExecuteOptions {
+    /// Skip health monitoring entirely (`--skip-health`).
+    pub skip_health: bool,
+    /// The monitor window when a Service sets none (`update_config.monitor`).
+    pub default_monitor: Duration,
+    /// How often a container is looked at while monitored.
+    pub poll: Duration,
+    /// How many log lines of a failed container the Outcome carries.
+    pub log_tail: usize,
+}
+
+impl Default for ExecuteOptions {
+    fn default() -> Self {
+        ExecuteOptions {
+            skip_health: false,
+            default_monitor: Duration::from_secs(5),
+            poll: Duration::from_millis(500),
+            log_tail: 10,
+        }
+    }
+}
+
+/// What the executor reports while it works.
+#[derive(Debug)]
+pub enum Progress<'a> {
+    Started(&'a Operation),
+    Finished(&'a Operation, Option<&'a ContainerRef>),
+    Failed(&'a Operation, &'a str),
+}
+
+struct Failure {
+    reason: String,
+    container: Option<ContainerRef>,
+    compensation: Option<Compensation>,
+}
+
+impl Failure {
+    fn because(reason: impl Into<String>) -> Failure {
+        Failure {
+            reason: reason.into(),
+            container: None,
+            compensation: None,
+        }
+    }
+}
+
+fn container_ref(c: &ContainerRuntimeObservation) -> ContainerRef {
+    ContainerRef {
+        id: c.id.clone(),
+        name: c.name.clone(),
+    }
+}
+
+/// Executes every operation of `plan` in order and returns the evidence.
+pub async fn execute<T: DeployTarget>(
+    plan: &DeployPlan,
+    target: &mut T,
+    opts: &ExecuteOptions,
+    mut progress: impl FnMut(Progress<'_>),
+) -> DeployOutcome {
+    let ops: Vec<&Operation> = plan.operations().collect();
+    let mut outcome = DeployOutcome {
+        completed: Vec::new(),
+        failed: None,
+        unexecuted: Vec::new(),
+        compensation: None,
+    };
+    for (i, op) in ops.iter().enumerate() {
+        progress(Progress::Started(op));
+        match run_operation(op, target, opts).await {
+            Ok(container) => {
+                progress(Progress::Finished(op, container.as_ref()));
+                outcome.completed.push(CompletedOperation {
+                    operation: (*op).clone(),
+                    container,
+                });
+            }
+            Err(failure) => {
+                progress(Progress::Failed(op, &failure.reason));
+                let logs = match &failure.container {
+                    Some(c) => target
+                        .tail_logs(op.machine_id(), c, opts.log_tail)
+                        .await
+                        .unwrap_or_default(),
+                    None => Vec::new(),
+                };
+                outcome.failed = Some(FailedOperation {
+                    operation: (*op).clone(),
+                    reason: failure.reason,
+                    container: failure.container,
+                    logs,
+                });
+                outcome.compensation = failure.compensation;
+                outcome.unexecuted = ops[i + 1..].iter().map(|o| (*o).clone()).collect();
+                break;
+            }
+        }
+    }
+    outcome
+}
+
+async fn run_operation<T: DeployTarget>(
+    op: &Operation,
+    target: &mut T,
+    opts: &ExecuteOptions,
+) -> Result<Option<ContainerRef>, Failure> {
+    match op {
+        Operation::CreateVolume { machine_id, volume } => {
+            target
+                .create_volume(machine_id, volume)
+                .await
+                .map_err(Failure::because)?;
+            Ok(None)
+        }
+        Operation::RunHook {
+            machine_id,
+            service_id,
+            spec,
+            hook,
+        } => {
+            let result = target
+                .run_hook(machine_id, service_id, spec, hook)
+                .await
+                .map_err(Failure::because)?;
+            match result.exit_code {
+                Some(0) => Ok(Some(result.container)),
+                Some(code) => Err(Failure {
+                    reason: format!("pre-deploy hook exited with code {code}"),
+                    container: Some(result.container),
+                    compensation: None,
+                }),
+                None => Err(Failure {
+                    reason: format!(
+                        "pre-deploy hook did not finish within its timeout ({} s)",
+                        hook.timeout_ms / 1000
+                    ),
+                    container: Some(result.container),
+                    compensation: None,
+                }),
+            }
+        }
+        Operation::RunContainer {
+            machine_id,
+            service_id,
+            spec,
+        } => run_and_monitor(target, machine_id, service_id, spec, opts)
+            .await
+            .map(Some),
+        Operation::ReplaceContainer {
+            machine_id,
+            service_id,
+            old,
+            spec,
+            order,
+        } => match order {
+            UpdateOrder::StartFirst => {
+                let new = run_and_monitor(target, machine_id, service_id, spec, opts).await?;
+                target
+                    .stop_container(machine_id, old)
+                    .await
+                    .map_err(Failure::because)?;
+                target
+                    .remove_container(machine_id, old)
+                    .await
+                    .map_err(Failure::because)?;
+                Ok(Some(new))
+            }
+            UpdateOrder::StopFirst => {
+                let was_running = matches!(
+                    target.observe_container(machine_id, old).await,
+                    Ok(Some(c)) if c.is_running()
+                );
+                target
+                    .stop_container(machine_id, old)
+                    .await
+                    .map_err(Failure::because)?;
+                match run_and_monitor(target, machine_id, service_id, spec, opts).await {
+                    Ok(new) => {
+                        target
+                            .remove_container(machine_id, old)
+                            .await
+                            .map_err(Failure::because)?;
+                        Ok(Some(new))
+                    }
+                    Err(mut failure) => {
+                        if was_running {
+                            let error = target.start_container(machine_id, old).await.err();
+                            failure.compensation = Some(Compensation {
+                                action: format!("restarted {} (stop-first replacement)", old.name),
+                                error,
+                            });
+                        }
+                        Err(failure)
+                    }
+                }
+            }
+        },
+        Operation::StopContainer {
+            machine_id,
+            container,
+        } => {
+            target
+                .stop_container(machine_id, container)
+                .await
+                .map_err(Failure::because)?;
+            Ok(None)
+        }
+        Operation::RemoveContainer {
+            machine_id,
+            container,
+        } => {
+            target
+                .remove_container(machine_id, container)
+                .await
+                .map_err(Failure::because)?;
+            Ok(None)
+        }
+    }
+}
+
+/// Runs a new container and watches it; a failed one is stopped and kept for inspection.
+async fn run_and_monitor<T: DeployTarget>(
+    target: &mut T,
+    machine: &MachineId,
+    service_id: &ServiceId,
+    spec: &ServiceSpec,
+    opts: &ExecuteOptions,
+) -> Result<ContainerRef, Failure> {
+    let created = target
+        .run_container(machine, service_id, spec)
+        .await
+        .map_err(Failure::because)?;
+    let new = container_ref(&created);
+    if let Err(reason) = monitor(target, machine, &created, spec, opts).await {
+        let _ = target.stop_container(machine, &new).await;
+        return Err(Failure {
+            reason,
+            container: Some(new),
+            compensation: None,
+        });
+    }
+    Ok(new)
+}
+
+/// Watches a new container for the monitor window. With a Healthcheck, healthy ends the wait
+/// early and unhealthy after the window fails; without one, it must still run (and not have
+/// restarted) when the window ends. Exiting fails at once.
+async fn monitor<T: DeployTarget>(
+    target: &mut T,
+    machine: &MachineId,
+    created: &ContainerRuntimeObservation,
+    spec: &ServiceSpec,
+    opts: &ExecuteOptions,
+) -> Result<(), String> {
+    let window = spec
+        .update
+        .monitor_ms
+        .map(Duration::from_millis)
+        .unwrap_or(opts.default_monitor);
+    if opts.skip_health || window.is_zero() {
+        return Ok(());
+    }
+    // With a Healthcheck that is still starting, wait past the window up to what its own
+    // settings allow before calling it failed.
+    let cap = match &spec.container.healthcheck {
+        Some(Healthcheck::Configured(hc)) => {
+            let interval = hc.interval_ms.unwrap_or(30_000);
+            let timeout = hc.timeout_ms.unwrap_or(30_000);
+            let retries = u64::from(hc.retries.unwrap_or(3));
+            let start = hc.start_period_ms.unwrap_or(0);
+            window.max(Duration::from_millis(
+                start + (interval + timeout) * (retries + 1),
+            ))
+        }
+        _ => window,
+    };
+    let reference = container_ref(created);
+    let restarts_at_start = created.restart_count;
+    let started = tokio::time::Instant::now();
+    loop {
+        let elapsed = started.elapsed();
+        let Some(c) = target.observe_container(machine, &reference).await? else {
+            return Err(format!("container {} disappeared", reference.name));
+        };
+        if c.restart_count > restarts_at_start || c.state == ContainerState::Restarting {
+            return Err(format!(
+                "container {} exited and was restarted by Docker (crash loop)",
+                reference.name
+            ));
+        }
+        if matches!(c.state, ContainerState::Exited | ContainerState::Dead) {
+            return Err(format!("container {} exited", reference.name));
+        }
+        match c.health {
+            Some(ContainerHealth::Healthy) => return Ok(()),
+            Some(ContainerHealth::Unhealthy) if elapsed >= window => {
+                return Err(format!(
+                    "container {} is unhealthy after the {} s monitor window",
+                    reference.name,
+                    window.as_secs_f32()
+                ))
+            }
+            Some(ContainerHealth::Starting) if elapsed >= cap => {
+                return Err(format!(
+                    "container {} did not turn healthy within {} s",
+                    reference.name,
+                    cap.as_secs()
+                ))
+            }
+            None if elapsed >= window => {
+                return if c.is_running() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "container {} is {} after the monitor window",
+                        reference.name,
+                        c.state.as_str()
+                    ))
+                };
+            }
+            _ => {}
+        }
+        tokio::time::sleep(opts.poll).await;
+    }
+}

@@ -1,0 +1,146 @@
+//! The Docker observer: keeps this Machine's Container Runtime Observations in the store.
+//!
+//! It resyncs on start, after Docker events (debounced), and every 30 s; a resync writes a
+//! machine-owned record per managed container whose observation changed and deletes the record
+//! of a container that vanished. Docker going away is waited out, never fatal.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use ployz_core::ContainerRuntimeObservation;
+use ployz_store::{Key, KeyPrefix, Store};
+use tokio::sync::watch;
+
+use crate::docker::MachineDocker;
+
+/// Store namespace of Container Runtime Observations.
+pub const CONTAINERS_NAMESPACE: &str = "containers";
+/// Debounce window for Docker events.
+const DEBOUNCE: Duration = Duration::from_millis(100);
+/// Full resync period.
+const RESYNC: Duration = Duration::from_secs(30);
+
+/// The record key of one container's observation.
+pub fn container_key(o: &ContainerRuntimeObservation) -> Key {
+    Key::machine(&o.machine_id, CONTAINERS_NAMESPACE, o.id.as_str())
+}
+
+/// Reads every Container Runtime Observation in the store (all Machines'), skipping records
+/// that do not decode.
+pub fn stored_observations(store: &Store) -> Vec<ContainerRuntimeObservation> {
+    store
+        .scan_live(&KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE))
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|r| serde_json::from_slice(&r.value).ok())
+        .collect()
+}
+
+/// Writes what Docker shows now into the store. Returns how many records changed.
+pub async fn resync(docker: &MachineDocker, store: &Arc<Store>) -> Result<usize, String> {
+    let observed = docker.observe().await.map_err(|e| e.to_string())?;
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || {
+        let mine = KeyPrefix::machine_namespace_of(CONTAINERS_NAMESPACE, store.local());
+        let held: BTreeMap<String, Vec<u8>> = store
+            .scan_live(&mine)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|r| (r.key.name().to_owned(), r.value))
+            .collect();
+        let mut changed = 0;
+        let mut seen = std::collections::BTreeSet::new();
+        for o in &observed {
+            seen.insert(o.id.as_str().to_owned());
+            let value = serde_json::to_vec(o).expect("an observation serialises");
+            if held.get(o.id.as_str()) != Some(&value) {
+                store
+                    .put(&container_key(o), value)
+                    .map_err(|e| e.to_string())?;
+                changed += 1;
+            }
+        }
+        for gone in held.keys().filter(|k| !seen.contains(*k)) {
+            store
+                .delete(&Key::machine(
+                    store.local(),
+                    CONTAINERS_NAMESPACE,
+                    gone.clone(),
+                ))
+                .map_err(|e| e.to_string())?;
+            changed += 1;
+        }
+        Ok(changed)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Runs until `shutdown` turns true.
+pub async fn run(docker: MachineDocker, store: Arc<Store>, mut shutdown: watch::Receiver<bool>) {
+    let mut reported_down = false;
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        if let Err(e) = docker.ensure_network().await {
+            if !reported_down {
+                tracing::warn!(error = %e, "Docker is not ready; retrying");
+                reported_down = true;
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+            }
+        }
+        if reported_down {
+            tracing::info!("Docker is back");
+            reported_down = false;
+        }
+        if let Err(e) = resync(&docker, &store).await {
+            tracing::warn!(error = %e, "container resync failed");
+        }
+        let mut events = match docker.container_events().await {
+            Ok(events) => Box::pin(events),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch Docker events; retrying");
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        let mut tick = tokio::time::interval(RESYNC);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                event = events.next() => match event {
+                    Some(Ok(_)) => {
+                        // Let a burst of events settle, then look once.
+                        let settle = tokio::time::sleep(DEBOUNCE);
+                        tokio::pin!(settle);
+                        loop {
+                            tokio::select! {
+                                _ = &mut settle => break,
+                                more = events.next() => if more.is_none() { break },
+                            }
+                        }
+                        if let Err(e) = resync(&docker, &store).await {
+                            tracing::warn!(error = %e, "container resync failed");
+                        }
+                    }
+                    // The event stream broke (Docker restarted?): start over.
+                    Some(Err(_)) | None => break,
+                },
+                _ = tick.tick() => {
+                    if let Err(e) = resync(&docker, &store).await {
+                        tracing::warn!(error = %e, "container resync failed");
+                    }
+                }
+            }
+        }
+    }
+}
