@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Sets up a Debian machine (as root), builds Ployz, runs the daemon with its embedded default
-# configuration in ./demo-data, initialises this Machine and shows it. The daemon keeps running
-# in the foreground: Ctrl-C stops it.
+# configuration in ./demo-data, initialises this Machine, deploys the demo app from
+# configs/demo/compose.yaml and shows it answering. The daemon keeps running in the foreground:
+# Ctrl-C stops it (the demo's containers keep running; `ployz rm hello -y` removes them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+ployz_ensure_dockerd
 
 echo "==> building ployz (release)"
 cargo build --release --locked -p ployz
@@ -29,8 +31,22 @@ fi
 echo
 "$PLOYZ" machine ls
 echo
+
+scripts/make-busybox-image.sh ployz-demo/busybox:1
+export DEMO_PORT="${DEMO_PORT:-8080}"
+echo "==> ployz deploy -f configs/demo/compose.yaml -y"
+"$PLOYZ" deploy -f configs/demo/compose.yaml -y
+echo
+"$PLOYZ" ls
+echo
+echo "==> curl http://127.0.0.1:$DEMO_PORT/"
+for _ in $(seq 1 50); do
+  curl -fsS "http://127.0.0.1:$DEMO_PORT/" && break
+  sleep 0.2
+done
+echo
 echo "The daemon runs (PID $DAEMON). In another shell:"
 echo "  export PLOYZ_CONNECT=unix://$SOCKET"
-echo "  $PLOYZ machine ls"
-echo "Ctrl-C stops it."
+echo "  $PLOYZ ps; $PLOYZ logs hello; $PLOYZ exec hello -- wget -qO- http://127.0.0.1:8080/"
+echo "Ctrl-C stops the daemon."
 wait $DAEMON

@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
+ployz_ensure_dockerd
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -63,6 +63,8 @@ enum Command {
     Machine(commands::machine::MachineCommand),
     /// Deploy Services from a Compose file: preview, confirm, roll out one operation at a time.
     Deploy(commands::deploy::DeployArgs),
+    /// Run an image as a Service, without a Compose file.
+    Run(commands::run::RunArgs),
     /// List Services.
     #[command(visible_alias = "list")]
     Ls(commands::service::LsArgs),
@@ -117,6 +119,7 @@ fn main() -> ExitCode {
         Command::Machine(cmd) => client_runtime(commands::machine::run(&cli.global, cmd)),
         Command::Version(args) => client_runtime(commands::version::run(&cli.global, args)),
         Command::Deploy(args) => client_runtime(commands::deploy::run(&cli.global, args)),
+        Command::Run(args) => client_runtime(commands::run::run(&cli.global, args)),
         Command::Ls(args) => client_runtime(commands::service::ls(&cli.global, args)),
         Command::Ps(args) => client_runtime(commands::service::ps(&cli.global, args)),
         Command::Inspect(args) => client_runtime(commands::service::inspect(&cli.global, args)),

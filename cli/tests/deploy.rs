@@ -61,6 +61,27 @@ fn running(lab: &Lab, m: &DockerMachine) -> Vec<(String, String)> {
     v
 }
 
+/// Container names the Machine's store holds.
+fn stored(lab: &Lab, m: &DockerMachine) -> Vec<String> {
+    let ps = json(&run(lab, m, &["ps", "--replicated", "--json"]));
+    ps.as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn wait_for(mut cond: impl FnMut() -> bool, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 fn names_of(list: &[(String, String)], service: &str) -> Vec<String> {
     list.iter()
         .filter(|(s, _)| s == service)
@@ -89,6 +110,10 @@ fn deploy_redeploy_update_fail_scale_logs_exec_rm() {
         .find(|(n, _)| n.starts_with("web-pre-deploy-"))
         .expect("the hook container is kept");
     assert_eq!(hook.1, "exited");
+
+    // The observer writes what Docker shows into the store.
+    let web_name = names_of(&before, "web")[0].clone();
+    wait_for(|| stored(&lab, &m).contains(&web_name), "web in the store");
 
     // Unchanged: nothing to do, nothing touched.
     let out = run(&lab, &m, &["deploy", "-y"]);
@@ -207,6 +232,10 @@ fn deploy_redeploy_update_fail_scale_logs_exec_rm() {
     let out = run(&lab, &m, &["rm", "worker", "-y"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(names_of(&running(&lab, &m), "worker").is_empty());
+    wait_for(
+        || !stored(&lab, &m).iter().any(|n| n.starts_with("worker-")),
+        "removed containers gone from the store",
+    );
     assert!(!m
         .docker_containers()
         .iter()
@@ -294,4 +323,101 @@ fn a_daemon_killed_mid_deploy_is_finished_by_the_next_deploy() {
         "{}",
         stdout(&again)
     );
+}
+
+#[test]
+fn run_hooks_configs_and_volumes() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "deploy4");
+
+    // `ployz run`: a Service from flags.
+    let out = run(
+        &lab,
+        &m,
+        &[
+            "run", "-n", "solo", "-e", "A=1", "-y", TEST_IMAGE, "sleep", "3600",
+        ],
+    );
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(names_of(&running(&lab, &m), "solo").len(), 1);
+    let env = run(&lab, &m, &["exec", "solo", "sh", "-c", "echo $A"]);
+    assert_eq!(stdout(&env).trim(), "1");
+    let out = run(&lab, &m, &["run", "-n", "Bad", "-y", TEST_IMAGE]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--name: Service Name 'Bad'"),
+        "{}",
+        stderr(&out)
+    );
+
+    // Configs are in place before the process starts; a named volume is created and mounted.
+    std::fs::write(lab.path("site.conf"), "greeting=hi\n").unwrap();
+    compose(
+        &lab,
+        r#"
+services:
+  app:
+    image: IMAGE
+    command: ["sh", "-c", "cat /etc/site.conf > /data/seen && sleep 3600"]
+    configs:
+      - source: site
+        target: /etc/site.conf
+        mode: 0440
+    volumes:
+      - data:/data
+volumes:
+  data: {}
+configs:
+  site:
+    file: ./site.conf
+"#,
+    );
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains("+ create volume data"),
+        "{}",
+        stdout(&out)
+    );
+    let seen = run(&lab, &m, &["exec", "app", "cat", "/data/seen"]);
+    assert_eq!(stdout(&seen), "greeting=hi\n");
+    let mode = run(
+        &lab,
+        &m,
+        &["exec", "app", "stat", "-c", "%a", "/etc/site.conf"],
+    );
+    assert_eq!(stdout(&mode).trim(), "440");
+    let vols = json(&run(&lab, &m, &["volume", "ls", "--json"]));
+    assert!(
+        vols.as_array().unwrap().iter().any(|v| v["name"] == "data"),
+        "{vols:#}"
+    );
+
+    // A hook that fails stops the Deploy before any container of its Service starts.
+    compose(
+        &lab,
+        "services:\n  job:\n    image: IMAGE\n    command: [\"sleep\", \"3600\"]\n    x-pre_deploy:\n      command: [\"sh\", \"-c\", \"echo migration broke; exit 4\"]\n",
+    );
+    let out = run(&lab, &m, &["deploy", "-y", "--json"]);
+    assert!(!out.status.success());
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let failed = &report["outcome"]["failed"];
+    assert_eq!(failed["operation"]["op"], "run_hook", "{report:#}");
+    assert!(
+        failed["reason"]
+            .as_str()
+            .unwrap()
+            .contains("exited with code 4"),
+        "{failed:#}"
+    );
+    assert!(
+        failed["logs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l == "migration broke"),
+        "{failed:#}"
+    );
+    assert_eq!(report["outcome"]["unexecuted"].as_array().unwrap().len(), 1);
+    assert!(names_of(&running(&lab, &m), "job").is_empty());
 }

@@ -136,6 +136,9 @@ pub mod docker_paths {
     pub const CONTAINER_EXEC: &str = "/v1/containers/{id}/exec";
     /// `POST` [`super::RunHookRequest`]: [`super::HookResult`].
     pub const HOOKS: &str = "/v1/hooks";
+    /// `GET`: the Container Runtime Observations the store holds, of every Machine
+    /// (Replicated Observation: possibly stale).
+    pub const STORED_CONTAINERS: &str = "/v1/store/containers";
     /// `GET`: the Machine's [`crate::DockerVolume`]s; `POST` [`crate::VolumeSpec`] creates one.
     pub const VOLUMES: &str = "/v1/volumes";
     /// `DELETE ?force=bool`.

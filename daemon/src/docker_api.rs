@@ -116,6 +116,25 @@ async fn list_containers(
     Ok(Json(docker(&machine)?.observe().await?).into_response())
 }
 
+async fn stored_containers(
+    State(machine): State<Arc<LocalMachine>>,
+) -> Result<Response, DockerFailure> {
+    let store = machine.store().ok_or_else(|| {
+        fail(
+            StatusCode::CONFLICT,
+            ErrorCode::FailedPrecondition,
+            "this Machine is not initialised yet".into(),
+            Some("run `ployz machine init` first"),
+        )
+    })?;
+    let list = tokio::task::spawn_blocking(move || {
+        ployz_orchestrator::observer::stored_observations(&store)
+    })
+    .await
+    .unwrap_or_default();
+    Ok(Json(list).into_response())
+}
+
 async fn run_container(
     State(machine): State<Arc<LocalMachine>>,
     Json(req): Json<RunContainerRequest>,
@@ -274,6 +293,7 @@ pub fn router(machine: Arc<LocalMachine>) -> Router {
     Router::new()
         .route(paths::SNAPSHOT, get(snapshot))
         .route(paths::CONTAINERS, get(list_containers).post(run_container))
+        .route(paths::STORED_CONTAINERS, get(stored_containers))
         .route(
             paths::CONTAINER,
             get(get_container).delete(remove_container),

@@ -5,6 +5,7 @@ pub mod daemon;
 pub mod deploy;
 pub mod dial_stdio;
 pub mod machine;
+pub mod run;
 pub mod service;
 pub mod version;
 pub mod volume;

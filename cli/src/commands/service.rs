@@ -164,11 +164,19 @@ pub struct PsArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// Show what the Machine's store holds (Replicated Observation, possibly stale) instead of
+    /// asking Docker now.
+    #[arg(long)]
+    replicated: bool,
 }
 
 pub async fn ps(global: &GlobalArgs, args: PsArgs) -> anyhow::Result<()> {
     let mut client = super::connect(global).await?;
-    let all = containers(&mut client).await?;
+    let all: Vec<ContainerRuntimeObservation> = if args.replicated {
+        client.get(paths::STORED_CONTAINERS).await?
+    } else {
+        containers(&mut client).await?
+    };
     if args.json {
         return print_json(&all);
     }

@@ -248,47 +248,16 @@ pub fn ensure_test_image() {
             docker(&["info"]).status.success(),
             "dockerd is not running; scripts/test.sh starts it"
         );
-        if docker(&["image", "inspect", TEST_IMAGE]).status.success() {
-            return;
-        }
-        let root = tempfile::tempdir().unwrap();
-        let bin = root.path().join("bin");
-        std::fs::create_dir_all(&bin).unwrap();
-        for dir in ["tmp", "www", "etc"] {
-            std::fs::create_dir_all(root.path().join(dir)).unwrap();
-        }
-        std::fs::write(
-            root.path().join("etc/passwd"),
-            "root:x:0:0:root:/:/bin/sh\n",
-        )
-        .unwrap();
-        std::fs::copy("/bin/busybox", bin.join("busybox"))
-            .expect("/bin/busybox exists (Debian package busybox-static)");
-        let list = Command::new("/bin/busybox").arg("--list").output().unwrap();
-        for applet in String::from_utf8_lossy(&list.stdout).lines() {
-            if applet != "busybox" {
-                std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
-            }
-        }
-        let archive = root.path().with_extension("tar");
-        let tar = Command::new("tar")
-            .arg("-C")
-            .arg(root.path())
-            .args(["-cf"])
-            .arg(&archive)
-            .arg(".")
-            .status()
-            .unwrap();
-        assert!(tar.success(), "tar failed");
-        let status = Command::new("docker")
-            .args(["import"])
-            .arg(&archive)
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scripts/make-busybox-image.sh"
+        );
+        let status = Command::new("bash")
+            .arg(script)
             .arg(TEST_IMAGE)
-            .stdout(Stdio::null())
             .status()
             .unwrap();
-        let _ = std::fs::remove_file(&archive);
-        assert!(status.success(), "docker import failed");
+        assert!(status.success(), "{script} failed");
     });
 }
 
