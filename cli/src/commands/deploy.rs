@@ -215,7 +215,15 @@ pub async fn deploy_intent(
 
 fn print_outcome(outcome: &DeployOutcome, machines: &[MachineSnapshot]) {
     match &outcome.failed {
-        None => println!("Deploy completed: {} operations.", outcome.completed.len()),
+        None => println!(
+            "Deploy completed: {} operation{}.",
+            outcome.completed.len(),
+            if outcome.completed.len() == 1 {
+                ""
+            } else {
+                "s"
+            }
+        ),
         Some(f) => {
             println!("Deploy failed.");
             println!(
