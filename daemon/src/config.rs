@@ -15,6 +15,8 @@ pub const DEFAULT_DATA_DIR: &str = "/var/lib/ployz";
 pub const DEFAULT_SOCKET: &str = "/run/ployz/ployz.sock";
 /// The group given access to the socket when it exists.
 pub const DEFAULT_SOCKET_GROUP: &str = "ployz";
+/// The edge's HTTP listener unless told otherwise.
+pub const DEFAULT_HTTP_LISTEN: &str = "0.0.0.0:80";
 
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -51,6 +53,8 @@ pub struct DaemonConfig {
     pub log_format: LogFormat,
     /// Where Docker listens (`unix:///path`); `None`: `DOCKER_HOST` or the default socket.
     pub docker_host: Option<String>,
+    /// The edge's plain-HTTP listener.
+    pub http_listen: String,
     /// After SIGTERM, how long the daemon keeps serving before it closes listeners.
     pub shutdown_grace_seconds: u64,
     /// After the grace period, how long in-flight work may take before it is cut.
@@ -65,6 +69,7 @@ impl Default for DaemonConfig {
             socket_group: DEFAULT_SOCKET_GROUP.into(),
             log_format: LogFormat::Text,
             docker_host: None,
+            http_listen: DEFAULT_HTTP_LISTEN.into(),
             shutdown_grace_seconds: 0,
             shutdown_timeout_seconds: 5,
         }
@@ -80,6 +85,7 @@ pub struct DaemonConfigFile {
     pub socket_group: Option<String>,
     pub log_format: Option<LogFormat>,
     pub docker_host: Option<String>,
+    pub http_listen: Option<String>,
     pub shutdown: Option<ShutdownSection>,
 }
 
@@ -120,6 +126,9 @@ impl DaemonConfigFile {
         }
         if let Some(v) = self.docker_host {
             config.docker_host = Some(v);
+        }
+        if let Some(v) = self.http_listen {
+            config.http_listen = v;
         }
         if let Some(s) = self.shutdown {
             if let Some(v) = s.grace_seconds {

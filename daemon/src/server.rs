@@ -12,6 +12,8 @@ use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 
+use ployz_edge::{EdgeProxy, EdgeState, RouteController};
+
 use crate::api;
 use crate::config::{DaemonConfig, LogFormat};
 use crate::identity::DataDir;
@@ -37,16 +39,43 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let runtime_dir = config.data_dir.join("run");
     std::fs::create_dir_all(&runtime_dir)
         .with_context(|| format!("cannot create {}", runtime_dir.display()))?;
+    let http_listen: std::net::SocketAddr = config.http_listen.parse().with_context(|| {
+        format!(
+            "http_listen '{}' is not ADDR:PORT (for example 0.0.0.0:80)",
+            config.http_listen
+        )
+    })?;
+    // Pingora binds with SO_REUSEPORT: a live listener on the port would silently share it.
+    if let Err(e) = std::net::TcpListener::bind(http_listen) {
+        bail!("the edge cannot listen on {http_listen}: {e}; stop what holds it or choose another --http-listen");
+    }
     let conf = ServerConf {
         pid_file: runtime_dir.join("ployz.pid").display().to_string(),
         upgrade_sock: runtime_dir.join("upgrade.sock").display().to_string(),
-        threads: 1,
+        threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
         grace_period_seconds: Some(config.shutdown_grace_seconds),
         graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout_seconds),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
+    let routes = RouteController::new();
+    let edge_state = Arc::new(EdgeState::default());
+    let mut edge = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        EdgeProxy::new(routes.clone(), edge_state.clone()),
+        "edge",
+    );
+    edge.add_tcp(&http_listen.to_string());
+    server.add_service(edge);
+    server.add_service(background_service(
+        "route controller",
+        RouteService {
+            machine: machine.clone(),
+            routes,
+            state: edge_state,
+        },
+    ));
     server.add_service(background_service(
         "management API",
         ApiService {
@@ -170,6 +199,35 @@ impl BackgroundService for ObserverService {
             }
         };
         ployz_orchestrator::observer::run(docker, store, shutdown).await;
+    }
+}
+
+/// Publishes the edge's route table from the store, once this Machine is initialised, and
+/// flips the health endpoint to draining on shutdown.
+struct RouteService {
+    machine: Arc<LocalMachine>,
+    routes: RouteController,
+    state: Arc<EdgeState>,
+}
+
+#[async_trait]
+impl BackgroundService for RouteService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let store = loop {
+            if let Some(s) = self.machine.store() {
+                break s;
+            }
+            tokio::select! {
+                _ = shutdown.changed() => {
+                    self.state.set_draining();
+                    return;
+                }
+                _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+            }
+        };
+        self.state.set_participating(store.local().as_str());
+        self.routes.run(store, shutdown).await;
+        self.state.set_draining();
     }
 }
 

@@ -26,6 +26,9 @@ pub struct RunArgs {
     /// default socket].
     #[arg(long, value_name = "URL")]
     docker_host: Option<String>,
+    /// The edge's HTTP listener, ADDR:PORT [default: 0.0.0.0:80].
+    #[arg(long, value_name = "ADDR:PORT")]
+    http_listen: Option<String>,
     /// Log lines as `text` or `json` [default: text].
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
@@ -46,6 +49,9 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     }
     if let Some(v) = args.docker_host {
         config.docker_host = Some(v);
+    }
+    if let Some(v) = args.http_listen {
+        config.http_listen = v;
     }
     if let Some(v) = args.log_format {
         config.log_format = v;

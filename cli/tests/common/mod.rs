@@ -64,6 +64,8 @@ impl Lab {
 pub struct Daemon {
     pub data_dir: PathBuf,
     pub socket: PathBuf,
+    /// The edge's HTTP port on 127.0.0.1, this daemon's own.
+    pub http_port: u16,
     child: Option<Child>,
     log: PathBuf,
 }
@@ -71,10 +73,12 @@ pub struct Daemon {
 impl Daemon {
     pub fn start(data_dir: PathBuf, socket: PathBuf) -> Daemon {
         let log = data_dir.with_extension("log");
-        let child = spawn_daemon(&data_dir, &socket, &log);
+        let http_port = free_port();
+        let child = spawn_daemon(&data_dir, &socket, &log, http_port);
         let mut d = Daemon {
             data_dir,
             socket,
+            http_port,
             child: Some(child),
             log,
         };
@@ -121,7 +125,12 @@ impl Daemon {
         if let Some(mut child) = self.child.take() {
             let _ = child.wait();
         }
-        self.child = Some(spawn_daemon(&self.data_dir, &self.socket, &self.log));
+        self.child = Some(spawn_daemon(
+            &self.data_dir,
+            &self.socket,
+            &self.log,
+            self.http_port,
+        ));
         self.wait_ready();
     }
 
@@ -132,7 +141,12 @@ impl Daemon {
             "daemon did not stop on SIGTERM: {}",
             self.log_text()
         );
-        self.child = Some(spawn_daemon(&self.data_dir, &self.socket, &self.log));
+        self.child = Some(spawn_daemon(
+            &self.data_dir,
+            &self.socket,
+            &self.log,
+            self.http_port,
+        ));
         self.wait_ready();
     }
 }
@@ -143,7 +157,7 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn_daemon(data_dir: &Path, socket: &Path, log: &Path) -> Child {
+fn spawn_daemon(data_dir: &Path, socket: &Path, log: &Path, http_port: u16) -> Child {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -154,6 +168,8 @@ fn spawn_daemon(data_dir: &Path, socket: &Path, log: &Path) -> Child {
         .arg(data_dir)
         .arg("--socket")
         .arg(socket)
+        .arg("--http-listen")
+        .arg(format!("127.0.0.1:{http_port}"))
         .env("PLOYZ_LOG", "info")
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
@@ -316,4 +332,29 @@ impl Drop for DockerMachine {
         self.daemon.stop();
         remove_machine_containers(&self.id);
     }
+}
+
+/// One HTTP/1.1 request to 127.0.0.1:`port` with a Host header; returns (status, body).
+pub fn http_get(port: u16, host: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }

@@ -1,0 +1,22 @@
+//! The edge: every Machine's public face, a Pingora HTTP proxy for Ingress Hostnames.
+//!
+//! - [`route_table`]: the immutable [`RouteTable`] (Ingress Hostname -> Serving Containers) and
+//!   the pure, allocation-free host match the hot path calls;
+//! - [`controller`]: the [`RouteController`], which rebuilds the table from the store's
+//!   Container Runtime Observations off the hot path and publishes it with one `ArcSwap` store,
+//!   skipping publishes that change nothing;
+//! - [`proxy`]: the Pingora `ProxyHttp` implementation: machine paths (health, verify), host
+//!   routing, round robin with connect retries, forwarding headers, access log.
+//!
+//! **Architecture Invariant:** the edge never talks to Docker; it reads the store.
+//!
+//! **Architecture Invariant:** the request path loads the table once per request and never
+//! awaits the store.
+
+pub mod controller;
+pub mod proxy;
+pub mod route_table;
+
+pub use controller::RouteController;
+pub use proxy::{EdgeProxy, EdgeState};
+pub use route_table::{Route, RouteTable, Upstream};

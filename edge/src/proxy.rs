@@ -1,0 +1,273 @@
+//! The edge's Pingora proxy: machine paths, host routing, round robin with connect retries,
+//! forwarding headers and one access-log line per request.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::*;
+use pingora::proxy::{ProxyHttp, Session};
+
+use crate::route_table::Route;
+use crate::RouteController;
+
+/// How many upstreams one request may try to connect to.
+const MAX_TRIES: usize = 3;
+/// How long an upstream that refused a connection is avoided.
+const FAILURE_WINDOW_MS: u64 = 10_000;
+
+/// What the health endpoint reports, shared with the daemon.
+#[derive(Debug, Default)]
+pub struct EdgeState {
+    /// This Machine's ID once it participates; `None` before `machine init`.
+    machine_id: OnceLock<String>,
+    /// Set on shutdown: health answers 503 while requests are still served.
+    draining: AtomicBool,
+}
+
+impl EdgeState {
+    pub fn set_participating(&self, machine_id: &str) {
+        let _ = self.machine_id.set(machine_id.to_owned());
+    }
+
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// (HTTP status, JSON body) of the health endpoint.
+    pub fn health(&self) -> (u16, String) {
+        match (self.machine_id.get(), self.draining.load(Ordering::Relaxed)) {
+            (None, _) => (
+                503,
+                r#"{"status":"unavailable","reason":"this Machine is not initialised"}"#.into(),
+            ),
+            (Some(id), true) => (
+                503,
+                format!(
+                    r#"{{"status":"draining","reason":"the daemon is shutting down","machine_id":"{id}"}}"#
+                ),
+            ),
+            (Some(id), false) => (
+                200,
+                format!(r#"{{"status":"serving","machine_id":"{id}"}}"#),
+            ),
+        }
+    }
+}
+
+/// The `ProxyHttp` of every Machine's edge.
+pub struct EdgeProxy {
+    routes: RouteController,
+    state: Arc<EdgeState>,
+    /// Milliseconds are measured from here (cheap, monotonic).
+    epoch: Instant,
+}
+
+/// Per-request state: the matched route and the upstreams tried.
+pub struct EdgeCtx {
+    route: Option<Arc<Route>>,
+    tried: [usize; MAX_TRIES],
+    tries: usize,
+    start: Instant,
+}
+
+impl EdgeProxy {
+    pub fn new(routes: RouteController, state: Arc<EdgeState>) -> EdgeProxy {
+        EdgeProxy {
+            routes,
+            state,
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+}
+
+async fn respond(
+    session: &mut Session,
+    status: u16,
+    content_type: &str,
+    body: String,
+) -> Result<()> {
+    let mut resp = ResponseHeader::build(status, Some(3))?;
+    resp.insert_header("content-type", content_type)?;
+    resp.insert_header("content-length", body.len().to_string())?;
+    resp.insert_header("cache-control", "no-store")?;
+    session.write_response_header(Box::new(resp), false).await?;
+    session
+        .write_response_body(Some(Bytes::from(body)), true)
+        .await
+}
+
+fn host_of(req: &RequestHeader) -> &[u8] {
+    req.headers
+        .get("host")
+        .map(|h| h.as_bytes())
+        .or_else(|| req.uri.host().map(str::as_bytes))
+        .unwrap_or_default()
+}
+
+#[async_trait]
+impl ProxyHttp for EdgeProxy {
+    type CTX = EdgeCtx;
+
+    fn new_ctx(&self) -> EdgeCtx {
+        EdgeCtx {
+            route: None,
+            tried: [usize::MAX; MAX_TRIES],
+            tries: 0,
+            start: Instant::now(),
+        }
+    }
+
+    /// Answers the machine paths, then matches the Host; an unknown host gets 404 here, before
+    /// any upstream work.
+    async fn request_filter(&self, session: &mut Session, ctx: &mut EdgeCtx) -> Result<bool> {
+        let path = session.req_header().uri.path();
+        if path == "/.ployz/health" {
+            let (status, body) = self.state.health();
+            respond(session, status, "application/json", body).await?;
+            return Ok(true);
+        }
+        if path == "/.ployz/verify" {
+            let (status, body) = match self.state.machine_id.get() {
+                Some(id) => (200, id.clone()),
+                None => (503, "this Machine is not initialised\n".to_owned()),
+            };
+            respond(session, status, "text/plain", body).await?;
+            return Ok(true);
+        }
+        let table = self.routes.table().load();
+        match table.match_host(host_of(session.req_header())) {
+            Some(route) => {
+                ctx.route = Some(route.clone());
+                Ok(false)
+            }
+            None => {
+                respond(
+                    session,
+                    404,
+                    "text/plain",
+                    "no Service publishes this host\n".into(),
+                )
+                .await?;
+                Ok(true)
+            }
+        }
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut EdgeCtx,
+    ) -> Result<Box<HttpPeer>> {
+        let route = ctx
+            .route
+            .as_ref()
+            .ok_or_else(|| Error::explain(ErrorType::HTTPStatus(404), "no route"))?;
+        let tried = &ctx.tried[..ctx.tries];
+        let Some(i) = route.pick(self.now_ms(), tried) else {
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(503),
+                "no Serving Container for this host",
+            ));
+        };
+        if ctx.tries < MAX_TRIES {
+            ctx.tried[ctx.tries] = i;
+            ctx.tries += 1;
+        }
+        let addr = route.upstreams[i].addr;
+        Ok(Box::new(HttpPeer::new(addr, false, String::new())))
+    }
+
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut EdgeCtx,
+        mut e: Box<Error>,
+    ) -> Box<Error> {
+        if let (Some(route), Some(&last)) = (&ctx.route, ctx.tried[..ctx.tries].last()) {
+            route.mark_failed(last, self.now_ms() + FAILURE_WINDOW_MS);
+            // Nothing was sent yet, so any request may go to the next upstream.
+            if ctx.tries < MAX_TRIES && ctx.tries < route.upstreams.len() {
+                e.set_retry(true);
+            }
+        }
+        e
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream_request: &mut RequestHeader,
+        _ctx: &mut EdgeCtx,
+    ) -> Result<()> {
+        let client = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip().to_string());
+        let host = String::from_utf8_lossy(host_of(session.req_header())).into_owned();
+        let proto = if session
+            .digest()
+            .and_then(|d| d.ssl_digest.as_ref())
+            .is_some()
+        {
+            "https"
+        } else {
+            "http"
+        };
+        if let Some(ip) = &client {
+            let xff = match upstream_request.headers.get("x-forwarded-for") {
+                Some(prev) => format!("{}, {ip}", String::from_utf8_lossy(prev.as_bytes())),
+                None => ip.clone(),
+            };
+            upstream_request.insert_header("x-forwarded-for", xff)?;
+            let for_value = if ip.contains(':') {
+                format!("\"[{ip}]\"")
+            } else {
+                ip.clone()
+            };
+            upstream_request.insert_header(
+                "forwarded",
+                format!("for={for_value};host=\"{host}\";proto={proto}"),
+            )?;
+        }
+        upstream_request.insert_header("x-forwarded-proto", proto)?;
+        upstream_request.insert_header("x-forwarded-host", host)?;
+        Ok(())
+    }
+
+    /// One access-log line per request: no bodies, credentials, cookies or query strings.
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut EdgeCtx) {
+        let req = session.req_header();
+        let status = session
+            .response_written()
+            .map(|r| r.status.as_u16())
+            .unwrap_or(0);
+        let upstream = match (&ctx.route, ctx.tries) {
+            (Some(r), n) if n > 0 => r
+                .upstreams
+                .get(ctx.tried[n - 1])
+                .map(|u| u.addr.to_string())
+                .unwrap_or_default(),
+            _ => String::new(),
+        };
+        tracing::info!(
+            target: "ployz::access",
+            method = %req.method,
+            host = %String::from_utf8_lossy(host_of(req)),
+            path = req.uri.path(),
+            status,
+            upstream,
+            tries = ctx.tries,
+            ms = ctx.start.elapsed().as_secs_f64() * 1000.0,
+            error = e.map(|e| e.to_string()).unwrap_or_default(),
+        );
+    }
+}

@@ -1,0 +1,369 @@
+//! The route table: Ingress Hostname -> Serving Containers, immutable once built.
+//!
+//! Matching is pure: no Pingora types, no allocation, no await. Hosts are compared
+//! ASCII-case-insensitively after dropping a `:port` suffix and a trailing dot.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use ployz_core::{
+    ContainerId, ContainerKind, ContainerRuntimeObservation, IngressProtocol, MachineId, PortSpec,
+};
+
+/// The longest DNS name; longer Host headers never match.
+const MAX_HOST: usize = 253;
+
+/// One Serving Container behind a route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub container_id: ContainerId,
+    /// Whether it runs on this Machine (local upstreams are listed first).
+    pub local: bool,
+}
+
+/// One Ingress Hostname and where it goes.
+#[derive(Debug)]
+pub struct Route {
+    pub hostname: Box<str>,
+    /// Serving Containers, this Machine's first.
+    pub upstreams: Box<[Upstream]>,
+    /// Some Service publishes it with `https`.
+    pub https: bool,
+    next: AtomicUsize,
+    /// Per upstream, until when (ms on the caller's clock) it is marked failed.
+    down_until: Box<[AtomicU64]>,
+}
+
+impl Route {
+    /// The index of the next upstream in round-robin order that is not in `exclude` and not
+    /// marked failed at `now_ms`. When every remaining upstream is marked, the marks are
+    /// ignored (trying beats refusing). `None` when nothing is left.
+    pub fn pick(&self, now_ms: u64, exclude: &[usize]) -> Option<usize> {
+        let n = self.upstreams.len();
+        if n == 0 {
+            return None;
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let candidates = (0..n)
+            .map(|i| (start + i) % n)
+            .filter(|i| !exclude.contains(i));
+        let mut fallback = None;
+        for i in candidates {
+            if self.down_until[i].load(Ordering::Relaxed) <= now_ms {
+                return Some(i);
+            }
+            fallback.get_or_insert(i);
+        }
+        fallback
+    }
+
+    /// Marks upstream `i` as failed until `until_ms`.
+    pub fn mark_failed(&self, i: usize, until_ms: u64) {
+        if let Some(slot) = self.down_until.get(i) {
+            slot.store(until_ms, Ordering::Relaxed);
+        }
+    }
+}
+
+/// An immutable snapshot of every route, with the generation that built it.
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    generation: u64,
+    routes: HashMap<Box<[u8]>, Arc<Route>>,
+}
+
+/// What decides a route table's content; equal fingerprints mean an identical table.
+pub type Fingerprint = Vec<(String, bool, Vec<(SocketAddr, bool)>)>;
+
+/// Lowercases `host` into `buf` without its `:port` and trailing dot; `None` if it cannot be
+/// a hostname (empty, too long).
+fn normalize<'b>(host: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b [u8]> {
+    let host = match host.iter().rposition(|b| *b == b':') {
+        // An IPv6 literal `[::1]:80` never names an Ingress Hostname; `]` keeps it whole.
+        Some(i) if !host.contains(&b']') => &host[..i],
+        _ => host,
+    };
+    let host = host.strip_suffix(b".").unwrap_or(host);
+    if host.is_empty() || host.len() > MAX_HOST {
+        return None;
+    }
+    let out = &mut buf[..host.len()];
+    for (o, b) in out.iter_mut().zip(host) {
+        *o = b.to_ascii_lowercase();
+    }
+    Some(out)
+}
+
+impl RouteTable {
+    /// Builds the table from Container Runtime Observations: every Serving Container of every
+    /// Service that publishes an ingress port with a hostname. `local` orders that Machine's
+    /// containers first; otherwise upstreams sort by address so equal inputs build equal tables.
+    pub fn build(
+        observations: &[ContainerRuntimeObservation],
+        local: &MachineId,
+        generation: u64,
+    ) -> RouteTable {
+        let mut by_host: HashMap<String, (bool, Vec<Upstream>)> = HashMap::new();
+        for o in observations {
+            if o.kind != ContainerKind::Service || !o.is_serving() {
+                continue;
+            }
+            let (Some(spec), Some(ip)) = (&o.spec, o.address) else {
+                continue;
+            };
+            for port in &spec.ports {
+                let PortSpec::Ingress {
+                    hostname: Some(host),
+                    container_port,
+                    protocol,
+                    ..
+                } = port
+                else {
+                    continue;
+                };
+                let entry = by_host
+                    .entry(host.to_ascii_lowercase())
+                    .or_insert_with(|| (false, Vec::new()));
+                entry.0 |= *protocol == IngressProtocol::Https;
+                let up = Upstream {
+                    addr: SocketAddr::new(IpAddr::V4(ip), *container_port),
+                    container_id: o.id.clone(),
+                    local: &o.machine_id == local,
+                };
+                if !entry.1.contains(&up) {
+                    entry.1.push(up);
+                }
+            }
+        }
+        let routes = by_host
+            .into_iter()
+            .map(|(host, (https, mut ups))| {
+                ups.sort_by_key(|u| (!u.local, u.addr));
+                let route = Route {
+                    hostname: host.clone().into_boxed_str(),
+                    down_until: ups.iter().map(|_| AtomicU64::new(0)).collect(),
+                    upstreams: ups.into_boxed_slice(),
+                    https,
+                    next: AtomicUsize::new(0),
+                };
+                (host.into_bytes().into_boxed_slice(), Arc::new(route))
+            })
+            .collect();
+        RouteTable { generation, routes }
+    }
+
+    /// The generation that built this table (0 for the empty table at start).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// How many hostnames route somewhere.
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// Whether no hostname routes anywhere.
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    /// The route for a `Host` header value, matched case-insensitively. No allocation.
+    pub fn match_host(&self, host: &[u8]) -> Option<&Arc<Route>> {
+        let mut buf = [0u8; MAX_HOST];
+        let key = normalize(host, &mut buf)?;
+        self.routes.get(key)
+    }
+
+    /// The table's content, sorted, for "did anything change?".
+    pub fn fingerprint(&self) -> Fingerprint {
+        let mut fp: Fingerprint = self
+            .routes
+            .values()
+            .map(|r| {
+                (
+                    r.hostname.to_string(),
+                    r.https,
+                    r.upstreams.iter().map(|u| (u.addr, u.local)).collect(),
+                )
+            })
+            .collect();
+        fp.sort();
+        fp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ployz_core::{ContainerSpec, ContainerState, ServiceId, ServiceMode, ServiceSpec};
+
+    fn obs(
+        machine: &MachineId,
+        n: u8,
+        hosts: &[(&str, u16, IngressProtocol)],
+        state: ContainerState,
+        health: Option<ployz_core::ContainerHealth>,
+    ) -> ContainerRuntimeObservation {
+        ContainerRuntimeObservation {
+            id: format!("{n:064x}").parse().unwrap(),
+            name: format!("web-{n}"),
+            machine_id: machine.clone(),
+            service_id: ServiceId::generate(),
+            service_name: "web".parse().unwrap(),
+            kind: ContainerKind::Service,
+            state,
+            health,
+            restart_count: 0,
+            address: Some(std::net::Ipv4Addr::new(10, 210, 0, n)),
+            image: "app".into(),
+            created_at: 0,
+            spec: Some(ServiceSpec {
+                name: "web".parse().unwrap(),
+                mode: ServiceMode::Replicated,
+                replicas: 1,
+                container: ContainerSpec::default(),
+                ports: hosts
+                    .iter()
+                    .map(|(h, p, proto)| PortSpec::Ingress {
+                        hostname: Some((*h).into()),
+                        published: None,
+                        container_port: *p,
+                        protocol: *proto,
+                    })
+                    .collect(),
+                machines: vec![],
+                update: Default::default(),
+                pre_deploy: None,
+                depends_on: vec![],
+            }),
+        }
+    }
+
+    #[test]
+    fn hosts_match_case_insensitively_without_port_or_trailing_dot() {
+        let m = MachineId::generate();
+        let t = RouteTable::build(
+            &[obs(
+                &m,
+                2,
+                &[("app.test", 80, IngressProtocol::Http)],
+                ContainerState::Running,
+                None,
+            )],
+            &m,
+            1,
+        );
+        let cases: &[(&[u8], bool)] = &[
+            (b"app.test", true),
+            (b"APP.Test", true),
+            (b"app.test:8080", true),
+            (b"app.test.", true),
+            (b"App.Test.:443", true),
+            (b"app.test2", false),
+            (b"pp.test", false),
+            (b"", false),
+            (b":80", false),
+            (b"[::1]:80", false),
+            (&[b'a'; 300], false),
+        ];
+        for (host, want) in cases {
+            assert_eq!(
+                t.match_host(host).is_some(),
+                *want,
+                "{:?}",
+                String::from_utf8_lossy(host)
+            );
+        }
+    }
+
+    #[test]
+    fn only_serving_containers_route_and_local_ones_come_first() {
+        let local = MachineId::generate();
+        let other = MachineId::generate();
+        let h = [("app.test", 8080, IngressProtocol::Https)];
+        let t = RouteTable::build(
+            &[
+                obs(&other, 2, &h, ContainerState::Running, None),
+                obs(
+                    &local,
+                    9,
+                    &h,
+                    ContainerState::Running,
+                    Some(ployz_core::ContainerHealth::Healthy),
+                ),
+                obs(
+                    &local,
+                    3,
+                    &h,
+                    ContainerState::Running,
+                    Some(ployz_core::ContainerHealth::Unhealthy),
+                ),
+                obs(&local, 4, &h, ContainerState::Exited, None),
+                obs(
+                    &local,
+                    5,
+                    &h,
+                    ContainerState::Running,
+                    Some(ployz_core::ContainerHealth::Starting),
+                ),
+            ],
+            &local,
+            1,
+        );
+        let r = t.match_host(b"app.test").unwrap();
+        assert!(r.https);
+        let addrs: Vec<String> = r.upstreams.iter().map(|u| u.addr.to_string()).collect();
+        assert_eq!(addrs, ["10.210.0.9:8080", "10.210.0.2:8080"]);
+        assert!(r.upstreams[0].local && !r.upstreams[1].local);
+    }
+
+    #[test]
+    fn round_robin_visits_every_upstream_and_skips_marked_ones() {
+        let m = MachineId::generate();
+        let h = [("app.test", 80, IngressProtocol::Http)];
+        let t = RouteTable::build(
+            &[
+                obs(&m, 2, &h, ContainerState::Running, None),
+                obs(&m, 3, &h, ContainerState::Running, None),
+            ],
+            &m,
+            1,
+        );
+        let r = t.match_host(b"app.test").unwrap();
+        let a = r.pick(0, &[]).unwrap();
+        let b = r.pick(0, &[]).unwrap();
+        assert_ne!(a, b);
+        for _ in 0..4 {
+            assert_eq!(r.pick(0, &[a]).unwrap(), b, "excluded");
+        }
+        assert!(r.pick(0, &[a, b]).is_none());
+        r.mark_failed(a, 1000);
+        for _ in 0..4 {
+            assert_eq!(r.pick(500, &[]).unwrap(), b, "marked");
+        }
+        assert_eq!(r.pick(500, &[b]).unwrap(), a, "a marked one beats none");
+        assert!([a, b].contains(&r.pick(1000, &[]).unwrap()));
+    }
+
+    #[test]
+    fn equal_inputs_build_equal_fingerprints() {
+        let m = MachineId::generate();
+        let h = [
+            ("app.test", 80, IngressProtocol::Http),
+            ("b.test", 81, IngressProtocol::Http),
+        ];
+        let input = [
+            obs(&m, 2, &h, ContainerState::Running, None),
+            obs(&m, 3, &h, ContainerState::Running, None),
+        ];
+        let mut reversed = input.clone();
+        reversed.reverse();
+        assert_eq!(
+            RouteTable::build(&input, &m, 1).fingerprint(),
+            RouteTable::build(&reversed, &m, 2).fingerprint()
+        );
+    }
+}
