@@ -16,8 +16,9 @@ mkdir -p "$DEMO"
 SOCKET="$DEMO/ployz.sock"
 export PLOYZ_CONNECT="unix://$SOCKET"
 
-echo "==> starting: ployz daemon run --data-dir $DEMO/data --socket $SOCKET"
-"$PLOYZ" daemon run --data-dir "$DEMO/data" --socket "$SOCKET" &
+echo "==> starting: ployz daemon run --data-dir $DEMO/data --socket $SOCKET --http-listen ${EDGE_LISTEN:-127.0.0.1:80}"
+EDGE="${EDGE_LISTEN:-127.0.0.1:80}"
+"$PLOYZ" daemon run --data-dir "$DEMO/data" --socket "$SOCKET" --http-listen "$EDGE" &
 DAEMON=$!
 trap 'kill -TERM $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null' EXIT INT TERM
 for _ in $(seq 1 100); do
@@ -33,17 +34,17 @@ echo
 echo
 
 scripts/make-busybox-image.sh ployz-demo/busybox:1
-export DEMO_PORT="${DEMO_PORT:-8080}"
 echo "==> ployz deploy -f configs/demo/compose.yaml -y"
 "$PLOYZ" deploy -f configs/demo/compose.yaml -y
 echo
 "$PLOYZ" ls
 echo
-echo "==> curl http://127.0.0.1:$DEMO_PORT/"
+echo "==> curl -H 'Host: hello.localhost' http://$EDGE/   (through the edge, twice: two containers)"
 for _ in $(seq 1 50); do
-  curl -fsS "http://127.0.0.1:$DEMO_PORT/" && break
+  curl -fsS -H "Host: hello.localhost" "http://$EDGE/" && break
   sleep 0.2
 done
+curl -fsS -H "Host: hello.localhost" "http://$EDGE/" || true
 echo
 echo "The daemon runs (PID $DAEMON). In another shell:"
 echo "  export PLOYZ_CONNECT=unix://$SOCKET"

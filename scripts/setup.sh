@@ -11,6 +11,7 @@ PLOYZ_APT_PACKAGES=(
   openssh-server openssh-client      # the ssh transport's end-to-end test
   wireguard-tools                    # `wg` reads the mesh's interfaces
   dnsutils                           # dig, for DNS tests
+  docker-compose                     # the reference the Compose loader is compared with
   iproute2 procps psmisc curl ca-certificates
 )
 
