@@ -1,0 +1,98 @@
+//! The edge's hot-path host match: 10,000 Ingress Hostnames, mixed-case Host headers with a
+//! port. Also counts heap allocations per match (must be zero).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use ployz_core::{
+    ContainerKind, ContainerRuntimeObservation, ContainerSpec, ContainerState, IngressProtocol,
+    MachineId, PortSpec, ServiceId, ServiceMode, ServiceSpec,
+};
+use ployz_edge::RouteTable;
+
+struct Counting;
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn table(n: usize) -> RouteTable {
+    let machine = MachineId::generate();
+    let observations: Vec<ContainerRuntimeObservation> = (0..n)
+        .map(|i| ContainerRuntimeObservation {
+            id: format!("{i:064x}").parse().unwrap(),
+            name: format!("svc-{i}-abcd"),
+            machine_id: machine.clone(),
+            service_id: ServiceId::generate(),
+            service_name: format!("svc-{i}").parse().unwrap(),
+            kind: ContainerKind::Service,
+            state: ContainerState::Running,
+            health: None,
+            restart_count: 0,
+            address: Some(std::net::Ipv4Addr::new(
+                10,
+                210,
+                (i / 250) as u8,
+                (i % 250) as u8 + 2,
+            )),
+            image: "app".into(),
+            created_at: 0,
+            spec: Some(ServiceSpec {
+                name: format!("svc-{i}").parse().unwrap(),
+                mode: ServiceMode::Replicated,
+                replicas: 1,
+                container: ContainerSpec::default(),
+                ports: vec![PortSpec::Ingress {
+                    hostname: Some(format!("app-{i}.customer-{}.example.com", i % 97)),
+                    published: None,
+                    container_port: 8080,
+                    protocol: IngressProtocol::Https,
+                }],
+                machines: vec![],
+                update: Default::default(),
+                pre_deploy: None,
+                depends_on: vec![],
+            }),
+        })
+        .collect();
+    RouteTable::build(&observations, &machine, 1)
+}
+
+fn bench(c: &mut Criterion) {
+    let t = table(10_000);
+    assert_eq!(t.len(), 10_000);
+    let host = b"App-7321.Customer-46.Example.COM:443";
+    assert!(t.match_host(host).is_some());
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..1000 {
+        black_box(t.match_host(black_box(host)));
+        black_box(t.match_host(black_box(b"unknown.example.com")));
+    }
+    let per_match = (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / 2000.0;
+    assert_eq!(per_match, 0.0, "match_host allocated");
+    println!("route/match allocations per match: {per_match}");
+    c.bench_function("route/match_hit_10k_hosts", |b| {
+        b.iter(|| black_box(t.match_host(black_box(host))))
+    });
+    c.bench_function("route/match_miss_10k_hosts", |b| {
+        b.iter(|| black_box(t.match_host(black_box(b"unknown.example.com"))))
+    });
+    let route = t.match_host(host).unwrap().clone();
+    c.bench_function("route/pick_round_robin", |b| {
+        b.iter(|| black_box(route.pick(black_box(0), &[])))
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
