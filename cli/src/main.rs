@@ -85,6 +85,9 @@ enum Command {
     Stop(commands::service::ServicesArgs),
     /// Change how many containers a replicated Service runs.
     Scale(commands::service::ScaleArgs),
+    /// Manage Certificate Material for Ingress Hostnames.
+    #[command(subcommand)]
+    Cert(commands::cert::CertCommand),
     /// Manage Docker Volumes.
     #[command(subcommand)]
     Volume(commands::volume::VolumeCommand),
@@ -141,6 +144,7 @@ fn main() -> ExitCode {
             client_runtime(commands::service::lifecycle(&cli.global, "stop", args))
         }
         Command::Scale(args) => client_runtime(commands::service::scale(&cli.global, args)),
+        Command::Cert(cmd) => client_runtime(commands::cert::run(&cli.global, cmd)),
         Command::Volume(cmd) => client_runtime(commands::volume::run(&cli.global, cmd)),
     };
     match result {

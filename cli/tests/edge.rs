@@ -116,3 +116,236 @@ services:
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Runs openssl in `dir`.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A test CA and a leaf for `host` signed by it: `<name>.pem`, `<name>.key`.
+fn leaf(dir: &std::path::Path, name: &str, host: &str) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.csr"),
+            "-subj",
+            &format!("/CN={host}"),
+        ],
+    );
+    std::fs::write(
+        dir.join(format!("{name}.ext")),
+        format!("subjectAltName=DNS:{host}\n"),
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &format!("{name}.pem"),
+            "-days",
+            "2",
+            "-extfile",
+            &format!("{name}.ext"),
+        ],
+    );
+}
+
+/// curl over HTTPS to the edge with SNI `host`, trusting the test CA. Returns (exit ok, stdout, stderr).
+fn curl_https(
+    dir: &std::path::Path,
+    port: u16,
+    host: &str,
+    extra: &[&str],
+) -> (bool, String, String) {
+    let out = std::process::Command::new("curl")
+        .current_dir(dir)
+        .args([
+            "-sS",
+            "-v",
+            "--max-time",
+            "10",
+            "--cacert",
+            "ca.pem",
+            "--resolve",
+        ])
+        .arg(format!("{host}:{port}:127.0.0.1"))
+        .args(extra)
+        .arg(format!("https://{host}:{port}/"))
+        .output()
+        .expect("curl runs");
+    (out.status.success(), stdout(&out), stderr(&out))
+}
+
+#[test]
+fn https_with_imported_certificates_by_sni_and_http_redirects() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "edge2");
+    let dir = lab.dir.path();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=Ployz Test CA",
+        ],
+    );
+    leaf(dir, "app", "app.test.localhost");
+    leaf(dir, "second", "second.test.localhost");
+
+    std::fs::write(
+        lab.path("compose.yaml"),
+        format!(
+            r#"
+services:
+  app:
+    image: {TEST_IMAGE}
+    command: ["sh", "-c", "echo secure-$$HOSTNAME > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    x-ports:
+      - app.test.localhost:8080/https
+      - second.test.localhost:8080/https
+"#
+        ),
+    )
+    .unwrap();
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+
+    // Bad pairs are refused before anything is stored.
+    let out = run(
+        &lab,
+        &m,
+        &[
+            "cert",
+            "import",
+            "app.test.localhost",
+            "--cert",
+            "app.pem",
+            "--key",
+            "second.key",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("does not match the certificate"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run(
+        &lab,
+        &m,
+        &[
+            "cert",
+            "import",
+            "app.test.localhost",
+            "--cert",
+            "second.pem",
+            "--key",
+            "second.key",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("does not cover")
+            || stderr(&out).contains("but not 'app.test.localhost'"),
+        "{}",
+        stderr(&out)
+    );
+
+    for (host, name) in [
+        ("app.test.localhost", "app"),
+        ("second.test.localhost", "second"),
+    ] {
+        let out = run(
+            &lab,
+            &m,
+            &[
+                "cert",
+                "import",
+                host,
+                "--cert",
+                &format!("{name}.pem"),
+                "--key",
+                &format!("{name}.key"),
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let ls = json(&run(&lab, &m, &["cert", "ls", "--json"]));
+    assert_eq!(ls.as_array().unwrap().len(), 2, "{ls:#}");
+
+    // Each hostname gets its own certificate, picked by SNI, without a restart.
+    let port = m.daemon.https_port;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (ok, body, verbose) = loop {
+        let answer = curl_https(dir, port, "app.test.localhost", &[]);
+        if answer.0 || Instant::now() > deadline {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(ok, "{verbose}");
+    assert!(body.starts_with("secure-app-"), "{body}");
+    assert!(verbose.contains("CN=app.test.localhost"), "{verbose}");
+    let (ok, _, verbose) = curl_https(dir, port, "second.test.localhost", &[]);
+    assert!(ok, "{verbose}");
+    assert!(verbose.contains("CN=second.test.localhost"), "{verbose}");
+    let (ok, _, verbose) = curl_https(dir, port, "app.test.localhost", &["--http2"]);
+    assert!(ok && verbose.contains("HTTP/2"), "{verbose}");
+
+    // Plain HTTP to an https hostname redirects, keeping the path and query.
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", m.daemon.http_port)).unwrap();
+    write!(
+        s,
+        "GET /x?y=1 HTTP/1.1\r\nHost: app.test.localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    assert!(raw.starts_with("HTTP/1.1 308"), "{raw}");
+    assert!(
+        raw.to_ascii_lowercase().contains(&format!(
+            "location: https://app.test.localhost:{port}/x?y=1"
+        )),
+        "{raw}"
+    );
+}

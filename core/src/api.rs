@@ -18,6 +18,9 @@ pub mod paths {
     pub const MACHINES: &str = "/v1/machines";
     /// `POST` [`super::MachineInitRequest`]: [`super::MachineView`].
     pub const MACHINE_INIT: &str = "/v1/machines/init";
+    /// `GET`: [`crate::CertificateSummary`]s; `POST` [`super::ImportCertificateRequest`]
+    /// stores Certificate Material.
+    pub const CERTIFICATES: &str = "/v1/certificates";
 }
 
 /// Version of the wire format; bumped on an incompatible change.
@@ -194,4 +197,12 @@ pub struct HookResult {
     /// `None` when it was stopped at its timeout.
     pub exit_code: Option<i64>,
     pub logs: Vec<String>,
+}
+
+/// Store Certificate Material for one Ingress Hostname.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportCertificateRequest {
+    pub hostname: String,
+    pub chain_pem: String,
+    pub key_pem: String,
 }

@@ -8,6 +8,7 @@
 //! management API's wire format lives in [`api`] and nowhere else.
 
 pub mod api;
+mod certificate;
 mod deploy;
 mod healthcheck;
 mod id;
@@ -19,6 +20,7 @@ mod phase;
 mod selector;
 mod spec;
 
+pub use certificate::{CertificateMaterial, CertificateSummary};
 pub use deploy::{
     Compensation, CompletedOperation, ContainerHealth, ContainerKind, ContainerRef,
     ContainerRuntimeObservation, ContainerState, DeployIntent, DeployOutcome, DeployPlan,

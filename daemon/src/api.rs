@@ -153,6 +153,7 @@ pub fn router(machine: Arc<LocalMachine>) -> Router {
         .route(api::paths::MACHINES, get(machines))
         .route(api::paths::MACHINE_INIT, post(machine_init))
         .with_state(machine.clone())
-        .merge(crate::docker_api::router(machine))
+        .merge(crate::docker_api::router(machine.clone()))
+        .merge(crate::cert_api::router(machine))
         .fallback(not_found)
 }

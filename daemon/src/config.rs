@@ -17,6 +17,8 @@ pub const DEFAULT_SOCKET: &str = "/run/ployz/ployz.sock";
 pub const DEFAULT_SOCKET_GROUP: &str = "ployz";
 /// The edge's HTTP listener unless told otherwise.
 pub const DEFAULT_HTTP_LISTEN: &str = "0.0.0.0:80";
+/// The edge's HTTPS listener unless told otherwise.
+pub const DEFAULT_HTTPS_LISTEN: &str = "0.0.0.0:443";
 
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -55,6 +57,8 @@ pub struct DaemonConfig {
     pub docker_host: Option<String>,
     /// The edge's plain-HTTP listener.
     pub http_listen: String,
+    /// The edge's HTTPS listener.
+    pub https_listen: String,
     /// After SIGTERM, how long the daemon keeps serving before it closes listeners.
     pub shutdown_grace_seconds: u64,
     /// After the grace period, how long in-flight work may take before it is cut.
@@ -70,6 +74,7 @@ impl Default for DaemonConfig {
             log_format: LogFormat::Text,
             docker_host: None,
             http_listen: DEFAULT_HTTP_LISTEN.into(),
+            https_listen: DEFAULT_HTTPS_LISTEN.into(),
             shutdown_grace_seconds: 0,
             shutdown_timeout_seconds: 5,
         }
@@ -86,6 +91,7 @@ pub struct DaemonConfigFile {
     pub log_format: Option<LogFormat>,
     pub docker_host: Option<String>,
     pub http_listen: Option<String>,
+    pub https_listen: Option<String>,
     pub shutdown: Option<ShutdownSection>,
 }
 
@@ -129,6 +135,9 @@ impl DaemonConfigFile {
         }
         if let Some(v) = self.http_listen {
             config.http_listen = v;
+        }
+        if let Some(v) = self.https_listen {
+            config.https_listen = v;
         }
         if let Some(s) = self.shutdown {
             if let Some(v) = s.grace_seconds {

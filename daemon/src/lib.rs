@@ -10,6 +10,7 @@
 //! removed on the way out.
 
 mod api;
+mod cert_api;
 mod config;
 mod docker_api;
 mod fsutil;

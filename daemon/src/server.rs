@@ -12,7 +12,7 @@ use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 
-use ployz_edge::{EdgeProxy, EdgeState, RouteController};
+use ployz_edge::{CertificateResolver, EdgeProxy, EdgeState, RouteController};
 
 use crate::api;
 use crate::config::{DaemonConfig, LogFormat};
@@ -39,16 +39,8 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let runtime_dir = config.data_dir.join("run");
     std::fs::create_dir_all(&runtime_dir)
         .with_context(|| format!("cannot create {}", runtime_dir.display()))?;
-    let http_listen: std::net::SocketAddr = config.http_listen.parse().with_context(|| {
-        format!(
-            "http_listen '{}' is not ADDR:PORT (for example 0.0.0.0:80)",
-            config.http_listen
-        )
-    })?;
-    // Pingora binds with SO_REUSEPORT: a live listener on the port would silently share it.
-    if let Err(e) = std::net::TcpListener::bind(http_listen) {
-        bail!("the edge cannot listen on {http_listen}: {e}; stop what holds it or choose another --http-listen");
-    }
+    let http_listen = listen_addr("http_listen", &config.http_listen)?;
+    let https_listen = listen_addr("https_listen", &config.https_listen)?;
     let conf = ServerConf {
         pid_file: runtime_dir.join("ployz.pid").display().to_string(),
         upgrade_sock: runtime_dir.join("upgrade.sock").display().to_string(),
@@ -61,18 +53,29 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     server.bootstrap();
     let routes = RouteController::new();
     let edge_state = Arc::new(EdgeState::default());
+    let certificates = CertificateResolver::default();
     let mut edge = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
-        EdgeProxy::new(routes.clone(), edge_state.clone()),
+        EdgeProxy::new(
+            routes.clone(),
+            edge_state.clone(),
+            Some(https_listen.port()),
+        ),
         "edge",
     );
     edge.add_tcp(&http_listen.to_string());
+    edge.add_tls_with_settings(
+        &https_listen.to_string(),
+        None,
+        tls_settings(&certificates)?,
+    );
     server.add_service(edge);
     server.add_service(background_service(
         "route controller",
         RouteService {
             machine: machine.clone(),
             routes,
+            certificates,
             state: edge_state,
         },
     ));
@@ -95,6 +98,36 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&config.socket);
     tracing::info!("ployz daemon stopped");
     Ok(())
+}
+
+/// Parses a listener address and checks nothing listens there: Pingora binds with SO_REUSEPORT,
+/// so a live listener on the port would silently share it.
+fn listen_addr(key: &str, value: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let addr: std::net::SocketAddr = value
+        .parse()
+        .with_context(|| format!("{key} '{value}' is not ADDR:PORT (for example 0.0.0.0:443)"))?;
+    if let Err(e) = std::net::TcpListener::bind(addr) {
+        bail!(
+            "the edge cannot listen on {addr} ({key}): {e}; stop what holds it or choose another --{}",
+            key.replace('_', "-")
+        );
+    }
+    Ok(addr)
+}
+
+/// TLS 1.2 and 1.3 (Pingora's rustls defaults), certificates by SNI from the store's Certificate
+/// Material, HTTP/2 by ALPN.
+fn tls_settings(
+    resolver: &CertificateResolver,
+) -> anyhow::Result<pingora::listeners::tls::TlsSettings> {
+    struct NoCallbacks;
+    #[async_trait]
+    impl pingora::listeners::TlsAccept for NoCallbacks {}
+    let mut settings = pingora::listeners::tls::TlsSettings::with_callbacks(Box::new(NoCallbacks))
+        .map_err(|e| anyhow::anyhow!("cannot set up TLS: {e}"))?;
+    settings.set_cert_resolver(Arc::new(resolver.clone()));
+    settings.enable_h2();
+    Ok(settings)
 }
 
 fn init_logging(format: LogFormat) {
@@ -207,6 +240,7 @@ impl BackgroundService for ObserverService {
 struct RouteService {
     machine: Arc<LocalMachine>,
     routes: RouteController,
+    certificates: CertificateResolver,
     state: Arc<EdgeState>,
 }
 
@@ -226,7 +260,10 @@ impl BackgroundService for RouteService {
             }
         };
         self.state.set_participating(store.local().as_str());
-        self.routes.run(store, shutdown).await;
+        tokio::join!(
+            self.routes.run(store.clone(), shutdown.clone()),
+            self.certificates.run(store, shutdown)
+        );
         self.state.set_draining();
     }
 }

@@ -13,10 +13,12 @@
 //! **Architecture Invariant:** the request path loads the table once per request and never
 //! awaits the store.
 
+pub mod certificates;
 pub mod controller;
 pub mod proxy;
 pub mod route_table;
 
+pub use certificates::CertificateResolver;
 pub use controller::RouteController;
 pub use proxy::{EdgeProxy, EdgeState};
 pub use route_table::{Route, RouteTable, Upstream};

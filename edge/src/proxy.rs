@@ -62,6 +62,8 @@ impl EdgeState {
 pub struct EdgeProxy {
     routes: RouteController,
     state: Arc<EdgeState>,
+    /// The HTTPS listener's port, for redirects (omitted from the URL when 443).
+    https_port: Option<u16>,
     /// Milliseconds are measured from here (cheap, monotonic).
     epoch: Instant,
 }
@@ -75,10 +77,15 @@ pub struct EdgeCtx {
 }
 
 impl EdgeProxy {
-    pub fn new(routes: RouteController, state: Arc<EdgeState>) -> EdgeProxy {
+    pub fn new(
+        routes: RouteController,
+        state: Arc<EdgeState>,
+        https_port: Option<u16>,
+    ) -> EdgeProxy {
         EdgeProxy {
             routes,
             state,
+            https_port,
             epoch: Instant::now(),
         }
     }
@@ -102,6 +109,13 @@ async fn respond(
     session
         .write_response_body(Some(Bytes::from(body)), true)
         .await
+}
+
+fn is_tls(session: &Session) -> bool {
+    session
+        .digest()
+        .and_then(|d| d.ssl_digest.as_ref())
+        .is_some()
 }
 
 fn host_of(req: &RequestHeader) -> &[u8] {
@@ -144,6 +158,29 @@ impl ProxyHttp for EdgeProxy {
         }
         let table = self.routes.table().load();
         match table.match_host(host_of(session.req_header())) {
+            Some(route) if route.https && !is_tls(session) && self.https_port.is_some() => {
+                // Hostnames served over HTTPS redirect plain HTTP there (the ACME challenge
+                // path excepted, so validation over HTTP keeps working).
+                if path.starts_with("/.well-known/acme-challenge/") {
+                    ctx.route = Some(route.clone());
+                    return Ok(false);
+                }
+                let port = match self.https_port {
+                    Some(443) | None => String::new(),
+                    Some(p) => format!(":{p}"),
+                };
+                let target = session
+                    .req_header()
+                    .uri
+                    .path_and_query()
+                    .map_or("/", |pq| pq.as_str());
+                let location = format!("https://{}{port}{target}", route.hostname);
+                let mut resp = ResponseHeader::build(308, Some(3))?;
+                resp.insert_header("location", location)?;
+                resp.insert_header("content-length", "0")?;
+                session.write_response_header(Box::new(resp), true).await?;
+                Ok(true)
+            }
             Some(route) => {
                 ctx.route = Some(route.clone());
                 Ok(false)
@@ -213,15 +250,7 @@ impl ProxyHttp for EdgeProxy {
             .and_then(|a| a.as_inet())
             .map(|a| a.ip().to_string());
         let host = String::from_utf8_lossy(host_of(session.req_header())).into_owned();
-        let proto = if session
-            .digest()
-            .and_then(|d| d.ssl_digest.as_ref())
-            .is_some()
-        {
-            "https"
-        } else {
-            "http"
-        };
+        let proto = if is_tls(session) { "https" } else { "http" };
         if let Some(ip) = &client {
             let xff = match upstream_request.headers.get("x-forwarded-for") {
                 Some(prev) => format!("{}, {ip}", String::from_utf8_lossy(prev.as_bytes())),

@@ -29,6 +29,9 @@ pub struct RunArgs {
     /// The edge's HTTP listener, ADDR:PORT [default: 0.0.0.0:80].
     #[arg(long, value_name = "ADDR:PORT")]
     http_listen: Option<String>,
+    /// The edge's HTTPS listener, ADDR:PORT [default: 0.0.0.0:443].
+    #[arg(long, value_name = "ADDR:PORT")]
+    https_listen: Option<String>,
     /// Log lines as `text` or `json` [default: text].
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
@@ -52,6 +55,9 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     }
     if let Some(v) = args.http_listen {
         config.http_listen = v;
+    }
+    if let Some(v) = args.https_listen {
+        config.https_listen = v;
     }
     if let Some(v) = args.log_format {
         config.log_format = v;

@@ -66,6 +66,8 @@ pub struct Daemon {
     pub socket: PathBuf,
     /// The edge's HTTP port on 127.0.0.1, this daemon's own.
     pub http_port: u16,
+    /// The edge's HTTPS port on 127.0.0.1.
+    pub https_port: u16,
     child: Option<Child>,
     log: PathBuf,
 }
@@ -73,12 +75,13 @@ pub struct Daemon {
 impl Daemon {
     pub fn start(data_dir: PathBuf, socket: PathBuf) -> Daemon {
         let log = data_dir.with_extension("log");
-        let http_port = free_port();
-        let child = spawn_daemon(&data_dir, &socket, &log, http_port);
+        let (http_port, https_port) = (free_port(), free_port());
+        let child = spawn_daemon(&data_dir, &socket, &log, http_port, https_port);
         let mut d = Daemon {
             data_dir,
             socket,
             http_port,
+            https_port,
             child: Some(child),
             log,
         };
@@ -130,6 +133,7 @@ impl Daemon {
             &self.socket,
             &self.log,
             self.http_port,
+            self.https_port,
         ));
         self.wait_ready();
     }
@@ -146,6 +150,7 @@ impl Daemon {
             &self.socket,
             &self.log,
             self.http_port,
+            self.https_port,
         ));
         self.wait_ready();
     }
@@ -157,7 +162,13 @@ impl Drop for Daemon {
     }
 }
 
-fn spawn_daemon(data_dir: &Path, socket: &Path, log: &Path, http_port: u16) -> Child {
+fn spawn_daemon(
+    data_dir: &Path,
+    socket: &Path,
+    log: &Path,
+    http_port: u16,
+    https_port: u16,
+) -> Child {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -170,6 +181,8 @@ fn spawn_daemon(data_dir: &Path, socket: &Path, log: &Path, http_port: u16) -> C
         .arg(socket)
         .arg("--http-listen")
         .arg(format!("127.0.0.1:{http_port}"))
+        .arg("--https-listen")
+        .arg(format!("127.0.0.1:{https_port}"))
         .env("PLOYZ_LOG", "info")
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
