@@ -66,7 +66,13 @@ fn table(n: usize) -> RouteTable {
             }),
         })
         .collect();
-    RouteTable::build(&observations, &machine, 1)
+    RouteTable::build(
+        &observations,
+        &Default::default(),
+        &machine,
+        &ployz_edge::route_table::FreshCounters,
+        1,
+    )
 }
 
 fn bench(c: &mut Criterion) {

@@ -155,6 +155,41 @@ impl DeployTarget for ApiTarget<'_> {
             .collect())
     }
 
+    async fn drain_container(
+        &mut self,
+        machine: &MachineId,
+        c: &ContainerRef,
+    ) -> Result<(), String> {
+        self.check(machine)?;
+        let result: ployz_core::api::DrainResult = self
+            .client
+            .post(
+                &paths::fill(paths::CONTAINER_DRAIN, c.id.as_str()),
+                &ployz_core::api::DrainRequest::default(),
+            )
+            .await
+            .map_err(sentence)?;
+        if result.in_flight_left > 0 {
+            eprintln!(
+                "        warning: {} still had {} requests in flight after the drain timeout",
+                c.name, result.in_flight_left
+            );
+        }
+        Ok(())
+    }
+
+    async fn undrain_container(
+        &mut self,
+        machine: &MachineId,
+        c: &ContainerRef,
+    ) -> Result<(), String> {
+        self.check(machine)?;
+        self.client
+            .delete(&paths::fill(paths::CONTAINER_DRAIN, c.id.as_str()))
+            .await
+            .map_err(sentence)
+    }
+
     async fn run_hook(
         &mut self,
         machine: &MachineId,

@@ -349,3 +349,132 @@ services:
         "{raw}"
     );
 }
+
+#[test]
+fn a_rolling_deploy_under_load_fails_no_request_and_a_long_request_completes() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "edge3");
+    let port = m.daemon.http_port;
+    let compose = |greeting: &str| {
+        format!(
+            r#"
+services:
+  web:
+    image: {TEST_IMAGE}
+    command:
+      - sh
+      - -c
+      - |
+        mkdir -p /www/cgi-bin
+        echo "$$GREETING $$HOSTNAME" > /www/index.html
+        printf '#!/bin/sh\nsleep 6\necho "Content-Type: text/plain"\necho\necho slow-done\n' > /www/cgi-bin/slow
+        chmod +x /www/cgi-bin/slow
+        exec httpd -f -p 8080 -h /www
+    environment:
+      GREETING: {greeting}
+    deploy:
+      replicas: 2
+    healthcheck:
+      test: ["CMD", "wget", "-q", "-O-", "http://127.0.0.1:8080/"]
+      interval: 1s
+      retries: 2
+    x-ports:
+      - web.test.localhost:8080/http
+"#
+        )
+    };
+    std::fs::write(lab.path("compose.yaml"), compose("one")).unwrap();
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while bodies(port, "web.test.localhost", 4).len() < 2 {
+        assert!(Instant::now() < deadline, "both containers never answered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Long requests first, back to back, so round robin puts two on each old container: the
+    // first drain must wait for them.
+    let slow: Vec<_> = (0..4)
+        .map(|_| {
+            let handle =
+                std::thread::spawn(move || http_get(port, "web.test.localhost", "/cgi-bin/slow"));
+            std::thread::sleep(Duration::from_millis(50));
+            handle
+        })
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut results: Vec<(u16, String)> = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                results.push(http_get(port, "web.test.localhost", "/"));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            results
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+
+    std::fs::write(lab.path("compose.yaml"), compose("two")).unwrap();
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        !stderr(&out).contains("still had"),
+        "a drain timed out: {}",
+        stderr(&out)
+    );
+    let waits: Vec<u64> = m
+        .daemon
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("container drained"))
+        .filter_map(|l| {
+            l.split("waited_ms=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(waits.len(), 2, "{waits:?}");
+    assert!(
+        waits[0] >= 1000,
+        "the first drain did not wait for its long requests: {waits:?}"
+    );
+    // Keep the load on a little after the deploy returned.
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let results = load.join().unwrap();
+    let failed: Vec<&(u16, String)> = results
+        .iter()
+        .filter(|(status, _)| *status != 200)
+        .collect();
+    assert!(
+        results.len() > 50,
+        "too few requests to prove anything: {}",
+        results.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {:?}",
+        failed.len(),
+        results.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(results.iter().any(|(_, b)| b.starts_with("one ")));
+    assert!(
+        results.last().unwrap().1.starts_with("two "),
+        "{:?}",
+        results.last()
+    );
+    for handle in slow {
+        let (status, body) = handle.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            body.contains("slow-done"),
+            "a long request in flight did not complete: {body:?}"
+        );
+    }
+}

@@ -133,6 +133,10 @@ pub mod docker_paths {
     pub const CONTAINER_START: &str = "/v1/containers/{id}/start";
     /// `POST` [`super::StopContainerRequest`].
     pub const CONTAINER_STOP: &str = "/v1/containers/{id}/stop";
+    /// `POST` [`super::DrainRequest`]: mark draining, wait until this Machine's edge no longer
+    /// routes to it and its in-flight requests finished: [`super::DrainResult`]. `DELETE` lifts
+    /// the mark.
+    pub const CONTAINER_DRAIN: &str = "/v1/containers/{id}/drain";
     /// `GET ?tail=N&follow=bool&since=T&until=T`: the log as plain text, streamed.
     pub const CONTAINER_LOGS: &str = "/v1/containers/{id}/logs";
     /// `POST` [`super::ExecRequest`]: [`super::ExecResult`].
@@ -205,4 +209,21 @@ pub struct ImportCertificateRequest {
     pub hostname: String,
     pub chain_pem: String,
     pub key_pem: String,
+}
+
+/// Drain a container before it is stopped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRequest {
+    /// How long to wait for in-flight requests (default 30 s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// What a drain waited for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainResult {
+    /// Milliseconds until the edge stopped routing to it and its requests finished.
+    pub waited_ms: u64,
+    /// Requests still in flight when the timeout ended the wait (0 normally).
+    pub in_flight_left: usize,
 }

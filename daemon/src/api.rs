@@ -147,13 +147,14 @@ async fn not_found() -> Failure {
 }
 
 /// The API's routes over one Machine.
-pub fn router(machine: Arc<LocalMachine>) -> Router {
+pub fn router(machine: Arc<LocalMachine>, routes: ployz_edge::RouteController) -> Router {
     Router::new()
         .route(api::paths::VERSION, get(version))
         .route(api::paths::MACHINES, get(machines))
         .route(api::paths::MACHINE_INIT, post(machine_init))
         .with_state(machine.clone())
         .merge(crate::docker_api::router(machine.clone()))
-        .merge(crate::cert_api::router(machine))
+        .merge(crate::cert_api::router(machine.clone()))
+        .merge(crate::docker_api::drain_router(machine, routes))
         .fallback(not_found)
 }

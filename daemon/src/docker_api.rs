@@ -198,6 +198,9 @@ async fn remove_container(
     Path(id): Path<String>,
 ) -> Result<Response, DockerFailure> {
     docker(&machine)?.remove(checked_id(&id)?).await?;
+    if let (Some(store), Ok(container)) = (machine.store(), id.parse::<ployz_core::ContainerId>()) {
+        lift_drain_mark(&store, &container).await;
+    }
     tracing::info!(container = %id, "container removed");
     Ok(Json(serde_json::json!({})).into_response())
 }
@@ -306,4 +309,157 @@ pub fn router(machine: Arc<LocalMachine>) -> Router {
         .route(paths::VOLUMES, get(list_volumes).post(create_volume))
         .route(paths::VOLUME, delete(remove_volume))
         .with_state(machine)
+}
+
+/// What the drain route needs: this Machine and its edge's route controller.
+#[derive(Clone)]
+struct DrainState {
+    machine: Arc<LocalMachine>,
+    routes: ployz_edge::RouteController,
+}
+
+/// How long the edge may take to publish a table without the drained container.
+const PUBLISH_WAIT: Duration = Duration::from_secs(5);
+
+async fn drain(
+    State(s): State<DrainState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, DockerFailure> {
+    let req: ployz_core::api::DrainRequest = if body.is_empty() {
+        Default::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            fail(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidArgument,
+                format!("request body is not valid: {e}"),
+                None,
+            )
+        })?
+    };
+    let d = docker(&s.machine)?;
+    let store = s.machine.store().expect("initialised when docker exists");
+    let Some(container) = d.observe_container(checked_id(&id)?).await? else {
+        return Err(DockerError::NoSuchContainer(id).into());
+    };
+    let started = tokio::time::Instant::now();
+    // Bring the store up to date with Docker first, so the replacement this drain makes room for
+    // is known healthy before the old one leaves the table.
+    if let Err(e) = ployz_orchestrator::observer::resync(&d, &store).await {
+        tracing::warn!(error = %e, "resync before drain failed");
+    }
+    let key = ployz_edge::draining_key(store.local(), &container.id);
+    let mark_store = store.clone();
+    tokio::task::spawn_blocking(move || mark_store.put(&key, Vec::new()))
+        .await
+        .map_err(|e| {
+            fail(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal,
+                e.to_string(),
+                None,
+            )
+        })?
+        .map_err(|e| {
+            fail(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                e.to_string(),
+                None,
+            )
+        })?;
+
+    // Hostnames another Serving Container still serves must keep an upstream meanwhile.
+    let hostnames: Vec<String> = container
+        .spec
+        .iter()
+        .flat_map(|spec| spec.ports.iter())
+        .filter_map(|p| match p {
+            ployz_core::PortSpec::Ingress {
+                hostname: Some(h), ..
+            } => Some(h.to_ascii_lowercase()),
+            _ => None,
+        })
+        .collect();
+    let others: Vec<String> = {
+        let observations = ployz_orchestrator::observer::stored_observations(&store);
+        hostnames
+            .into_iter()
+            .filter(|h| {
+                observations.iter().any(|o| {
+                    o.id != container.id
+                        && o.is_serving()
+                        && o.spec.as_ref().is_some_and(|spec| {
+                            spec.ports.iter().any(|p| matches!(p, ployz_core::PortSpec::Ingress { hostname: Some(x), .. } if x.eq_ignore_ascii_case(h)))
+                        })
+                })
+            })
+            .collect()
+    };
+    let publish_deadline = started + PUBLISH_WAIT;
+    loop {
+        let table = s.routes.table().load();
+        let ready = !table.routes_to(&container.id) && others.iter().all(|h| table.has_upstream(h));
+        if ready || tokio::time::Instant::now() >= publish_deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let drain_deadline = started + Duration::from_secs(req.timeout_seconds.unwrap_or(30));
+    let mut left = s.routes.in_flight(&container.id);
+    while left > 0 && tokio::time::Instant::now() < drain_deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        left = s.routes.in_flight(&container.id);
+    }
+    let waited_ms = started.elapsed().as_millis() as u64;
+    tracing::info!(container = %container.name, waited_ms, in_flight_left = left, "container drained");
+    Ok(Json(ployz_core::api::DrainResult {
+        waited_ms,
+        in_flight_left: left,
+    })
+    .into_response())
+}
+
+async fn undrain(
+    State(s): State<DrainState>,
+    Path(id): Path<String>,
+) -> Result<Response, DockerFailure> {
+    let store = s.machine.store().ok_or_else(|| {
+        fail(
+            StatusCode::CONFLICT,
+            ErrorCode::FailedPrecondition,
+            "this Machine is not initialised yet".into(),
+            None,
+        )
+    })?;
+    let container: ployz_core::ContainerId = checked_id(&id)?.parse().map_err(|_| {
+        fail(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            format!("'{id}' is not a Container ID"),
+            None,
+        )
+    })?;
+    lift_drain_mark(&store, &container).await;
+    Ok(Json(serde_json::json!({})).into_response())
+}
+
+/// Deletes a container's drain mark, if it has one.
+async fn lift_drain_mark(store: &Arc<ployz_store::Store>, container: &ployz_core::ContainerId) {
+    let key = ployz_edge::draining_key(store.local(), container);
+    let store = store.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        if store.get(&key).ok().flatten().is_some_and(|r| !r.tombstone) {
+            let _ = store.delete(&key);
+        }
+    })
+    .await;
+}
+
+/// The drain routes: they need the edge's route controller as well as the Machine.
+pub fn drain_router(machine: Arc<LocalMachine>, routes: ployz_edge::RouteController) -> Router {
+    Router::new()
+        .route(paths::CONTAINER_DRAIN, post(drain).delete(undrain))
+        .with_state(DrainState { machine, routes })
 }

@@ -74,7 +74,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         "route controller",
         RouteService {
             machine: machine.clone(),
-            routes,
+            routes: routes.clone(),
             certificates,
             state: edge_state,
         },
@@ -84,6 +84,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         ApiService {
             listener: Mutex::new(Some(listener)),
             machine: machine.clone(),
+            routes: routes.clone(),
         },
     ));
     server.add_service(background_service(
@@ -187,6 +188,7 @@ fn group_id(name: &str) -> Option<u32> {
 struct ApiService {
     listener: Mutex<Option<UnixListener>>,
     machine: Arc<LocalMachine>,
+    routes: RouteController,
 }
 
 #[async_trait]
@@ -202,7 +204,7 @@ impl BackgroundService for ApiService {
                 return;
             }
         };
-        let app = api::router(self.machine.clone());
+        let app = api::router(self.machine.clone(), self.routes.clone());
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 let _ = shutdown.changed().await;

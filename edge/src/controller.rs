@@ -1,19 +1,58 @@
-//! The RouteController: rebuilds the route table when container observations change.
+//! The RouteController: rebuilds the route table when container observations or drain marks
+//! change, and answers the questions a drain asks ("does the edge still route to it? how many
+//! requests are in flight to it?").
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use ployz_core::ContainerId;
 use ployz_orchestrator::observer::{stored_observations, CONTAINERS_NAMESPACE};
-use ployz_store::{KeyPrefix, Store};
+use ployz_store::{Key, KeyPrefix, Store};
 use tokio::sync::watch;
 
-use crate::route_table::{Fingerprint, RouteTable};
+use crate::route_table::{Fingerprint, InFlightCounters, RouteTable};
 
-/// Owns the published [`RouteTable`].
+/// Store namespace of drain marks: machine-owned, named by Container ID. A container with a
+/// mark receives no new requests from any edge.
+pub const DRAINING_NAMESPACE: &str = "draining";
+
+/// The drain mark of a container, written by the Machine that runs it.
+pub fn draining_key(machine: &ployz_core::MachineId, container: &ContainerId) -> Key {
+    Key::machine(machine, DRAINING_NAMESPACE, container.as_str())
+}
+
+/// Containers some Machine marked draining.
+pub fn draining_containers(store: &Store) -> HashSet<ContainerId> {
+    store
+        .scan_live(&KeyPrefix::machine_namespace(DRAINING_NAMESPACE))
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| r.key.name().parse().ok())
+        .collect()
+}
+
+#[derive(Default)]
+struct Counters(Mutex<HashMap<ContainerId, Arc<AtomicUsize>>>);
+
+impl InFlightCounters for Counters {
+    fn counter(&self, container: &ContainerId) -> Arc<AtomicUsize> {
+        self.0
+            .lock()
+            .expect("counters lock")
+            .entry(container.clone())
+            .or_default()
+            .clone()
+    }
+}
+
+/// Owns the published [`RouteTable`] and the per-container in-flight counters.
 #[derive(Clone, Default)]
 pub struct RouteController {
     table: Arc<ArcSwap<RouteTable>>,
+    counters: Arc<Counters>,
 }
 
 impl RouteController {
@@ -27,12 +66,38 @@ impl RouteController {
         &self.table
     }
 
+    /// Requests this edge has in flight to `container`.
+    pub fn in_flight(&self, container: &ContainerId) -> usize {
+        self.counters
+            .0
+            .lock()
+            .expect("counters lock")
+            .get(container)
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
     /// Rebuilds from the store and publishes if anything changed. Returns the new generation
     /// when it published.
     pub fn rebuild(&self, store: &Store, last: &mut Fingerprint) -> Option<u64> {
         let observations = stored_observations(store);
+        let draining = draining_containers(store);
         let generation = self.table.load().generation() + 1;
-        let table = RouteTable::build(&observations, store.local(), generation);
+        let table = RouteTable::build(
+            &observations,
+            &draining,
+            store.local(),
+            self.counters.as_ref(),
+            generation,
+        );
+        // Counters of containers that are gone are dropped (in-flight requests keep theirs).
+        {
+            let live: HashSet<&ContainerId> = observations.iter().map(|o| &o.id).collect();
+            self.counters
+                .0
+                .lock()
+                .expect("counters lock")
+                .retain(|id, c| live.contains(id) || c.load(Ordering::Relaxed) > 0);
+        }
         let fp = table.fingerprint();
         if &fp == last {
             return None;
@@ -43,9 +108,10 @@ impl RouteController {
     }
 
     /// Keeps the table current until `shutdown` turns true: a rebuild at start and after every
-    /// change to container observations (bursts coalesced over a few milliseconds).
+    /// change to container observations or drain marks.
     pub async fn run(&self, store: Arc<Store>, mut shutdown: watch::Receiver<bool>) {
-        let mut watch = store.watch(KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE));
+        let mut containers = store.watch(KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE));
+        let mut drains = store.watch(KeyPrefix::machine_namespace(DRAINING_NAMESPACE));
         let mut last = Fingerprint::new();
         loop {
             let s = store.clone();
@@ -64,14 +130,11 @@ impl RouteController {
             }
             tokio::select! {
                 _ = shutdown.changed() => return,
-                event = watch.next() => {
-                    if event.is_none() {
-                        return;
-                    }
-                    // Coalesce a burst of changes into one rebuild.
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
+                event = containers.next() => if event.is_none() { return },
+                event = drains.next() => if event.is_none() { return },
             }
+            // Coalesce a burst of changes into one rebuild.
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
 }

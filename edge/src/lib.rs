@@ -19,6 +19,6 @@ pub mod proxy;
 pub mod route_table;
 
 pub use certificates::CertificateResolver;
-pub use controller::RouteController;
+pub use controller::{draining_key, RouteController, DRAINING_NAMESPACE};
 pub use proxy::{EdgeProxy, EdgeState};
 pub use route_table::{Route, RouteTable, Upstream};

@@ -71,6 +71,8 @@ pub struct EdgeProxy {
 /// Per-request state: the matched route and the upstreams tried.
 pub struct EdgeCtx {
     route: Option<Arc<Route>>,
+    /// The in-flight counter of the upstream this request currently holds.
+    active: Option<Arc<std::sync::atomic::AtomicUsize>>,
     tried: [usize; MAX_TRIES],
     tries: usize,
     start: Instant,
@@ -133,6 +135,7 @@ impl ProxyHttp for EdgeProxy {
     fn new_ctx(&self) -> EdgeCtx {
         EdgeCtx {
             route: None,
+            active: None,
             tried: [usize::MAX; MAX_TRIES],
             tries: 0,
             start: Instant::now(),
@@ -218,8 +221,12 @@ impl ProxyHttp for EdgeProxy {
             ctx.tried[ctx.tries] = i;
             ctx.tries += 1;
         }
-        let addr = route.upstreams[i].addr;
-        Ok(Box::new(HttpPeer::new(addr, false, String::new())))
+        let upstream = &route.upstreams[i];
+        upstream.in_flight.fetch_add(1, Ordering::Relaxed);
+        if let Some(previous) = ctx.active.replace(upstream.in_flight.clone()) {
+            previous.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(Box::new(HttpPeer::new(upstream.addr, false, String::new())))
     }
 
     fn fail_to_connect(
@@ -274,6 +281,9 @@ impl ProxyHttp for EdgeProxy {
 
     /// One access-log line per request: no bodies, credentials, cookies or query strings.
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut EdgeCtx) {
+        if let Some(active) = ctx.active.take() {
+            active.fetch_sub(1, Ordering::Relaxed);
+        }
         let req = session.req_header();
         let status = session
             .response_written()

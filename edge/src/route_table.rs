@@ -3,7 +3,7 @@
 //! Matching is pure: no Pingora types, no allocation, no await. Hosts are compared
 //! ASCII-case-insensitively after dropping a `:port` suffix and a trailing dot.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,12 +16,35 @@ use ployz_core::{
 const MAX_HOST: usize = 253;
 
 /// One Serving Container behind a route.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Upstream {
     pub addr: SocketAddr,
     pub container_id: ContainerId,
     /// Whether it runs on this Machine (local upstreams are listed first).
     pub local: bool,
+    /// Requests this edge has in flight to the container; shared across table generations so a
+    /// drain can wait for them.
+    pub in_flight: Arc<AtomicUsize>,
+}
+
+impl PartialEq for Upstream {
+    fn eq(&self, other: &Upstream) -> bool {
+        self.addr == other.addr && self.container_id == other.container_id
+    }
+}
+
+/// Hands out the in-flight counter of each container, the same one for every table generation.
+pub trait InFlightCounters {
+    fn counter(&self, container: &ContainerId) -> Arc<AtomicUsize>;
+}
+
+/// Counters that are not shared (tests, benches).
+pub struct FreshCounters;
+
+impl InFlightCounters for FreshCounters {
+    fn counter(&self, _: &ContainerId) -> Arc<AtomicUsize> {
+        Arc::new(AtomicUsize::new(0))
+    }
 }
 
 /// One Ingress Hostname and where it goes.
@@ -103,12 +126,14 @@ impl RouteTable {
     /// containers first; otherwise upstreams sort by address so equal inputs build equal tables.
     pub fn build(
         observations: &[ContainerRuntimeObservation],
+        draining: &HashSet<ContainerId>,
         local: &MachineId,
+        counters: &dyn InFlightCounters,
         generation: u64,
     ) -> RouteTable {
         let mut by_host: HashMap<String, (bool, Vec<Upstream>)> = HashMap::new();
         for o in observations {
-            if o.kind != ContainerKind::Service || !o.is_serving() {
+            if o.kind != ContainerKind::Service || !o.is_serving() || draining.contains(&o.id) {
                 continue;
             }
             let (Some(spec), Some(ip)) = (&o.spec, o.address) else {
@@ -132,6 +157,7 @@ impl RouteTable {
                     addr: SocketAddr::new(IpAddr::V4(ip), *container_port),
                     container_id: o.id.clone(),
                     local: &o.machine_id == local,
+                    in_flight: counters.counter(&o.id),
                 };
                 if !entry.1.contains(&up) {
                     entry.1.push(up);
@@ -177,6 +203,20 @@ impl RouteTable {
         self.routes.get(key)
     }
 
+    /// Whether any route sends requests to `container`.
+    pub fn routes_to(&self, container: &ContainerId) -> bool {
+        self.routes
+            .values()
+            .any(|r| r.upstreams.iter().any(|u| &u.container_id == container))
+    }
+
+    /// Whether `hostname` has at least one upstream.
+    pub fn has_upstream(&self, hostname: &str) -> bool {
+        self.routes
+            .get(hostname.as_bytes())
+            .is_some_and(|r| !r.upstreams.is_empty())
+    }
+
     /// The table's content, sorted, for "did anything change?".
     pub fn fingerprint(&self) -> Fingerprint {
         let mut fp: Fingerprint = self
@@ -199,6 +239,14 @@ impl RouteTable {
 mod tests {
     use super::*;
     use ployz_core::{ContainerSpec, ContainerState, ServiceId, ServiceMode, ServiceSpec};
+
+    fn build(
+        obs: &[ContainerRuntimeObservation],
+        local: &MachineId,
+        generation: u64,
+    ) -> RouteTable {
+        RouteTable::build(obs, &HashSet::new(), local, &FreshCounters, generation)
+    }
 
     fn obs(
         machine: &MachineId,
@@ -245,7 +293,7 @@ mod tests {
     #[test]
     fn hosts_match_case_insensitively_without_port_or_trailing_dot() {
         let m = MachineId::generate();
-        let t = RouteTable::build(
+        let t = build(
             &[obs(
                 &m,
                 2,
@@ -284,7 +332,7 @@ mod tests {
         let local = MachineId::generate();
         let other = MachineId::generate();
         let h = [("app.test", 8080, IngressProtocol::Https)];
-        let t = RouteTable::build(
+        let t = build(
             &[
                 obs(&other, 2, &h, ContainerState::Running, None),
                 obs(
@@ -324,7 +372,7 @@ mod tests {
     fn round_robin_visits_every_upstream_and_skips_marked_ones() {
         let m = MachineId::generate();
         let h = [("app.test", 80, IngressProtocol::Http)];
-        let t = RouteTable::build(
+        let t = build(
             &[
                 obs(&m, 2, &h, ContainerState::Running, None),
                 obs(&m, 3, &h, ContainerState::Running, None),
@@ -349,6 +397,19 @@ mod tests {
     }
 
     #[test]
+    fn draining_containers_are_left_out() {
+        let m = MachineId::generate();
+        let h = [("app.test", 80, IngressProtocol::Http)];
+        let a = obs(&m, 2, &h, ContainerState::Running, None);
+        let b = obs(&m, 3, &h, ContainerState::Running, None);
+        let draining: HashSet<ContainerId> = [a.id.clone()].into();
+        let t = RouteTable::build(&[a.clone(), b.clone()], &draining, &m, &FreshCounters, 1);
+        assert!(!t.routes_to(&a.id));
+        assert!(t.routes_to(&b.id));
+        assert!(t.has_upstream("app.test"));
+    }
+
+    #[test]
     fn equal_inputs_build_equal_fingerprints() {
         let m = MachineId::generate();
         let h = [
@@ -362,8 +423,8 @@ mod tests {
         let mut reversed = input.clone();
         reversed.reverse();
         assert_eq!(
-            RouteTable::build(&input, &m, 1).fingerprint(),
-            RouteTable::build(&reversed, &m, 2).fingerprint()
+            build(&input, &m, 1).fingerprint(),
+            build(&reversed, &m, 2).fingerprint()
         );
     }
 }

@@ -6,10 +6,14 @@
 //!
 //! Per operation:
 //! - run: create and start, then monitor;
-//! - start-first replace: run the new container and monitor it; on success stop and remove the
-//!   old one; on failure stop the new one (kept for inspection) and leave the old one running;
-//! - stop-first replace: stop the old container, run and monitor the new one; on success remove
-//!   the old one; on failure stop the new one and restart the old one (the compensation);
+//! - start-first replace: run the new container and monitor it; on success drain, stop and
+//!   remove the old one; on failure stop the new one (kept for inspection) and leave the old one
+//!   running;
+//! - stop-first replace: drain and stop the old container, run and monitor the new one; on
+//!   success remove the old one; on failure stop the new one and restart (and undrain) the old
+//!   one (the compensation);
+//! - stop and remove drain a running container first, so no edge sends it new requests and the
+//!   ones in flight finish;
 //! - hook: run the Hook Container to its end; a non-zero exit or a timeout fails the Deploy;
 //! - the first failure stops the Deploy: the Outcome lists the completed prefix, the failed
 //!   operation with the failed container's last log lines, and the unexecuted suffix.
@@ -63,6 +67,19 @@ pub trait DeployTarget {
         container: &ContainerRef,
         lines: usize,
     ) -> Result<Vec<String>, String>;
+    /// Marks a container draining and waits until the edges stop routing to it and its
+    /// in-flight requests finished (bounded).
+    async fn drain_container(
+        &mut self,
+        machine: &MachineId,
+        container: &ContainerRef,
+    ) -> Result<(), String>;
+    /// Lifts a drain mark (a compensation restarted the container).
+    async fn undrain_container(
+        &mut self,
+        machine: &MachineId,
+        container: &ContainerRef,
+    ) -> Result<(), String>;
     async fn run_hook(
         &mut self,
         machine: &MachineId,
@@ -232,6 +249,10 @@ async fn run_operation<T: DeployTarget>(
             UpdateOrder::StartFirst => {
                 let new = run_and_monitor(target, machine_id, service_id, spec, opts).await?;
                 target
+                    .drain_container(machine_id, old)
+                    .await
+                    .map_err(Failure::because)?;
+                target
                     .stop_container(machine_id, old)
                     .await
                     .map_err(Failure::because)?;
@@ -246,6 +267,12 @@ async fn run_operation<T: DeployTarget>(
                     target.observe_container(machine_id, old).await,
                     Ok(Some(c)) if c.is_running()
                 );
+                if was_running {
+                    target
+                        .drain_container(machine_id, old)
+                        .await
+                        .map_err(Failure::because)?;
+                }
                 target
                     .stop_container(machine_id, old)
                     .await
@@ -260,7 +287,10 @@ async fn run_operation<T: DeployTarget>(
                     }
                     Err(mut failure) => {
                         if was_running {
-                            let error = target.start_container(machine_id, old).await.err();
+                            let mut error = target.start_container(machine_id, old).await.err();
+                            if error.is_none() {
+                                error = target.undrain_container(machine_id, old).await.err();
+                            }
                             failure.compensation = Some(Compensation {
                                 action: format!("restarted {} (stop-first replacement)", old.name),
                                 error,
@@ -275,6 +305,7 @@ async fn run_operation<T: DeployTarget>(
             machine_id,
             container,
         } => {
+            drain_if_running(target, machine_id, container).await?;
             target
                 .stop_container(machine_id, container)
                 .await
@@ -285,6 +316,7 @@ async fn run_operation<T: DeployTarget>(
             machine_id,
             container,
         } => {
+            drain_if_running(target, machine_id, container).await?;
             target
                 .remove_container(machine_id, container)
                 .await
@@ -292,6 +324,22 @@ async fn run_operation<T: DeployTarget>(
             Ok(None)
         }
     }
+}
+
+async fn drain_if_running<T: DeployTarget>(
+    target: &mut T,
+    machine: &MachineId,
+    container: &ContainerRef,
+) -> Result<(), Failure> {
+    if let Ok(Some(c)) = target.observe_container(machine, container).await {
+        if c.is_running() {
+            target
+                .drain_container(machine, container)
+                .await
+                .map_err(Failure::because)?;
+        }
+    }
+    Ok(())
 }
 
 /// Runs a new container and watches it; a failed one is stopped and kept for inspection.
