@@ -124,7 +124,11 @@ fn a_second_daemon_on_the_same_socket_is_refused_and_sigterm_cleans_up() {
     assert!(stderr(&out).contains("sockett"), "{}", stderr(&out));
 
     assert!(daemon.stop(), "SIGTERM did not stop the daemon");
-    assert!(!daemon.socket.exists(), "socket left behind");
+    assert!(
+        !daemon.socket.exists(),
+        "socket left behind: {}",
+        daemon.log_text()
+    );
 }
 
 #[test]
@@ -171,4 +175,37 @@ fn contexts_choose_the_connection_and_fall_through_dead_ones() {
 
     let completion = lab.cli().args(["completion", "bash"]).output().unwrap();
     assert!(stdout(&completion).contains("ployz"));
+}
+
+#[test]
+fn sigterm_answers_503_for_the_drain_delay_while_serving_then_stops() {
+    let lab = Lab::new();
+    let mut daemon = Daemon::start_with_drain_delay(lab.path("d-data"), lab.path("d.sock"), 2);
+    assert!(lab
+        .ployz(&daemon, &["machine", "init", "--name", "term"])
+        .status
+        .success());
+    let port = daemon.http_port;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while http_get(port, "x", "/.ployz/health").0 != 200 {
+        assert!(std::time::Instant::now() < deadline, "never healthy");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    unsafe {
+        libc::kill(daemon.pid() as i32, libc::SIGTERM);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Still serving, but telling load balancers to go away.
+    let (status, body) = http_get(port, "x", "/.ployz/health");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("draining"), "{body}");
+    assert_eq!(http_get(port, "x", "/.ployz/verify").0, 200);
+    // After the delay the listeners close and the process exits.
+    let started = std::time::Instant::now();
+    assert!(
+        daemon.stop(),
+        "the daemon did not exit after its drain delay"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(9));
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
 }

@@ -59,7 +59,10 @@ pub struct DaemonConfig {
     pub http_listen: String,
     /// The edge's HTTPS listener.
     pub https_listen: String,
-    /// After SIGTERM, how long the daemon keeps serving before it closes listeners.
+    /// After SIGTERM, how long the edge keeps serving with its health endpoint answering 503,
+    /// so load balancers take this Machine out before its listeners close.
+    pub drain_delay_seconds: u64,
+    /// After the listeners closed, how long in-flight requests may take.
     pub shutdown_grace_seconds: u64,
     /// After the grace period, how long in-flight work may take before it is cut.
     pub shutdown_timeout_seconds: u64,
@@ -75,6 +78,7 @@ impl Default for DaemonConfig {
             docker_host: None,
             http_listen: DEFAULT_HTTP_LISTEN.into(),
             https_listen: DEFAULT_HTTPS_LISTEN.into(),
+            drain_delay_seconds: 5,
             shutdown_grace_seconds: 0,
             shutdown_timeout_seconds: 5,
         }
@@ -99,6 +103,7 @@ pub struct DaemonConfigFile {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ShutdownSection {
+    pub drain_delay_seconds: Option<u64>,
     pub grace_seconds: Option<u64>,
     pub timeout_seconds: Option<u64>,
 }
@@ -140,6 +145,9 @@ impl DaemonConfigFile {
             config.https_listen = v;
         }
         if let Some(s) = self.shutdown {
+            if let Some(v) = s.drain_delay_seconds {
+                config.drain_delay_seconds = v;
+            }
             if let Some(v) = s.grace_seconds {
                 config.shutdown_grace_seconds = v;
             }

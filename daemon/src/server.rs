@@ -23,6 +23,7 @@ use crate::local_machine::LocalMachine;
 /// runtime (Pingora starts its own).
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     init_logging(config.log_format);
+    let signals = listen_for_signals()?;
     let listener = bind_socket(&config.socket, &config.socket_group)?;
     let machine = Arc::new(
         LocalMachine::open(DataDir::new(&config.data_dir), config.docker_host.clone())
@@ -53,6 +54,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     server.bootstrap();
     let routes = RouteController::new();
     let edge_state = Arc::new(EdgeState::default());
+    let edge_state_for_signal = edge_state.clone();
     let certificates = CertificateResolver::default();
     let mut edge = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
@@ -93,7 +95,13 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             machine: machine.clone(),
         },
     ));
-    server.run(RunArgs::default());
+    server.run(RunArgs {
+        shutdown_signal: Box::new(DrainFirst {
+            state: edge_state_for_signal,
+            delay: std::time::Duration::from_secs(config.drain_delay_seconds),
+            signals: tokio::sync::Mutex::new(signals),
+        }),
+    });
 
     machine.flush();
     let _ = std::fs::remove_file(&config.socket);
@@ -212,6 +220,88 @@ impl BackgroundService for ApiService {
             .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "management API stopped");
+        }
+    }
+}
+
+/// The signals that end the daemon, as they arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Term,
+    Int,
+    Quit,
+}
+
+/// Starts listening for SIGTERM, SIGINT and SIGQUIT at once, on a thread of its own, so a
+/// signal that arrives while the server is still starting is not lost (nor fatal).
+fn listen_for_signals() -> anyhow::Result<tokio::sync::mpsc::UnboundedReceiver<Stop>> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("ployz-signals".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("signal runtime");
+            runtime.block_on(async move {
+                use tokio::signal::unix::{signal, SignalKind};
+                let streams = (
+                    signal(SignalKind::terminate()),
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::quit()),
+                );
+                let (Ok(mut term), Ok(mut int), Ok(mut quit)) = streams else {
+                    let _ = ready_tx.send(false);
+                    return;
+                };
+                let _ = ready_tx.send(true);
+                loop {
+                    let stop = tokio::select! {
+                        _ = term.recv() => Stop::Term,
+                        _ = int.recv() => Stop::Int,
+                        _ = quit.recv() => Stop::Quit,
+                    };
+                    if tx.send(stop).is_err() {
+                        return;
+                    }
+                }
+            });
+        })?;
+    match ready_rx.recv() {
+        Ok(true) => Ok(rx),
+        _ => bail!("cannot install signal handlers"),
+    }
+}
+
+/// SIGTERM: health answers 503 for the drain delay while the edge still serves, then Pingora's
+/// graceful shutdown closes the listeners and waits for in-flight work. SIGINT: fast. SIGQUIT:
+/// Pingora's graceful upgrade.
+struct DrainFirst {
+    state: Arc<EdgeState>,
+    delay: std::time::Duration,
+    signals: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Stop>>,
+}
+
+#[async_trait]
+impl pingora::server::ShutdownSignalWatch for DrainFirst {
+    async fn recv(&self) -> pingora::server::ShutdownSignal {
+        use pingora::server::ShutdownSignal;
+        let mut signals = self.signals.lock().await;
+        match signals.recv().await {
+            Some(Stop::Term) | None => {
+                self.state.set_draining();
+                tracing::info!(
+                    delay_s = self.delay.as_secs(),
+                    "SIGTERM: health answers 503; serving for the drain delay"
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(self.delay) => ShutdownSignal::GracefulTerminate,
+                    Some(Stop::Int) = signals.recv() => ShutdownSignal::FastShutdown,
+                }
+            }
+            Some(Stop::Int) => ShutdownSignal::FastShutdown,
+            Some(Stop::Quit) => ShutdownSignal::GracefulUpgrade,
         }
     }
 }

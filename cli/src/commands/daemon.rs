@@ -32,6 +32,9 @@ pub struct RunArgs {
     /// The edge's HTTPS listener, ADDR:PORT [default: 0.0.0.0:443].
     #[arg(long, value_name = "ADDR:PORT")]
     https_listen: Option<String>,
+    /// After SIGTERM, seconds of serving with health 503 before the listeners close [default: 5].
+    #[arg(long, value_name = "SECONDS")]
+    drain_delay: Option<u64>,
     /// Log lines as `text` or `json` [default: text].
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
@@ -58,6 +61,9 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     }
     if let Some(v) = args.https_listen {
         config.https_listen = v;
+    }
+    if let Some(v) = args.drain_delay {
+        config.drain_delay_seconds = v;
     }
     if let Some(v) = args.log_format {
         config.log_format = v;

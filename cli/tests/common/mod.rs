@@ -68,20 +68,27 @@ pub struct Daemon {
     pub http_port: u16,
     /// The edge's HTTPS port on 127.0.0.1.
     pub https_port: u16,
+    /// Seconds the daemon serves with health 503 after SIGTERM (0 in tests unless asked).
+    pub drain_delay: u64,
     child: Option<Child>,
     log: PathBuf,
 }
 
 impl Daemon {
     pub fn start(data_dir: PathBuf, socket: PathBuf) -> Daemon {
+        Daemon::start_with_drain_delay(data_dir, socket, 0)
+    }
+
+    pub fn start_with_drain_delay(data_dir: PathBuf, socket: PathBuf, drain_delay: u64) -> Daemon {
         let log = data_dir.with_extension("log");
-        let (http_port, https_port) = (free_port(), free_port());
-        let child = spawn_daemon(&data_dir, &socket, &log, http_port, https_port);
+        let (http_port, https_port) = two_free_ports();
+        let child = spawn_daemon(&data_dir, &socket, &log, http_port, https_port, drain_delay);
         let mut d = Daemon {
             data_dir,
             socket,
             http_port,
             https_port,
+            drain_delay,
             child: Some(child),
             log,
         };
@@ -134,6 +141,7 @@ impl Daemon {
             &self.log,
             self.http_port,
             self.https_port,
+            self.drain_delay,
         ));
         self.wait_ready();
     }
@@ -151,6 +159,7 @@ impl Daemon {
             &self.log,
             self.http_port,
             self.https_port,
+            self.drain_delay,
         ));
         self.wait_ready();
     }
@@ -168,6 +177,7 @@ fn spawn_daemon(
     log: &Path,
     http_port: u16,
     https_port: u16,
+    drain_delay: u64,
 ) -> Child {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
@@ -183,6 +193,7 @@ fn spawn_daemon(
         .arg(format!("127.0.0.1:{http_port}"))
         .arg("--https-listen")
         .arg(format!("127.0.0.1:{https_port}"))
+        .args(["--drain-delay", &drain_delay.to_string()])
         .env("PLOYZ_LOG", "info")
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
@@ -246,6 +257,16 @@ pub fn json(o: &Output) -> serde_json::Value {
     );
     serde_json::from_slice(&o.stdout)
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", stdout(o)))
+}
+
+/// Two distinct free TCP ports on loopback (both held while choosing, so they differ).
+pub fn two_free_ports() -> (u16, u16) {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    (
+        a.local_addr().unwrap().port(),
+        b.local_addr().unwrap().port(),
+    )
 }
 
 /// A free TCP port on loopback (released before return; a test binds it soon after).
