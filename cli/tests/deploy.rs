@@ -3,21 +3,8 @@
 
 mod common;
 
-use std::process::Output;
-
 use common::*;
 use serde_json::Value;
-
-fn run(lab: &Lab, m: &DockerMachine, args: &[&str]) -> Output {
-    lab.cli()
-        .current_dir(lab.dir.path())
-        .env("PLOYZ_HEALTH_MONITOR_PERIOD", "1")
-        .arg("--connect")
-        .arg(m.daemon.connect_url())
-        .args(args)
-        .output()
-        .unwrap()
-}
 
 fn compose(lab: &Lab, text: &str) {
     std::fs::write(lab.path("compose.yaml"), text.replace("IMAGE", TEST_IMAGE)).unwrap();

@@ -7,17 +7,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn run(lab: &Lab, m: &DockerMachine, args: &[&str]) -> std::process::Output {
-    lab.cli()
-        .current_dir(lab.dir.path())
-        .env("PLOYZ_HEALTH_MONITOR_PERIOD", "1")
-        .arg("--connect")
-        .arg(m.daemon.connect_url())
-        .args(args)
-        .output()
-        .unwrap()
-}
-
 /// Bodies answered for `host` over `n` requests.
 fn bodies(port: u16, host: &str, n: usize) -> BTreeSet<String> {
     (0..n)

@@ -447,11 +447,24 @@ impl MachineDocker {
             .await?;
         let name = format!("{}-{}", spec.name, random_suffix());
         let body = self.service_container_body(service_id, spec, &name);
+        let created_id = self.create_and_start(&name, body, spec).await?;
+        self.observe_container(&created_id)
+            .await?
+            .ok_or(DockerError::NoSuchContainer(created_id))
+    }
+
+    /// Creates a container named `name`, copies the spec's configs in, starts it; its ID.
+    async fn create_and_start(
+        &self,
+        name: &str,
+        body: ContainerCreateBody,
+        spec: &ServiceSpec,
+    ) -> Result<String, DockerError> {
         let created = self
             .api()
             .await?
             .create_container(
-                Some(CreateContainerOptionsBuilder::default().name(&name).build()),
+                Some(CreateContainerOptionsBuilder::default().name(name).build()),
                 body,
             )
             .await
@@ -464,9 +477,7 @@ impl MachineDocker {
             .start_container(&created.id, None)
             .await
             .map_err(|e| self.classify(e))?;
-        self.observe_container(&created.id)
-            .await?
-            .ok_or_else(|| DockerError::NoSuchContainer(created.id.clone()))
+        Ok(created.id)
     }
 
     fn common_labels(&self, service_id: &ServiceId, spec: &ServiceSpec) -> HashMap<String, String> {
@@ -855,29 +866,13 @@ impl MachineDocker {
             }),
             ..Default::default()
         };
-        let created = self
-            .api()
-            .await?
-            .create_container(
-                Some(CreateContainerOptionsBuilder::default().name(&name).build()),
-                body,
-            )
-            .await
-            .map_err(|e| self.classify(e))?;
-        if !spec.container.configs.is_empty() {
-            self.copy_configs(&created.id, spec).await?;
-        }
-        self.api()
-            .await?
-            .start_container(&created.id, None)
-            .await
-            .map_err(|e| self.classify(e))?;
+        let created_id = self.create_and_start(&name, body, spec).await?;
         let deadline = tokio::time::Instant::now() + Duration::from_millis(hook.timeout_ms);
         let exit_code = loop {
             let c = self
                 .api()
                 .await?
-                .inspect_container(&created.id, None)
+                .inspect_container(&created_id, None)
                 .await
                 .map_err(|e| self.classify(e))?;
             let state = c.state.unwrap_or_default();
@@ -887,18 +882,17 @@ impl MachineDocker {
                 break state.exit_code;
             }
             if tokio::time::Instant::now() >= deadline {
-                self.stop(&created.id, Some(Duration::from_secs(5))).await?;
+                self.stop(&created_id, Some(Duration::from_secs(5))).await?;
                 break None;
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         };
-        let logs = self.tail_logs(&created.id, 20).await.unwrap_or_default();
+        let logs = self.tail_logs(&created_id, 20).await.unwrap_or_default();
         Ok(HookResult {
             container: ContainerRef {
-                id: created
-                    .id
+                id: created_id
                     .parse()
-                    .map_err(|_| DockerError::NoSuchContainer(created.id.clone()))?,
+                    .map_err(|_| DockerError::NoSuchContainer(created_id.clone()))?,
                 name,
             },
             exit_code,

@@ -130,6 +130,22 @@ pub struct Flow {
     pub execute: ExecuteOptions,
 }
 
+impl Flow {
+    /// A Deploy that asks (unless `yes`), with default planning and monitoring.
+    pub fn confirmed(yes: bool) -> Flow {
+        Flow {
+            yes,
+            dry_run: false,
+            json: false,
+            plan: PlanOptions {
+                recreate: false,
+                seed: rand_seed(),
+            },
+            execute: monitor_defaults(),
+        }
+    }
+}
+
 /// Execute options with `PLOYZ_HEALTH_MONITOR_PERIOD` (seconds) applied.
 pub fn monitor_defaults() -> ExecuteOptions {
     let mut opts = ExecuteOptions::default();

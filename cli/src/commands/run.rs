@@ -152,15 +152,6 @@ pub async fn run(global: &GlobalArgs, args: RunArgs) -> anyhow::Result<()> {
     }
     let intent = DeployIntent::all(vec![spec], vec![]);
     let mut client = super::connect(global).await?;
-    let flow = super::deploy::Flow {
-        yes: args.yes,
-        dry_run: false,
-        json: false,
-        plan: ployz_orchestrator::plan::PlanOptions {
-            recreate: false,
-            seed: super::deploy::rand_seed(),
-        },
-        execute: super::deploy::monitor_defaults(),
-    };
+    let flow = super::deploy::Flow::confirmed(args.yes);
     super::deploy::deploy_intent(&mut client, &intent, warnings, &flow).await
 }

@@ -488,15 +488,6 @@ pub async fn scale(global: &GlobalArgs, args: ScaleArgs) -> anyhow::Result<()> {
     }
     spec.replicas = args.replicas;
     let intent = DeployIntent::all(vec![spec], vec![]);
-    let flow = super::deploy::Flow {
-        yes: args.yes,
-        dry_run: false,
-        json: false,
-        plan: ployz_orchestrator::plan::PlanOptions {
-            recreate: false,
-            seed: super::deploy::rand_seed(),
-        },
-        execute: super::deploy::monitor_defaults(),
-    };
+    let flow = super::deploy::Flow::confirmed(args.yes);
     super::deploy::deploy_intent(&mut client, &intent, vec![], &flow).await
 }

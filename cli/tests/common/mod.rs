@@ -392,3 +392,15 @@ pub fn http_get(port: u16, host: &str, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// Runs the CLI against `m` from the lab directory, with a 1 s monitor window.
+pub fn run(lab: &Lab, m: &DockerMachine, args: &[&str]) -> Output {
+    lab.cli()
+        .current_dir(lab.dir.path())
+        .env("PLOYZ_HEALTH_MONITOR_PERIOD", "1")
+        .arg("--connect")
+        .arg(m.daemon.connect_url())
+        .args(args)
+        .output()
+        .unwrap()
+}
