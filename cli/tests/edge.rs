@@ -83,6 +83,27 @@ services:
     let ls = stdout(&run(&lab, &m, &["ls"]));
     assert!(ls.contains("http://app.test.localhost"), "{ls}");
 
+    // Metrics count what the edge answered.
+    let (status, metrics) = http_get(m.daemon.metrics_port, "x", "/metrics");
+    assert_eq!(status, 200);
+    let count = |code: &str| -> u64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("ployz_edge_requests_total{{code=\"{code}\"}}")))
+            .and_then(|l| l.split_whitespace().last()?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(count("2xx") >= 6, "{metrics}");
+    assert!(count("4xx") >= 1, "{metrics}");
+    assert!(
+        metrics.contains("ployz_edge_route_table_hostnames 1"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("ployz_edge_route_table_generation 0\n"),
+        "{metrics}"
+    );
+
     // A container that turns unhealthy stops receiving requests.
     let sick = names.iter().next().unwrap().clone();
     let healthy: BTreeSet<String> = names.iter().filter(|n| **n != sick).cloned().collect();

@@ -19,6 +19,8 @@ pub const DEFAULT_SOCKET_GROUP: &str = "ployz";
 pub const DEFAULT_HTTP_LISTEN: &str = "0.0.0.0:80";
 /// The edge's HTTPS listener unless told otherwise.
 pub const DEFAULT_HTTPS_LISTEN: &str = "0.0.0.0:443";
+/// The metrics listener unless told otherwise (loopback: metrics are not public).
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:51090";
 
 /// How log lines are written to stderr.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -59,6 +61,8 @@ pub struct DaemonConfig {
     pub http_listen: String,
     /// The edge's HTTPS listener.
     pub https_listen: String,
+    /// Prometheus metrics (`GET /metrics`).
+    pub metrics_listen: String,
     /// After SIGTERM, how long the edge keeps serving with its health endpoint answering 503,
     /// so load balancers take this Machine out before its listeners close.
     pub drain_delay_seconds: u64,
@@ -78,6 +82,7 @@ impl Default for DaemonConfig {
             docker_host: None,
             http_listen: DEFAULT_HTTP_LISTEN.into(),
             https_listen: DEFAULT_HTTPS_LISTEN.into(),
+            metrics_listen: DEFAULT_METRICS_LISTEN.into(),
             drain_delay_seconds: 5,
             shutdown_grace_seconds: 0,
             shutdown_timeout_seconds: 5,
@@ -96,6 +101,7 @@ pub struct DaemonConfigFile {
     pub docker_host: Option<String>,
     pub http_listen: Option<String>,
     pub https_listen: Option<String>,
+    pub metrics_listen: Option<String>,
     pub shutdown: Option<ShutdownSection>,
 }
 
@@ -143,6 +149,9 @@ impl DaemonConfigFile {
         }
         if let Some(v) = self.https_listen {
             config.https_listen = v;
+        }
+        if let Some(v) = self.metrics_listen {
+            config.metrics_listen = v;
         }
         if let Some(s) = self.shutdown {
             if let Some(v) = s.drain_delay_seconds {

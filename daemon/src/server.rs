@@ -12,7 +12,7 @@ use pingora::server::configuration::ServerConf;
 use pingora::server::{RunArgs, Server, ShutdownWatch};
 use pingora::services::background::{background_service, BackgroundService};
 
-use ployz_edge::{CertificateResolver, EdgeProxy, EdgeState, RouteController};
+use ployz_edge::{CertificateResolver, EdgeMetrics, EdgeProxy, EdgeState, RouteController};
 
 use crate::api;
 use crate::config::{DaemonConfig, LogFormat};
@@ -42,6 +42,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         .with_context(|| format!("cannot create {}", runtime_dir.display()))?;
     let http_listen = listen_addr("http_listen", &config.http_listen)?;
     let https_listen = listen_addr("https_listen", &config.https_listen)?;
+    let metrics_listen = listen_addr("metrics_listen", &config.metrics_listen)?;
     let conf = ServerConf {
         pid_file: runtime_dir.join("ployz.pid").display().to_string(),
         upgrade_sock: runtime_dir.join("upgrade.sock").display().to_string(),
@@ -56,11 +57,13 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let edge_state = Arc::new(EdgeState::default());
     let edge_state_for_signal = edge_state.clone();
     let certificates = CertificateResolver::default();
+    let metrics = Arc::new(EdgeMetrics::default());
     let mut edge = pingora::proxy::http_proxy_service_with_name(
         &server.configuration,
         EdgeProxy::new(
             routes.clone(),
             edge_state.clone(),
+            metrics.clone(),
             Some(https_listen.port()),
         ),
         "edge",
@@ -86,6 +89,14 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         ApiService {
             listener: Mutex::new(Some(listener)),
             machine: machine.clone(),
+            routes: routes.clone(),
+        },
+    ));
+    server.add_service(background_service(
+        "metrics",
+        MetricsService {
+            addr: metrics_listen,
+            metrics,
             routes: routes.clone(),
         },
     ));
@@ -302,6 +313,50 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
             }
             Some(Stop::Int) => ShutdownSignal::FastShutdown,
             Some(Stop::Quit) => ShutdownSignal::GracefulUpgrade,
+        }
+    }
+}
+
+/// Serves `GET /metrics` (Prometheus text format) on the metrics listener.
+struct MetricsService {
+    addr: std::net::SocketAddr,
+    metrics: Arc<EdgeMetrics>,
+    routes: RouteController,
+}
+
+#[async_trait]
+impl BackgroundService for MetricsService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let listener = match tokio::net::TcpListener::bind(self.addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(addr = %self.addr, error = %e, "metrics listener cannot bind");
+                return;
+            }
+        };
+        let metrics = self.metrics.clone();
+        let routes = self.routes.clone();
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let metrics = metrics.clone();
+                let routes = routes.clone();
+                async move {
+                    let table = routes.table().load();
+                    (
+                        [("content-type", "text/plain; version=0.0.4")],
+                        metrics.render(table.generation(), table.len()),
+                    )
+                }
+            }),
+        );
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = shutdown.changed().await;
+            })
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "metrics listener stopped");
         }
     }
 }

@@ -15,10 +15,12 @@
 
 pub mod certificates;
 pub mod controller;
+pub mod metrics;
 pub mod proxy;
 pub mod route_table;
 
 pub use certificates::CertificateResolver;
 pub use controller::{draining_key, RouteController, DRAINING_NAMESPACE};
+pub use metrics::EdgeMetrics;
 pub use proxy::{EdgeProxy, EdgeState};
 pub use route_table::{Route, RouteTable, Upstream};

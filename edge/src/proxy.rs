@@ -62,6 +62,7 @@ impl EdgeState {
 pub struct EdgeProxy {
     routes: RouteController,
     state: Arc<EdgeState>,
+    metrics: Arc<crate::EdgeMetrics>,
     /// The HTTPS listener's port, for redirects (omitted from the URL when 443).
     https_port: Option<u16>,
     /// Milliseconds are measured from here (cheap, monotonic).
@@ -82,11 +83,13 @@ impl EdgeProxy {
     pub fn new(
         routes: RouteController,
         state: Arc<EdgeState>,
+        metrics: Arc<crate::EdgeMetrics>,
         https_port: Option<u16>,
     ) -> EdgeProxy {
         EdgeProxy {
             routes,
             state,
+            metrics,
             https_port,
             epoch: Instant::now(),
         }
@@ -289,6 +292,9 @@ impl ProxyHttp for EdgeProxy {
             .response_written()
             .map(|r| r.status.as_u16())
             .unwrap_or(0);
+        let elapsed = ctx.start.elapsed().as_secs_f64();
+        self.metrics
+            .observe(status, elapsed, e.is_some() && ctx.tries > 0);
         let upstream = match (&ctx.route, ctx.tries) {
             (Some(r), n) if n > 0 => r
                 .upstreams
@@ -305,7 +311,7 @@ impl ProxyHttp for EdgeProxy {
             status,
             upstream,
             tries = ctx.tries,
-            ms = ctx.start.elapsed().as_secs_f64() * 1000.0,
+            ms = elapsed * 1000.0,
             error = e.map(|e| e.to_string()).unwrap_or_default(),
         );
     }

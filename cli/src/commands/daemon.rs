@@ -32,6 +32,9 @@ pub struct RunArgs {
     /// The edge's HTTPS listener, ADDR:PORT [default: 0.0.0.0:443].
     #[arg(long, value_name = "ADDR:PORT")]
     https_listen: Option<String>,
+    /// Prometheus metrics listener, ADDR:PORT [default: 127.0.0.1:51090].
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_listen: Option<String>,
     /// After SIGTERM, seconds of serving with health 503 before the listeners close [default: 5].
     #[arg(long, value_name = "SECONDS")]
     drain_delay: Option<u64>,
@@ -61,6 +64,9 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     }
     if let Some(v) = args.https_listen {
         config.https_listen = v;
+    }
+    if let Some(v) = args.metrics_listen {
+        config.metrics_listen = v;
     }
     if let Some(v) = args.drain_delay {
         config.drain_delay_seconds = v;

@@ -68,6 +68,8 @@ pub struct Daemon {
     pub http_port: u16,
     /// The edge's HTTPS port on 127.0.0.1.
     pub https_port: u16,
+    /// The metrics port on 127.0.0.1.
+    pub metrics_port: u16,
     /// Seconds the daemon serves with health 503 after SIGTERM (0 in tests unless asked).
     pub drain_delay: u64,
     child: Option<Child>,
@@ -81,13 +83,15 @@ impl Daemon {
 
     pub fn start_with_drain_delay(data_dir: PathBuf, socket: PathBuf, drain_delay: u64) -> Daemon {
         let log = data_dir.with_extension("log");
-        let (http_port, https_port) = two_free_ports();
-        let child = spawn_daemon(&data_dir, &socket, &log, http_port, https_port, drain_delay);
+        let [http_port, https_port, metrics_port] = free_ports();
+        let ports = [http_port, https_port, metrics_port];
+        let child = spawn_daemon(&data_dir, &socket, &log, ports, drain_delay);
         let mut d = Daemon {
             data_dir,
             socket,
             http_port,
             https_port,
+            metrics_port,
             drain_delay,
             child: Some(child),
             log,
@@ -139,8 +143,7 @@ impl Daemon {
             &self.data_dir,
             &self.socket,
             &self.log,
-            self.http_port,
-            self.https_port,
+            [self.http_port, self.https_port, self.metrics_port],
             self.drain_delay,
         ));
         self.wait_ready();
@@ -157,8 +160,7 @@ impl Daemon {
             &self.data_dir,
             &self.socket,
             &self.log,
-            self.http_port,
-            self.https_port,
+            [self.http_port, self.https_port, self.metrics_port],
             self.drain_delay,
         ));
         self.wait_ready();
@@ -175,8 +177,7 @@ fn spawn_daemon(
     data_dir: &Path,
     socket: &Path,
     log: &Path,
-    http_port: u16,
-    https_port: u16,
+    [http_port, https_port, metrics_port]: [u16; 3],
     drain_delay: u64,
 ) -> Child {
     let log_file = std::fs::OpenOptions::new()
@@ -193,6 +194,8 @@ fn spawn_daemon(
         .arg(format!("127.0.0.1:{http_port}"))
         .arg("--https-listen")
         .arg(format!("127.0.0.1:{https_port}"))
+        .arg("--metrics-listen")
+        .arg(format!("127.0.0.1:{metrics_port}"))
         .args(["--drain-delay", &drain_delay.to_string()])
         .env("PLOYZ_LOG", "info")
         .stdin(Stdio::null())
@@ -259,14 +262,12 @@ pub fn json(o: &Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", stdout(o)))
 }
 
-/// Two distinct free TCP ports on loopback (both held while choosing, so they differ).
-pub fn two_free_ports() -> (u16, u16) {
-    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    (
-        a.local_addr().unwrap().port(),
-        b.local_addr().unwrap().port(),
-    )
+/// Distinct free TCP ports on loopback (all held while choosing, so they differ).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<std::net::TcpListener> = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
 }
 
 /// A free TCP port on loopback (released before return; a test binds it soon after).
