@@ -63,6 +63,12 @@ pub struct DaemonConfig {
     pub https_listen: String,
     /// Prometheus metrics (`GET /metrics`).
     pub metrics_listen: String,
+    /// Header bytes per request before 431.
+    pub max_header_bytes: usize,
+    /// Request target bytes before 414.
+    pub max_uri_bytes: usize,
+    /// Request body bytes before 413; `None`: unlimited.
+    pub max_body_bytes: Option<u64>,
     /// After SIGTERM, how long the edge keeps serving with its health endpoint answering 503,
     /// so load balancers take this Machine out before its listeners close.
     pub drain_delay_seconds: u64,
@@ -83,6 +89,9 @@ impl Default for DaemonConfig {
             http_listen: DEFAULT_HTTP_LISTEN.into(),
             https_listen: DEFAULT_HTTPS_LISTEN.into(),
             metrics_listen: DEFAULT_METRICS_LISTEN.into(),
+            max_header_bytes: 16 * 1024,
+            max_uri_bytes: 8 * 1024,
+            max_body_bytes: None,
             drain_delay_seconds: 5,
             shutdown_grace_seconds: 0,
             shutdown_timeout_seconds: 5,
@@ -102,7 +111,17 @@ pub struct DaemonConfigFile {
     pub http_listen: Option<String>,
     pub https_listen: Option<String>,
     pub metrics_listen: Option<String>,
+    pub limits: Option<LimitsSection>,
     pub shutdown: Option<ShutdownSection>,
+}
+
+/// `[limits]` in the TOML file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    pub max_header_bytes: Option<usize>,
+    pub max_uri_bytes: Option<usize>,
+    pub max_body_bytes: Option<u64>,
 }
 
 /// `[shutdown]` in the TOML file.
@@ -152,6 +171,17 @@ impl DaemonConfigFile {
         }
         if let Some(v) = self.metrics_listen {
             config.metrics_listen = v;
+        }
+        if let Some(l) = self.limits {
+            if let Some(v) = l.max_header_bytes {
+                config.max_header_bytes = v;
+            }
+            if let Some(v) = l.max_uri_bytes {
+                config.max_uri_bytes = v;
+            }
+            if let Some(v) = l.max_body_bytes {
+                config.max_body_bytes = (v > 0).then_some(v);
+            }
         }
         if let Some(s) = self.shutdown {
             if let Some(v) = s.drain_delay_seconds {

@@ -65,6 +65,11 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             edge_state.clone(),
             metrics.clone(),
             Some(https_listen.port()),
+            ployz_edge::EdgeLimits {
+                max_header_bytes: config.max_header_bytes,
+                max_uri_bytes: config.max_uri_bytes,
+                max_body_bytes: config.max_body_bytes,
+            },
         ),
         "edge",
     );

@@ -22,5 +22,5 @@ pub mod route_table;
 pub use certificates::CertificateResolver;
 pub use controller::{draining_key, RouteController, DRAINING_NAMESPACE};
 pub use metrics::EdgeMetrics;
-pub use proxy::{EdgeProxy, EdgeState};
+pub use proxy::{EdgeLimits, EdgeProxy, EdgeState};
 pub use route_table::{Route, RouteTable, Upstream};

@@ -58,8 +58,30 @@ impl EdgeState {
     }
 }
 
+/// Request limits the edge enforces before any upstream work.
+#[derive(Debug, Clone, Copy)]
+pub struct EdgeLimits {
+    /// All header names and values together, bytes; more gets 431.
+    pub max_header_bytes: usize,
+    /// The request target (path and query), bytes; longer gets 414.
+    pub max_uri_bytes: usize,
+    /// The request body, bytes; more gets 413. `None`: no limit.
+    pub max_body_bytes: Option<u64>,
+}
+
+impl Default for EdgeLimits {
+    fn default() -> Self {
+        EdgeLimits {
+            max_header_bytes: 16 * 1024,
+            max_uri_bytes: 8 * 1024,
+            max_body_bytes: None,
+        }
+    }
+}
+
 /// The `ProxyHttp` of every Machine's edge.
 pub struct EdgeProxy {
+    limits: EdgeLimits,
     routes: RouteController,
     state: Arc<EdgeState>,
     metrics: Arc<crate::EdgeMetrics>,
@@ -72,6 +94,8 @@ pub struct EdgeProxy {
 /// Per-request state: the matched route and the upstreams tried.
 pub struct EdgeCtx {
     route: Option<Arc<Route>>,
+    /// Request body bytes seen so far.
+    body_bytes: u64,
     /// The in-flight counter of the upstream this request currently holds.
     active: Option<Arc<std::sync::atomic::AtomicUsize>>,
     tried: [usize; MAX_TRIES],
@@ -85,8 +109,10 @@ impl EdgeProxy {
         state: Arc<EdgeState>,
         metrics: Arc<crate::EdgeMetrics>,
         https_port: Option<u16>,
+        limits: EdgeLimits,
     ) -> EdgeProxy {
         EdgeProxy {
+            limits,
             routes,
             state,
             metrics,
@@ -116,6 +142,15 @@ async fn respond(
         .await
 }
 
+/// Whether raw HTTP/1 header bytes carry a header field `name` (lowercase), any case.
+fn has_header(raw: &[u8], name: &[u8]) -> bool {
+    raw.split(|b| *b == b'\n').skip(1).any(|line| {
+        line.len() > name.len()
+            && line[name.len()] == b':'
+            && line[..name.len()].eq_ignore_ascii_case(name)
+    })
+}
+
 fn is_tls(session: &Session) -> bool {
     session
         .digest()
@@ -138,6 +173,7 @@ impl ProxyHttp for EdgeProxy {
     fn new_ctx(&self) -> EdgeCtx {
         EdgeCtx {
             route: None,
+            body_bytes: 0,
             active: None,
             tried: [usize::MAX; MAX_TRIES],
             tries: 0,
@@ -148,6 +184,78 @@ impl ProxyHttp for EdgeProxy {
     /// Answers the machine paths, then matches the Host; an unknown host gets 404 here, before
     /// any upstream work.
     async fn request_filter(&self, session: &mut Session, ctx: &mut EdgeCtx) -> Result<bool> {
+        let req = session.req_header();
+        let uri_len = req.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
+        if uri_len > self.limits.max_uri_bytes {
+            respond(
+                session,
+                414,
+                "text/plain",
+                "request target too long\n".into(),
+            )
+            .await?;
+            return Ok(true);
+        }
+        let header_bytes: usize = req
+            .headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 4)
+            .sum();
+        if header_bytes > self.limits.max_header_bytes {
+            respond(
+                session,
+                431,
+                "text/plain",
+                "request header fields too large\n".into(),
+            )
+            .await?;
+            return Ok(true);
+        }
+        // Ambiguous framing is a smuggling vector: refuse it instead of picking a reading. Pingora
+        // drops Content-Length when Transfer-Encoding is present, so look at the raw header too.
+        let lengths: Vec<&[u8]> = req
+            .headers
+            .get_all("content-length")
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
+        let chunked = req.headers.contains_key("transfer-encoding");
+        let raw_has_length = chunked
+            && session
+                .as_downstream()
+                .as_http1()
+                .is_some_and(|h1| has_header(&h1.get_headers_raw_bytes(), b"content-length"));
+        if raw_has_length
+            || (chunked && !lengths.is_empty())
+            || lengths.windows(2).any(|w| w[0] != w[1])
+        {
+            respond(
+                session,
+                400,
+                "text/plain",
+                "ambiguous message framing\n".into(),
+            )
+            .await?;
+            return Ok(true);
+        }
+        let req = session.req_header();
+        if let Some(limit) = self.limits.max_body_bytes {
+            let declared = req
+                .headers
+                .get("content-length")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            if declared.is_some_and(|n| n > limit) {
+                respond(
+                    session,
+                    413,
+                    "text/plain",
+                    "request body too large\n".into(),
+                )
+                .await?;
+                return Ok(true);
+            }
+        }
         let path = session.req_header().uri.path();
         if path == "/.ployz/health" {
             let (status, body) = self.state.health();
@@ -202,6 +310,26 @@ impl ProxyHttp for EdgeProxy {
                 Ok(true)
             }
         }
+    }
+
+    /// Counts chunked bodies against the limit a Content-Length check cannot see.
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut EdgeCtx,
+    ) -> Result<()> {
+        if let (Some(limit), Some(chunk)) = (self.limits.max_body_bytes, body.as_ref()) {
+            ctx.body_bytes += chunk.len() as u64;
+            if ctx.body_bytes > limit {
+                return Err(Error::explain(
+                    ErrorType::HTTPStatus(413),
+                    "request body too large",
+                ));
+            }
+        }
+        Ok(())
     }
 
     async fn upstream_peer(

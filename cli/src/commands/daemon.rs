@@ -35,6 +35,9 @@ pub struct RunArgs {
     /// Prometheus metrics listener, ADDR:PORT [default: 127.0.0.1:51090].
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_listen: Option<String>,
+    /// Largest request body the edge accepts, bytes (0: no limit) [default: 0].
+    #[arg(long, value_name = "BYTES")]
+    max_body_bytes: Option<u64>,
     /// After SIGTERM, seconds of serving with health 503 before the listeners close [default: 5].
     #[arg(long, value_name = "SECONDS")]
     drain_delay: Option<u64>,
@@ -67,6 +70,9 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     }
     if let Some(v) = args.metrics_listen {
         config.metrics_listen = v;
+    }
+    if let Some(v) = args.max_body_bytes {
+        config.max_body_bytes = (v > 0).then_some(v);
     }
     if let Some(v) = args.drain_delay {
         config.drain_delay_seconds = v;

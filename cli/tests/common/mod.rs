@@ -111,7 +111,9 @@ impl Daemon {
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
+                && std::net::TcpStream::connect(("127.0.0.1", self.http_port)).is_ok()
+            {
                 return;
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
@@ -197,6 +199,7 @@ fn spawn_daemon(
         .arg("--metrics-listen")
         .arg(format!("127.0.0.1:{metrics_port}"))
         .args(["--drain-delay", &drain_delay.to_string()])
+        .args(["--max-body-bytes", "1048576"])
         .env("PLOYZ_LOG", "info")
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
