@@ -488,3 +488,62 @@ services:
         );
     }
 }
+
+#[test]
+fn websocket_upgrades_pass_through_both_ways() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "edge4");
+    std::fs::write(
+        lab.path("compose.yaml"),
+        format!(
+            r#"
+services:
+  ws:
+    image: {TEST_IMAGE}
+    command:
+      - sh
+      - -c
+      - |
+        printf '#!/bin/sh\nwhile read -r line; do\n  line=$$(printf "%%s" "$$line" | tr -d "\\r")\n  [ -z "$$line" ] && break\ndone\nprintf "HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\n\\r\\n"\nexec cat\n' > /bin/upgrade
+        chmod +x /bin/upgrade
+        while true; do nc -l -p 8080 -e /bin/upgrade; done
+    x-ports:
+      - ws.test.localhost:8080/http
+"#
+        ),
+    )
+    .unwrap();
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", m.daemon.http_port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "GET /ws HTTP/1.1\r\nHost: ws.test.localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).to_string();
+        if !head.starts_with("HTTP/1.1 101") {
+            assert!(Instant::now() < deadline, "no upgrade: {head}");
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        // Bytes flow both ways after the upgrade.
+        for msg in ["ping-1\n", "ping-2 with more bytes\n"] {
+            s.write_all(msg.as_bytes()).unwrap();
+            let mut echo = vec![0u8; msg.len()];
+            s.read_exact(&mut echo).unwrap();
+            assert_eq!(String::from_utf8_lossy(&echo), msg);
+        }
+        break;
+    }
+}
