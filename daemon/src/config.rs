@@ -69,6 +69,8 @@ pub struct DaemonConfig {
     pub max_uri_bytes: usize,
     /// Request body bytes before 413; `None`: unlimited.
     pub max_body_bytes: Option<u64>,
+    /// One access-log line per edge request.
+    pub access_log: bool,
     /// After SIGTERM, how long the edge keeps serving with its health endpoint answering 503,
     /// so load balancers take this Machine out before its listeners close.
     pub drain_delay_seconds: u64,
@@ -92,6 +94,7 @@ impl Default for DaemonConfig {
             max_header_bytes: 16 * 1024,
             max_uri_bytes: 8 * 1024,
             max_body_bytes: None,
+            access_log: true,
             drain_delay_seconds: 5,
             shutdown_grace_seconds: 0,
             shutdown_timeout_seconds: 5,
@@ -111,6 +114,7 @@ pub struct DaemonConfigFile {
     pub http_listen: Option<String>,
     pub https_listen: Option<String>,
     pub metrics_listen: Option<String>,
+    pub access_log: Option<bool>,
     pub limits: Option<LimitsSection>,
     pub shutdown: Option<ShutdownSection>,
 }
@@ -171,6 +175,9 @@ impl DaemonConfigFile {
         }
         if let Some(v) = self.metrics_listen {
             config.metrics_listen = v;
+        }
+        if let Some(v) = self.access_log {
+            config.access_log = v;
         }
         if let Some(l) = self.limits {
             if let Some(v) = l.max_header_bytes {

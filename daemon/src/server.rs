@@ -69,6 +69,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
                 max_header_bytes: config.max_header_bytes,
                 max_uri_bytes: config.max_uri_bytes,
                 max_body_bytes: config.max_body_bytes,
+                access_log: config.access_log,
             },
         ),
         "edge",
@@ -418,6 +419,58 @@ impl BackgroundService for RouteService {
         );
         self.state.set_draining();
     }
+}
+
+/// Runs the edge alone, with fixed routes and no Machine, store or API: for side-by-side
+/// benchmarks and for debugging the proxy in isolation. Blocks until SIGTERM or SIGINT.
+pub fn run_edge_alone(
+    http_listen: &str,
+    routes: Vec<(String, Vec<std::net::SocketAddr>)>,
+    threads: usize,
+    access_log: bool,
+) -> anyhow::Result<()> {
+    init_logging(LogFormat::Text);
+    let signals = listen_for_signals()?;
+    let listen = listen_addr("http_listen", http_listen)?;
+    let runtime_dir = std::env::temp_dir().join(format!("ployz-edge-{}", std::process::id()));
+    std::fs::create_dir_all(&runtime_dir)?;
+    let conf = ServerConf {
+        pid_file: runtime_dir.join("ployz.pid").display().to_string(),
+        upgrade_sock: runtime_dir.join("upgrade.sock").display().to_string(),
+        threads,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let state = Arc::new(EdgeState::default());
+    state.set_participating("edge-alone");
+    let mut edge = pingora::proxy::http_proxy_service_with_name(
+        &server.configuration,
+        EdgeProxy::new(
+            RouteController::fixed(ployz_edge::RouteTable::from_static(&routes)),
+            state.clone(),
+            Arc::new(EdgeMetrics::default()),
+            None,
+            ployz_edge::EdgeLimits {
+                access_log,
+                ..Default::default()
+            },
+        ),
+        "edge",
+    );
+    edge.add_tcp(&listen.to_string());
+    server.add_service(edge);
+    server.run(RunArgs {
+        shutdown_signal: Box::new(DrainFirst {
+            state,
+            delay: std::time::Duration::ZERO,
+            signals: tokio::sync::Mutex::new(signals),
+        }),
+    });
+    let _ = std::fs::remove_dir_all(&runtime_dir);
+    Ok(())
 }
 
 #[cfg(test)]

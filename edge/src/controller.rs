@@ -61,6 +61,13 @@ impl RouteController {
         RouteController::default()
     }
 
+    /// A controller publishing a fixed table (the edge alone).
+    pub fn fixed(table: RouteTable) -> RouteController {
+        let c = RouteController::default();
+        c.table.store(Arc::new(table));
+        c
+    }
+
     /// The published table, for the hot path: one atomic load.
     pub fn table(&self) -> &Arc<ArcSwap<RouteTable>> {
         &self.table

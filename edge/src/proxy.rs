@@ -67,6 +67,8 @@ pub struct EdgeLimits {
     pub max_uri_bytes: usize,
     /// The request body, bytes; more gets 413. `None`: no limit.
     pub max_body_bytes: Option<u64>,
+    /// Write one access-log line per request.
+    pub access_log: bool,
 }
 
 impl Default for EdgeLimits {
@@ -75,6 +77,7 @@ impl Default for EdgeLimits {
             max_header_bytes: 16 * 1024,
             max_uri_bytes: 8 * 1024,
             max_body_bytes: None,
+            access_log: true,
         }
     }
 }
@@ -423,6 +426,9 @@ impl ProxyHttp for EdgeProxy {
         let elapsed = ctx.start.elapsed().as_secs_f64();
         self.metrics
             .observe(status, elapsed, e.is_some() && ctx.tries > 0);
+        if !self.limits.access_log {
+            return;
+        }
         let upstream = match (&ctx.route, ctx.tries) {
             (Some(r), n) if n > 0 => r
                 .upstreams

@@ -181,6 +181,39 @@ impl RouteTable {
         RouteTable { generation, routes }
     }
 
+    /// A table of fixed routes, hostname -> upstream addresses (the edge alone, for benchmarks
+    /// and debugging; a Machine's edge builds from observations instead).
+    pub fn from_static(routes: &[(String, Vec<SocketAddr>)]) -> RouteTable {
+        let routes = routes
+            .iter()
+            .map(|(host, addrs)| {
+                let host = host.to_ascii_lowercase();
+                let upstreams: Box<[Upstream]> = addrs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, addr)| Upstream {
+                        addr: *addr,
+                        container_id: format!("{i:064x}").parse().expect("hex"),
+                        local: true,
+                        in_flight: Arc::new(AtomicUsize::new(0)),
+                    })
+                    .collect();
+                let route = Route {
+                    hostname: host.clone().into_boxed_str(),
+                    down_until: upstreams.iter().map(|_| AtomicU64::new(0)).collect(),
+                    upstreams,
+                    https: false,
+                    next: AtomicUsize::new(0),
+                };
+                (host.into_bytes().into_boxed_slice(), Arc::new(route))
+            })
+            .collect();
+        RouteTable {
+            generation: 1,
+            routes,
+        }
+    }
+
     /// The generation that built this table (0 for the empty table at start).
     pub fn generation(&self) -> u64 {
         self.generation

@@ -9,6 +9,25 @@ use ployz_daemon::{DaemonConfig, DaemonConfigFile, LogFormat};
 pub enum DaemonCommand {
     /// Run the daemon in the foreground until SIGTERM (graceful) or SIGINT (fast).
     Run(RunArgs),
+    /// Run only the edge, with fixed routes (benchmarks, debugging).
+    #[command(hide = true)]
+    Edge(EdgeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EdgeArgs {
+    /// HTTP listener, ADDR:PORT.
+    #[arg(long, value_name = "ADDR:PORT")]
+    http_listen: String,
+    /// A fixed route, HOST=ADDR:PORT[,ADDR:PORT...]. Repeatable.
+    #[arg(long = "route", value_name = "HOST=ADDRS", required = true)]
+    routes: Vec<String>,
+    /// Worker threads [default: the number of CPUs].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Do not write an access-log line per request.
+    #[arg(long)]
+    no_access_log: bool,
 }
 
 #[derive(Debug, Args)]
@@ -35,6 +54,9 @@ pub struct RunArgs {
     /// Prometheus metrics listener, ADDR:PORT [default: 127.0.0.1:51090].
     #[arg(long, value_name = "ADDR:PORT")]
     metrics_listen: Option<String>,
+    /// Do not write an access-log line per edge request.
+    #[arg(long)]
+    no_access_log: bool,
     /// Largest request body the edge accepts, bytes (0: no limit) [default: 0].
     #[arg(long, value_name = "BYTES")]
     max_body_bytes: Option<u64>,
@@ -47,7 +69,10 @@ pub struct RunArgs {
 }
 
 pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
-    let DaemonCommand::Run(args) = cmd;
+    let args = match cmd {
+        DaemonCommand::Run(args) => args,
+        DaemonCommand::Edge(args) => return edge(args),
+    };
     let file = match &args.config {
         Some(path) => DaemonConfigFile::load(path)?,
         None => DaemonConfigFile::default(),
@@ -71,6 +96,9 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     if let Some(v) = args.metrics_listen {
         config.metrics_listen = v;
     }
+    if args.no_access_log {
+        config.access_log = false;
+    }
     if let Some(v) = args.max_body_bytes {
         config.max_body_bytes = (v > 0).then_some(v);
     }
@@ -81,4 +109,25 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
         config.log_format = v;
     }
     ployz_daemon::run(config)
+}
+
+fn edge(args: EdgeArgs) -> anyhow::Result<()> {
+    let mut routes = Vec::new();
+    for r in &args.routes {
+        let (host, addrs) = r
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--route '{r}' is not HOST=ADDR:PORT[,ADDR:PORT...]"))?;
+        let addrs = addrs
+            .split(',')
+            .map(|a| {
+                a.parse()
+                    .map_err(|_| anyhow::anyhow!("--route '{r}': '{a}' is not ADDR:PORT"))
+            })
+            .collect::<anyhow::Result<Vec<std::net::SocketAddr>>>()?;
+        routes.push((host.to_owned(), addrs));
+    }
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    ployz_daemon::run_edge_alone(&args.http_listen, routes, threads, !args.no_access_log)
 }
