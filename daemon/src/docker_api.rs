@@ -81,6 +81,23 @@ fn docker(machine: &LocalMachine) -> Result<MachineDocker, DockerFailure> {
     })
 }
 
+/// A JSON body whose every field is optional: empty means all defaults.
+fn optional_body<T: serde::de::DeserializeOwned + Default>(
+    body: &Bytes,
+) -> Result<T, DockerFailure> {
+    if body.is_empty() {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        fail(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            format!("request body is not valid: {e}"),
+            None,
+        )
+    })
+}
+
 fn checked_id(id: &str) -> Result<&str, DockerFailure> {
     if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(fail(
@@ -172,18 +189,7 @@ async fn stop_container(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, DockerFailure> {
-    let req: StopContainerRequest = if body.is_empty() {
-        StopContainerRequest::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            fail(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidArgument,
-                format!("request body is not valid: {e}"),
-                None,
-            )
-        })?
-    };
+    let req: StopContainerRequest = optional_body(&body)?;
     docker(&machine)?
         .stop(
             checked_id(&id)?,
@@ -326,18 +332,7 @@ async fn drain(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, DockerFailure> {
-    let req: ployz_core::api::DrainRequest = if body.is_empty() {
-        Default::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|e| {
-            fail(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidArgument,
-                format!("request body is not valid: {e}"),
-                None,
-            )
-        })?
-    };
+    let req: ployz_core::api::DrainRequest = optional_body(&body)?;
     let d = docker(&s.machine)?;
     let store = s.machine.store().expect("initialised when docker exists");
     let Some(container) = d.observe_container(checked_id(&id)?).await? else {
