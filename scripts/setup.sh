@@ -12,7 +12,7 @@ PLOYZ_APT_PACKAGES=(
   wireguard-tools                    # `wg` reads the mesh's interfaces
   dnsutils                           # dig, for DNS tests
   docker-compose                     # the reference the Compose loader is compared with
-  iproute2 procps psmisc curl ca-certificates
+  iproute2 procps psmisc curl ca-certificates openssl tar
 )
 
 ployz_install_packages() {

@@ -277,7 +277,7 @@ fn a_daemon_killed_mid_deploy_is_finished_by_the_next_deploy() {
         .spawn()
         .unwrap();
     // Wait until the first container exists, then kill the daemon mid-deploy.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while m.docker_containers().is_empty() {
         assert!(
             std::time::Instant::now() < deadline,
