@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use ployz_core::ContainerId;
-use ployz_orchestrator::observer::{stored_observations, CONTAINERS_NAMESPACE};
+use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
 use ployz_store::{Key, KeyPrefix, Store};
 use tokio::sync::watch;
 

@@ -9,34 +9,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use ployz_core::ContainerRuntimeObservation;
+pub use ployz_store::observations::{container_key, stored_observations, CONTAINERS_NAMESPACE};
 use ployz_store::{Key, KeyPrefix, Store};
 use tokio::sync::watch;
 
 use crate::docker::MachineDocker;
 
-/// Store namespace of Container Runtime Observations.
-pub const CONTAINERS_NAMESPACE: &str = "containers";
 /// Debounce window for Docker events.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 /// Full resync period.
 const RESYNC: Duration = Duration::from_secs(30);
-
-/// The record key of one container's observation.
-pub fn container_key(o: &ContainerRuntimeObservation) -> Key {
-    Key::machine(&o.machine_id, CONTAINERS_NAMESPACE, o.id.as_str())
-}
-
-/// Reads every Container Runtime Observation in the store (all Machines'), skipping records
-/// that do not decode.
-pub fn stored_observations(store: &Store) -> Vec<ContainerRuntimeObservation> {
-    store
-        .scan_live(&KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE))
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|r| serde_json::from_slice(&r.value).ok())
-        .collect()
-}
 
 /// Writes what Docker shows now into the store. Returns how many records changed.
 pub async fn resync(docker: &MachineDocker, store: &Arc<Store>) -> Result<usize, String> {

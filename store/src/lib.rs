@@ -20,6 +20,7 @@
 mod error;
 mod hlc;
 mod key;
+pub mod observations;
 mod record;
 mod store;
 mod sync;
