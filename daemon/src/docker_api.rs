@@ -401,7 +401,8 @@ async fn drain(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let drain_deadline = started + Duration::from_secs(req.timeout_seconds.unwrap_or(30));
+    // At most an hour, whatever was asked.
+    let drain_deadline = started + Duration::from_secs(req.timeout_seconds.unwrap_or(30).min(3600));
     let mut left = s.routes.in_flight(&container.id);
     while left > 0 && tokio::time::Instant::now() < drain_deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;

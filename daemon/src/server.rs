@@ -312,9 +312,21 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
                     delay_s = self.delay.as_secs(),
                     "SIGTERM: health answers 503; serving for the drain delay"
                 );
-                tokio::select! {
-                    _ = tokio::time::sleep(self.delay) => ShutdownSignal::GracefulTerminate,
-                    Some(Stop::Int) = signals.recv() => ShutdownSignal::FastShutdown,
+                let delay = tokio::time::sleep(self.delay);
+                tokio::pin!(delay);
+                loop {
+                    tokio::select! {
+                        _ = &mut delay => return ShutdownSignal::GracefulTerminate,
+                        signal = signals.recv() => match signal {
+                            Some(Stop::Int) => return ShutdownSignal::FastShutdown,
+                            // A repeated SIGTERM (or SIGQUIT) changes nothing; keep draining.
+                            Some(_) => continue,
+                            None => {
+                                delay.as_mut().await;
+                                return ShutdownSignal::GracefulTerminate;
+                            }
+                        },
+                    }
                 }
             }
             Some(Stop::Int) => ShutdownSignal::FastShutdown,

@@ -99,7 +99,7 @@ pub struct RouteTable {
 }
 
 /// What decides a route table's content; equal fingerprints mean an identical table.
-pub type Fingerprint = Vec<(String, bool, Vec<(SocketAddr, bool)>)>;
+pub type Fingerprint = Vec<(String, bool, Vec<(SocketAddr, ContainerId, bool)>)>;
 
 /// Lowercases `host` into `buf` without its `:port` and trailing dot; `None` if it cannot be
 /// a hostname (empty, too long).
@@ -150,7 +150,7 @@ impl RouteTable {
                     continue;
                 };
                 let entry = by_host
-                    .entry(host.to_ascii_lowercase())
+                    .entry(host.trim_end_matches('.').to_ascii_lowercase())
                     .or_insert_with(|| (false, Vec::new()));
                 entry.0 |= *protocol == IngressProtocol::Https;
                 let up = Upstream {
@@ -259,7 +259,10 @@ impl RouteTable {
                 (
                     r.hostname.to_string(),
                     r.https,
-                    r.upstreams.iter().map(|u| (u.addr, u.local)).collect(),
+                    r.upstreams
+                        .iter()
+                        .map(|u| (u.addr, u.container_id.clone(), u.local))
+                        .collect(),
                 )
             })
             .collect();

@@ -252,10 +252,7 @@ async fn run_operation<T: DeployTarget>(
                     .drain_container(machine_id, old)
                     .await
                     .map_err(Failure::because)?;
-                target
-                    .stop_container(machine_id, old)
-                    .await
-                    .map_err(Failure::because)?;
+                stop_drained(target, machine_id, old).await?;
                 target
                     .remove_container(machine_id, old)
                     .await
@@ -273,10 +270,7 @@ async fn run_operation<T: DeployTarget>(
                         .await
                         .map_err(Failure::because)?;
                 }
-                target
-                    .stop_container(machine_id, old)
-                    .await
-                    .map_err(Failure::because)?;
+                stop_drained(target, machine_id, old).await?;
                 match run_and_monitor(target, machine_id, service_id, spec, opts).await {
                     Ok(new) => {
                         target
@@ -324,6 +318,29 @@ async fn run_operation<T: DeployTarget>(
             Ok(None)
         }
     }
+}
+
+/// Stops a drained container; if that fails, lifts the drain mark so it serves again.
+async fn stop_drained<T: DeployTarget>(
+    target: &mut T,
+    machine: &MachineId,
+    container: &ContainerRef,
+) -> Result<(), Failure> {
+    if let Err(reason) = target.stop_container(machine, container).await {
+        let error = target.undrain_container(machine, container).await.err();
+        return Err(Failure {
+            reason,
+            container: None,
+            compensation: Some(Compensation {
+                action: format!(
+                    "lifted the drain mark of {} (it could not be stopped)",
+                    container.name
+                ),
+                error,
+            }),
+        });
+    }
+    Ok(())
 }
 
 async fn drain_if_running<T: DeployTarget>(
@@ -393,10 +410,16 @@ async fn monitor<T: DeployTarget>(
             let retries = u64::from(hc.retries.unwrap_or(3));
             let start = hc.start_period_ms.unwrap_or(0);
             window.max(Duration::from_millis(
-                start + (interval + timeout) * (retries + 1),
+                start.saturating_add(
+                    interval
+                        .saturating_add(timeout)
+                        .saturating_mul(retries.saturating_add(1)),
+                ),
             ))
         }
-        _ => window,
+        Some(Healthcheck::Disabled) => window,
+        // The image's own probe, with Docker's defaults: 30 s interval and timeout, 3 retries.
+        None => window.max(Duration::from_secs(240)),
     };
     let reference = container_ref(created);
     let restarts_at_start = created.restart_count;

@@ -286,7 +286,11 @@ pub fn plan(
 
         let mut operations = Vec::new();
         let mut removals = Vec::new();
-        for m in machines {
+        // A Machine observed down is left alone: nothing can reach it to change its containers.
+        for m in machines
+            .iter()
+            .filter(|m| m.machine.membership != MembershipObservation::Down)
+        {
             let machine_id = &m.machine.info.id;
             let mut mine: Vec<&ContainerRuntimeObservation> = existing
                 .iter()

@@ -513,3 +513,16 @@ fn the_preview_shows_a_tree_and_the_summary_line() {
     );
     assert_eq!(text, expected);
 }
+
+#[test]
+fn containers_on_a_machine_observed_down_are_left_alone() {
+    let mut machines = [machine("a"), machine("b")];
+    let s = spec("web");
+    let id = ServiceId::generate();
+    add(&mut machines[1], &id, &s, ContainerState::Running);
+    machines[1].machine.membership = MembershipObservation::Down;
+    let mut changed = s.clone();
+    changed.container.image = "app:2".into();
+    // Nothing can reach b: a new container runs on a, b's is neither replaced nor removed.
+    assert_eq!(plan_all(vec![changed], &machines), ["run"]);
+}

@@ -234,12 +234,17 @@ impl Store {
             tombstone,
         };
         // The clock orders this write after everything held, so it always wins.
-        pending.merge_one(&record)?;
+        if !pending.merge_one(&record)? {
+            return Err(StoreError::Malformed(format!(
+                "local write to '{key}' lost to a record already held; the clock went wrong"
+            )));
+        }
         pending.set_digest(&self.local, seq);
         pending.commit(hlc)?;
-        self.db.flush()?;
+        // The batch is applied: its timestamp is used, whatever the flush says.
         *clock = next_clock;
         drop(clock);
+        self.db.flush()?;
         let _ = self.changes.send(Change {
             record: record.clone(),
         });
@@ -339,9 +344,9 @@ impl Store {
             }
         }
         pending.commit(last)?;
-        self.db.flush()?;
         *clock = next_clock;
         drop(clock);
+        self.db.flush()?;
         let report = MergeReport {
             applied: applied.len(),
             ignored: incoming.len() - applied.len(),
