@@ -16,9 +16,10 @@ mkdir -p "$DEMO"
 SOCKET="$DEMO/ployz.sock"
 export PLOYZ_CONNECT="unix://$SOCKET"
 
-echo "==> starting: ployz daemon run --data-dir $DEMO/data --socket $SOCKET --http-listen ${EDGE_LISTEN:-127.0.0.1:80}"
+echo "==> starting: ployz daemon run --data-dir $DEMO/data --socket $SOCKET --http-listen ${EDGE_LISTEN:-127.0.0.1:80} --https-listen ${EDGE_TLS_LISTEN:-127.0.0.1:443}"
 EDGE="${EDGE_LISTEN:-127.0.0.1:80}"
-"$PLOYZ" daemon run --data-dir "$DEMO/data" --socket "$SOCKET" --http-listen "$EDGE" &
+EDGE_TLS="${EDGE_TLS_LISTEN:-127.0.0.1:443}"
+"$PLOYZ" daemon run --data-dir "$DEMO/data" --socket "$SOCKET" --http-listen "$EDGE" --https-listen "$EDGE_TLS" &
 DAEMON=$!
 trap 'kill -TERM $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null' EXIT INT TERM
 for _ in $(seq 1 100); do
