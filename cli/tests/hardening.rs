@@ -57,3 +57,70 @@ fn oversized_and_ambiguous_requests_are_refused() {
     // A normal request still gets its normal answer.
     assert_eq!(http_get(port, "a.test", "/").0, 404);
 }
+
+/// A tiny upstream answering every request with 200 "live", on its own thread.
+fn live_upstream() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                // One request per connection is enough for the edge's pool to work with.
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                        let _ = s.write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nlive",
+                        );
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn a_refused_connection_is_retried_on_the_next_upstream() {
+    let live = live_upstream();
+    // Nothing listens on `dead`: every connection to it is refused.
+    let [edge, dead] = free_ports();
+    let mut child = std::process::Command::new(PLOYZ)
+        .args([
+            "daemon",
+            "edge",
+            "--threads",
+            "1",
+            "--no-access-log",
+            "--http-listen",
+        ])
+        .arg(format!("127.0.0.1:{edge}"))
+        .arg("--route")
+        .arg(format!("r.test=127.0.0.1:{dead},127.0.0.1:{live}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", edge)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edge never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Round robin sends every other request to the dead upstream first; none may fail.
+    let answers: Vec<(u16, String)> = (0..10).map(|_| http_get(edge, "r.test", "/")).collect();
+    stop_child(&mut child, Duration::from_secs(5));
+    assert!(
+        answers
+            .iter()
+            .all(|(status, body)| *status == 200 && body == "live"),
+        "{answers:?}"
+    );
+}

@@ -15,8 +15,8 @@ use ployz_core::api::{self, ApiError, ErrorCode, MachineInitRequest, VersionInfo
 
 use crate::local_machine::{LocalMachine, MachineError};
 
-/// An [`ApiError`] with its HTTP status.
-struct Failure(StatusCode, ApiError);
+/// An [`ApiError`] with its HTTP status: what every handler of the API fails with.
+pub(crate) struct Failure(StatusCode, ApiError);
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
@@ -24,7 +24,12 @@ impl IntoResponse for Failure {
     }
 }
 
-fn failure(status: StatusCode, code: ErrorCode, message: String, hint: Option<&str>) -> Failure {
+pub(crate) fn failure(
+    status: StatusCode,
+    code: ErrorCode,
+    message: String,
+    hint: Option<&str>,
+) -> Failure {
     Failure(
         status,
         ApiError {
@@ -32,6 +37,16 @@ fn failure(status: StatusCode, code: ErrorCode, message: String, hint: Option<&s
             message,
             hint: hint.map(str::to_owned),
         },
+    )
+}
+
+/// The answer to anything that needs an initialised Machine before `machine init`.
+pub(crate) fn not_initialised() -> Failure {
+    failure(
+        StatusCode::CONFLICT,
+        ErrorCode::FailedPrecondition,
+        "this Machine is not initialised yet".into(),
+        Some("run `ployz machine init` first"),
     )
 }
 

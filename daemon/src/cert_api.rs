@@ -8,35 +8,16 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use ployz_core::api::{paths, ApiError, ErrorCode, ImportCertificateRequest};
+use ployz_core::api::{paths, ErrorCode, ImportCertificateRequest};
 use ployz_core::{CertificateMaterial, CertificateSummary};
 use ployz_edge::certificates::{certificate_key, validate, CERTIFICATES_NAMESPACE};
 use ployz_store::KeyPrefix;
 
+use crate::api::{failure, not_initialised, Failure};
 use crate::local_machine::LocalMachine;
 
-type Failure = (StatusCode, Json<ApiError>);
-
-fn failure(status: StatusCode, code: ErrorCode, message: String, hint: Option<&str>) -> Failure {
-    (
-        status,
-        Json(ApiError {
-            code,
-            message,
-            hint: hint.map(str::to_owned),
-        }),
-    )
-}
-
 fn store(machine: &LocalMachine) -> Result<Arc<ployz_store::Store>, Failure> {
-    machine.store().ok_or_else(|| {
-        failure(
-            StatusCode::CONFLICT,
-            ErrorCode::FailedPrecondition,
-            "this Machine is not initialised yet".into(),
-            Some("run `ployz machine init` first"),
-        )
-    })
+    machine.store().ok_or_else(not_initialised)
 }
 
 fn now_unix() -> i64 {

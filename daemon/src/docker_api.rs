@@ -12,55 +12,36 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use ployz_core::api::{
-    docker_paths as paths, ApiError, ErrorCode, ExecRequest, MachineView, RunContainerRequest,
+    docker_paths as paths, ErrorCode, ExecRequest, MachineView, RunContainerRequest,
     RunHookRequest, StopContainerRequest,
 };
 use ployz_core::{MachineSnapshot, MembershipObservation, VolumeSpec};
 use ployz_orchestrator::docker::{DockerError, MachineDocker};
 use serde::Deserialize;
 
+use crate::api::{failure, not_initialised, Failure};
 use crate::local_machine::LocalMachine;
 
-/// A failed Docker operation as an API answer.
-pub struct DockerFailure(StatusCode, ApiError);
-
-impl IntoResponse for DockerFailure {
-    fn into_response(self) -> Response {
-        (self.0, Json(self.1)).into_response()
-    }
-}
-
-fn fail(status: StatusCode, code: ErrorCode, message: String, hint: Option<&str>) -> DockerFailure {
-    DockerFailure(
-        status,
-        ApiError {
-            code,
-            message,
-            hint: hint.map(str::to_owned),
-        },
-    )
-}
-
-impl From<DockerError> for DockerFailure {
-    fn from(e: DockerError) -> DockerFailure {
+impl From<DockerError> for Failure {
+    fn from(e: DockerError) -> Failure {
         let message = e.to_string();
         match e {
-            DockerError::Unreachable(_) => fail(
+            DockerError::Unreachable(_) => failure(
                 StatusCode::SERVICE_UNAVAILABLE,
                 ErrorCode::Unavailable,
                 message,
                 None,
             ),
             DockerError::NoSuchContainer(_) => {
-                fail(StatusCode::NOT_FOUND, ErrorCode::NotFound, message, None)
+                failure(StatusCode::NOT_FOUND, ErrorCode::NotFound, message, None)
             }
-            DockerError::ImageUnavailable { .. } | DockerError::NetworkConflict { .. } => fail(
+            DockerError::ImageUnavailable { .. } | DockerError::NetworkConflict { .. } => failure(
                 StatusCode::CONFLICT,
                 ErrorCode::FailedPrecondition,
                 message,
                 None,
             ),
-            _ => fail(
+            _ => failure(
                 StatusCode::BAD_GATEWAY,
                 ErrorCode::Internal,
                 message,
@@ -70,26 +51,17 @@ impl From<DockerError> for DockerFailure {
     }
 }
 
-fn docker(machine: &LocalMachine) -> Result<MachineDocker, DockerFailure> {
-    machine.docker().ok_or_else(|| {
-        fail(
-            StatusCode::CONFLICT,
-            ErrorCode::FailedPrecondition,
-            "this Machine is not initialised yet".into(),
-            Some("run `ployz machine init` first"),
-        )
-    })
+fn docker(machine: &LocalMachine) -> Result<MachineDocker, Failure> {
+    machine.docker().ok_or_else(not_initialised)
 }
 
 /// A JSON body whose every field is optional: empty means all defaults.
-fn optional_body<T: serde::de::DeserializeOwned + Default>(
-    body: &Bytes,
-) -> Result<T, DockerFailure> {
+fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, Failure> {
     if body.is_empty() {
         return Ok(T::default());
     }
     serde_json::from_slice(body).map_err(|e| {
-        fail(
+        failure(
             StatusCode::BAD_REQUEST,
             ErrorCode::InvalidArgument,
             format!("request body is not valid: {e}"),
@@ -98,9 +70,9 @@ fn optional_body<T: serde::de::DeserializeOwned + Default>(
     })
 }
 
-fn checked_id(id: &str) -> Result<&str, DockerFailure> {
+fn checked_id(id: &str) -> Result<&str, Failure> {
     if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(fail(
+        return Err(failure(
             StatusCode::BAD_REQUEST,
             ErrorCode::InvalidArgument,
             format!("'{id}' is not a Container ID"),
@@ -112,7 +84,7 @@ fn checked_id(id: &str) -> Result<&str, DockerFailure> {
 
 async fn snapshot(
     State(machine): State<Arc<LocalMachine>>,
-) -> Result<Json<MachineSnapshot>, DockerFailure> {
+) -> Result<Json<MachineSnapshot>, Failure> {
     let d = docker(&machine)?;
     let info = machine.info().expect("initialised when docker exists");
     d.ensure_network().await?;
@@ -127,23 +99,12 @@ async fn snapshot(
     }))
 }
 
-async fn list_containers(
-    State(machine): State<Arc<LocalMachine>>,
-) -> Result<Response, DockerFailure> {
+async fn list_containers(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
     Ok(Json(docker(&machine)?.observe().await?).into_response())
 }
 
-async fn stored_containers(
-    State(machine): State<Arc<LocalMachine>>,
-) -> Result<Response, DockerFailure> {
-    let store = machine.store().ok_or_else(|| {
-        fail(
-            StatusCode::CONFLICT,
-            ErrorCode::FailedPrecondition,
-            "this Machine is not initialised yet".into(),
-            Some("run `ployz machine init` first"),
-        )
-    })?;
+async fn stored_containers(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
+    let store = machine.store().ok_or_else(not_initialised)?;
     let list = tokio::task::spawn_blocking(move || {
         ployz_orchestrator::observer::stored_observations(&store)
     })
@@ -155,7 +116,7 @@ async fn stored_containers(
 async fn run_container(
     State(machine): State<Arc<LocalMachine>>,
     Json(req): Json<RunContainerRequest>,
-) -> Result<Response, DockerFailure> {
+) -> Result<Response, Failure> {
     let c = docker(&machine)?
         .run_service_container(&req.service_id, &req.spec)
         .await?;
@@ -166,7 +127,7 @@ async fn run_container(
 async fn get_container(
     State(machine): State<Arc<LocalMachine>>,
     Path(id): Path<String>,
-) -> Result<Response, DockerFailure> {
+) -> Result<Response, Failure> {
     match docker(&machine)?
         .observe_container(checked_id(&id)?)
         .await?
@@ -179,7 +140,7 @@ async fn get_container(
 async fn start_container(
     State(machine): State<Arc<LocalMachine>>,
     Path(id): Path<String>,
-) -> Result<Response, DockerFailure> {
+) -> Result<Response, Failure> {
     docker(&machine)?.start(checked_id(&id)?).await?;
     Ok(Json(serde_json::json!({})).into_response())
 }
@@ -188,7 +149,7 @@ async fn stop_container(
     State(machine): State<Arc<LocalMachine>>,
     Path(id): Path<String>,
     body: Bytes,
-) -> Result<Response, DockerFailure> {
+) -> Result<Response, Failure> {
     let req: StopContainerRequest = optional_body(&body)?;
     docker(&machine)?
         .stop(
@@ -202,7 +163,7 @@ async fn stop_container(
 async fn remove_container(
     State(machine): State<Arc<LocalMachine>>,
     Path(id): Path<String>,
-) -> Result<Response, DockerFailure> {
+) -> Result<Response, Failure> {
     docker(&machine)?.remove(checked_id(&id)?).await?;
     if let (Some(store), Ok(container)) = (machine.store(), id.parse::<ployz_core::ContainerId>()) {
         lift_drain_mark(&store, &container).await;
@@ -224,7 +185,7 @@ async fn logs(
     State(machine): State<Arc<LocalMachine>>,
     Path(id): Path<String>,
     Query(q): Query<LogsQuery>,
-) -> Result<Response, DockerFailure> {
+) -> Result<Response, Failure> {
     let d = docker(&machine)?;
     let id = checked_id(&id)?.to_owned();
     if d.observe_container(&id).await?.is_none() {
@@ -244,9 +205,9 @@ async fn exec(
     State(machine): State<Arc<LocalMachine>>,
     Path(id): Path<String>,
     Json(req): Json<ExecRequest>,
-) -> Result<Response, DockerFailure> {
+) -> Result<Response, Failure> {
     if req.command.is_empty() {
-        return Err(fail(
+        return Err(failure(
             StatusCode::BAD_REQUEST,
             ErrorCode::InvalidArgument,
             "command: empty; give the command to run".into(),
@@ -262,7 +223,7 @@ async fn exec(
 async fn run_hook(
     State(machine): State<Arc<LocalMachine>>,
     Json(req): Json<RunHookRequest>,
-) -> Result<Response, DockerFailure> {
+) -> Result<Response, Failure> {
     let result = docker(&machine)?
         .run_hook(&req.service_id, &req.spec, &req.hook)
         .await?;
@@ -270,14 +231,14 @@ async fn run_hook(
     Ok(Json(result).into_response())
 }
 
-async fn list_volumes(State(machine): State<Arc<LocalMachine>>) -> Result<Response, DockerFailure> {
+async fn list_volumes(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
     Ok(Json(docker(&machine)?.volumes().await?).into_response())
 }
 
 async fn create_volume(
     State(machine): State<Arc<LocalMachine>>,
     Json(spec): Json<VolumeSpec>,
-) -> Result<Response, DockerFailure> {
+) -> Result<Response, Failure> {
     let v = docker(&machine)?.create_volume(&spec).await?;
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }
@@ -292,7 +253,7 @@ async fn remove_volume(
     State(machine): State<Arc<LocalMachine>>,
     Path(name): Path<String>,
     Query(q): Query<RemoveVolumeQuery>,
-) -> Result<Response, DockerFailure> {
+) -> Result<Response, Failure> {
     docker(&machine)?.remove_volume(&name, q.force).await?;
     Ok(Json(serde_json::json!({})).into_response())
 }
@@ -331,7 +292,7 @@ async fn drain(
     State(s): State<DrainState>,
     Path(id): Path<String>,
     body: Bytes,
-) -> Result<Response, DockerFailure> {
+) -> Result<Response, Failure> {
     let req: ployz_core::api::DrainRequest = optional_body(&body)?;
     let d = docker(&s.machine)?;
     let store = s.machine.store().expect("initialised when docker exists");
@@ -349,7 +310,7 @@ async fn drain(
     tokio::task::spawn_blocking(move || mark_store.put(&key, Vec::new()))
         .await
         .map_err(|e| {
-            fail(
+            failure(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 ErrorCode::Internal,
                 e.to_string(),
@@ -357,7 +318,7 @@ async fn drain(
             )
         })?
         .map_err(|e| {
-            fail(
+            failure(
                 StatusCode::SERVICE_UNAVAILABLE,
                 ErrorCode::Unavailable,
                 e.to_string(),
@@ -417,20 +378,10 @@ async fn drain(
     .into_response())
 }
 
-async fn undrain(
-    State(s): State<DrainState>,
-    Path(id): Path<String>,
-) -> Result<Response, DockerFailure> {
-    let store = s.machine.store().ok_or_else(|| {
-        fail(
-            StatusCode::CONFLICT,
-            ErrorCode::FailedPrecondition,
-            "this Machine is not initialised yet".into(),
-            None,
-        )
-    })?;
+async fn undrain(State(s): State<DrainState>, Path(id): Path<String>) -> Result<Response, Failure> {
+    let store = s.machine.store().ok_or_else(not_initialised)?;
     let container: ployz_core::ContainerId = checked_id(&id)?.parse().map_err(|_| {
-        fail(
+        failure(
             StatusCode::BAD_REQUEST,
             ErrorCode::InvalidArgument,
             format!("'{id}' is not a Container ID"),

@@ -141,6 +141,11 @@ impl Daemon {
         if let Some(mut child) = self.child.take() {
             let _ = child.wait();
         }
+        self.respawn();
+    }
+
+    /// Starts the process again with the same data dir, socket and ports.
+    fn respawn(&mut self) {
         self.child = Some(spawn_daemon(
             &self.data_dir,
             &self.socket,
@@ -158,14 +163,7 @@ impl Daemon {
             "daemon did not stop on SIGTERM: {}",
             self.log_text()
         );
-        self.child = Some(spawn_daemon(
-            &self.data_dir,
-            &self.socket,
-            &self.log,
-            [self.http_port, self.https_port, self.metrics_port],
-            self.drain_delay,
-        ));
-        self.wait_ready();
+        self.respawn();
     }
 }
 
