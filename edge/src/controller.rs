@@ -80,7 +80,7 @@ impl RouteController {
             .lock()
             .expect("counters lock")
             .get(container)
-            .map_or(0, |c| c.load(Ordering::Relaxed))
+            .map_or(0, |c| c.load(Ordering::SeqCst))
     }
 
     /// Rebuilds from the store and publishes if anything changed. Returns the new generation

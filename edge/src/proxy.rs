@@ -335,32 +335,56 @@ impl ProxyHttp for EdgeProxy {
         Ok(())
     }
 
+    /// Picks the upstream. The pick is confirmed against the table published after the
+    /// in-flight counter went up: if a new table (say, one without a draining container) was
+    /// published in between, the pick is undone and made again from the new table, so a drain
+    /// that saw no request in flight never has one arrive afterwards.
     async fn upstream_peer(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         ctx: &mut EdgeCtx,
     ) -> Result<Box<HttpPeer>> {
-        let route = ctx
-            .route
-            .as_ref()
-            .ok_or_else(|| Error::explain(ErrorType::HTTPStatus(404), "no route"))?;
-        let tried = &ctx.tried[..ctx.tries];
-        let Some(i) = route.pick(self.now_ms(), tried) else {
-            return Err(Error::explain(
-                ErrorType::HTTPStatus(503),
-                "no Serving Container for this host",
-            ));
-        };
-        if ctx.tries < MAX_TRIES {
-            ctx.tried[ctx.tries] = i;
-            ctx.tries += 1;
+        let mut table = self.routes.table().load_full();
+        for round in 0..3 {
+            let route = match table.match_host(host_of(session.req_header())) {
+                Some(r) => r.clone(),
+                None => {
+                    return Err(Error::explain(
+                        ErrorType::HTTPStatus(503),
+                        "no Serving Container for this host",
+                    ))
+                }
+            };
+            if !ctx.route.as_ref().is_some_and(|r| Arc::ptr_eq(r, &route)) {
+                // Indices of another table's route mean nothing here.
+                ctx.tried = [usize::MAX; MAX_TRIES];
+                ctx.route = Some(route.clone());
+            }
+            let tried = &ctx.tried[..ctx.tries];
+            let Some(i) = route.pick(self.now_ms(), tried) else {
+                return Err(Error::explain(
+                    ErrorType::HTTPStatus(503),
+                    "no Serving Container for this host",
+                ));
+            };
+            let upstream = &route.upstreams[i];
+            upstream.in_flight.fetch_add(1, Ordering::SeqCst);
+            let now = self.routes.table().load_full();
+            if round < 2 && !Arc::ptr_eq(&now, &table) {
+                upstream.in_flight.fetch_sub(1, Ordering::SeqCst);
+                table = now;
+                continue;
+            }
+            if ctx.tries < MAX_TRIES {
+                ctx.tried[ctx.tries] = i;
+                ctx.tries += 1;
+            }
+            if let Some(previous) = ctx.active.replace(upstream.in_flight.clone()) {
+                previous.fetch_sub(1, Ordering::SeqCst);
+            }
+            return Ok(Box::new(HttpPeer::new(upstream.addr, false, String::new())));
         }
-        let upstream = &route.upstreams[i];
-        upstream.in_flight.fetch_add(1, Ordering::Relaxed);
-        if let Some(previous) = ctx.active.replace(upstream.in_flight.clone()) {
-            previous.fetch_sub(1, Ordering::Relaxed);
-        }
-        Ok(Box::new(HttpPeer::new(upstream.addr, false, String::new())))
+        unreachable!("the last round always returns")
     }
 
     fn fail_to_connect(
@@ -416,7 +440,7 @@ impl ProxyHttp for EdgeProxy {
     /// One access-log line per request: no bodies, credentials, cookies or query strings.
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut EdgeCtx) {
         if let Some(active) = ctx.active.take() {
-            active.fetch_sub(1, Ordering::Relaxed);
+            active.fetch_sub(1, Ordering::SeqCst);
         }
         let req = session.req_header();
         let status = session
