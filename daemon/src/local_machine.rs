@@ -9,14 +9,11 @@ use ployz_core::{
     PartialResult, TargetFailure,
 };
 use ployz_orchestrator::docker::MachineDocker;
-use ployz_store::{Key, KeyPrefix, Store, StoreError};
+use ployz_store::machines::{machine_key, INFO, MACHINES_NAMESPACE};
+use ployz_store::{KeyPrefix, Store, StoreError};
 
 use crate::identity::{DataDir, KeyPair, LocalIdentity};
 
-/// Store namespace of the records each Machine publishes about itself.
-pub const MACHINES_NAMESPACE: &str = "machines";
-/// Name of a Machine's self-description within [`MACHINES_NAMESPACE`].
-const INFO: &str = "info";
 
 /// Why an operation on this Machine failed.
 #[derive(Debug, thiserror::Error)]
@@ -57,10 +54,6 @@ pub struct LocalMachine {
 fn io(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> MachineError {
     let action = action.into();
     move |source| MachineError::Io { action, source }
-}
-
-fn machine_key(id: &MachineId) -> Key {
-    Key::machine(id, MACHINES_NAMESPACE, INFO)
 }
 
 /// Publishes `info` unless the store already holds exactly it.

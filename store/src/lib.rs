@@ -20,6 +20,7 @@
 mod error;
 mod hlc;
 mod key;
+pub mod machines;
 pub mod observations;
 mod record;
 mod store;

@@ -1,0 +1,1 @@
+//! Certificates by ACME.

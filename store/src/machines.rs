@@ -1,0 +1,28 @@
+//! Where the store keeps each Machine's self-description ([`MachineInfo`]), so the daemon that
+//! writes it and the modules that read it (DNS, certificates) meet here and nowhere else.
+
+use ployz_core::api::MachineInfo;
+use ployz_core::MachineId;
+
+use crate::{Key, KeyPrefix, Store};
+
+/// Store namespace of the records each Machine publishes about itself.
+pub const MACHINES_NAMESPACE: &str = "machines";
+/// Name of a Machine's self-description within [`MACHINES_NAMESPACE`].
+pub const INFO: &str = "info";
+
+/// The record key of a Machine's self-description.
+pub fn machine_key(id: &MachineId) -> Key {
+    Key::machine(id, MACHINES_NAMESPACE, INFO)
+}
+
+/// Every Machine's self-description in the store, skipping records that do not decode.
+pub fn stored_machines(store: &Store) -> Vec<MachineInfo> {
+    store
+        .scan_live(&KeyPrefix::machine_namespace(MACHINES_NAMESPACE))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.key.name() == INFO)
+        .filter_map(|r| serde_json::from_slice(&r.value).ok())
+        .collect()
+}
