@@ -378,7 +378,8 @@ services:
         mkdir -p /www/cgi-bin
         echo "$$GREETING $$HOSTNAME" > /www/index.html
         printf '#!/bin/sh\nsleep 6\necho "Content-Type: text/plain"\necho\necho slow-done\n' > /www/cgi-bin/slow
-        chmod +x /www/cgi-bin/slow
+        printf '#!/bin/sh\necho "Content-Type: text/plain"\necho\nhead -c "$$CONTENT_LENGTH"\n' > /www/cgi-bin/echo
+        chmod +x /www/cgi-bin/slow /www/cgi-bin/echo
         exec httpd -f -p 8080 -h /www
     environment:
       GREETING: {greeting}
@@ -412,18 +413,39 @@ services:
             handle
         })
         .collect();
+    // The load: three clients back to back, GETs of the page and POSTs echoed by a CGI.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut results: Vec<(u16, String)> = Vec::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                results.push(http_get(port, "web.test.localhost", "/"));
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            results
+    let load: Vec<_> = (0..3)
+        .map(|client| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut results: Vec<(u16, String)> = Vec::new();
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    if n % 2 == 0 {
+                        let sent = format!("post-{client}-{n}");
+                        let (status, body) = http_request(
+                            port,
+                            "POST",
+                            "web.test.localhost",
+                            "/cgi-bin/echo",
+                            &sent,
+                        );
+                        let ok = status == 200 && body.contains(&sent);
+                        results.push((
+                            if ok { 200 } else { status.max(1) },
+                            format!("POST {sent} -> {status} {body}"),
+                        ));
+                    } else {
+                        results.push(http_get(port, "web.test.localhost", "/"));
+                    }
+                }
+                results
+            })
         })
-    };
+        .collect();
+    let load_started = Instant::now();
     std::thread::sleep(Duration::from_millis(300));
 
     std::fs::write(lab.path("compose.yaml"), compose("two")).unwrap();
@@ -456,13 +478,17 @@ services:
     // Keep the load on a little after the deploy returned.
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let results = load.join().unwrap();
+    let per_client: Vec<Vec<(u16, String)>> = load.into_iter().map(|h| h.join().unwrap()).collect();
+    let rate = per_client.iter().map(Vec::len).sum::<usize>() as f64
+        / load_started.elapsed().as_secs_f64();
+    let results: Vec<(u16, String)> = per_client.concat();
     let failed: Vec<&(u16, String)> = results
         .iter()
         .filter(|(status, _)| *status != 200)
         .collect();
+    eprintln!("load: {} requests, {rate:.0}/s", results.len());
     assert!(
-        results.len() > 50,
+        results.len() > 500,
         "too few requests to prove anything: {}",
         results.len()
     );
@@ -473,11 +499,18 @@ services:
         results.len(),
         &failed[..failed.len().min(5)]
     );
-    assert!(results.iter().any(|(_, b)| b.starts_with("one ")));
     assert!(
-        results.last().unwrap().1.starts_with("two "),
-        "{:?}",
-        results.last()
+        results.iter().any(|(_, b)| b.starts_with("POST ")),
+        "no POST was made"
+    );
+    assert!(results.iter().any(|(_, b)| b.starts_with("one ")));
+    let last_get = per_client[0]
+        .iter()
+        .rev()
+        .find(|(_, b)| !b.starts_with("POST "));
+    assert!(
+        last_get.is_some_and(|(_, b)| b.starts_with("two ")),
+        "{last_get:?}"
     );
     for handle in slow {
         let (status, body) = handle.join().unwrap();
@@ -546,4 +579,84 @@ services:
         }
         break;
     }
+}
+
+#[test]
+fn rm_drains_first_and_a_stop_grace_period_bounds_the_drain() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "edge5");
+    let port = m.daemon.http_port;
+    let service = |name: &str, sleep: u32, grace: &str| {
+        format!(
+            r#"
+  {name}:
+    image: {TEST_IMAGE}
+    command:
+      - sh
+      - -c
+      - |
+        mkdir -p /www/cgi-bin
+        echo ok > /www/index.html
+        printf '#!/bin/sh\nsleep {sleep}\necho "Content-Type: text/plain"\necho\necho slow-done\n' > /www/cgi-bin/slow
+        chmod +x /www/cgi-bin/slow
+        exec httpd -f -p 8080 -h /www
+{grace}    x-ports:
+      - {name}.test.localhost:8080/http
+"#
+        )
+    };
+    let compose = format!(
+        "services:{}{}",
+        service("patient", 3, ""),
+        service("bounded", 8, "    stop_grace_period: 1s\n")
+    );
+    std::fs::write(lab.path("compose.yaml"), compose).unwrap();
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    for host in ["patient.test.localhost", "bounded.test.localhost"] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while http_get(port, host, "/").0 != 200 {
+            assert!(Instant::now() < deadline, "{host} never answered");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    // `rm` of a Service with a request in flight: the drain waits for it, then removes.
+    let slow =
+        std::thread::spawn(move || http_get(port, "patient.test.localhost", "/cgi-bin/slow"));
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let out = run(&lab, &m, &["rm", "-y", "patient"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let (status, body) = slow.join().unwrap();
+    assert!(
+        status == 200 && body.contains("slow-done"),
+        "the request in flight was cut: {status} {body:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "rm did not wait: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(http_get(port, "patient.test.localhost", "/").0, 404);
+
+    // A stop_grace_period of 1 s bounds the drain of a request that would take 8 s: rm says
+    // so and goes on instead of waiting the default 30 s.
+    let slow =
+        std::thread::spawn(move || http_get(port, "bounded.test.localhost", "/cgi-bin/slow"));
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let out = run(&lab, &m, &["rm", "-y", "bounded"]);
+    let took = started.elapsed();
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stderr(&out).contains("still had 1 requests in flight"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        took < Duration::from_secs(7),
+        "the drain was not bounded by stop_grace_period: {took:?}"
+    );
+    let _ = slow.join();
 }

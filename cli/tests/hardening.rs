@@ -124,3 +124,190 @@ fn a_refused_connection_is_retried_on_the_next_upstream() {
         "{answers:?}"
     );
 }
+
+/// An upstream that answers 200 "seen" to every request header on a kept-alive connection and
+/// records every byte it receives.
+fn recording_upstream() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            let record = record.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let mut pending = Vec::new();
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    record.lock().unwrap().extend_from_slice(&buf[..n]);
+                    pending.extend_from_slice(&buf[..n]);
+                    while let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                        pending.drain(..end + 4);
+                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nseen");
+                    }
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+/// Starts `ployz daemon edge` on a free port with one route and waits until it listens.
+fn edge_alone(route: &str, extra: &[&str]) -> (u16, std::process::Child) {
+    let [port] = free_ports();
+    let child = std::process::Command::new(PLOYZ)
+        .args(["daemon", "edge", "--threads", "1", "--no-access-log"])
+        .args(extra)
+        .arg("--http-listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--route")
+        .arg(route)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edge never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (port, child)
+}
+
+/// Whether the edge closed `s` (read returned 0 or a reset) within `within`.
+fn closed_within(s: &mut std::net::TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 512];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[test]
+fn a_slow_request_header_is_cut_off_and_a_patient_keepalive_client_is_not() {
+    let (upstream, seen) = recording_upstream();
+    let (port, mut child) = edge_alone(
+        &format!("r.test=127.0.0.1:{upstream}"),
+        &["--header-timeout", "2"],
+    );
+
+    // A connection that sends nothing is closed after the header timeout.
+    let mut silent = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let start = std::time::Instant::now();
+    assert!(closed_within(&mut silent, Duration::from_secs(8)));
+    assert!(
+        start.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        start.elapsed()
+    );
+
+    // Slowloris: a header line every 300 ms, never the blank line. Pingora's own per-read
+    // timeout never fires; the header deadline does.
+    let mut slow = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: r.test\r\n")
+        .unwrap();
+    let start = std::time::Instant::now();
+    let mut cut = false;
+    for i in 0..40 {
+        std::thread::sleep(Duration::from_millis(300));
+        if slow
+            .write_all(format!("X-Slow-{i}: y\r\n").as_bytes())
+            .is_err()
+        {
+            cut = true;
+            break;
+        }
+        if closed_within(&mut slow, Duration::from_millis(1)) {
+            cut = true;
+            break;
+        }
+    }
+    assert!(cut, "a header trickling for 12 s was never cut off");
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(6),
+        "the slow header was cut off only after {took:?}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&seen.lock().unwrap()).contains("X-Slow"),
+        "a partial header reached the upstream"
+    );
+
+    // A kept-alive client idle for longer than the header timeout between two requests: the
+    // clock starts at the next request's first byte, so its second request is answered.
+    let mut patient = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    patient
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    for round in 0..2 {
+        patient
+            .write_all(b"GET / HTTP/1.1\r\nHost: r.test\r\n\r\n")
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = patient.read(&mut buf).unwrap();
+        let answer = String::from_utf8_lossy(&buf[..n]);
+        assert!(
+            answer.starts_with("HTTP/1.1 200") && answer.ends_with("seen"),
+            "round {round}: {answer:?}"
+        );
+        if round == 0 {
+            std::thread::sleep(Duration::from_millis(3000));
+        }
+    }
+    stop_child(&mut child, Duration::from_secs(5));
+}
+
+#[test]
+fn smuggling_shapes_and_bad_hostnames_never_reach_an_upstream_unframed() {
+    let (upstream, seen) = recording_upstream();
+    let (port, mut child) = edge_alone(&format!("r.test=127.0.0.1:{upstream}"), &[]);
+
+    // Hostnames with control characters or spaces: refused, never forwarded.
+    for host in ["r.test\x01", "r.te\x7fst", "r .test", "r.test\x00"] {
+        let request =
+            format!("GET /bad-host HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let status = raw(port, request.as_bytes());
+        assert!(status == 400 || status == 404, "Host {host:?} got {status}");
+    }
+    assert!(
+        !String::from_utf8_lossy(&seen.lock().unwrap()).contains("/bad-host"),
+        "a request with a bad Host reached the upstream"
+    );
+
+    // Upgrade before 101: the upstream answers 200, so the connection stays HTTP; bytes the
+    // client sent after the upgrade request are never tunnelled to the upstream raw. Whatever
+    // reaches it must have passed through the edge as a request of its own.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    s.write_all(
+        b"GET /upgrade HTTP/1.1\r\nHost: r.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\
+          GET /smuggled HTTP/1.1\r\nHost: r.test\r\n\r\n",
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    std::thread::sleep(Duration::from_millis(300));
+    let received = String::from_utf8_lossy(&seen.lock().unwrap()).to_string();
+    assert!(received.contains("GET /upgrade"), "{received}");
+    for (i, _) in received.match_indices("GET /smuggled") {
+        let head = &received[i..];
+        let head = &head[..head.find("\r\n\r\n").unwrap_or(head.len())];
+        assert!(
+            head.to_ascii_lowercase().contains("x-forwarded-for"),
+            "bytes after an Upgrade request reached the upstream unframed: {head:?}"
+        );
+    }
+    stop_child(&mut child, Duration::from_secs(5));
+}

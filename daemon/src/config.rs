@@ -69,6 +69,8 @@ pub struct DaemonConfig {
     pub max_uri_bytes: usize,
     /// Request body bytes before 413; `None`: unlimited.
     pub max_body_bytes: Option<u64>,
+    /// Seconds a client has to send a whole request header (against slowloris).
+    pub header_timeout_seconds: u64,
     /// One access-log line per edge request.
     pub access_log: bool,
     /// After SIGTERM, how long the edge keeps serving with its health endpoint answering 503,
@@ -94,6 +96,7 @@ impl Default for DaemonConfig {
             max_header_bytes: 16 * 1024,
             max_uri_bytes: 8 * 1024,
             max_body_bytes: None,
+            header_timeout_seconds: 15,
             access_log: true,
             drain_delay_seconds: 5,
             shutdown_grace_seconds: 0,
@@ -126,6 +129,7 @@ pub struct LimitsSection {
     pub max_header_bytes: Option<usize>,
     pub max_uri_bytes: Option<usize>,
     pub max_body_bytes: Option<u64>,
+    pub header_timeout_seconds: Option<u64>,
 }
 
 /// `[shutdown]` in the TOML file.
@@ -188,6 +192,9 @@ impl DaemonConfigFile {
             }
             if let Some(v) = l.max_body_bytes {
                 config.max_body_bytes = (v > 0).then_some(v);
+            }
+            if let Some(v) = l.header_timeout_seconds {
+                config.header_timeout_seconds = v;
             }
         }
         if let Some(s) = self.shutdown {

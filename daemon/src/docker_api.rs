@@ -142,6 +142,10 @@ async fn start_container(
     Path(id): Path<String>,
 ) -> Result<Response, Failure> {
     docker(&machine)?.start(checked_id(&id)?).await?;
+    // A container stopped after a drain serves again once started.
+    if let (Some(store), Ok(container)) = (machine.store(), id.parse::<ployz_core::ContainerId>()) {
+        lift_drain_mark(&store, &container).await;
+    }
     Ok(Json(serde_json::json!({})).into_response())
 }
 
@@ -288,6 +292,25 @@ struct DrainState {
 /// How long the edge may take to publish a table without the drained container.
 const PUBLISH_WAIT: Duration = Duration::from_secs(5);
 
+/// How long a drain waits for in-flight requests: what the request asks, else the container's
+/// `stop_grace_period` (a request it would be given time to finish after SIGTERM deserves the
+/// same time before it), else 30 s; at most an hour whatever was asked.
+fn drain_timeout(
+    asked: Option<u64>,
+    container: &ployz_core::ContainerRuntimeObservation,
+) -> Duration {
+    let grace = container
+        .spec
+        .as_ref()
+        .and_then(|s| s.container.stop_grace_period_ms)
+        .map(Duration::from_millis);
+    asked
+        .map(Duration::from_secs)
+        .or(grace)
+        .unwrap_or(Duration::from_secs(30))
+        .min(Duration::from_secs(3600))
+}
+
 async fn drain(
     State(s): State<DrainState>,
     Path(id): Path<String>,
@@ -362,8 +385,7 @@ async fn drain(
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // At most an hour, whatever was asked.
-    let drain_deadline = started + Duration::from_secs(req.timeout_seconds.unwrap_or(30).min(3600));
+    let drain_deadline = started + drain_timeout(req.timeout_seconds, &container);
     let mut left = s.routes.in_flight(&container.id);
     while left > 0 && tokio::time::Instant::now() < drain_deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -19,4 +19,4 @@ mod local_machine;
 mod server;
 
 pub use config::{DaemonConfig, DaemonConfigFile, LogFormat};
-pub use server::{run, run_edge_alone};
+pub use server::{parse_route, run, run_edge_alone};

@@ -14,7 +14,6 @@ use ployz_store::{KeyPrefix, Store, StoreError};
 
 use crate::identity::{DataDir, KeyPair, LocalIdentity};
 
-
 /// Why an operation on this Machine failed.
 #[derive(Debug, thiserror::Error)]
 pub enum MachineError {

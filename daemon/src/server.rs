@@ -23,6 +23,9 @@ use crate::local_machine::LocalMachine;
 /// runtime (Pingora starts its own).
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     init_logging(config.log_format);
+    if config.header_timeout_seconds == 0 {
+        bail!("header_timeout_seconds = 0 would disconnect every client: give at least 1 second");
+    }
     let signals = listen_for_signals()?;
     let listener = bind_socket(&config.socket, &config.socket_group)?;
     let machine = Arc::new(
@@ -58,7 +61,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let edge_state_for_signal = edge_state.clone();
     let certificates = CertificateResolver::default();
     let metrics = Arc::new(EdgeMetrics::default());
-    let mut edge = pingora::proxy::http_proxy_service_with_name(
+    let mut edge = ployz_edge::edge_service(
         &server.configuration,
         EdgeProxy::new(
             routes.clone(),
@@ -70,9 +73,9 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
                 max_uri_bytes: config.max_uri_bytes,
                 max_body_bytes: config.max_body_bytes,
                 access_log: config.access_log,
+                header_timeout: std::time::Duration::from_secs(config.header_timeout_seconds),
             },
         ),
-        "edge",
     );
     edge.add_tcp(&http_listen.to_string());
     edge.add_tls_with_settings(
@@ -433,6 +436,21 @@ impl BackgroundService for RouteService {
     }
 }
 
+/// Parses a fixed route, `HOST=ADDR:PORT[,ADDR:PORT...]`.
+pub fn parse_route(r: &str) -> anyhow::Result<(String, Vec<std::net::SocketAddr>)> {
+    let (host, addrs) = r
+        .split_once('=')
+        .ok_or_else(|| anyhow::anyhow!("--route '{r}' is not HOST=ADDR:PORT[,ADDR:PORT...]"))?;
+    let addrs = addrs
+        .split(',')
+        .map(|a| {
+            a.parse()
+                .map_err(|_| anyhow::anyhow!("--route '{r}': '{a}' is not ADDR:PORT"))
+        })
+        .collect::<anyhow::Result<Vec<std::net::SocketAddr>>>()?;
+    Ok((host.to_owned(), addrs))
+}
+
 /// Runs the edge alone, with fixed routes and no Machine, store or API: for side-by-side
 /// benchmarks and for debugging the proxy in isolation. Blocks until SIGTERM or SIGINT.
 pub fn run_edge_alone(
@@ -440,6 +458,7 @@ pub fn run_edge_alone(
     routes: Vec<(String, Vec<std::net::SocketAddr>)>,
     threads: usize,
     access_log: bool,
+    header_timeout: std::time::Duration,
 ) -> anyhow::Result<()> {
     init_logging(LogFormat::Text);
     let signals = listen_for_signals()?;
@@ -458,7 +477,7 @@ pub fn run_edge_alone(
     server.bootstrap();
     let state = Arc::new(EdgeState::default());
     state.set_participating("edge-alone");
-    let mut edge = pingora::proxy::http_proxy_service_with_name(
+    let mut edge = ployz_edge::edge_service(
         &server.configuration,
         EdgeProxy::new(
             RouteController::fixed(ployz_edge::RouteTable::from_static(&routes)),
@@ -467,10 +486,10 @@ pub fn run_edge_alone(
             None,
             ployz_edge::EdgeLimits {
                 access_log,
+                header_timeout,
                 ..Default::default()
             },
         ),
-        "edge",
     );
     edge.add_tcp(&listen.to_string());
     server.add_service(edge);

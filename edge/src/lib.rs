@@ -15,12 +15,27 @@
 
 pub mod certificates;
 pub mod controller;
+pub mod header_deadline;
 pub mod metrics;
 pub mod proxy;
 pub mod route_table;
 
 pub use certificates::CertificateResolver;
 pub use controller::{draining_key, RouteController, DRAINING_NAMESPACE};
+pub use header_deadline::HeaderDeadline;
 pub use metrics::EdgeMetrics;
 pub use proxy::{EdgeLimits, EdgeProxy, EdgeState};
 pub use route_table::{Route, RouteTable, Upstream};
+
+/// The edge as a Pingora service: `proxy` behind a [`HeaderDeadline`] of its limits' header
+/// timeout. Add listeners to it, then add it to the server.
+pub fn edge_service(
+    conf: &std::sync::Arc<pingora::server::configuration::ServerConf>,
+    proxy: EdgeProxy,
+) -> pingora::services::listening::Service<HeaderDeadline<pingora::proxy::HttpProxy<EdgeProxy>>> {
+    let timeout = proxy.limits().header_timeout;
+    pingora::services::listening::Service::new(
+        "edge".to_owned(),
+        HeaderDeadline::new(pingora::proxy::http_proxy(conf, proxy), timeout),
+    )
+}

@@ -69,6 +69,8 @@ pub struct EdgeLimits {
     pub max_body_bytes: Option<u64>,
     /// Write one access-log line per request.
     pub access_log: bool,
+    /// Time a client has for a whole request header; slower clients are disconnected.
+    pub header_timeout: std::time::Duration,
 }
 
 impl Default for EdgeLimits {
@@ -78,6 +80,7 @@ impl Default for EdgeLimits {
             max_uri_bytes: 8 * 1024,
             max_body_bytes: None,
             access_log: true,
+            header_timeout: std::time::Duration::from_secs(15),
         }
     }
 }
@@ -107,6 +110,11 @@ pub struct EdgeCtx {
 }
 
 impl EdgeProxy {
+    /// The limits this edge enforces.
+    pub fn limits(&self) -> &EdgeLimits {
+        &self.limits
+    }
+
     pub fn new(
         routes: RouteController,
         state: Arc<EdgeState>,

@@ -28,6 +28,9 @@ pub struct EdgeArgs {
     /// Do not write an access-log line per request.
     #[arg(long)]
     no_access_log: bool,
+    /// Seconds a client has to send a whole request header.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    header_timeout: u64,
 }
 
 #[derive(Debug, Args)]
@@ -60,6 +63,9 @@ pub struct RunArgs {
     /// Largest request body the edge accepts, bytes (0: no limit) [default: 0].
     #[arg(long, value_name = "BYTES")]
     max_body_bytes: Option<u64>,
+    /// Seconds a client has to send a whole request header, from connect [default: 15].
+    #[arg(long, value_name = "SECONDS")]
+    header_timeout: Option<u64>,
     /// After SIGTERM, seconds of serving with health 503 before the listeners close [default: 5].
     #[arg(long, value_name = "SECONDS")]
     drain_delay: Option<u64>,
@@ -102,6 +108,9 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     if let Some(v) = args.max_body_bytes {
         config.max_body_bytes = (v > 0).then_some(v);
     }
+    if let Some(v) = args.header_timeout {
+        config.header_timeout_seconds = v;
+    }
     if let Some(v) = args.drain_delay {
         config.drain_delay_seconds = v;
     }
@@ -112,22 +121,22 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
 }
 
 fn edge(args: EdgeArgs) -> anyhow::Result<()> {
-    let mut routes = Vec::new();
-    for r in &args.routes {
-        let (host, addrs) = r
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--route '{r}' is not HOST=ADDR:PORT[,ADDR:PORT...]"))?;
-        let addrs = addrs
-            .split(',')
-            .map(|a| {
-                a.parse()
-                    .map_err(|_| anyhow::anyhow!("--route '{r}': '{a}' is not ADDR:PORT"))
-            })
-            .collect::<anyhow::Result<Vec<std::net::SocketAddr>>>()?;
-        routes.push((host.to_owned(), addrs));
-    }
+    let routes = args
+        .routes
+        .iter()
+        .map(|r| ployz_daemon::parse_route(r))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    ployz_daemon::run_edge_alone(&args.http_listen, routes, threads, !args.no_access_log)
+    if args.header_timeout == 0 {
+        anyhow::bail!("--header-timeout 0 would disconnect every client: give at least 1 second");
+    }
+    ployz_daemon::run_edge_alone(
+        &args.http_listen,
+        routes,
+        threads,
+        !args.no_access_log,
+        std::time::Duration::from_secs(args.header_timeout),
+    )
 }

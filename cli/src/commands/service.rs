@@ -422,6 +422,25 @@ pub async fn lifecycle(global: &GlobalArgs, verb: &str, args: ServicesArgs) -> a
     }
     for s in &chosen {
         for c in all_containers.iter().filter(|c| c.service_id == s.id) {
+            // No edge sends new requests to a container about to stop, and the ones in flight
+            // finish first (up to its stop_grace_period, else 30 s).
+            if matches!(verb, "rm" | "stop")
+                && c.kind == ContainerKind::Service
+                && c.state == ployz_core::ContainerState::Running
+            {
+                let result: ployz_core::api::DrainResult = client
+                    .post(
+                        &paths::fill(paths::CONTAINER_DRAIN, c.id.as_str()),
+                        &ployz_core::api::DrainRequest::default(),
+                    )
+                    .await?;
+                if result.in_flight_left > 0 {
+                    eprintln!(
+                        "warning: {} still had {} requests in flight after the drain timeout",
+                        c.name, result.in_flight_left
+                    );
+                }
+            }
             match verb {
                 "rm" => {
                     client

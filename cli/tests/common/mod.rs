@@ -372,16 +372,33 @@ impl Drop for DockerMachine {
 
 /// One HTTP/1.1 request to 127.0.0.1:`port` with a Host header; returns (status, body).
 pub fn http_get(port: u16, host: &str, path: &str) -> (u16, String) {
+    http_request(port, "GET", host, path, "")
+}
+
+/// One HTTP/1.1 request on its own connection; a non-empty `body` is sent with its
+/// Content-Length. Status 0 when no complete answer came within 10 s (the body then says why).
+pub fn http_request(port: u16, method: &str, host: &str, path: &str, body: &str) -> (u16, String) {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut s = match std::net::TcpStream::connect(("127.0.0.1", port)) {
+        Ok(s) => s,
+        Err(e) => return (0, format!("connect: {e}")),
+    };
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
+    let length = if body.is_empty() && method == "GET" {
+        String::new()
+    } else {
+        format!("Content-Length: {}\r\n", body.len())
+    };
+    if let Err(e) = write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\n{length}Connection: close\r\n\r\n{body}"
+    ) {
+        return (0, format!("write: {e}"));
+    }
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
+    if let Err(e) = s.read_to_end(&mut raw) {
+        return (0, format!("read after {} bytes: {e}", raw.len()));
+    }
     let text = String::from_utf8_lossy(&raw).into_owned();
     let status = text
         .split_whitespace()

@@ -1,0 +1,43 @@
+//! `edge-bench`: the edge alone with a fixed route table, through the same proxy code as the
+//! daemon, for side-by-side benchmarks (`bench/proxy_side_by_side.sh`).
+//!
+//! `edge-bench --listen 127.0.0.1:18090 --route bench.test=127.0.0.1:18080 [--threads N]
+//! [--access-log]`
+
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(name = "edge-bench", about = "The Ployz edge with a fixed route table")]
+struct Args {
+    /// HTTP listener, ADDR:PORT.
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: String,
+    /// A fixed route, HOST=ADDR:PORT[,ADDR:PORT...]. Repeatable.
+    #[arg(long = "route", value_name = "HOST=ADDRS", required = true)]
+    routes: Vec<String>,
+    /// Worker threads [default: the number of CPUs].
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Write an access-log line per request (off by default, like the peers' configurations).
+    #[arg(long)]
+    access_log: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let routes = args
+        .routes
+        .iter()
+        .map(|r| ployz_daemon::parse_route(r))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    ployz_daemon::run_edge_alone(
+        &args.listen,
+        routes,
+        threads,
+        args.access_log,
+        std::time::Duration::from_secs(15),
+    )
+}
