@@ -183,6 +183,15 @@ impl ApiClient {
         self.call(Method::POST, path, Some(body)).await
     }
 
+    /// `PUT path` with a JSON body, decoding the JSON answer.
+    pub async fn put<B: Serialize, T: DeserializeOwned>(
+        &mut self,
+        path: &str,
+        body: &B,
+    ) -> anyhow::Result<T> {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
     /// `DELETE path`.
     pub async fn delete(&mut self, path: &str) -> anyhow::Result<()> {
         let _: serde_json::Value = self.call(Method::DELETE, path, None::<&()>).await?;

@@ -88,6 +88,9 @@ enum Command {
     /// Manage Certificate Material for Ingress Hostnames.
     #[command(subcommand)]
     Cert(commands::cert::CertCommand),
+    /// Internal DNS: what a Machine would answer for a name.
+    #[command(subcommand)]
+    Dns(commands::dns::DnsCommand),
     /// Manage Docker Volumes.
     #[command(subcommand)]
     Volume(commands::volume::VolumeCommand),
@@ -145,6 +148,7 @@ fn main() -> ExitCode {
         }
         Command::Scale(args) => client_runtime(commands::service::scale(&cli.global, args)),
         Command::Cert(cmd) => client_runtime(commands::cert::run(&cli.global, cmd)),
+        Command::Dns(cmd) => client_runtime(commands::dns::run(&cli.global, cmd)),
         Command::Volume(cmd) => client_runtime(commands::volume::run(&cli.global, cmd)),
     };
     match result {

@@ -18,9 +18,21 @@ pub mod paths {
     pub const MACHINES: &str = "/v1/machines";
     /// `POST` [`super::MachineInitRequest`]: [`super::MachineView`].
     pub const MACHINE_INIT: &str = "/v1/machines/init";
+    /// `GET`: this Machine's [`super::PublicAddresses`]; `PUT`
+    /// [`super::SetPublicAddressesRequest`]: the addresses now in force.
+    pub const MACHINE_PUBLIC_ADDRESSES: &str = "/v1/machines/public-addresses";
     /// `GET`: [`crate::CertificateSummary`]s; `POST` [`super::ImportCertificateRequest`]
     /// stores Certificate Material.
     pub const CERTIFICATES: &str = "/v1/certificates";
+    /// `GET`: the [`crate::CertificatePolicy`] as set (the HMAC key withheld); `PUT`
+    /// [`super::SetCertificatePolicyRequest`]: the policy now in force; `DELETE`: back to the
+    /// built-in defaults.
+    pub const CERTIFICATE_POLICY: &str = "/v1/certificates/policy";
+    /// `GET ?name=NAME&type=A`: what this Machine's internal DNS would answer (a
+    /// `ployz_dns::LookupAnswer`).
+    pub const DNS_LOOKUP: &str = "/v1/dns/lookup";
+    /// `GET`: [`crate::CertificateStatus`]es, one per hostname (the newest of any issuer's).
+    pub const CERTIFICATE_STATUS: &str = "/v1/certificates/status";
 }
 
 /// Version of the wire format; bumped on an incompatible change.
@@ -78,6 +90,29 @@ pub struct MachineInitRequest {
     /// daemon so that a bad one is refused with the rule it broke.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// The Machine's public addresses (what Ingress Hostnames should resolve to); empty: the
+    /// daemon detects them from its interfaces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub public_addresses: Vec<std::net::IpAddr>,
+}
+
+/// A Machine's public addresses, which the Cluster DNS Verdict compares an Ingress Hostname's
+/// addresses with. A machine-owned record.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PublicAddresses {
+    pub addresses: Vec<std::net::IpAddr>,
+    /// Detected from the Machine's interfaces (global unicast addresses) rather than given with
+    /// `--public-ip`; detected addresses are detected again at every daemon start.
+    #[serde(default)]
+    pub detected: bool,
+}
+
+/// `PUT` [`paths::MACHINE_PUBLIC_ADDRESSES`]: replace this Machine's public addresses; empty
+/// means detect them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetPublicAddressesRequest {
+    #[serde(default)]
+    pub addresses: Vec<std::net::IpAddr>,
 }
 
 /// How a caller should react to a failed API call.
@@ -209,6 +244,15 @@ pub struct ImportCertificateRequest {
     pub hostname: String,
     pub chain_pem: String,
     pub key_pem: String,
+}
+
+/// Change the Certificate Policy: the fields `policy` sets replace the stored ones (or the
+/// defaults, with `reset`); the daemon validates the result before storing it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SetCertificatePolicyRequest {
+    pub policy: crate::CertificatePolicy,
+    #[serde(default)]
+    pub reset: bool,
 }
 
 /// Drain a container before it is stopped.

@@ -9,6 +9,7 @@
 
 pub mod api;
 mod certificate;
+pub mod certificate_policy;
 mod deploy;
 mod healthcheck;
 mod id;
@@ -21,6 +22,10 @@ mod selector;
 mod spec;
 
 pub use certificate::{CertificateMaterial, CertificateSummary};
+pub use certificate_policy::{
+    CertificateKeyType, CertificatePolicy, CertificateState, CertificateStatus, ClusterDnsVerdict,
+    PolicyError,
+};
 pub use deploy::{
     Compensation, CompletedOperation, ContainerHealth, ContainerKind, ContainerRef,
     ContainerRuntimeObservation, ContainerState, DeployIntent, DeployOutcome, DeployPlan,

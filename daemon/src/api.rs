@@ -148,8 +148,23 @@ async fn machine_init(
     body: Bytes,
 ) -> Result<Response, Failure> {
     let request: MachineInitRequest = parse_body(&body)?;
-    let view = blocking(move || machine.init(request.name.as_deref())).await?;
+    let view =
+        blocking(move || machine.init(request.name.as_deref(), request.public_addresses)).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+async fn public_addresses(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
+    let current = blocking(move || machine.public_addresses()).await?;
+    Ok(Json(current).into_response())
+}
+
+async fn set_public_addresses(
+    State(machine): State<Arc<LocalMachine>>,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    let request: api::SetPublicAddressesRequest = parse_body(&body)?;
+    let now = blocking(move || machine.set_public_addresses(request.addresses)).await?;
+    Ok(Json(now).into_response())
 }
 
 async fn not_found() -> Failure {
@@ -161,15 +176,51 @@ async fn not_found() -> Failure {
     )
 }
 
+#[derive(serde::Deserialize)]
+struct LookupQuery {
+    name: String,
+    #[serde(rename = "type", default)]
+    qtype: Option<String>,
+}
+
+async fn dns_lookup(
+    State(dns): State<ployz_dns::DnsController>,
+    axum::extract::Query(q): axum::extract::Query<LookupQuery>,
+) -> Result<Response, Failure> {
+    let qtype: ployz_dns::QueryType = q.qtype.as_deref().unwrap_or("A").parse().map_err(|e| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            format!("type: {e}"),
+            Some("use A, AAAA, ANY, TXT... or TYPE<n>"),
+        )
+    })?;
+    let answer = ployz_dns::lookup(&dns.snapshot().load(), &q.name, qtype);
+    Ok(Json(answer).into_response())
+}
+
 /// The API's routes over one Machine.
-pub fn router(machine: Arc<LocalMachine>, routes: ployz_edge::RouteController) -> Router {
+pub fn router(
+    machine: Arc<LocalMachine>,
+    routes: ployz_edge::RouteController,
+    dns: ployz_dns::DnsController,
+) -> Router {
     Router::new()
         .route(api::paths::VERSION, get(version))
         .route(api::paths::MACHINES, get(machines))
         .route(api::paths::MACHINE_INIT, post(machine_init))
+        .route(
+            api::paths::MACHINE_PUBLIC_ADDRESSES,
+            get(public_addresses).put(set_public_addresses),
+        )
         .with_state(machine.clone())
         .merge(crate::docker_api::router(machine.clone()))
         .merge(crate::cert_api::router(machine.clone()))
         .merge(crate::docker_api::drain_router(machine, routes))
+        .merge(
+            Router::new()
+                .route(api::paths::DNS_LOOKUP, get(dns_lookup))
+                .with_state(dns),
+        )
         .fallback(not_found)
 }

@@ -8,8 +8,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use ployz_core::api::{paths, ErrorCode, ImportCertificateRequest};
-use ployz_core::{CertificateMaterial, CertificateSummary};
+use ployz_acme::layout;
+use ployz_core::api::{paths, ErrorCode, ImportCertificateRequest, SetCertificatePolicyRequest};
+use ployz_core::{CertificateMaterial, CertificatePolicy, CertificateSummary};
 use ployz_edge::certificates::{certificate_key, validate, CERTIFICATES_NAMESPACE};
 use ployz_store::KeyPrefix;
 
@@ -85,9 +86,118 @@ async fn list(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Fail
     Ok(Json(summaries).into_response())
 }
 
+fn unavailable(e: impl std::fmt::Display) -> Failure {
+    failure(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::Unavailable,
+        e.to_string(),
+        None,
+    )
+}
+
+/// The policy as a caller may see it: the HMAC key withheld.
+fn shown(mut policy: CertificatePolicy) -> CertificatePolicy {
+    if policy.eab_hmac_key.is_some() {
+        policy.eab_hmac_key = Some(WITHHELD.into());
+    }
+    policy
+}
+
+/// What `GET` shows in place of the EAB HMAC key.
+const WITHHELD: &str = "(withheld)";
+
+async fn get_policy(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
+    let store = store(&machine)?;
+    let policy = match store.get(&layout::policy_key()).map_err(unavailable)? {
+        Some(r) => match r.live_value() {
+            Some(v) => serde_json::from_slice::<CertificatePolicy>(v).map_err(unavailable)?,
+            None => CertificatePolicy::default(),
+        },
+        None => CertificatePolicy::default(),
+    };
+    Ok(Json(shown(policy)).into_response())
+}
+
+/// Every field the request sets replaces the stored one.
+fn merged(mut base: CertificatePolicy, new: CertificatePolicy) -> CertificatePolicy {
+    macro_rules! take {
+        ($($f:ident),*) => { $( if new.$f.is_some() { base.$f = new.$f; } )* };
+    }
+    take!(
+        directory_url,
+        ca_bundle_pem,
+        eab_key_id,
+        eab_hmac_key,
+        key_type,
+        renewal_fraction,
+        backoff_min_secs,
+        backoff_max_secs,
+        probe_timeout_ms,
+        challenge
+    );
+    base
+}
+
+async fn set_policy(
+    State(machine): State<Arc<LocalMachine>>,
+    Json(req): Json<SetCertificatePolicyRequest>,
+) -> Result<Response, Failure> {
+    let store = store(&machine)?;
+    let base = if req.reset {
+        CertificatePolicy::default()
+    } else {
+        match store.get(&layout::policy_key()).map_err(unavailable)? {
+            Some(r) => r
+                .live_value()
+                .and_then(|v| serde_json::from_slice(v).ok())
+                .unwrap_or_default(),
+            None => CertificatePolicy::default(),
+        }
+    };
+    let policy = merged(base, req.policy);
+    policy.validate().map_err(|e| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            e.to_string(),
+            None,
+        )
+    })?;
+    let to_store = policy.clone();
+    tokio::task::spawn_blocking(move || layout::write_policy(&store, &to_store))
+        .await
+        .map_err(unavailable)?
+        .map_err(unavailable)?;
+    tracing::info!(
+        directory = policy.directory_url(),
+        "certificate policy changed"
+    );
+    Ok(Json(shown(policy)).into_response())
+}
+
+async fn reset_policy(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
+    let store = store(&machine)?;
+    tokio::task::spawn_blocking(move || layout::clear_policy(&store))
+        .await
+        .map_err(unavailable)?
+        .map_err(unavailable)?;
+    tracing::info!("certificate policy reset to the defaults");
+    Ok(Json(CertificatePolicy::default()).into_response())
+}
+
+async fn statuses(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
+    let store = store(&machine)?;
+    Ok(Json(layout::stored_statuses(&store)).into_response())
+}
+
 /// The certificate routes.
 pub fn router(machine: Arc<LocalMachine>) -> Router {
     Router::new()
         .route(paths::CERTIFICATES, get(list).post(import))
+        .route(
+            paths::CERTIFICATE_POLICY,
+            get(get_policy).put(set_policy).delete(reset_policy),
+        )
+        .route(paths::CERTIFICATE_STATUS, get(statuses))
         .with_state(machine)
 }

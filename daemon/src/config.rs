@@ -80,6 +80,16 @@ pub struct DaemonConfig {
     pub shutdown_grace_seconds: u64,
     /// After the grace period, how long in-flight work may take before it is cut.
     pub shutdown_timeout_seconds: u64,
+    /// Order and renew certificates by ACME for Ingress Hostnames published with `https`.
+    pub certificates: bool,
+    /// The DNS server (`ADDR:PORT`) the Cluster DNS Verdict asks; `None`: the system's.
+    pub verdict_resolver: Option<String>,
+    /// Where the internal DNS listens: `gateway` (the Machine Gateway, port 53), `ADDR:PORT`,
+    /// or `off`.
+    pub dns_listen: String,
+    /// Where the internal DNS forwards names outside `.internal`; empty: the nameservers of
+    /// `/etc/resolv.conf`.
+    pub dns_upstreams: Vec<String>,
 }
 
 impl Default for DaemonConfig {
@@ -101,6 +111,10 @@ impl Default for DaemonConfig {
             drain_delay_seconds: 5,
             shutdown_grace_seconds: 0,
             shutdown_timeout_seconds: 5,
+            certificates: true,
+            verdict_resolver: None,
+            dns_listen: "gateway".into(),
+            dns_upstreams: Vec::new(),
         }
     }
 }
@@ -120,6 +134,24 @@ pub struct DaemonConfigFile {
     pub access_log: Option<bool>,
     pub limits: Option<LimitsSection>,
     pub shutdown: Option<ShutdownSection>,
+    pub certificates: Option<CertificatesSection>,
+    pub dns: Option<DnsSection>,
+}
+
+/// `[dns]` in the TOML file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DnsSection {
+    pub listen: Option<String>,
+    pub upstreams: Option<Vec<String>>,
+}
+
+/// `[certificates]` in the TOML file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificatesSection {
+    pub enabled: Option<bool>,
+    pub verdict_resolver: Option<String>,
 }
 
 /// `[limits]` in the TOML file.
@@ -195,6 +227,22 @@ impl DaemonConfigFile {
             }
             if let Some(v) = l.header_timeout_seconds {
                 config.header_timeout_seconds = v;
+            }
+        }
+        if let Some(d) = self.dns {
+            if let Some(v) = d.listen {
+                config.dns_listen = v;
+            }
+            if let Some(v) = d.upstreams {
+                config.dns_upstreams = v;
+            }
+        }
+        if let Some(c) = self.certificates {
+            if let Some(v) = c.enabled {
+                config.certificates = v;
+            }
+            if let Some(v) = c.verdict_resolver {
+                config.verdict_resolver = Some(v);
             }
         }
         if let Some(s) = self.shutdown {

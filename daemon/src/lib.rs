@@ -16,6 +16,7 @@ mod docker_api;
 mod fsutil;
 mod identity;
 mod local_machine;
+mod public_addresses;
 mod server;
 
 pub use config::{DaemonConfig, DaemonConfigFile, LogFormat};

@@ -3,13 +3,14 @@
 
 use std::sync::{Arc, Mutex};
 
+use ployz_core::api::PublicAddresses;
 use ployz_core::api::{MachineInfo, MachineList, MachineView};
 use ployz_core::{
     ClusterNetwork, LocalMachinePhase, MachineId, MachineName, MembershipObservation, NameError,
     PartialResult, TargetFailure,
 };
 use ployz_orchestrator::docker::MachineDocker;
-use ployz_store::machines::{machine_key, INFO, MACHINES_NAMESPACE};
+use ployz_store::machines::{machine_key, public_addresses_key, INFO, MACHINES_NAMESPACE};
 use ployz_store::{KeyPrefix, Store, StoreError};
 
 use crate::identity::{DataDir, KeyPair, LocalIdentity};
@@ -66,6 +67,46 @@ fn publish(store: &Store, info: &MachineInfo) -> Result<(), MachineError> {
     Ok(())
 }
 
+/// How to settle this Machine's public addresses.
+enum PublicAddressMode {
+    /// These, given by the user.
+    Given(Vec<std::net::IpAddr>),
+    /// Detect them now, replacing given ones.
+    Detect,
+    /// Keep given ones; detect again if they were detected (daemon start).
+    Refresh,
+}
+
+/// Writes this Machine's public addresses record unless it already says exactly that.
+fn publish_public_addresses(
+    store: &Store,
+    mode: PublicAddressMode,
+) -> Result<PublicAddresses, MachineError> {
+    let key = public_addresses_key(store.local());
+    let current: Option<PublicAddresses> = store
+        .get(&key)?
+        .and_then(|r| r.live_value().and_then(|v| serde_json::from_slice(v).ok()));
+    let wanted = match (mode, current.clone()) {
+        (PublicAddressMode::Given(addresses), _) if !addresses.is_empty() => PublicAddresses {
+            addresses,
+            detected: false,
+        },
+        (PublicAddressMode::Refresh, Some(c)) if !c.detected => c,
+        _ => PublicAddresses {
+            addresses: crate::public_addresses::detect(),
+            detected: true,
+        },
+    };
+    if current.as_ref() != Some(&wanted) {
+        store.put(
+            &key,
+            serde_json::to_vec(&wanted).expect("addresses serialise"),
+        )?;
+        tracing::info!(addresses = ?wanted.addresses, detected = wanted.detected, "public addresses published");
+    }
+    Ok(wanted)
+}
+
 impl LocalMachine {
     /// Loads this Machine from its data dir, opening the store when it is initialised.
     pub fn open(dir: DataDir, docker_host: Option<String>) -> anyhow::Result<LocalMachine> {
@@ -78,6 +119,7 @@ impl LocalMachine {
                     anyhow::anyhow!("cannot open store {}: {e}", dir.store_dir().display())
                 })?;
                 publish(&store, &identity.info())?;
+                publish_public_addresses(&store, PublicAddressMode::Refresh)?;
                 Some(Arc::new(store))
             }
             None => None,
@@ -140,7 +182,11 @@ impl LocalMachine {
 
     /// Creates this Machine's Cluster identity: Machine ID, Machine Name (`name`, or the
     /// sanitised hostname), the first Machine Subnet, a WireGuard key pair; then participates.
-    pub fn init(&self, name: Option<&str>) -> Result<MachineView, MachineError> {
+    pub fn init(
+        &self,
+        name: Option<&str>,
+        public_addresses: Vec<std::net::IpAddr>,
+    ) -> Result<MachineView, MachineError> {
         let name: MachineName = match name {
             Some(n) => n.parse()?,
             None => {
@@ -181,6 +227,7 @@ impl LocalMachine {
                 .map_err(|e| MachineError::Docker(e.to_string()))?;
         let store = Store::open(&store_dir, identity.id.clone())?;
         publish(&store, &identity.info())?;
+        publish_public_addresses(&store, PublicAddressMode::Given(public_addresses))?;
         identity
             .save(&self.dir)
             .map_err(io("writing the identity file"))?;
@@ -193,6 +240,26 @@ impl LocalMachine {
         state.store = Some(Arc::new(store));
         state.docker = Some(docker);
         Ok(view)
+    }
+
+    /// This Machine's public addresses as published.
+    pub fn public_addresses(&self) -> Result<PublicAddresses, MachineError> {
+        let store = self.store().ok_or(MachineError::NotInitialised)?;
+        publish_public_addresses(&store, PublicAddressMode::Refresh)
+    }
+
+    /// Replaces this Machine's public addresses; empty: detect them from the interfaces.
+    pub fn set_public_addresses(
+        &self,
+        addresses: Vec<std::net::IpAddr>,
+    ) -> Result<PublicAddresses, MachineError> {
+        let store = self.store().ok_or(MachineError::NotInitialised)?;
+        let mode = if addresses.is_empty() {
+            PublicAddressMode::Detect
+        } else {
+            PublicAddressMode::Given(addresses)
+        };
+        publish_public_addresses(&store, mode)
     }
 
     /// Every Machine this Machine observes: what each published in the store, with this
@@ -256,26 +323,27 @@ mod tests {
         let m = LocalMachine::open(DataDir::new(dir.path()), None).unwrap();
         assert_eq!(m.phase(), LocalMachinePhase::Uninitialized);
         assert!(matches!(m.machines(), Err(MachineError::NotInitialised)));
-        let view = m.init(Some("alpha")).unwrap();
+        let view = m.init(Some("alpha"), Vec::new()).unwrap();
         assert_eq!(view.info.subnet.to_string(), "10.210.0.0/24");
         assert_eq!(m.phase(), LocalMachinePhase::Participating);
-        let again = m.init(Some("beta")).unwrap_err();
+        let again = m.init(Some("beta"), Vec::new()).unwrap_err();
         assert!(again.to_string().contains("already initialised as 'alpha'"));
         drop(m);
         let reopened = LocalMachine::open(DataDir::new(dir.path()), None).unwrap();
         let list = reopened.machines().unwrap();
         assert_eq!(list.values.len(), 1);
         assert_eq!(list.values[0].info, view.info);
-        // Reopening republishes nothing when nothing changed.
+        // Reopening republishes nothing when nothing changed (the Machine's description and
+        // its public addresses: two records).
         let store = reopened.store().unwrap();
-        assert_eq!(store.digest().unwrap().get(&view.info.id), 1);
+        assert_eq!(store.digest().unwrap().get(&view.info.id), 2);
     }
 
     #[test]
     fn a_bad_name_is_refused_before_anything_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let m = LocalMachine::open(DataDir::new(dir.path()), None).unwrap();
-        let err = m.init(Some("Bad_Name")).unwrap_err();
+        let err = m.init(Some("Bad_Name"), Vec::new()).unwrap_err();
         assert!(err.to_string().contains("Machine Name 'Bad_Name'"), "{err}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }

@@ -26,6 +26,22 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     if config.header_timeout_seconds == 0 {
         bail!("header_timeout_seconds = 0 would disconnect every client: give at least 1 second");
     }
+    let verdict_resolver = match &config.verdict_resolver {
+        Some(v) => ployz_acme::VerdictResolver::At(v.parse().with_context(|| {
+            format!("verdict_resolver '{v}' is not ADDR:PORT (for example 127.0.0.1:53)")
+        })?),
+        None => ployz_acme::VerdictResolver::System,
+    };
+    let dns_listen = dns_listen(&config.dns_listen)?;
+    let dns_upstreams = config
+        .dns_upstreams
+        .iter()
+        .map(|u| {
+            u.parse::<std::net::SocketAddr>().with_context(|| {
+                format!("dns upstream '{u}' is not ADDR:PORT (for example 127.0.0.53:53)")
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let signals = listen_for_signals()?;
     let listener = bind_socket(&config.socket, &config.socket_group)?;
     let machine = Arc::new(
@@ -60,7 +76,10 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let edge_state = Arc::new(EdgeState::default());
     let edge_state_for_signal = edge_state.clone();
     let certificates = CertificateResolver::default();
+    let challenges = ployz_edge::ChallengeResponder::default();
     let metrics = Arc::new(EdgeMetrics::default());
+    let dns = ployz_dns::DnsController::new();
+    let dns_metrics: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>> = Arc::default();
     let mut edge = ployz_edge::edge_service(
         &server.configuration,
         EdgeProxy::new(
@@ -75,7 +94,8 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
                 access_log: config.access_log,
                 header_timeout: std::time::Duration::from_secs(config.header_timeout_seconds),
             },
-        ),
+        )
+        .with_challenges(challenges.clone()),
     );
     edge.add_tcp(&http_listen.to_string());
     edge.add_tls_with_settings(
@@ -90,15 +110,26 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             machine: machine.clone(),
             routes: routes.clone(),
             certificates,
+            challenges,
             state: edge_state,
         },
     ));
+    if config.certificates {
+        server.add_service(background_service(
+            "certificate issuer",
+            IssuerService {
+                machine: machine.clone(),
+                verdict_resolver,
+            },
+        ));
+    }
     server.add_service(background_service(
         "management API",
         ApiService {
             listener: Mutex::new(Some(listener)),
             machine: machine.clone(),
             routes: routes.clone(),
+            dns: dns.clone(),
         },
     ));
     server.add_service(background_service(
@@ -107,8 +138,21 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             addr: metrics_listen,
             metrics,
             routes: routes.clone(),
+            dns: dns_metrics.clone(),
         },
     ));
+    if let Some(listen) = dns_listen {
+        server.add_service(background_service(
+            "internal DNS",
+            DnsService {
+                machine: machine.clone(),
+                controller: dns,
+                listen,
+                upstreams: dns_upstreams,
+                metrics: dns_metrics,
+            },
+        ));
+    }
     server.add_service(background_service(
         "docker observer",
         ObserverService {
@@ -217,6 +261,7 @@ struct ApiService {
     listener: Mutex<Option<UnixListener>>,
     machine: Arc<LocalMachine>,
     routes: RouteController,
+    dns: ployz_dns::DnsController,
 }
 
 #[async_trait]
@@ -232,7 +277,7 @@ impl BackgroundService for ApiService {
                 return;
             }
         };
-        let app = api::router(self.machine.clone(), self.routes.clone());
+        let app = api::router(self.machine.clone(), self.routes.clone(), self.dns.clone());
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 let _ = shutdown.changed().await;
@@ -343,6 +388,8 @@ struct MetricsService {
     addr: std::net::SocketAddr,
     metrics: Arc<EdgeMetrics>,
     routes: RouteController,
+    /// The internal DNS's counters, once its server is bound.
+    dns: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>>,
 }
 
 #[async_trait]
@@ -357,17 +404,20 @@ impl BackgroundService for MetricsService {
         };
         let metrics = self.metrics.clone();
         let routes = self.routes.clone();
+        let dns = self.dns.clone();
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
                 let metrics = metrics.clone();
                 let routes = routes.clone();
+                let dns = dns.clone();
                 async move {
                     let table = routes.table().load();
-                    (
-                        [("content-type", "text/plain; version=0.0.4")],
-                        metrics.render(table.generation(), table.len()),
-                    )
+                    let mut text = metrics.render(table.generation(), table.len());
+                    if let Some(d) = dns.get() {
+                        d.render_prometheus(&mut text);
+                    }
+                    ([("content-type", "text/plain; version=0.0.4")], text)
                 }
             }),
         );
@@ -379,6 +429,101 @@ impl BackgroundService for MetricsService {
         if let Err(e) = served {
             tracing::error!(error = %e, "metrics listener stopped");
         }
+    }
+}
+
+/// `dns_listen`: `gateway` (`None` address: the Machine Gateway once known), `off`, or
+/// `ADDR:PORT`.
+#[derive(Debug, Clone, Copy)]
+enum DnsListen {
+    Gateway,
+    At(std::net::SocketAddr),
+}
+
+fn dns_listen(value: &str) -> anyhow::Result<Option<DnsListen>> {
+    match value {
+        "off" => Ok(None),
+        "gateway" => Ok(Some(DnsListen::Gateway)),
+        v => Ok(Some(DnsListen::At(v.parse().with_context(|| {
+            format!("dns listen '{v}' is not `gateway`, `off` or ADDR:PORT (for example 127.0.0.1:5353)")
+        })?))),
+    }
+}
+
+/// The internal DNS: once this Machine is initialised, keeps the answer snapshot current and
+/// serves it on the Machine Gateway (or the configured address).
+struct DnsService {
+    machine: Arc<LocalMachine>,
+    controller: ployz_dns::DnsController,
+    listen: DnsListen,
+    upstreams: Vec<std::net::SocketAddr>,
+    metrics: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>>,
+}
+
+#[async_trait]
+impl BackgroundService for DnsService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let (store, info) = loop {
+            if let (Some(s), Some(i)) = (self.machine.store(), self.machine.info()) {
+                break (s, i);
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+            }
+        };
+        let controller = self.controller.clone();
+        let (s, id, rx) = (store.clone(), info.id.clone(), shutdown.clone());
+        let rebuilding = tokio::spawn(async move { controller.run(s, id, rx).await });
+        let listen = match self.listen {
+            DnsListen::Gateway => std::net::SocketAddr::new(info.subnet.gateway().into(), 53),
+            DnsListen::At(a) => a,
+        };
+        let upstreams = if self.upstreams.is_empty() {
+            ployz_dns::upstreams_from_resolv_conf("/etc/resolv.conf".as_ref(), &[listen])
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "no upstream resolvers: names outside .internal get REFUSED");
+                    Vec::new()
+                })
+        } else {
+            self.upstreams.clone()
+        };
+        // The Machine Gateway appears with the `ployz` network; a port held by another server
+        // is reported and retried, so fixing it needs no restart.
+        let mut delay = std::time::Duration::from_millis(200);
+        let server = loop {
+            let mut config = ployz_dns::DnsServerConfig::new(listen);
+            // This Machine itself (whose queries may leave with any of its addresses, NAT
+            // included), its containers and the mesh; nobody else.
+            config.allowed_sources = crate::public_addresses::interface_addresses()
+                .into_iter()
+                .fold(
+                    ployz_dns::AllowedSources::loopback()
+                        .with_machine_subnet(info.subnet)
+                        .with(
+                            ployz_core::DEFAULT_CLUSTER_NETWORK
+                                .parse()
+                                .expect("the cluster network is a network"),
+                        ),
+                    |acl, a| acl.with(ployz_dns::IpNet::from(a)),
+                );
+            config.upstreams = upstreams.clone();
+            match ployz_dns::DnsServer::bind(config, self.controller.snapshot().clone()).await {
+                Ok(server) => break server,
+                Err(e) => {
+                    tracing::error!(listen = %listen, error = %e, retry_in_s = delay.as_secs_f32(), "internal DNS cannot listen");
+                }
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(std::time::Duration::from_secs(30));
+        };
+        tracing::info!(listen = %server.local_addr(), upstreams = ?upstreams, "internal DNS listening");
+        let _ = self.metrics.set(server.metrics());
+        server.run(shutdown).await;
+        let _ = rebuilding.await;
     }
 }
 
@@ -409,6 +554,7 @@ struct RouteService {
     machine: Arc<LocalMachine>,
     routes: RouteController,
     certificates: CertificateResolver,
+    challenges: ployz_edge::ChallengeResponder,
     state: Arc<EdgeState>,
 }
 
@@ -430,9 +576,37 @@ impl BackgroundService for RouteService {
         self.state.set_participating(store.local().as_str());
         tokio::join!(
             self.routes.run(store.clone(), shutdown.clone()),
-            self.certificates.run(store, shutdown)
+            self.certificates.run(store.clone(), shutdown.clone()),
+            self.challenges.run(store, shutdown)
         );
         self.state.set_draining();
+    }
+}
+
+/// Orders and renews certificates by ACME once this Machine is initialised.
+struct IssuerService {
+    machine: Arc<LocalMachine>,
+    verdict_resolver: ployz_acme::VerdictResolver,
+}
+
+#[async_trait]
+impl BackgroundService for IssuerService {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let store = loop {
+            if let Some(s) = self.machine.store() {
+                break s;
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+            }
+        };
+        let mut config = ployz_acme::IssuerConfig::new(store.local().clone());
+        config.verdict_resolver = self.verdict_resolver;
+        config.public_addresses = ployz_acme::PublicAddressSource::Dynamic(Arc::new(
+            ployz_store::machines::stored_public_addresses,
+        ));
+        ployz_acme::CertificateIssuer::run(store, config, shutdown).await;
     }
 }
 

@@ -6,20 +6,14 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use ployz_core::CertificateMaterial;
-use ployz_store::{Key, KeyPrefix, Store};
+use ployz_store::{KeyPrefix, Store};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio::sync::watch;
 
-/// Store namespace of Certificate Material (cluster-scoped, keyed by hostname).
-pub const CERTIFICATES_NAMESPACE: &str = "certificates";
-
-/// The record key of a hostname's Certificate Material.
-pub fn certificate_key(hostname: &str) -> Key {
-    Key::cluster(CERTIFICATES_NAMESPACE, hostname)
-}
+pub use ployz_store::certificates::{certificate_key, CERTIFICATES_NAMESPACE};
 
 /// Why Certificate Material is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -14,6 +14,7 @@
 //! awaits the store.
 
 pub mod certificates;
+pub mod challenges;
 pub mod controller;
 pub mod header_deadline;
 pub mod metrics;
@@ -21,6 +22,7 @@ pub mod proxy;
 pub mod route_table;
 
 pub use certificates::CertificateResolver;
+pub use challenges::ChallengeResponder;
 pub use controller::{draining_key, RouteController, DRAINING_NAMESPACE};
 pub use header_deadline::HeaderDeadline;
 pub use metrics::EdgeMetrics;

@@ -95,6 +95,8 @@ pub struct EdgeProxy {
     https_port: Option<u16>,
     /// Milliseconds are measured from here (cheap, monotonic).
     epoch: Instant,
+    /// Pending HTTP-01 challenges, answered on the plain-HTTP listener for any Host.
+    challenges: crate::ChallengeResponder,
 }
 
 /// Per-request state: the matched route and the upstreams tried.
@@ -129,7 +131,14 @@ impl EdgeProxy {
             metrics,
             https_port,
             epoch: Instant::now(),
+            challenges: crate::ChallengeResponder::default(),
         }
+    }
+
+    /// Answers HTTP-01 challenges from `challenges`.
+    pub fn with_challenges(mut self, challenges: crate::ChallengeResponder) -> EdgeProxy {
+        self.challenges = challenges;
+        self
     }
 
     fn now_ms(&self) -> u64 {
@@ -280,6 +289,16 @@ impl ProxyHttp for EdgeProxy {
             };
             respond(session, status, "text/plain", body).await?;
             return Ok(true);
+        }
+        // HTTP-01 challenges, for any Host; a token this Cluster did not issue goes on to the
+        // Service (which may run its own ACME client).
+        if !is_tls(session) {
+            if let Some(body) = ployz_store::certificates::token_from_path(path)
+                .and_then(|token| self.challenges.response(token))
+            {
+                respond(session, 200, "text/plain", body).await?;
+                return Ok(true);
+            }
         }
         let table = self.routes.table().load();
         match table.match_host(host_of(session.req_header())) {

@@ -17,6 +17,7 @@
 //! **Architecture Invariant:** sled is used here and nowhere else. Local writes are flushed to
 //! disk before they return.
 
+pub mod certificates;
 mod error;
 mod hlc;
 mod key;

@@ -26,3 +26,23 @@ pub fn stored_machines(store: &Store) -> Vec<MachineInfo> {
         .filter_map(|r| serde_json::from_slice(&r.value).ok())
         .collect()
 }
+
+/// Name of a Machine's public addresses within [`MACHINES_NAMESPACE`].
+pub const PUBLIC_ADDRESSES: &str = "public-addresses";
+
+/// The record key of a Machine's public addresses ([`ployz_core::api::PublicAddresses`]).
+pub fn public_addresses_key(id: &MachineId) -> Key {
+    Key::machine(id, MACHINES_NAMESPACE, PUBLIC_ADDRESSES)
+}
+
+/// The public addresses of every Machine in the store, together.
+pub fn stored_public_addresses(store: &Store) -> std::collections::BTreeSet<std::net::IpAddr> {
+    store
+        .scan_live(&KeyPrefix::machine_namespace(MACHINES_NAMESPACE))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.key.name() == PUBLIC_ADDRESSES)
+        .filter_map(|r| serde_json::from_slice::<ployz_core::api::PublicAddresses>(&r.value).ok())
+        .flat_map(|p| p.addresses)
+        .collect()
+}

@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use ployz_core::api::{paths, ImportCertificateRequest};
-use ployz_core::CertificateSummary;
+use ployz_core::api::{paths, ImportCertificateRequest, SetCertificatePolicyRequest};
+use ployz_core::{CertificateKeyType, CertificatePolicy, CertificateStatus, CertificateSummary};
 
 use crate::output::{print_json, print_table, table};
 use crate::GlobalArgs;
@@ -14,13 +14,215 @@ use crate::GlobalArgs;
 pub enum CertCommand {
     /// Store a certificate and key for an Ingress Hostname; every edge serves it by SNI.
     Import(ImportArgs),
-    /// List Certificate Material (hostnames, names covered, expiry; never keys).
+    /// List certificates: the material held (names covered, expiry; never keys) and, for
+    /// hostnames ordered by ACME, their status, issuer Machine, last error and next attempt.
     #[command(visible_alias = "list")]
     Ls {
-        /// Print JSON.
+        /// Print JSON: `material` and `status`.
         #[arg(long)]
         json: bool,
     },
+    /// Show or change the Certificate Policy (how certificates are ordered by ACME).
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Show the policy in force (built-in defaults for what is not set).
+    Show {
+        /// Print JSON (the fields as set; absent ones are defaults).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change the policy: each flag given replaces that value; the daemon refuses a policy it
+    /// cannot follow, and nothing changes then.
+    Set(Box<PolicySetArgs>),
+    /// Back to the built-in defaults.
+    Reset,
+}
+
+#[derive(Debug, Args)]
+pub struct PolicySetArgs {
+    /// ACME directory URL [default: Let's Encrypt production].
+    #[arg(long, value_name = "URL")]
+    directory: Option<String>,
+    /// PEM CA bundle to trust for the directory's TLS (a private CA, a test server).
+    #[arg(long, value_name = "FILE")]
+    ca_file: Option<PathBuf>,
+    /// External account binding key ID.
+    #[arg(long, value_name = "KID")]
+    eab_kid: Option<String>,
+    /// External account binding HMAC key (base64url).
+    #[arg(long, value_name = "KEY")]
+    eab_hmac: Option<String>,
+    /// Certificate key type: ecdsa-p256 or rsa-2048 [default: ecdsa-p256].
+    #[arg(long, value_name = "TYPE")]
+    key_type: Option<String>,
+    /// Renew when this fraction of a certificate's lifetime has passed, in (0, 1)
+    /// [default: 0.667].
+    #[arg(long, value_name = "FRACTION")]
+    renew_fraction: Option<f64>,
+    /// Shortest wait after a failed attempt, e.g. 60s, 5m [default: 60s].
+    #[arg(long, value_name = "DURATION")]
+    backoff_min: Option<String>,
+    /// Longest wait after failed attempts, e.g. 6h [default: 6h].
+    #[arg(long, value_name = "DURATION")]
+    backoff_max: Option<String>,
+    /// How long the Cluster DNS Verdict waits for DNS, e.g. 5s [default: 5s].
+    #[arg(long, value_name = "DURATION")]
+    probe_timeout: Option<String>,
+    /// Challenge kind; Ployz performs http-01 [default: http-01].
+    #[arg(long, value_name = "KIND")]
+    challenge: Option<String>,
+    /// Start from the built-in defaults instead of the current policy.
+    #[arg(long)]
+    reset: bool,
+    /// Print the resulting policy as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses `90`, `90s`, `5m`, `6h` or `1d` into milliseconds; the error names the flag.
+fn duration_ms(flag: &str, value: &str) -> anyhow::Result<u64> {
+    let v = value.trim();
+    let (digits, unit_ms) = match v.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        None => (v, 1000),
+        Some((i, _)) => (
+            &v[..i],
+            match &v[i..] {
+                "ms" => 1,
+                "s" => 1000,
+                "m" => 60_000,
+                "h" => 3_600_000,
+                "d" => 86_400_000,
+                other => anyhow::bail!(
+                    "--{flag} '{value}': unknown unit '{other}'; use ms, s, m, h or d (e.g. 5m)"
+                ),
+            },
+        ),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--{flag} '{value}' is not a duration such as 30s or 5m"))?;
+    n.checked_mul(unit_ms)
+        .ok_or_else(|| anyhow::anyhow!("--{flag} '{value}' is too long"))
+}
+
+impl PolicySetArgs {
+    /// The fields to set, checked as far as they can be without the stored policy.
+    fn policy(&self) -> anyhow::Result<CertificatePolicy> {
+        let key_type =
+            match self.key_type.as_deref() {
+                None => None,
+                Some(t) => Some(
+                    serde_json::from_value::<CertificateKeyType>(serde_json::Value::String(
+                        t.into(),
+                    ))
+                    .map_err(|_| {
+                        anyhow::anyhow!("--key-type '{t}' is not ecdsa-p256 or rsa-2048")
+                    })?,
+                ),
+            };
+        let ca_bundle_pem = match &self.ca_file {
+            None => None,
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read --ca-file {}", path.display()))?,
+            ),
+        };
+        let policy = CertificatePolicy {
+            directory_url: self.directory.clone(),
+            ca_bundle_pem,
+            eab_key_id: self.eab_kid.clone(),
+            eab_hmac_key: self.eab_hmac.clone(),
+            key_type,
+            renewal_fraction: self.renew_fraction,
+            backoff_min_secs: self
+                .backoff_min
+                .as_deref()
+                .map(|v| duration_ms("backoff-min", v).map(|ms| ms.div_ceil(1000)))
+                .transpose()?,
+            backoff_max_secs: self
+                .backoff_max
+                .as_deref()
+                .map(|v| duration_ms("backoff-max", v).map(|ms| ms.div_ceil(1000)))
+                .transpose()?,
+            probe_timeout_ms: self
+                .probe_timeout
+                .as_deref()
+                .map(|v| duration_ms("probe-timeout", v))
+                .transpose()?,
+            challenge: self.challenge.clone(),
+        };
+        // A binding needs both halves; the daemon checks the merged policy again.
+        let mut alone = policy.clone();
+        if alone.eab_key_id.is_some() != alone.eab_hmac_key.is_some() {
+            alone.eab_key_id = None;
+            alone.eab_hmac_key = None;
+        }
+        alone.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(policy)
+    }
+}
+
+fn show_policy(p: &CertificatePolicy) {
+    let set = |v: bool| if v { "" } else { " (default)" };
+    println!("Certificate Policy");
+    println!(
+        "  directory       {}{}",
+        p.directory_url(),
+        set(p.directory_url.is_some())
+    );
+    println!(
+        "  CA bundle       {}",
+        if p.ca_bundle_pem.is_some() {
+            "set (trusted for the directory)"
+        } else {
+            "system roots (default)"
+        }
+    );
+    match &p.eab_key_id {
+        Some(kid) => println!("  account binding key ID {kid}, HMAC key set"),
+        None => println!("  account binding none (default)"),
+    }
+    println!(
+        "  key type        {}{}",
+        p.key_type().as_str(),
+        set(p.key_type.is_some())
+    );
+    println!(
+        "  renew after     {:.3} of the lifetime{}",
+        p.renewal_fraction(),
+        set(p.renewal_fraction.is_some())
+    );
+    println!(
+        "  backoff         {} s to {} s{}",
+        p.backoff_min().as_secs(),
+        p.backoff_max().as_secs(),
+        set(p.backoff_min_secs.is_some() || p.backoff_max_secs.is_some())
+    );
+    println!(
+        "  probe timeout   {} ms{}",
+        p.probe_timeout().as_millis(),
+        set(p.probe_timeout_ms.is_some())
+    );
+    println!(
+        "  challenge       {}{}",
+        p.challenge_kind(),
+        set(p.challenge.is_some())
+    );
+}
+
+/// `ployz cert ls --json`.
+#[derive(serde::Serialize)]
+struct Listing {
+    material: Vec<CertificateSummary>,
+    status: Vec<CertificateStatus>,
+}
+
+fn unix_time(t: Option<i64>) -> String {
+    t.map_or_else(|| "-".to_owned(), |t| t.to_string())
 }
 
 #[derive(Debug, Args)]
@@ -69,19 +271,84 @@ pub async fn run(global: &GlobalArgs, cmd: CertCommand) -> anyhow::Result<()> {
         }
         CertCommand::Ls { json } => {
             let mut client = super::connect(global).await?;
-            let all: Vec<CertificateSummary> = client.get(paths::CERTIFICATES).await?;
+            let material: Vec<CertificateSummary> = client.get(paths::CERTIFICATES).await?;
+            let status: Vec<CertificateStatus> = client.get(paths::CERTIFICATE_STATUS).await?;
             if json {
-                return print_json(&all);
+                return print_json(&Listing { material, status });
             }
-            let mut t = table(&["HOSTNAME", "NAMES", "NOT AFTER (UNIX)"]);
-            for c in &all {
+            let mut hostnames: Vec<&str> = material
+                .iter()
+                .map(|m| m.hostname.as_str())
+                .chain(status.iter().map(|s| s.hostname.as_str()))
+                .collect();
+            hostnames.sort();
+            hostnames.dedup();
+            let mut t = table(&[
+                "HOSTNAME",
+                "STATUS",
+                "NOT AFTER (UNIX)",
+                "ISSUER",
+                "NEXT ATTEMPT (UNIX)",
+                "LAST ERROR / WHY",
+            ]);
+            for h in hostnames {
+                let m = material.iter().find(|m| m.hostname == h);
+                let s = status.iter().find(|s| s.hostname == h);
+                let state = match (s, m) {
+                    (Some(s), _) => s.state.to_string(),
+                    (None, Some(_)) => "imported".to_owned(),
+                    (None, None) => "-".to_owned(),
+                };
+                let why = s
+                    .and_then(|s| {
+                        s.last_error
+                            .clone()
+                            .or_else(|| s.verdict.as_ref().map(ToString::to_string))
+                    })
+                    .unwrap_or_default();
                 t.add_row(vec![
-                    c.hostname.clone(),
-                    c.names.join(", "),
-                    c.not_after.to_string(),
+                    h.to_owned(),
+                    state,
+                    unix_time(m.map(|m| m.not_after).or(s.and_then(|s| s.not_after))),
+                    s.map_or_else(|| "-".to_owned(), |s| s.issuer.to_string()),
+                    unix_time(s.and_then(|s| s.next_attempt_at)),
+                    why,
                 ]);
             }
             print_table(&t);
+            Ok(())
+        }
+        CertCommand::Policy(PolicyCommand::Show { json }) => {
+            let mut client = super::connect(global).await?;
+            let policy: CertificatePolicy = client.get(paths::CERTIFICATE_POLICY).await?;
+            if json {
+                return print_json(&policy);
+            }
+            show_policy(&policy);
+            Ok(())
+        }
+        CertCommand::Policy(PolicyCommand::Set(args)) => {
+            let policy = args.policy()?;
+            let mut client = super::connect(global).await?;
+            let now: CertificatePolicy = client
+                .put(
+                    paths::CERTIFICATE_POLICY,
+                    &SetCertificatePolicyRequest {
+                        policy,
+                        reset: args.reset,
+                    },
+                )
+                .await?;
+            if args.json {
+                return print_json(&now);
+            }
+            show_policy(&now);
+            Ok(())
+        }
+        CertCommand::Policy(PolicyCommand::Reset) => {
+            let mut client = super::connect(global).await?;
+            client.delete(paths::CERTIFICATE_POLICY).await?;
+            println!("Certificate Policy reset to the built-in defaults.");
             Ok(())
         }
     }

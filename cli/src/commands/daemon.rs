@@ -8,7 +8,7 @@ use ployz_daemon::{DaemonConfig, DaemonConfigFile, LogFormat};
 #[derive(Debug, Subcommand)]
 pub enum DaemonCommand {
     /// Run the daemon in the foreground until SIGTERM (graceful) or SIGINT (fast).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run only the edge, with fixed routes (benchmarks, debugging).
     #[command(hide = true)]
     Edge(EdgeArgs),
@@ -69,6 +69,20 @@ pub struct RunArgs {
     /// After SIGTERM, seconds of serving with health 503 before the listeners close [default: 5].
     #[arg(long, value_name = "SECONDS")]
     drain_delay: Option<u64>,
+    /// Where the internal DNS listens: gateway (the Machine Gateway:53), ADDR:PORT or off
+    /// [default: gateway].
+    #[arg(long, value_name = "ADDR:PORT")]
+    dns_listen: Option<String>,
+    /// Where the internal DNS forwards other names, ADDR:PORT (repeatable) [default: the
+    /// nameservers of /etc/resolv.conf].
+    #[arg(long = "dns-upstream", value_name = "ADDR:PORT")]
+    dns_upstreams: Vec<String>,
+    /// Do not order certificates by ACME (imported Certificate Material is still served).
+    #[arg(long)]
+    no_certificates: bool,
+    /// The DNS server the Cluster DNS Verdict asks, ADDR:PORT [default: the system's].
+    #[arg(long, value_name = "ADDR:PORT")]
+    verdict_resolver: Option<String>,
     /// Log lines as `text` or `json` [default: text].
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
@@ -76,7 +90,7 @@ pub struct RunArgs {
 
 pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     let args = match cmd {
-        DaemonCommand::Run(args) => args,
+        DaemonCommand::Run(args) => *args,
         DaemonCommand::Edge(args) => return edge(args),
     };
     let file = match &args.config {
@@ -113,6 +127,18 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     }
     if let Some(v) = args.drain_delay {
         config.drain_delay_seconds = v;
+    }
+    if let Some(v) = args.dns_listen {
+        config.dns_listen = v;
+    }
+    if !args.dns_upstreams.is_empty() {
+        config.dns_upstreams = args.dns_upstreams;
+    }
+    if args.no_certificates {
+        config.certificates = false;
+    }
+    if let Some(v) = args.verdict_resolver {
+        config.verdict_resolver = Some(v);
     }
     if let Some(v) = args.log_format {
         config.log_format = v;

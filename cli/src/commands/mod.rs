@@ -5,6 +5,7 @@ pub mod ctx;
 pub mod daemon;
 pub mod deploy;
 pub mod dial_stdio;
+pub mod dns;
 pub mod machine;
 pub mod run;
 pub mod service;

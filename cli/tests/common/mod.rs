@@ -60,6 +60,10 @@ impl Lab {
     }
 }
 
+/// What test daemons run without: certificate ordering (it would reach for the internet) and
+/// the internal DNS on the Machine Gateway (port 53 is one per host; the DNS tests ask for it).
+pub const QUIET_DAEMON: &[&str] = &["--no-certificates", "--dns-listen", "off"];
+
 /// A running `ployz daemon run`.
 pub struct Daemon {
     pub data_dir: PathBuf,
@@ -72,6 +76,8 @@ pub struct Daemon {
     pub metrics_port: u16,
     /// Seconds the daemon serves with health 503 after SIGTERM (0 in tests unless asked).
     pub drain_delay: u64,
+    /// Flags beyond the ones every test daemon gets.
+    args: Vec<String>,
     child: Option<Child>,
     log: PathBuf,
 }
@@ -82,10 +88,22 @@ impl Daemon {
     }
 
     pub fn start_with_drain_delay(data_dir: PathBuf, socket: PathBuf, drain_delay: u64) -> Daemon {
+        Daemon::start_with(data_dir, socket, drain_delay, QUIET_DAEMON)
+    }
+
+    /// A daemon with `args` beside the usual test flags. Without `--no-certificates` among them,
+    /// it orders certificates: give it a Certificate Policy pointing at a local ACME server first.
+    pub fn start_with(
+        data_dir: PathBuf,
+        socket: PathBuf,
+        drain_delay: u64,
+        args: &[&str],
+    ) -> Daemon {
         let log = data_dir.with_extension("log");
         let [http_port, https_port, metrics_port] = free_ports();
         let ports = [http_port, https_port, metrics_port];
-        let child = spawn_daemon(&data_dir, &socket, &log, ports, drain_delay);
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let child = spawn_daemon(&data_dir, &socket, &log, ports, drain_delay, &args);
         let mut d = Daemon {
             data_dir,
             socket,
@@ -93,6 +111,7 @@ impl Daemon {
             https_port,
             metrics_port,
             drain_delay,
+            args,
             child: Some(child),
             log,
         };
@@ -152,6 +171,7 @@ impl Daemon {
             &self.log,
             [self.http_port, self.https_port, self.metrics_port],
             self.drain_delay,
+            &self.args,
         ));
         self.wait_ready();
     }
@@ -179,6 +199,7 @@ fn spawn_daemon(
     log: &Path,
     [http_port, https_port, metrics_port]: [u16; 3],
     drain_delay: u64,
+    args: &[String],
 ) -> Child {
     let log_file = std::fs::OpenOptions::new()
         .create(true)
@@ -198,6 +219,7 @@ fn spawn_daemon(
         .arg(format!("127.0.0.1:{metrics_port}"))
         .args(["--drain-delay", &drain_delay.to_string()])
         .args(["--max-body-bytes", "1048576"])
+        .args(args)
         .env("PLOYZ_LOG", "info")
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
@@ -334,9 +356,22 @@ pub struct DockerMachine {
 
 impl DockerMachine {
     pub fn new(lab: &Lab, name: &str) -> DockerMachine {
+        DockerMachine::with(lab, name, QUIET_DAEMON, &[])
+    }
+
+    /// A Machine whose daemon gets `daemon_args` (instead of `--no-certificates`) and whose
+    /// `machine init` gets `init_args`.
+    pub fn with(lab: &Lab, name: &str, daemon_args: &[&str], init_args: &[&str]) -> DockerMachine {
         ensure_test_image();
-        let daemon = lab.daemon(name);
-        let init = json(&lab.ployz(&daemon, &["machine", "init", "--name", name, "--json"]));
+        let daemon = Daemon::start_with(
+            lab.path(&format!("{name}-data")),
+            lab.path(&format!("{name}.sock")),
+            0,
+            daemon_args,
+        );
+        let mut args = vec!["machine", "init", "--name", name, "--json"];
+        args.extend_from_slice(init_args);
+        let init = json(&lab.ployz(&daemon, &args));
         DockerMachine {
             id: init["id"].as_str().unwrap().to_owned(),
             daemon,
@@ -422,4 +457,31 @@ pub fn run(lab: &Lab, m: &DockerMachine, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
+}
+
+/// `curl` of `https://host:port/` with `host` resolved to 127.0.0.1, trusting `dir/ca.pem`:
+/// (success, stdout, stderr).
+pub fn curl_https(
+    dir: &std::path::Path,
+    port: u16,
+    host: &str,
+    extra: &[&str],
+) -> (bool, String, String) {
+    let out = std::process::Command::new("curl")
+        .current_dir(dir)
+        .args([
+            "-sS",
+            "-v",
+            "--max-time",
+            "10",
+            "--cacert",
+            "ca.pem",
+            "--resolve",
+        ])
+        .arg(format!("{host}:{port}:127.0.0.1"))
+        .args(extra)
+        .arg(format!("https://{host}:{port}/"))
+        .output()
+        .expect("curl runs");
+    (out.status.success(), stdout(&out), stderr(&out))
 }

@@ -1,0 +1,832 @@
+//! The CertificateIssuer: the long-running module that orders and renews Certificate Material
+//! for the Ingress Hostnames this Machine issues.
+//!
+//! One pass: read the Certificate Policy, the container observations, the stored material and the
+//! participating Machines; pick the hostnames this Machine issues (rendezvous hashing); write a
+//! status record for each; and for each hostname that wants material and whose backoff has
+//! elapsed, take the Cluster DNS Verdict and, when it permits, order over HTTP-01. Between passes
+//! the issuer sleeps until the earliest renewal point or retry (at most
+//! [`IssuerConfig::max_sleep`]) and wakes early on any change to observations, Certificate
+//! Material, the Certificate Policy or Machine records.
+//!
+//! Failures back off exponentially between the policy's bounds; the next attempt time is in the
+//! status record (and survives a restart of the daemon, which reads it back).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use instant_acme::{
+    Account, AuthorizationStatus, ChallengeType, Identifier, NewOrder, OrderStatus, RetryPolicy,
+};
+use ployz_core::{
+    CertificateMaterial, CertificatePolicy, CertificateState, CertificateStatus, ClusterDnsVerdict,
+    MachineId,
+};
+use ployz_store::machines::MACHINES_NAMESPACE;
+use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
+use ployz_store::{KeyPrefix, Store};
+use tokio::sync::watch;
+
+use crate::acme_client::{describe, is_account_missing, key_and_csr, Accounts};
+use crate::challenge::{is_valid_token, ChallengeRecord};
+use crate::layout::{
+    certificate_key, challenge_key, status_key, statuses_of, stored_materials, stored_policy,
+    CERTIFICATES_NAMESPACE, CHALLENGES_NAMESPACE, POLICY_NAMESPACE,
+};
+use crate::material::{material_from_issued, parse_leaf};
+use crate::rendezvous::{issuer_for, participating_machines};
+use crate::verdict::{VerdictProbe, VerdictResolver};
+use crate::wanted::{assess, ingress_https_hostnames, renewal_point, Need};
+
+/// The time source of the issuer's decisions (renewal points, status times). Sleeping uses the
+/// runtime's timer; the clock only says what time it is.
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> SystemTime + Send + Sync>);
+
+impl Clock {
+    /// The system clock.
+    pub fn system() -> Clock {
+        Clock(Arc::new(SystemTime::now))
+    }
+
+    /// A clock reading `f` (for tests: a shifted or frozen time).
+    pub fn from_fn(f: impl Fn() -> SystemTime + Send + Sync + 'static) -> Clock {
+        Clock(Arc::new(f))
+    }
+
+    /// Now.
+    pub fn now(&self) -> SystemTime {
+        (self.0)()
+    }
+
+    /// Now in milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> i64 {
+        self.now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::system()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Clock")
+    }
+}
+
+/// Reads the Cluster's Machine public addresses from the store.
+pub type PublicAddressFn = Arc<dyn Fn(&Store) -> BTreeSet<IpAddr> + Send + Sync>;
+
+/// Where the Cluster's Machine public addresses come from, for the Cluster DNS Verdict.
+#[derive(Clone, Default)]
+pub enum PublicAddressSource {
+    /// Not known: every verdict is [`ClusterDnsVerdict::Unknown`] and ordering goes ahead.
+    #[default]
+    Unknown,
+    /// A fixed set (a flag, a test).
+    Fixed(BTreeSet<IpAddr>),
+    /// Read from the store on every verdict (from Machine records, once they carry them).
+    Dynamic(PublicAddressFn),
+}
+
+impl PublicAddressSource {
+    /// The addresses now; empty means unknown.
+    pub fn addresses(&self, store: &Store) -> BTreeSet<IpAddr> {
+        match self {
+            PublicAddressSource::Unknown => BTreeSet::new(),
+            PublicAddressSource::Fixed(s) => s.clone(),
+            PublicAddressSource::Dynamic(f) => f(store),
+        }
+    }
+}
+
+impl std::fmt::Debug for PublicAddressSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PublicAddressSource::Unknown => f.write_str("Unknown"),
+            PublicAddressSource::Fixed(s) => f.debug_tuple("Fixed").field(s).finish(),
+            PublicAddressSource::Dynamic(_) => f.write_str("Dynamic"),
+        }
+    }
+}
+
+/// What the daemon gives the issuer.
+#[derive(Debug, Clone)]
+pub struct IssuerConfig {
+    /// This Machine (must be the store's local Machine: status records are machine-owned).
+    pub machine_id: MachineId,
+    /// The resolver the Cluster DNS Verdict asks (`--verdict-resolver ADDR:PORT`; default the
+    /// system's).
+    pub verdict_resolver: VerdictResolver,
+    /// The Cluster's Machine public addresses.
+    pub public_addresses: PublicAddressSource,
+    /// The time source.
+    pub clock: Clock,
+    /// The longest sleep between passes (the issuer wakes at least this often).
+    pub max_sleep: Duration,
+    /// The longest one order may take, end to end.
+    pub order_timeout: Duration,
+    /// The longest the issuer polls an order for readiness, and again for its certificate.
+    pub poll_timeout: Duration,
+    /// How long a challenge record is served.
+    pub challenge_ttl: Duration,
+}
+
+impl IssuerConfig {
+    /// The defaults for `machine_id`: system resolver, public addresses unknown, system clock,
+    /// hourly wake, 5-minute orders, 2-minute polls, 1-hour challenge records.
+    pub fn new(machine_id: MachineId) -> IssuerConfig {
+        IssuerConfig {
+            machine_id,
+            verdict_resolver: VerdictResolver::System,
+            public_addresses: PublicAddressSource::Unknown,
+            clock: Clock::system(),
+            max_sleep: Duration::from_secs(3600),
+            order_timeout: Duration::from_secs(300),
+            poll_timeout: Duration::from_secs(120),
+            challenge_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// The wait after `failures` failures in a row (at least 1): the minimum doubled per failure,
+/// with up to 20% jitter, within `[min, max]`.
+pub fn backoff_delay(failures: u32, min: Duration, max: Duration) -> Duration {
+    let exp = failures.saturating_sub(1).min(30);
+    let base = min.saturating_mul(1u32 << exp.min(31));
+    let jitter = 1.0 + rand::random::<f64>() * 0.2;
+    base.mul_f64(jitter).clamp(min, max.max(min))
+}
+
+/// How long a hostname that does not point here waits before its verdict is taken again: the
+/// failure backoff, but never longer than 15 minutes (DNS changes should be noticed soon).
+fn verdict_recheck_delay(failures: u32, min: Duration, max: Duration) -> Duration {
+    let cap = max.min(Duration::from_secs(900)).max(min);
+    backoff_delay(failures, min, cap)
+}
+
+/// A hostname waiting for its next attempt.
+#[derive(Debug, Clone)]
+struct Backoff {
+    failures: u32,
+    next_attempt_ms: i64,
+}
+
+/// The certificate issuer of one Machine. Start it with [`CertificateIssuer::run`].
+pub struct CertificateIssuer {
+    config: IssuerConfig,
+    accounts: Accounts,
+    backoff: HashMap<String, Backoff>,
+    /// When this issuer last stored material per hostname (Unix ms): a renewal is not ordered
+    /// sooner than the policy's minimum backoff after the previous issuance, so a renewal
+    /// fraction close to zero cannot make the issuer order in a tight loop.
+    last_issued_ms: HashMap<String, i64>,
+    probe: Option<(Duration, Arc<VerdictProbe>)>,
+    /// The policy of the previous pass: a changed policy (someone fixed something) ends every
+    /// backoff.
+    last_policy: Option<CertificatePolicy>,
+}
+
+impl std::fmt::Debug for CertificateIssuer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CertificateIssuer")
+            .field("machine_id", &self.config.machine_id)
+            .field("backoff", &self.backoff)
+            .finish_non_exhaustive()
+    }
+}
+
+fn ms_to_secs_ceil(ms: i64) -> i64 {
+    ms.div_euclid(1000) + i64::from(ms.rem_euclid(1000) != 0)
+}
+
+impl CertificateIssuer {
+    /// An issuer with `config`; nothing happens until [`CertificateIssuer::run`] or
+    /// [`CertificateIssuer::pass`].
+    pub fn new(config: IssuerConfig) -> CertificateIssuer {
+        CertificateIssuer {
+            config,
+            accounts: Accounts::default(),
+            backoff: HashMap::new(),
+            last_issued_ms: HashMap::new(),
+            probe: None,
+            last_policy: None,
+        }
+    }
+
+    /// Runs the issuer on `store` until `shutdown` turns true (or its sender is dropped). An
+    /// order in flight is abandoned at shutdown; its challenge records expire.
+    ///
+    /// # Panics
+    /// If `config.machine_id` is not the store's local Machine.
+    pub async fn run(store: Arc<Store>, config: IssuerConfig, mut shutdown: watch::Receiver<bool>) {
+        assert_eq!(
+            store.local(),
+            &config.machine_id,
+            "the issuer writes machine-owned status records: its Machine must be the store's"
+        );
+        let mut issuer = CertificateIssuer::new(config);
+        issuer.restore(&store);
+        let mut containers = store.watch(KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE));
+        let mut certificates = store.watch(KeyPrefix::cluster_namespace(CERTIFICATES_NAMESPACE));
+        let mut policy = store.watch(KeyPrefix::cluster_namespace(POLICY_NAMESPACE));
+        let mut machines = store.watch(KeyPrefix::machine_namespace(MACHINES_NAMESPACE));
+        tracing::info!(machine = %issuer.config.machine_id, "certificate issuer started");
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let wait = tokio::select! {
+                _ = shutdown.changed() => break,
+                wait = issuer.pass(&store) => wait,
+            };
+            tokio::select! {
+                _ = shutdown.changed() => break,
+                _ = tokio::time::sleep(wait) => {}
+                e = containers.next() => if e.is_none() { break },
+                e = certificates.next() => if e.is_none() { break },
+                e = policy.next() => if e.is_none() { break },
+                e = machines.next() => if e.is_none() { break },
+            }
+            // Coalesce a burst of changes into one pass.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tracing::info!("certificate issuer stopped");
+    }
+
+    /// Reads back this Machine's status records so a restarted daemon keeps honouring the
+    /// backoff it had promised.
+    pub fn restore(&mut self, store: &Store) {
+        for (h, s) in statuses_of(store, &self.config.machine_id) {
+            if let (CertificateState::Failed | CertificateState::NotPointingHere, Some(next)) =
+                (s.state, s.next_attempt_at)
+            {
+                self.backoff.insert(
+                    h,
+                    Backoff {
+                        failures: s.consecutive_failures.max(1),
+                        next_attempt_ms: next.saturating_mul(1000),
+                    },
+                );
+            }
+        }
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.config.clock.now_ms()
+    }
+
+    /// One pass over every hostname; returns how long to sleep before the next one (unless a
+    /// store change comes first).
+    pub async fn pass(&mut self, store: &Store) -> Duration {
+        let local = self.config.machine_id.clone();
+        let now_ms = self.now_ms();
+        let now = now_ms.div_euclid(1000);
+        sweep_expired_challenges(store, now);
+
+        let hostnames = ingress_https_hostnames(&stored_observations(store));
+        let participants = participating_machines(store, &local);
+        let mine: BTreeSet<String> = hostnames
+            .into_iter()
+            .filter(|h| issuer_for(h, &participants) == Some(&local))
+            .collect();
+        let mut statuses = statuses_of(store, &local);
+        for h in statuses.keys().filter(|h| !mine.contains(*h)) {
+            if let Err(e) = store.delete(&status_key(&local, h)) {
+                tracing::warn!(hostname = %h, error = %e, "removing a certificate status failed");
+            }
+        }
+        statuses.retain(|h, _| mine.contains(h));
+        self.backoff.retain(|h, _| mine.contains(h));
+        self.last_issued_ms.retain(|h, _| mine.contains(h));
+        let materials = stored_materials(store);
+
+        let policy = match stored_policy(store) {
+            Ok(p) => p,
+            Err(refusal) => {
+                let message = refusal.to_string();
+                for h in &mine {
+                    let leaf = materials.get(h).and_then(|m| parse_leaf(&m.chain_pem).ok());
+                    let status = CertificateStatus {
+                        hostname: h.clone(),
+                        state: CertificateState::PolicyRefused,
+                        not_after: leaf.as_ref().map(|l| l.not_after),
+                        renew_at: None,
+                        issuer: local.clone(),
+                        last_error: Some(message.clone()),
+                        consecutive_failures: 0,
+                        last_attempt_at: None,
+                        next_attempt_at: None,
+                        verdict: None,
+                        updated_at: now,
+                    };
+                    write_status(store, statuses.get(h), status);
+                }
+                if !mine.is_empty() {
+                    tracing::warn!(error = %message, "certificate issuance held: the Certificate Policy is refused");
+                }
+                return self.config.max_sleep;
+            }
+        };
+
+        if self.last_policy.as_ref().is_some_and(|p| *p != policy) {
+            tracing::info!("the Certificate Policy changed; retrying every held hostname now");
+            self.backoff.clear();
+            self.last_issued_ms.clear();
+        }
+        self.last_policy = Some(policy.clone());
+
+        let assessment = assess(&mine, &materials, &policy, now);
+        for (h, current) in &assessment.current {
+            self.backoff.remove(h);
+            let held = statuses.get(h);
+            let status = CertificateStatus {
+                hostname: h.clone(),
+                state: CertificateState::Valid,
+                not_after: Some(current.not_after),
+                renew_at: Some(current.renew_at),
+                issuer: local.clone(),
+                last_error: None,
+                consecutive_failures: 0,
+                last_attempt_at: held.and_then(|s| s.last_attempt_at),
+                next_attempt_at: None,
+                verdict: held.and_then(|s| s.verdict.clone()),
+                updated_at: now,
+            };
+            write_status(store, held, status);
+        }
+        for (h, need) in &assessment.wanted {
+            let held = statuses.get(h);
+            let fresh = held.is_none_or(|s| {
+                matches!(
+                    s.state,
+                    CertificateState::Valid | CertificateState::PolicyRefused
+                )
+            });
+            if fresh && !self.backoff.contains_key(h) {
+                let status = CertificateStatus {
+                    hostname: h.clone(),
+                    state: CertificateState::Pending,
+                    not_after: need_not_after(need, materials.get(h)),
+                    renew_at: None,
+                    issuer: local.clone(),
+                    last_error: None,
+                    consecutive_failures: 0,
+                    last_attempt_at: held.and_then(|s| s.last_attempt_at),
+                    next_attempt_at: None,
+                    verdict: held.and_then(|s| s.verdict.clone()),
+                    updated_at: now,
+                };
+                write_status(store, held, status);
+            }
+        }
+
+        let mut wake_ms: Vec<i64> = assessment
+            .next_renewal()
+            .map(|s| s.saturating_mul(1000))
+            .into_iter()
+            .collect();
+        for (h, need) in &assessment.wanted {
+            if let Some(b) = self.backoff.get(h) {
+                if b.next_attempt_ms > self.now_ms() {
+                    wake_ms.push(b.next_attempt_ms);
+                    continue;
+                }
+            }
+            if matches!(need, Need::Renewal { .. }) {
+                if let Some(last) = self.last_issued_ms.get(h) {
+                    let earliest = last + policy.backoff_min().as_millis() as i64;
+                    if earliest > self.now_ms() {
+                        wake_ms.push(earliest);
+                        continue;
+                    }
+                }
+            }
+            let held = status_of(store, &local, h);
+            self.attempt(store, &policy, h, need, &materials, held.as_ref())
+                .await;
+            if let Some(b) = self.backoff.get(h) {
+                wake_ms.push(b.next_attempt_ms);
+            }
+        }
+        let now_ms = self.now_ms();
+        let wait = wake_ms
+            .into_iter()
+            .map(|t| Duration::from_millis((t - now_ms).max(0) as u64))
+            .min()
+            .unwrap_or(self.config.max_sleep)
+            .min(self.config.max_sleep);
+        // Never spin, whatever the clock says.
+        wait.max(Duration::from_millis(200))
+    }
+
+    fn probe(&mut self, policy: &CertificatePolicy) -> Result<Arc<VerdictProbe>, String> {
+        let timeout = policy.probe_timeout();
+        if let Some((t, p)) = &self.probe {
+            if *t == timeout {
+                return Ok(p.clone());
+            }
+        }
+        let p = Arc::new(VerdictProbe::new(self.config.verdict_resolver, timeout)?);
+        self.probe = Some((timeout, p.clone()));
+        Ok(p)
+    }
+
+    /// Verdict, then order, for one hostname; records the outcome in the store and the backoff.
+    async fn attempt(
+        &mut self,
+        store: &Store,
+        policy: &CertificatePolicy,
+        hostname: &str,
+        need: &Need,
+        materials: &BTreeMap<String, CertificateMaterial>,
+        held: Option<&CertificateStatus>,
+    ) {
+        let local = self.config.machine_id.clone();
+        let started = self.now_ms().div_euclid(1000);
+        let failures = self.backoff.get(hostname).map_or(0, |b| b.failures);
+        let not_after = need_not_after(need, materials.get(hostname));
+        let expected = self.config.public_addresses.addresses(store);
+        let verdict = match self.probe(policy) {
+            Ok(p) => p.verdict(hostname, &expected).await,
+            Err(reason) => ClusterDnsVerdict::Unknown { reason },
+        };
+        if !verdict.permits_order() {
+            let failures = failures + 1;
+            let delay = verdict_recheck_delay(failures, policy.backoff_min(), policy.backoff_max());
+            let next_ms = self.now_ms() + delay.as_millis() as i64;
+            self.backoff.insert(
+                hostname.to_owned(),
+                Backoff {
+                    failures,
+                    next_attempt_ms: next_ms,
+                },
+            );
+            tracing::info!(hostname, %verdict, "not ordering a certificate: the hostname does not point at this Cluster");
+            let status = CertificateStatus {
+                hostname: hostname.to_owned(),
+                state: CertificateState::NotPointingHere,
+                not_after,
+                renew_at: None,
+                issuer: local,
+                last_error: Some(format!("not ordered: {hostname} {verdict}")),
+                consecutive_failures: failures,
+                last_attempt_at: Some(started),
+                next_attempt_at: Some(ms_to_secs_ceil(next_ms)),
+                verdict: Some(verdict),
+                updated_at: started,
+            };
+            write_status(store, held, status);
+            return;
+        }
+        if let ClusterDnsVerdict::Unknown { reason } = &verdict {
+            tracing::info!(hostname, reason = %reason, "Cluster DNS Verdict unknown; ordering anyway");
+        }
+        let ordering = CertificateStatus {
+            hostname: hostname.to_owned(),
+            state: CertificateState::Ordering,
+            not_after,
+            renew_at: None,
+            issuer: local.clone(),
+            last_error: held.and_then(|s| s.last_error.clone()),
+            consecutive_failures: failures,
+            last_attempt_at: Some(started),
+            next_attempt_at: None,
+            verdict: Some(verdict.clone()),
+            updated_at: started,
+        };
+        write_status(store, held, ordering.clone());
+        tracing::info!(hostname, ?need, "ordering a certificate");
+
+        let outcome = match tokio::time::timeout(
+            self.config.order_timeout,
+            self.order(store, policy, hostname),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(format!(
+                "the order did not complete within {} s",
+                self.config.order_timeout.as_secs()
+            )),
+        };
+        let stored = outcome.and_then(|material| {
+            store
+                .put(
+                    &certificate_key(hostname),
+                    serde_json::to_vec(&material).expect("material serialises"),
+                )
+                .map(|_| material)
+                .map_err(|e| format!("storing the Certificate Material failed: {e}"))
+        });
+        let now_ms = self.now_ms();
+        let now = now_ms.div_euclid(1000);
+        match stored {
+            Ok(material) => {
+                self.backoff.remove(hostname);
+                self.last_issued_ms.insert(hostname.to_owned(), now_ms);
+                let leaf = parse_leaf(&material.chain_pem).ok();
+                tracing::info!(
+                    hostname,
+                    not_after = material.not_after,
+                    serial = leaf.as_ref().map(|l| l.serial.as_str()).unwrap_or_default(),
+                    "Certificate Material issued and stored"
+                );
+                let status = CertificateStatus {
+                    hostname: hostname.to_owned(),
+                    state: CertificateState::Valid,
+                    not_after: Some(material.not_after),
+                    renew_at: leaf.map(|l| {
+                        renewal_point(l.not_before, l.not_after, policy.renewal_fraction())
+                    }),
+                    issuer: local,
+                    last_error: None,
+                    consecutive_failures: 0,
+                    last_attempt_at: Some(started),
+                    next_attempt_at: None,
+                    verdict: Some(verdict),
+                    updated_at: now,
+                };
+                write_status(store, Some(&ordering), status);
+            }
+            Err(error) => {
+                let failures = failures + 1;
+                let delay = backoff_delay(failures, policy.backoff_min(), policy.backoff_max());
+                let next_ms = now_ms + delay.as_millis() as i64;
+                self.backoff.insert(
+                    hostname.to_owned(),
+                    Backoff {
+                        failures,
+                        next_attempt_ms: next_ms,
+                    },
+                );
+                tracing::warn!(hostname, %error, failures, retry_in_s = delay.as_secs_f64(), "ordering a certificate failed");
+                let status = CertificateStatus {
+                    hostname: hostname.to_owned(),
+                    state: CertificateState::Failed,
+                    not_after,
+                    renew_at: None,
+                    issuer: local,
+                    last_error: Some(error),
+                    consecutive_failures: failures,
+                    last_attempt_at: Some(started),
+                    next_attempt_at: Some(ms_to_secs_ceil(next_ms)),
+                    verdict: Some(verdict),
+                    updated_at: now,
+                };
+                write_status(store, Some(&ordering), status);
+            }
+        }
+    }
+
+    /// Orders a certificate for `hostname`; a vanished account is replaced once.
+    async fn order(
+        &mut self,
+        store: &Store,
+        policy: &CertificatePolicy,
+        hostname: &str,
+    ) -> Result<CertificateMaterial, String> {
+        let account = self.accounts.account(store, policy).await?;
+        match order_once(&account, store, policy, hostname, &self.config).await {
+            Err(OrderFailure {
+                account_missing: true,
+                message,
+            }) => {
+                tracing::info!(%message, "the ACME account is gone; registering a new one");
+                self.accounts.forget(store, policy);
+                let account = self.accounts.account(store, policy).await?;
+                order_once(&account, store, policy, hostname, &self.config)
+                    .await
+                    .map_err(|f| f.message)
+            }
+            other => other.map_err(|f| f.message),
+        }
+    }
+}
+
+fn need_not_after(need: &Need, material: Option<&CertificateMaterial>) -> Option<i64> {
+    match need {
+        Need::Missing | Need::Unreadable(_) => None,
+        Need::Renewal { not_after, .. } => Some(*not_after),
+        Need::NotCovered { .. } => material.map(|m| m.not_after),
+    }
+}
+
+fn status_of(store: &Store, local: &MachineId, hostname: &str) -> Option<CertificateStatus> {
+    store
+        .get(&status_key(local, hostname))
+        .ok()
+        .flatten()
+        .and_then(|r| r.live_value().map(<[u8]>::to_vec))
+        .and_then(|v| serde_json::from_slice(&v).ok())
+}
+
+/// Writes `status` unless it says what `held` already says (ignoring the write time), so an
+/// idle issuer does not churn the store.
+fn write_status(store: &Store, held: Option<&CertificateStatus>, status: CertificateStatus) {
+    if let Some(h) = held {
+        let mut same = h.clone();
+        same.updated_at = status.updated_at;
+        if same == status {
+            return;
+        }
+    }
+    let key = status_key(&status.issuer, &status.hostname);
+    if let Err(e) = store.put(
+        &key,
+        serde_json::to_vec(&status).expect("status serialises"),
+    ) {
+        tracing::warn!(hostname = %status.hostname, error = %e, "writing a certificate status failed");
+    }
+}
+
+/// Removes challenge records whose time is up (left by an abandoned order, on any Machine).
+fn sweep_expired_challenges(store: &Store, now: i64) {
+    for r in store
+        .scan_live(&KeyPrefix::cluster_namespace(CHALLENGES_NAMESPACE))
+        .unwrap_or_default()
+    {
+        let expired = serde_json::from_slice::<ChallengeRecord>(&r.value)
+            .map_or(true, |c| c.expires_at <= now);
+        if expired {
+            let _ = store.delete(&r.key);
+        }
+    }
+}
+
+struct OrderFailure {
+    message: String,
+    account_missing: bool,
+}
+
+fn acme_failure(step: &'static str) -> impl Fn(instant_acme::Error) -> OrderFailure {
+    move |e| OrderFailure {
+        account_missing: is_account_missing(&e),
+        message: format!("{step}: {}", describe(&e)),
+    }
+}
+
+fn failure(message: String) -> OrderFailure {
+    OrderFailure {
+        message,
+        account_missing: false,
+    }
+}
+
+/// One order, start to finish: new order, HTTP-01 for each authorization not yet valid (records
+/// written to the store before the authority is told), readiness, CSR, certificate. The
+/// challenge records are removed whatever happens.
+async fn order_once(
+    account: &Account,
+    store: &Store,
+    policy: &CertificatePolicy,
+    hostname: &str,
+    config: &IssuerConfig,
+) -> Result<CertificateMaterial, OrderFailure> {
+    let identifiers = [Identifier::Dns(hostname.to_owned())];
+    let mut order = account
+        .new_order(&NewOrder::new(&identifiers))
+        .await
+        .map_err(acme_failure("creating the order failed"))?;
+    let mut tokens: Vec<String> = Vec::new();
+    let result = async {
+        let expires_at = config.clock.now_ms().div_euclid(1000) + config.challenge_ttl.as_secs() as i64;
+        {
+            let mut authorizations = order.authorizations();
+            while let Some(authz) = authorizations.next().await {
+                let mut authz = authz.map_err(acme_failure("fetching an authorization failed"))?;
+                match authz.status {
+                    // Reused from an earlier order: nothing to prove.
+                    AuthorizationStatus::Valid => continue,
+                    AuthorizationStatus::Pending => {}
+                    other => {
+                        return Err(failure(format!(
+                            "the authorization for {hostname} is {other:?}, not pending"
+                        )))
+                    }
+                }
+                let mut challenge = authz.challenge(ChallengeType::Http01).ok_or_else(|| {
+                    failure(format!(
+                        "the authority offers no http-01 challenge for {hostname}; Ployz performs only http-01"
+                    ))
+                })?;
+                if !is_valid_token(&challenge.token) {
+                    return Err(failure(format!(
+                        "the authority's http-01 token for {hostname} is not base64url; it cannot be served"
+                    )));
+                }
+                let record = ChallengeRecord {
+                    token: challenge.token.clone(),
+                    key_authorization: challenge.key_authorization().as_str().to_owned(),
+                    hostname: hostname.to_owned(),
+                    expires_at,
+                };
+                // Durable (flushed) before the authority is told to look.
+                store
+                    .put(
+                        &challenge_key(&record.token),
+                        serde_json::to_vec(&record).expect("challenge serialises"),
+                    )
+                    .map_err(|e| failure(format!("storing the challenge failed: {e}")))?;
+                tokens.push(record.token);
+                challenge
+                    .set_ready()
+                    .await
+                    .map_err(acme_failure("telling the authority the challenge is ready failed"))?;
+            }
+        }
+        let retry = RetryPolicy::new()
+            .initial_delay(Duration::from_millis(250))
+            .backoff(1.5)
+            .timeout(config.poll_timeout);
+        let status = order
+            .poll_ready(&retry)
+            .await
+            .map_err(acme_failure("waiting for validation failed"))?;
+        if status != OrderStatus::Ready {
+            let mut reasons = Vec::new();
+            let mut authorizations = order.authorizations();
+            while let Some(Ok(mut authz)) = authorizations.next().await {
+                if let Ok(state) = authz.refresh().await {
+                    reasons.extend(state.challenges.iter().filter_map(|c| {
+                        c.error.as_ref().map(|p| format!("{:?}: {p}", c.r#type))
+                    }));
+                }
+            }
+            return Err(failure(format!(
+                "validation of {hostname} failed (order {status:?}){}",
+                if reasons.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", reasons.join("; "))
+                }
+            )));
+        }
+        let key_type = policy.key_type();
+        let name = hostname.to_owned();
+        let (key_pem, csr) = tokio::task::spawn_blocking(move || key_and_csr(&name, key_type))
+            .await
+            .map_err(|e| failure(format!("generating the key failed: {e}")))?
+            .map_err(failure)?;
+        order
+            .finalize_csr(&csr)
+            .await
+            .map_err(acme_failure("finalizing the order failed"))?;
+        let chain = order
+            .poll_certificate(&retry)
+            .await
+            .map_err(acme_failure("downloading the certificate failed"))?;
+        material_from_issued(hostname, &chain, &key_pem, config.clock.now_ms().div_euclid(1000))
+            .map_err(|e| failure(format!("the issued certificate is not usable: {e}")))
+    }
+    .await;
+    for token in &tokens {
+        if let Err(e) = store.delete(&challenge_key(token)) {
+            tracing::warn!(error = %e, "removing a challenge record failed");
+        }
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_within_bounds() {
+        let min = Duration::from_secs(60);
+        let max = Duration::from_secs(6 * 3600);
+        for _ in 0..50 {
+            let d1 = backoff_delay(1, min, max);
+            assert!(d1 >= min && d1 <= min.mul_f64(1.2), "{d1:?}");
+            let d3 = backoff_delay(3, min, max);
+            assert!(d3 >= min * 4 && d3 <= (min * 4).mul_f64(1.2), "{d3:?}");
+            let d20 = backoff_delay(20, min, max);
+            assert_eq!(d20, max);
+            assert_eq!(backoff_delay(u32::MAX, min, max), max);
+        }
+        // min == max: always that.
+        assert_eq!(
+            backoff_delay(5, Duration::from_secs(1), Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+        // Verdict rechecks stay within 15 minutes unless the minimum is longer.
+        assert!(verdict_recheck_delay(30, min, max) <= Duration::from_secs(900));
+        let long_min = Duration::from_secs(1800);
+        assert_eq!(verdict_recheck_delay(30, long_min, max), long_min);
+    }
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(ms_to_secs_ceil(1_000), 1);
+        assert_eq!(ms_to_secs_ceil(1_001), 2);
+        assert_eq!(ms_to_secs_ceil(0), 0);
+    }
+}

@@ -1,0 +1,233 @@
+//! The issuer among several Machines, without an authority: only the rendezvous winner of a
+//! hostname orders for it, and a Machine's stale status records of hostnames it no longer issues
+//! are removed. The directory is a closed loopback port, so every order fails fast.
+
+use std::collections::BTreeSet;
+use std::net::TcpListener;
+use std::time::Duration;
+
+use ployz_acme::layout::{status_key, statuses_of, write_policy};
+use ployz_acme::rendezvous::issuer_for;
+use ployz_acme::{CertificateIssuer, IssuerConfig};
+use ployz_core::api::MachineInfo;
+use ployz_core::{
+    CertificatePolicy, CertificateState, CertificateStatus, ContainerKind,
+    ContainerRuntimeObservation, ContainerState, IngressProtocol, LocalMachinePhase, MachineId,
+    ManagementAddress, PortSpec,
+};
+use ployz_store::machines::machine_key;
+use ployz_store::observations::container_key;
+use ployz_store::{Hlc, Record, Store};
+
+fn closed_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn machine_record(id: &MachineId, n: u8) -> Record {
+    let info = MachineInfo {
+        id: id.clone(),
+        name: format!("m{n}").parse().unwrap(),
+        phase: LocalMachinePhase::Participating,
+        subnet: format!("10.210.{n}.0/24").parse().unwrap(),
+        public_key: "key".into(),
+        management_address: ManagementAddress::from_public_key(&[n; 32]),
+    };
+    Record {
+        key: machine_key(id),
+        value: serde_json::to_vec(&info).unwrap(),
+        origin: id.clone(),
+        hlc: Hlc {
+            wall_ms: 1,
+            counter: 0,
+        },
+        seq: 1,
+        tombstone: false,
+    }
+}
+
+fn observation_record(machine: &MachineId, hosts: &[String]) -> Record {
+    let mut spec: ployz_core::ServiceSpec = serde_json::from_value(serde_json::json!({
+        "name": "web",
+        "container": { "image": "busybox" },
+    }))
+    .unwrap();
+    spec.ports = hosts
+        .iter()
+        .map(|h| PortSpec::Ingress {
+            hostname: Some(h.clone()),
+            published: None,
+            container_port: 8080,
+            protocol: IngressProtocol::Https,
+        })
+        .collect();
+    let o = ContainerRuntimeObservation {
+        id: MachineId::generate().as_str().parse().unwrap(),
+        name: "web-abcd".into(),
+        machine_id: machine.clone(),
+        service_id: ployz_core::ServiceId::generate(),
+        service_name: "web".parse().unwrap(),
+        kind: ContainerKind::Service,
+        state: ContainerState::Running,
+        health: None,
+        restart_count: 0,
+        address: None,
+        image: "busybox".into(),
+        created_at: 0,
+        spec: Some(spec),
+    };
+    Record {
+        key: container_key(&o),
+        value: serde_json::to_vec(&o).unwrap(),
+        origin: machine.clone(),
+        hlc: Hlc {
+            wall_ms: 2,
+            counter: 0,
+        },
+        seq: 2,
+        tombstone: false,
+    }
+}
+
+#[tokio::test]
+async fn only_the_rendezvous_winner_orders_and_stale_statuses_are_removed() {
+    let a = MachineId::generate();
+    let b = MachineId::generate();
+    let hosts: Vec<String> = (0..12).map(|i| format!("h{i}.example.test")).collect();
+    let machines = [a.clone(), b.clone()];
+    // Both Machines hold the same replicated records: both Machine records, one observation
+    // (written by a third Machine) publishing every hostname.
+    let runner = MachineId::generate();
+    let shared = vec![
+        machine_record(&a, 1),
+        machine_record(&b, 2),
+        observation_record(&runner, &hosts),
+    ];
+    let policy = CertificatePolicy {
+        directory_url: Some(format!("https://127.0.0.1:{}/dir", closed_port())),
+        backoff_min_secs: Some(30),
+        backoff_max_secs: Some(60),
+        ..Default::default()
+    };
+    let store_a = Store::temporary(a.clone()).unwrap();
+    let store_b = Store::temporary(b.clone()).unwrap();
+    for s in [&store_a, &store_b] {
+        s.merge(&shared).unwrap();
+        write_policy(s, &policy).unwrap();
+    }
+    let winner_is = |m: &MachineId| -> BTreeSet<String> {
+        hosts
+            .iter()
+            .filter(|h| issuer_for(h, &machines) == Some(m))
+            .cloned()
+            .collect()
+    };
+    let (of_a, of_b) = (winner_is(&a), winner_is(&b));
+    assert!(
+        !of_a.is_empty() && !of_b.is_empty(),
+        "12 hostnames all went one way"
+    );
+
+    // A holds a stale status for a hostname B issues (say, from before B joined).
+    let stale_host = of_b.iter().next().unwrap().clone();
+    let stale = CertificateStatus {
+        hostname: stale_host.clone(),
+        state: CertificateState::Valid,
+        not_after: Some(1),
+        renew_at: Some(1),
+        issuer: a.clone(),
+        last_error: None,
+        consecutive_failures: 0,
+        last_attempt_at: None,
+        next_attempt_at: None,
+        verdict: None,
+        updated_at: 1,
+    };
+    store_a
+        .put(
+            &status_key(&a, &stale_host),
+            serde_json::to_vec(&stale).unwrap(),
+        )
+        .unwrap();
+
+    let mut issuer_a = CertificateIssuer::new(IssuerConfig::new(a.clone()));
+    let mut issuer_b = CertificateIssuer::new(IssuerConfig::new(b.clone()));
+    let wait_a = issuer_a.pass(&store_a).await;
+    issuer_b.pass(&store_b).await;
+
+    for (store, me, mine) in [(&store_a, &a, &of_a), (&store_b, &b, &of_b)] {
+        let statuses = statuses_of(store, me);
+        let hosts: BTreeSet<String> = statuses.keys().cloned().collect();
+        assert_eq!(
+            &hosts, mine,
+            "{me} has statuses for exactly its own hostnames"
+        );
+        for s in statuses.values() {
+            assert_eq!(s.state, CertificateState::Failed, "{s:?}");
+            assert_eq!(&s.issuer, me);
+            assert!(
+                s.last_error.as_deref().unwrap().contains("127.0.0.1"),
+                "{s:?}"
+            );
+            let (l, n) = (s.last_attempt_at.unwrap(), s.next_attempt_at.unwrap());
+            assert!((l + 30..=l + 60 + 1).contains(&n), "{s:?}");
+        }
+    }
+    assert!(!statuses_of(&store_a, &a).contains_key(&stale_host));
+    // The next pass is due at the earliest retry: at least the minimum backoff away.
+    assert!(
+        wait_a >= Duration::from_secs(29) && wait_a <= Duration::from_secs(61),
+        "{wait_a:?}"
+    );
+
+    // A second pass inside the backoff orders nothing and changes nothing.
+    let before = statuses_of(&store_a, &a);
+    issuer_a.pass(&store_a).await;
+    assert_eq!(statuses_of(&store_a, &a), before);
+
+    // B leaves (its record is deleted): A takes over every hostname, B's included.
+    let mut gone = machine_record(&b, 2);
+    gone.tombstone = true;
+    gone.value.clear();
+    gone.hlc.wall_ms = 3;
+    gone.seq = 3;
+    store_a.merge(&[gone]).unwrap();
+    issuer_a.pass(&store_a).await;
+    let all: BTreeSet<String> = hosts.iter().cloned().collect();
+    let now_mine: BTreeSet<String> = statuses_of(&store_a, &a).keys().cloned().collect();
+    assert_eq!(now_mine, all);
+}
+
+#[tokio::test]
+async fn a_restarted_issuer_keeps_the_backoff_it_promised() {
+    let a = MachineId::generate();
+    let store = Store::temporary(a.clone()).unwrap();
+    store
+        .merge(&[observation_record(&a, &["keep.example.test".to_owned()])])
+        .unwrap();
+    write_policy(
+        &store,
+        &CertificatePolicy {
+            directory_url: Some(format!("https://127.0.0.1:{}/dir", closed_port())),
+            backoff_min_secs: Some(300),
+            backoff_max_secs: Some(600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut first = CertificateIssuer::new(IssuerConfig::new(a.clone()));
+    first.pass(&store).await;
+    let failed = statuses_of(&store, &a)["keep.example.test"].clone();
+    assert_eq!(failed.state, CertificateState::Failed);
+    assert_eq!(failed.consecutive_failures, 1);
+
+    // A new issuer (the daemon restarted) reads the promise back and does not retry early.
+    let mut second = CertificateIssuer::new(IssuerConfig::new(a.clone()));
+    second.restore(&store);
+    let wait = second.pass(&store).await;
+    assert_eq!(statuses_of(&store, &a)["keep.example.test"], failed);
+    assert!(wait >= Duration::from_secs(290), "{wait:?}");
+}
