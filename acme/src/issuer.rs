@@ -232,6 +232,13 @@ impl CertificateIssuer {
             &config.machine_id,
             "the issuer writes machine-owned status records: its Machine must be the store's"
         );
+        // Other Machines count this one among the issuers only while this record lives.
+        let presence = ployz_store::machines::certificate_issuer_key(store.local());
+        if !matches!(store.get(&presence), Ok(Some(r)) if r.live_value().is_some()) {
+            if let Err(e) = store.put(&presence, Vec::new()) {
+                tracing::warn!(error = %e, "cannot record this Machine as a certificate issuer");
+            }
+        }
         let mut issuer = CertificateIssuer::new(config);
         issuer.restore(&store);
         let mut containers = store.watch(KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE));

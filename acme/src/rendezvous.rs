@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 
 use ployz_core::{LocalMachinePhase, MachineId};
-use ployz_store::machines::stored_machines;
+use ployz_store::machines::{certificate_issuers, stored_machines};
 use ployz_store::Store;
 
 /// The weight of `machine` for `hostname`: the first 8 bytes of SHA-256(machine ID, 0, hostname).
@@ -33,13 +33,17 @@ pub fn issuer_for<'a>(
 }
 
 /// The Machines that take part in issuing: those whose self-description says they are
-/// participating, plus `local` when it has not published one yet (a Machine alone, or a test).
-/// A Machine whose own record says it is joining or resetting does not issue.
+/// participating and whose daemon runs the issuer (its presence record; `local` runs it, being
+/// the caller), plus `local` when it has not published a description yet (a Machine alone, or a
+/// test). A Machine whose own record says it is joining or resetting does not issue, nor does
+/// one started with `--no-certificates`: otherwise the hostnames it wins would never be ordered.
 pub fn participating_machines(store: &Store, local: &MachineId) -> BTreeSet<MachineId> {
     let machines = stored_machines(store);
+    let issuers = certificate_issuers(store);
     let mut out: BTreeSet<MachineId> = machines
         .iter()
         .filter(|m| m.phase == LocalMachinePhase::Participating)
+        .filter(|m| &m.id == local || issuers.contains(&m.id))
         .map(|m| m.id.clone())
         .collect();
     if !machines.iter().any(|m| &m.id == local) {
@@ -130,7 +134,7 @@ mod tests {
     #[test]
     fn participants_come_from_machine_records() {
         use ployz_core::api::MachineInfo;
-        use ployz_store::machines::machine_key;
+        use ployz_store::machines::{certificate_issuer_key, machine_key};
         let local = MachineId::generate();
         let store = Store::temporary(local.clone()).unwrap();
         // Alone and unpublished: the local Machine issues.
@@ -159,6 +163,38 @@ mod tests {
                 &machine_key(&local),
                 serde_json::to_vec(&info(&local, LocalMachinePhase::Participating)).unwrap(),
             )
+            .unwrap();
+        assert_eq!(
+            participating_machines(&store, &local),
+            BTreeSet::from([local.clone()])
+        );
+        // Another participating Machine counts only while its daemon runs the issuer.
+        let other = MachineId::generate();
+        let peer = Store::temporary(other.clone()).unwrap();
+        peer.put(
+            &machine_key(&other),
+            serde_json::to_vec(&info(&other, LocalMachinePhase::Participating)).unwrap(),
+        )
+        .unwrap();
+        store
+            .merge(&peer.scan(&ployz_store::KeyPrefix::everything()).unwrap())
+            .unwrap();
+        assert_eq!(
+            participating_machines(&store, &local),
+            BTreeSet::from([local.clone()])
+        );
+        peer.put(&certificate_issuer_key(&other), Vec::new())
+            .unwrap();
+        store
+            .merge(&peer.scan(&ployz_store::KeyPrefix::everything()).unwrap())
+            .unwrap();
+        assert_eq!(
+            participating_machines(&store, &local),
+            BTreeSet::from([local.clone(), other.clone()])
+        );
+        peer.delete(&certificate_issuer_key(&other)).unwrap();
+        store
+            .merge(&peer.scan(&ployz_store::KeyPrefix::everything()).unwrap())
             .unwrap();
         assert_eq!(
             participating_machines(&store, &local),

@@ -245,6 +245,40 @@ fn a_slow_request_header_is_cut_off_and_a_patient_keepalive_client_is_not() {
         "a partial header reached the upstream"
     );
 
+    // The deadline holds for every request of a kept-alive connection, not only the first:
+    // after one quick request, a second header trickled line by line is cut off too.
+    let mut again = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    again
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    again
+        .write_all(b"GET / HTTP/1.1\r\nHost: r.test\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = again.read(&mut buf).unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    // Leading empty lines must not pass for the end of a header either.
+    again.write_all(b"\r\n\r\nGET / HTTP/1.1\r\n").unwrap();
+    let start = std::time::Instant::now();
+    let mut cut = false;
+    for i in 0..40 {
+        std::thread::sleep(Duration::from_millis(300));
+        if again
+            .write_all(format!("X-Slow-{i}: y\r\n").as_bytes())
+            .is_err()
+            || closed_within(&mut again, Duration::from_millis(1))
+        {
+            cut = true;
+            break;
+        }
+    }
+    assert!(cut, "a second header trickling for 12 s was never cut off");
+    assert!(
+        start.elapsed() < Duration::from_secs(6),
+        "the second slow header was cut off only after {:?}",
+        start.elapsed()
+    );
+
     // A kept-alive client idle for longer than the header timeout between two requests: the
     // clock starts at the next request's first byte, so its second request is answered.
     let mut patient = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();

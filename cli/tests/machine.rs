@@ -68,6 +68,29 @@ fn bad_input_gets_a_one_line_error_and_a_nonzero_exit() {
     let out = lab.ployz(&daemon, &["machine", "init", "--name", "two"]);
     assert_one_line_error(&out, &["already initialised as 'one'"]);
 
+    // Test daemons run without the internal DNS: asking it says so instead of "no such name".
+    let out = lab.ployz(&daemon, &["dns", "lookup", "web.internal"]);
+    assert_one_line_error(&out, &["internal DNS is off", "--dns-listen"]);
+    let out = lab.ployz(
+        &daemon,
+        &["dns", "lookup", "web.internal", "--type", "BOGUS"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--type"), "{}", stderr(&out));
+
+    // Certificate Policy values a daemon cannot follow are refused, naming the value.
+    let out = lab.ployz(&daemon, &["cert", "policy", "set", "--backoff-max", "400d"]);
+    assert_one_line_error(&out, &["backoff_max_secs", "30 days"]);
+    let out = lab.ployz(&daemon, &["machine", "update", "--public-ip", "not-an-ip"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not-an-ip"), "{}", stderr(&out));
+    let out = lab.ployz(
+        &daemon,
+        &["machine", "update", "--public-ip", "203.0.113.9", "--json"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["addresses"][0], "203.0.113.9");
+
     let missing = lab.path("nowhere.sock");
     let out = lab
         .cli()

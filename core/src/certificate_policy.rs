@@ -33,6 +33,11 @@ pub const DEFAULT_BACKOFF_MIN_SECS: u64 = 60;
 pub const DEFAULT_BACKOFF_MAX_SECS: u64 = 6 * 3600;
 /// How long one probe (a Cluster DNS Verdict lookup) may take, by default.
 pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 5_000;
+/// The longest backoff bound a policy may set: 30 days (longer would outlive a certificate's
+/// renewal window and overflow time arithmetic).
+pub const MAX_BACKOFF_SECS: u64 = 30 * 24 * 3600;
+/// The longest probe timeout a policy may set: one minute.
+pub const MAX_PROBE_TIMEOUT_MS: u64 = 60_000;
 /// The only challenge kind Ployz performs.
 pub const HTTP_01: &str = "http-01";
 
@@ -208,6 +213,20 @@ pub enum PolicyError {
         /// The effective maximum.
         max: u64,
     },
+    /// A backoff bound above [`MAX_BACKOFF_SECS`].
+    #[error("{field} {value} s is longer than {MAX_BACKOFF_SECS} s (30 days); give at most that")]
+    BackoffTooLong {
+        /// `backoff_min_secs` or `backoff_max_secs`.
+        field: &'static str,
+        /// The seconds given.
+        value: u64,
+    },
+    /// `probe_timeout_ms` above [`MAX_PROBE_TIMEOUT_MS`].
+    #[error("probe_timeout_ms {value} is longer than {MAX_PROBE_TIMEOUT_MS} ms (1 minute); give at most that")]
+    ProbeTimeoutTooLong {
+        /// The milliseconds given.
+        value: u64,
+    },
     /// `probe_timeout_ms` is zero.
     #[error("probe_timeout_ms 0 leaves no time for a probe; give a positive number of milliseconds (default {DEFAULT_PROBE_TIMEOUT_MS})")]
     ZeroProbeTimeout,
@@ -328,6 +347,17 @@ impl CertificatePolicy {
         }
         if self.backoff_min_secs == Some(0) {
             return Err(PolicyError::ZeroBackoff);
+        }
+        for (field, value) in [
+            ("backoff_min_secs", self.backoff_min_secs),
+            ("backoff_max_secs", self.backoff_max_secs),
+        ] {
+            if let Some(value) = value.filter(|v| *v > MAX_BACKOFF_SECS) {
+                return Err(PolicyError::BackoffTooLong { field, value });
+            }
+        }
+        if let Some(value) = self.probe_timeout_ms.filter(|v| *v > MAX_PROBE_TIMEOUT_MS) {
+            return Err(PolicyError::ProbeTimeoutTooLong { value });
         }
         let (min, max) = (self.backoff_min().as_secs(), self.backoff_max().as_secs());
         if min > max {
@@ -948,5 +978,45 @@ mod tests {
             text.contains("\"verdict\":\"elsewhere_or_unresolved\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn durations_beyond_their_bounds_are_refused() {
+        let long = CertificatePolicy {
+            backoff_max_secs: Some(MAX_BACKOFF_SECS + 1),
+            ..Default::default()
+        };
+        let e = long.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("backoff_max_secs") && e.contains("30 days"),
+            "{e}"
+        );
+        let huge_min = CertificatePolicy {
+            backoff_min_secs: Some(u64::MAX / 2),
+            backoff_max_secs: Some(u64::MAX),
+            ..Default::default()
+        };
+        assert!(matches!(
+            huge_min.validate(),
+            Err(PolicyError::BackoffTooLong {
+                field: "backoff_min_secs",
+                ..
+            })
+        ));
+        let probe = CertificatePolicy {
+            probe_timeout_ms: Some(MAX_PROBE_TIMEOUT_MS + 1),
+            ..Default::default()
+        };
+        assert!(matches!(
+            probe.validate(),
+            Err(PolicyError::ProbeTimeoutTooLong { .. })
+        ));
+        let edge = CertificatePolicy {
+            backoff_min_secs: Some(MAX_BACKOFF_SECS),
+            backoff_max_secs: Some(MAX_BACKOFF_SECS),
+            probe_timeout_ms: Some(MAX_PROBE_TIMEOUT_MS),
+            ..Default::default()
+        };
+        assert_eq!(edge.validate(), Ok(()));
     }
 }

@@ -184,9 +184,25 @@ struct LookupQuery {
 }
 
 async fn dns_lookup(
-    State(dns): State<ployz_dns::DnsController>,
+    State(dns): State<Option<ployz_dns::DnsController>>,
     axum::extract::Query(q): axum::extract::Query<LookupQuery>,
 ) -> Result<Response, Failure> {
+    let Some(dns) = dns else {
+        return Err(failure(
+            StatusCode::CONFLICT,
+            ErrorCode::Unavailable,
+            "the internal DNS is off on this Machine".to_owned(),
+            Some("start the daemon with --dns-listen gateway (the default) or ADDR:PORT"),
+        ));
+    };
+    if dns.snapshot().load().generation() == 0 {
+        return Err(failure(
+            StatusCode::CONFLICT,
+            ErrorCode::Unavailable,
+            "the internal DNS has no answers yet: this Machine is not initialised".to_owned(),
+            Some("run `ployz machine init` first"),
+        ));
+    }
     let qtype: ployz_dns::QueryType = q.qtype.as_deref().unwrap_or("A").parse().map_err(|e| {
         failure(
             StatusCode::BAD_REQUEST,
@@ -203,7 +219,7 @@ async fn dns_lookup(
 pub fn router(
     machine: Arc<LocalMachine>,
     routes: ployz_edge::RouteController,
-    dns: ployz_dns::DnsController,
+    dns: Option<ployz_dns::DnsController>,
 ) -> Router {
     Router::new()
         .route(api::paths::VERSION, get(version))

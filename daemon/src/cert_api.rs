@@ -147,10 +147,18 @@ async fn set_policy(
         CertificatePolicy::default()
     } else {
         match store.get(&layout::policy_key()).map_err(unavailable)? {
-            Some(r) => r
-                .live_value()
-                .and_then(|v| serde_json::from_slice(v).ok())
-                .unwrap_or_default(),
+            Some(r) => match r.live_value() {
+                // A stored policy this daemon cannot read is not silently replaced by defaults.
+                Some(v) => serde_json::from_slice(v).map_err(|e| {
+                    failure(
+                        StatusCode::CONFLICT,
+                        ErrorCode::InvalidArgument,
+                        format!("the stored Certificate Policy cannot be read ({e}), so it cannot be changed field by field"),
+                        Some("replace it whole with `ployz cert policy set --reset ...` or `ployz cert policy reset`"),
+                    )
+                })?,
+                None => CertificatePolicy::default(),
+            },
             None => CertificatePolicy::default(),
         }
     };

@@ -56,6 +56,17 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         "ployz daemon starting"
     );
 
+    if !config.certificates {
+        // Other Machines must not leave hostnames to an issuer that does not run.
+        if let Some(store) = machine.store() {
+            let key = ployz_store::machines::certificate_issuer_key(store.local());
+            if matches!(store.get(&key), Ok(Some(r)) if r.live_value().is_some()) {
+                store
+                    .delete(&key)
+                    .context("cannot withdraw this Machine as a certificate issuer")?;
+            }
+        }
+    }
     let runtime_dir = config.data_dir.join("run");
     std::fs::create_dir_all(&runtime_dir)
         .with_context(|| format!("cannot create {}", runtime_dir.display()))?;
@@ -129,7 +140,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             listener: Mutex::new(Some(listener)),
             machine: machine.clone(),
             routes: routes.clone(),
-            dns: dns.clone(),
+            dns: dns_listen.is_some().then(|| dns.clone()),
         },
     ));
     server.add_service(background_service(
@@ -261,7 +272,8 @@ struct ApiService {
     listener: Mutex<Option<UnixListener>>,
     machine: Arc<LocalMachine>,
     routes: RouteController,
-    dns: ployz_dns::DnsController,
+    /// `None` when the internal DNS is off.
+    dns: Option<ployz_dns::DnsController>,
 }
 
 #[async_trait]

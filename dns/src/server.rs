@@ -449,6 +449,11 @@ async fn tcp_acceptor(listener: TcpListener, shared: Arc<Shared>) {
                 continue;
             }
         };
+        // Strangers get no connection slot: closed at once, before they can hold one.
+        if !shared.allowed.allows(peer.ip()) {
+            shared.metrics.tcp_rejected();
+            continue;
+        }
         let Ok(permit) = shared.tcp_permits.clone().try_acquire_owned() else {
             shared.metrics.tcp_rejected();
             continue;

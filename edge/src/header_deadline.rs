@@ -6,8 +6,9 @@
 //! reused keep-alive connection, from the first byte of the next request) the whole header must
 //! arrive within the timeout, otherwise reads fail with `TimedOut` and Pingora closes the
 //! connection. Once the blank line ending the header has been read, reads pass through untouched
-//! until the connection is handed back for its next request. HTTP/2 connections (negotiated by
-//! ALPN) are not wrapped: their framing has its own limits.
+//! until the next request on the connection. On TLS the clock starts after the handshake, which
+//! Pingora bounds on its own. HTTP/2 connections (negotiated by ALPN) are not wrapped: their
+//! framing has its own limits.
 
 use std::fmt;
 use std::future::Future as _;
@@ -17,7 +18,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use pingora::apps::ServerApp;
+use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
 use pingora::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
     UniqueIDType, ALPN,
@@ -26,8 +28,9 @@ use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
-/// Wraps a Pingora application so that every HTTP/1 request header must arrive within a
-/// deadline.
+/// Wraps a Pingora HTTP application so that every HTTP/1 request header must arrive within a
+/// deadline. It runs the HTTP/1 keep-alive loop itself (as Pingora's own `ServerApp` does) so
+/// the deadline is armed again before every request; HTTP/2 goes to the application unchanged.
 pub struct HeaderDeadline<A> {
     inner: Arc<A>,
     timeout: Duration,
@@ -44,43 +47,97 @@ impl<A> HeaderDeadline<A> {
     }
 }
 
+/// Idle time allowed between two requests on a kept-alive connection (Pingora's default).
+const KEEPALIVE_SECONDS: u64 = 60;
+
 #[async_trait]
-impl<A: ServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
+impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
     async fn process_new(
         self: &Arc<Self>,
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        let stream: Stream = if (*stream).as_any().is::<DeadlineStream>() {
-            // A keep-alive connection coming back for its next request.
-            let mut s = stream
-                .into_any()
-                .downcast::<DeadlineStream>()
-                .expect("checked type");
-            s.rearm();
-            s
-        } else if stream.selected_alpn_proto() == Some(ALPN::H2) {
-            stream
-        } else {
-            Box::new(DeadlineStream::new(stream, self.timeout))
-        };
-        self.inner.process_new(stream, shutdown).await
+        if stream.selected_alpn_proto() == Some(ALPN::H2) {
+            return ServerApp::process_new(&self.inner, stream, shutdown).await;
+        }
+        let mut session =
+            ServerSession::new_http1(Box::new(DeadlineStream::new(stream, self.timeout)));
+        // As Pingora does: no reuse once the service is shutting down.
+        session.set_keepalive((!*shutdown.borrow()).then_some(KEEPALIVE_SECONDS));
+        session.set_keepalive_reuses_remaining(
+            self.inner
+                .server_options()
+                .and_then(|o| o.keepalive_request_limit),
+        );
+        let mut result = self.inner.process_new_http(session, shutdown).await;
+        while let Some((stream, persistent)) = result.map(|r| r.consume()) {
+            let stream: Stream = if (*stream).as_any().is::<DeadlineStream>() {
+                let mut s = stream
+                    .into_any()
+                    .downcast::<DeadlineStream>()
+                    .expect("checked type");
+                s.rearm();
+                s
+            } else {
+                stream
+            };
+            let mut session = ServerSession::new_http1(stream);
+            if let Some(p) = persistent {
+                p.apply_to_session(&mut session);
+            }
+            result = self.inner.process_new_http(session, shutdown).await;
+        }
+        None
     }
 
     async fn cleanup(&self) {
-        self.inner.cleanup().await
+        self.inner.http_cleanup().await
     }
 }
 
 enum Phase {
     /// Reading a header: `deadline` is set once the clock runs (at accept, or at the first
-    /// byte on a reused connection); `tail` holds the last bytes seen, to find the blank line.
+    /// byte on a reused connection); `scan` finds where the header ends.
     Header {
         deadline: Option<Pin<Box<Sleep>>>,
-        tail: u32,
+        scan: HeaderScan,
     },
     /// The header is complete: reads pass through.
     Body,
+}
+
+/// Finds the end of an HTTP/1 request header the way HTTP/1 parsers (httparse) read it: empty
+/// lines before the request line are skipped; after it, the first empty line (`\n` or `\r\n`
+/// right after a `\n`) ends the header.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HeaderScan {
+    /// Nothing but CR and LF so far.
+    #[default]
+    Leading,
+    /// Inside a line.
+    InLine,
+    /// Just after a `\n`.
+    LineStart,
+    /// Just after a `\n` then a `\r`.
+    LineStartCr,
+}
+
+impl HeaderScan {
+    /// Feeds `bytes`; returns whether the header ended within them.
+    pub fn feed(&mut self, bytes: &[u8]) -> bool {
+        for &b in bytes {
+            *self = match (*self, b) {
+                (HeaderScan::Leading, b'\r' | b'\n') => HeaderScan::Leading,
+                (HeaderScan::Leading, _) => HeaderScan::InLine,
+                (HeaderScan::InLine, b'\n') => HeaderScan::LineStart,
+                (HeaderScan::InLine, _) => HeaderScan::InLine,
+                (HeaderScan::LineStart | HeaderScan::LineStartCr, b'\n') => return true,
+                (HeaderScan::LineStart, b'\r') => HeaderScan::LineStartCr,
+                (HeaderScan::LineStart | HeaderScan::LineStartCr, _) => HeaderScan::InLine,
+            };
+        }
+        false
+    }
 }
 
 /// A connection whose request header must complete by a deadline.
@@ -97,7 +154,7 @@ impl DeadlineStream {
             timeout,
             phase: Phase::Header {
                 deadline: Some(Box::pin(tokio::time::sleep(timeout))),
-                tail: 0,
+                scan: HeaderScan::default(),
             },
         }
     }
@@ -106,21 +163,9 @@ impl DeadlineStream {
     fn rearm(&mut self) {
         self.phase = Phase::Header {
             deadline: None,
-            tail: 0,
+            scan: HeaderScan::default(),
         };
     }
-}
-
-/// Feeds `bytes` into the rolling `tail`; returns whether a header-ending blank line
-/// (`\r\n\r\n`, or `\n\n` as HTTP/1 parsers accept) was completed.
-fn header_ends(tail: &mut u32, bytes: &[u8]) -> bool {
-    for &b in bytes {
-        *tail = (*tail << 8) | u32::from(b);
-        if *tail == u32::from_be_bytes(*b"\r\n\r\n") || *tail & 0xffff == 0x0a0a {
-            return true;
-        }
-    }
-    false
 }
 
 impl AsyncRead for DeadlineStream {
@@ -130,14 +175,14 @@ impl AsyncRead for DeadlineStream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
-        let Phase::Header { deadline, tail } = &mut this.phase else {
+        let Phase::Header { deadline, scan } = &mut this.phase else {
             return Pin::new(&mut this.inner).poll_read(cx, buf);
         };
         let before = buf.filled().len();
         let result = Pin::new(&mut this.inner).poll_read(cx, buf);
         let new = &buf.filled()[before..];
         if !new.is_empty() {
-            if header_ends(tail, new) {
+            if scan.feed(new) {
                 this.phase = Phase::Body;
                 return result;
             }
@@ -267,31 +312,36 @@ impl fmt::Debug for DeadlineStream {
 
 #[cfg(test)]
 mod tests {
-    use super::header_ends;
+    use super::HeaderScan;
 
-    #[test]
-    fn the_blank_line_is_found_across_reads() {
-        let mut tail = 0;
-        assert!(!header_ends(&mut tail, b"GET / HTTP/1.1\r\nHost: a\r"));
-        assert!(!header_ends(&mut tail, b"\n"));
-        assert!(!header_ends(&mut tail, b"\r"));
-        assert!(header_ends(&mut tail, b"\n"));
+    fn ends(chunks: &[&[u8]]) -> bool {
+        let mut scan = HeaderScan::default();
+        chunks.iter().any(|c| scan.feed(c))
     }
 
     #[test]
-    fn bare_line_feeds_end_a_header_too() {
-        let mut tail = 0;
-        assert!(header_ends(&mut tail, b"GET / HTTP/1.1\nHost: a\n\n"));
+    fn the_blank_line_is_found_across_reads() {
+        assert!(!ends(&[b"GET / HTTP/1.1\r\nHost: a\r", b"\n", b"\r"]));
+        assert!(ends(&[b"GET / HTTP/1.1\r\nHost: a\r", b"\n", b"\r", b"\n"]));
+    }
+
+    #[test]
+    fn every_line_ending_httparse_accepts_ends_a_header() {
+        assert!(ends(&[b"GET / HTTP/1.1\nHost: a\n\n"]));
+        assert!(ends(&[b"GET / HTTP/1.1\r\nHost: a\n\r\n"]));
+        assert!(ends(&[b"GET / HTTP/1.1\nHost: a\r\n\n"]));
+    }
+
+    #[test]
+    fn leading_empty_lines_do_not_end_a_header() {
+        assert!(!ends(&[b"\r\n\r\n\n\n"]));
+        assert!(!ends(&[b"\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n"]));
+        assert!(ends(&[b"\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n"]));
     }
 
     #[test]
     fn a_single_line_end_does_not() {
-        let mut tail = 0;
-        assert!(!header_ends(
-            &mut tail,
-            b"GET / HTTP/1.1\r\nHost: a\r\nX: \r\n"
-        ));
-        let mut tail = 0;
-        assert!(!header_ends(&mut tail, b"\r\n\r"));
+        assert!(!ends(&[b"GET / HTTP/1.1\r\nHost: a\r\nX: \r\n"]));
+        assert!(!ends(&[b"GET / HTTP/1.1\r\nX: a\rb\r\n"]));
     }
 }

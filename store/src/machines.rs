@@ -46,3 +46,26 @@ pub fn stored_public_addresses(store: &Store) -> std::collections::BTreeSet<std:
         .flat_map(|p| p.addresses)
         .collect()
 }
+
+/// Name of a Machine's certificate-issuer presence within [`MACHINES_NAMESPACE`]: present while
+/// the Machine's daemon runs the certificate issuer, deleted when it runs without it.
+pub const CERTIFICATE_ISSUER: &str = "certificate-issuer";
+
+/// The record key of a Machine's certificate-issuer presence.
+pub fn certificate_issuer_key(id: &MachineId) -> Key {
+    Key::machine(id, MACHINES_NAMESPACE, CERTIFICATE_ISSUER)
+}
+
+/// The Machines whose daemons run the certificate issuer.
+pub fn certificate_issuers(store: &Store) -> std::collections::BTreeSet<MachineId> {
+    store
+        .scan_live(&KeyPrefix::machine_namespace(MACHINES_NAMESPACE))
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.key.name() == CERTIFICATE_ISSUER)
+        .filter_map(|r| match r.key.owner() {
+            crate::Owner::Machine(id) => Some(id.clone()),
+            crate::Owner::Cluster => None,
+        })
+        .collect()
+}

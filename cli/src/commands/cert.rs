@@ -53,9 +53,18 @@ pub struct PolicySetArgs {
     /// External account binding key ID.
     #[arg(long, value_name = "KID")]
     eab_kid: Option<String>,
-    /// External account binding HMAC key (base64url).
-    #[arg(long, value_name = "KEY")]
+    /// External account binding HMAC key (base64url). Prefer --eab-hmac-file or
+    /// PLOYZ_EAB_HMAC: a command line is visible to every user of the machine.
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "PLOYZ_EAB_HMAC",
+        hide_env_values = true
+    )]
     eab_hmac: Option<String>,
+    /// A file holding the external account binding HMAC key.
+    #[arg(long, value_name = "FILE", conflicts_with = "eab_hmac")]
+    eab_hmac_file: Option<PathBuf>,
     /// Certificate key type: ecdsa-p256 or rsa-2048 [default: ecdsa-p256].
     #[arg(long, value_name = "TYPE")]
     key_type: Option<String>,
@@ -131,11 +140,20 @@ impl PolicySetArgs {
                     .with_context(|| format!("cannot read --ca-file {}", path.display()))?,
             ),
         };
+        let eab_hmac_key = match &self.eab_hmac_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read --eab-hmac-file {}", path.display()))?
+                    .trim()
+                    .to_owned(),
+            ),
+            None => self.eab_hmac.clone(),
+        };
         let policy = CertificatePolicy {
             directory_url: self.directory.clone(),
             ca_bundle_pem,
             eab_key_id: self.eab_kid.clone(),
-            eab_hmac_key: self.eab_hmac.clone(),
+            eab_hmac_key,
             key_type,
             renewal_fraction: self.renew_fraction,
             backoff_min_secs: self

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The internal DNS against Knot and Unbound in one run, on loopback, through the shared script
+# ../shared/bench/dns_bench.sh (it installs the references and dnsperf, and ends what it starts
+# by PID). The candidate is `dns/examples/serve_zone`: the daemon's DNS server code answering the
+# benchmark's `internal.` zone from a snapshot and forwarding every other name to Knot.
+#
+# Usage: bench/dns_side_by_side.sh   (knobs of dns_bench.sh apply: DURATION, RUNS, REFS...)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -q -p ployz-dns --example serve_zone
+SHARED="${SHARED_DIR:-$PWD/../shared}"
+export CANDIDATE_NAME=ployz-dns
+export CANDIDATE_PORT="${CANDIDATE_PORT:-15360}"
+# Expanded by the benchmark script, which exports ZONE_FILE, FORWARD_UPSTREAM and WORKERS.
+export CANDIDATE_CMD="$PWD/target/release/examples/serve_zone --zone \$ZONE_FILE --listen 127.0.0.1:\$CANDIDATE_PORT --forward \$FORWARD_UPSTREAM"
+exec bash "$SHARED/bench/dns_bench.sh"
