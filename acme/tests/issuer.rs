@@ -49,6 +49,21 @@ fn machine_record(id: &MachineId, n: u8) -> Record {
     }
 }
 
+/// The record saying `id`'s daemon runs the certificate issuer.
+fn issuer_record(id: &MachineId) -> Record {
+    Record {
+        key: ployz_store::machines::certificate_issuer_key(id),
+        value: Vec::new(),
+        origin: id.clone(),
+        hlc: Hlc {
+            wall_ms: 2,
+            counter: 0,
+        },
+        seq: 2,
+        tombstone: false,
+    }
+}
+
 fn observation_record(machine: &MachineId, hosts: &[String]) -> Record {
     let mut spec: ployz_core::ServiceSpec = serde_json::from_value(serde_json::json!({
         "name": "web",
@@ -104,6 +119,8 @@ async fn only_the_rendezvous_winner_orders_and_stale_statuses_are_removed() {
     let shared = vec![
         machine_record(&a, 1),
         machine_record(&b, 2),
+        issuer_record(&a),
+        issuer_record(&b),
         observation_record(&runner, &hosts),
     ];
     let policy = CertificatePolicy {
