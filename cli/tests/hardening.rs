@@ -89,34 +89,11 @@ fn live_upstream() -> u16 {
 fn a_refused_connection_is_retried_on_the_next_upstream() {
     let live = live_upstream();
     // Nothing listens on `dead`: every connection to it is refused.
-    let [edge, dead] = free_ports();
-    let mut child = std::process::Command::new(PLOYZ)
-        .args([
-            "daemon",
-            "edge",
-            "--threads",
-            "1",
-            "--no-access-log",
-            "--http-listen",
-        ])
-        .arg(format!("127.0.0.1:{edge}"))
-        .arg("--route")
-        .arg(format!("r.test=127.0.0.1:{dead},127.0.0.1:{live}"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", edge)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the edge never listened"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let [dead] = free_ports();
+    let (edge, child) = edge_alone(&format!("r.test=127.0.0.1:{dead},127.0.0.1:{live}"), &[]);
     // Round robin sends every other request to the dead upstream first; none may fail.
     let answers: Vec<(u16, String)> = (0..10).map(|_| http_get(edge, "r.test", "/")).collect();
-    stop_child(&mut child, Duration::from_secs(5));
+    drop(child);
     assert!(
         answers
             .iter()
@@ -157,7 +134,7 @@ fn recording_upstream() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
 }
 
 /// Starts `ployz daemon edge` on a free port with one route and waits until it listens.
-fn edge_alone(route: &str, extra: &[&str]) -> (u16, std::process::Child) {
+fn edge_alone(route: &str, extra: &[&str]) -> (u16, Reaped) {
     let [port] = free_ports();
     let child = std::process::Command::new(PLOYZ)
         .args(["daemon", "edge", "--threads", "1", "--no-access-log"])
@@ -170,6 +147,7 @@ fn edge_alone(route: &str, extra: &[&str]) -> (u16, std::process::Child) {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    let child = Reaped(child);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -198,7 +176,7 @@ fn closed_within(s: &mut std::net::TcpStream, within: Duration) -> bool {
 #[test]
 fn a_slow_request_header_is_cut_off_and_a_patient_keepalive_client_is_not() {
     let (upstream, seen) = recording_upstream();
-    let (port, mut child) = edge_alone(
+    let (port, child) = edge_alone(
         &format!("r.test=127.0.0.1:{upstream}"),
         &["--header-timeout", "2"],
     );
@@ -300,13 +278,13 @@ fn a_slow_request_header_is_cut_off_and_a_patient_keepalive_client_is_not() {
             std::thread::sleep(Duration::from_millis(3000));
         }
     }
-    stop_child(&mut child, Duration::from_secs(5));
+    drop(child);
 }
 
 #[test]
 fn smuggling_shapes_and_bad_hostnames_never_reach_an_upstream_unframed() {
     let (upstream, seen) = recording_upstream();
-    let (port, mut child) = edge_alone(&format!("r.test=127.0.0.1:{upstream}"), &[]);
+    let (port, child) = edge_alone(&format!("r.test=127.0.0.1:{upstream}"), &[]);
 
     // Hostnames with control characters or spaces: refused, never forwarded.
     for host in ["r.test\x01", "r.te\x7fst", "r .test", "r.test\x00"] {
@@ -343,5 +321,5 @@ fn smuggling_shapes_and_bad_hostnames_never_reach_an_upstream_unframed() {
             "bytes after an Upgrade request reached the upstream unframed: {head:?}"
         );
     }
-    stop_child(&mut child, Duration::from_secs(5));
+    drop(child);
 }

@@ -228,6 +228,16 @@ fn spawn_daemon(
         .unwrap()
 }
 
+/// A child process stopped (SIGTERM, then SIGKILL after 5 s) when dropped, so a failing
+/// assertion does not leave it running.
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        stop_child(&mut self.0, Duration::from_secs(5));
+    }
+}
+
 /// SIGTERM, wait up to `grace`, then SIGKILL. Returns whether SIGTERM sufficed.
 pub fn stop_child(child: &mut Child, grace: Duration) -> bool {
     if child.try_wait().unwrap().is_some() {
