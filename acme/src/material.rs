@@ -147,6 +147,7 @@ pub fn material_from_issued(
         key_pem: key_pem.to_owned(),
         not_after: info.not_after,
         names: info.names,
+        imported: false,
     })
 }
 

@@ -119,8 +119,12 @@ pub fn assess(
                     Some(Need::NotCovered { names: leaf.names })
                 }
                 Ok(leaf) => {
-                    let renew_at =
-                        renewal_point(leaf.not_before, leaf.not_after, policy.renewal_fraction());
+                    // Imported material is the user's choice: replaced only once it expires.
+                    let renew_at = if m.imported {
+                        leaf.not_after
+                    } else {
+                        renewal_point(leaf.not_before, leaf.not_after, policy.renewal_fraction())
+                    };
                     if now_unix >= renew_at {
                         Some(Need::Renewal {
                             renew_at,
@@ -276,6 +280,35 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn imported_material_is_left_alone_until_it_expires() {
+        let obs = vec![observation(
+            vec![ingress("mine.test", IngressProtocol::Https)],
+            ContainerKind::Service,
+            ContainerState::Running,
+        )];
+        let (chain, key) = self_signed(&["mine.test"], 0, 1_500);
+        let material = |imported| {
+            BTreeMap::from([(
+                "mine.test".to_owned(),
+                CertificateMaterial {
+                    hostname: "mine.test".into(),
+                    chain_pem: chain.clone(),
+                    key_pem: key.clone(),
+                    not_after: 1_500,
+                    names: vec!["mine.test".into()],
+                    imported,
+                },
+            )])
+        };
+        let policy = CertificatePolicy::default();
+        // Past two thirds of its lifetime: issued material is due, imported material is not.
+        assert!(wanted_hostnames(&obs, &material(false), &policy, 1_200).contains_key("mine.test"));
+        assert!(wanted_hostnames(&obs, &material(true), &policy, 1_200).is_empty());
+        // Expired, it is replaced whatever its origin.
+        assert!(wanted_hostnames(&obs, &material(true), &policy, 1_500).contains_key("mine.test"));
+    }
+
+    #[test]
     fn renewal_point_is_the_fraction_of_the_lifetime() {
         assert_eq!(renewal_point(0, 90, 2.0 / 3.0), 60);
         assert_eq!(
@@ -316,6 +349,7 @@ pub(crate) mod tests {
                     key_pem: key,
                     not_after: na,
                     names: names.iter().map(|n| n.to_string()).collect(),
+                    imported: false,
                 },
             );
         };
@@ -331,6 +365,7 @@ pub(crate) mod tests {
                 key_pem: String::new(),
                 not_after: 0,
                 names: vec![],
+                imported: false,
             },
         );
         let policy = CertificatePolicy::default();

@@ -295,6 +295,14 @@ services:
     }
     let ls = json(&run(&lab, &m, &["cert", "ls", "--json"]));
     assert_eq!(ls["material"].as_array().unwrap().len(), 2, "{ls:#}");
+    assert!(
+        ls["material"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["imported"] == true),
+        "imported material is marked so the issuer leaves it alone: {ls:#}"
+    );
 
     // Each hostname gets its own certificate, picked by SNI, without a restart.
     let port = m.daemon.https_port;

@@ -15,6 +15,10 @@ pub struct CertificateMaterial {
     pub not_after: i64,
     /// The DNS names the leaf covers.
     pub names: Vec<String>,
+    /// Stored by `ployz cert import`: the certificate issuer leaves it alone until it expires
+    /// or stops covering the hostname, instead of renewing it by ACME.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub imported: bool,
 }
 
 impl std::fmt::Debug for CertificateMaterial {
@@ -24,6 +28,7 @@ impl std::fmt::Debug for CertificateMaterial {
             .field("hostname", &self.hostname)
             .field("not_after", &self.not_after)
             .field("names", &self.names)
+            .field("imported", &self.imported)
             .finish_non_exhaustive()
     }
 }
@@ -34,6 +39,9 @@ pub struct CertificateSummary {
     pub hostname: String,
     pub names: Vec<String>,
     pub not_after: i64,
+    /// Stored by `ployz cert import` rather than issued by ACME.
+    #[serde(default)]
+    pub imported: bool,
 }
 
 impl From<&CertificateMaterial> for CertificateSummary {
@@ -42,6 +50,7 @@ impl From<&CertificateMaterial> for CertificateSummary {
             hostname: m.hostname.clone(),
             names: m.names.clone(),
             not_after: m.not_after,
+            imported: m.imported,
         }
     }
 }

@@ -32,7 +32,7 @@ async fn import(
     Json(req): Json<ImportCertificateRequest>,
 ) -> Result<Response, Failure> {
     let store = store(&machine)?;
-    let material =
+    let mut material =
         validate(&req.hostname, &req.chain_pem, &req.key_pem, now_unix()).map_err(|e| {
             failure(
                 StatusCode::BAD_REQUEST,
@@ -41,6 +41,8 @@ async fn import(
                 None,
             )
         })?;
+    // The issuer leaves imported material alone until it expires.
+    material.imported = true;
     let summary = CertificateSummary::from(&material);
     let value = serde_json::to_vec(&material).expect("material serialises");
     let key = certificate_key(&material.hostname);

@@ -116,6 +116,7 @@ pub fn validate(
         key_pem: key_pem.to_owned(),
         not_after,
         names,
+        imported: false,
     })
 }
 
