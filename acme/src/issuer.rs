@@ -21,8 +21,8 @@ use instant_acme::{
     Account, AuthorizationStatus, ChallengeType, Identifier, NewOrder, OrderStatus, RetryPolicy,
 };
 use ployz_core::{
-    CertificateMaterial, CertificatePolicy, CertificateState, CertificateStatus, ClusterDnsVerdict,
-    MachineId,
+    read_leaf, CertificateMaterial, CertificatePolicy, CertificateState, CertificateStatus,
+    ClusterDnsVerdict, MachineId,
 };
 use ployz_store::machines::MACHINES_NAMESPACE;
 use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
@@ -35,7 +35,6 @@ use crate::layout::{
     certificate_key, challenge_key, status_key, statuses_of, stored_materials, stored_policy,
     CERTIFICATES_NAMESPACE, CHALLENGES_NAMESPACE, POLICY_NAMESPACE,
 };
-use crate::material::{material_from_issued, parse_leaf};
 use crate::rendezvous::{issuer_for, participating_machines};
 use crate::verdict::{VerdictProbe, VerdictResolver};
 use crate::wanted::{assess, ingress_https_hostnames, renewal_point, Need};
@@ -320,7 +319,7 @@ impl CertificateIssuer {
             Err(refusal) => {
                 let message = refusal.to_string();
                 for h in &mine {
-                    let leaf = materials.get(h).and_then(|m| parse_leaf(&m.chain_pem).ok());
+                    let leaf = materials.get(h).and_then(|m| read_leaf(&m.chain_pem).ok());
                     let status = CertificateStatus {
                         hostname: h.clone(),
                         state: CertificateState::PolicyRefused,
@@ -539,7 +538,7 @@ impl CertificateIssuer {
             Ok(material) => {
                 self.backoff.remove(hostname);
                 self.last_issued_ms.insert(hostname.to_owned(), now_ms);
-                let leaf = parse_leaf(&material.chain_pem).ok();
+                let leaf = read_leaf(&material.chain_pem).ok();
                 tracing::info!(
                     hostname,
                     not_after = material.not_after,
@@ -790,7 +789,7 @@ async fn order_once(
             .poll_certificate(&retry)
             .await
             .map_err(acme_failure("downloading the certificate failed"))?;
-        material_from_issued(hostname, &chain, &key_pem, config.clock.now_ms().div_euclid(1000))
+        CertificateMaterial::check(hostname, &chain, &key_pem, config.clock.now_ms().div_euclid(1000))
             .map_err(|e| failure(format!("the issued certificate is not usable: {e}")))
     }
     .await;

@@ -33,7 +33,6 @@ mod acme_client;
 pub mod challenge;
 pub mod issuer;
 pub mod layout;
-pub mod material;
 pub mod rendezvous;
 pub mod verdict;
 pub mod wanted;

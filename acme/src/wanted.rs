@@ -8,7 +8,7 @@ use ployz_core::{
     IngressProtocol, PortSpec,
 };
 
-use crate::material::{covers, parse_leaf};
+use ployz_core::{covers, read_leaf};
 
 /// Whether `hostname` is a name an HTTP-01 order can be placed for: a lowercase DNS name of at
 /// least two labels, not a wildcard (HTTP-01 cannot validate those), not an IP address.
@@ -113,7 +113,7 @@ pub fn assess(
     for h in hostnames {
         let need = match materials.get(h) {
             None => Some(Need::Missing),
-            Some(m) => match parse_leaf(&m.chain_pem) {
+            Some(m) => match read_leaf(&m.chain_pem) {
                 Err(e) => Some(Need::Unreadable(e.to_string())),
                 Ok(leaf) if !leaf.names.iter().any(|n| covers(n, h)) => {
                     Some(Need::NotCovered { names: leaf.names })
@@ -171,7 +171,20 @@ pub fn wanted_hostnames(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::material::tests::self_signed;
+
+    /// A self-signed certificate for `names`, valid between the two Unix times, and its key.
+    pub(crate) fn self_signed(names: &[&str], not_before: i64, not_after: i64) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.not_before = rcgen::date_time_ymd(1970, 1, 1)
+            + std::time::Duration::from_secs(not_before.max(0) as u64);
+        params.not_after = rcgen::date_time_ymd(1970, 1, 1)
+            + std::time::Duration::from_secs(not_after.max(0) as u64);
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
     use ployz_core::{
         ContainerId, ContainerSpec, ContainerState, MachineId, ServiceId, ServiceSpec,
     };

@@ -19,7 +19,6 @@ use ployz_acme::layout::{
     account_key, certificate_key, challenge_key, status_key, stored_material, write_policy,
     CHALLENGES_NAMESPACE,
 };
-use ployz_acme::material::parse_leaf;
 use ployz_acme::{
     challenge_response, CertificateIssuer, IssuerConfig, PublicAddressSource, VerdictResolver,
 };
@@ -315,7 +314,7 @@ async fn renewal_by_policy_replaces_material_with_a_new_serial_and_key_type() {
     publish(&store, "renew.test");
     let (tx, task) = start_issuer(&store, config(&store));
     let first = material_for(&store, "renew.test", Duration::from_secs(60), |_| true).await;
-    let first_serial = parse_leaf(&first.chain_pem).unwrap().serial;
+    let first_serial = ployz_core::read_leaf(&first.chain_pem).unwrap().serial;
     // Pebble's certificates last years: with the default fraction nothing is due.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(stored_material(&store, "renew.test").unwrap(), first);
@@ -328,7 +327,7 @@ async fn renewal_by_policy_replaces_material_with_a_new_serial_and_key_type() {
     };
     write_policy(&store, &policy).unwrap();
     let renewed = material_for(&store, "renew.test", Duration::from_secs(120), |m| {
-        parse_leaf(&m.chain_pem).unwrap().serial != first_serial
+        ployz_core::read_leaf(&m.chain_pem).unwrap().serial != first_serial
     })
     .await;
     assert_chain_valid(&renewed, &pebble.issuing_root(), "renew.test");

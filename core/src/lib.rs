@@ -21,7 +21,9 @@ mod phase;
 mod selector;
 mod spec;
 
-pub use certificate::{CertificateMaterial, CertificateSummary};
+pub use certificate::{
+    covers, read_leaf, CertificateError, CertificateMaterial, CertificateSummary, LeafInfo,
+};
 pub use certificate_policy::{
     CertificateKeyType, CertificatePolicy, CertificateState, CertificateStatus, ClusterDnsVerdict,
     PolicyError,

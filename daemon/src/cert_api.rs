@@ -11,7 +11,7 @@ use axum::{Json, Router};
 use ployz_acme::layout;
 use ployz_core::api::{paths, ErrorCode, ImportCertificateRequest, SetCertificatePolicyRequest};
 use ployz_core::{CertificateMaterial, CertificatePolicy, CertificateSummary};
-use ployz_edge::certificates::{certificate_key, validate, CERTIFICATES_NAMESPACE};
+use ployz_edge::certificates::{certificate_key, CERTIFICATES_NAMESPACE};
 use ployz_store::KeyPrefix;
 
 use crate::api::{failure, not_initialised, Failure};
@@ -33,14 +33,15 @@ async fn import(
 ) -> Result<Response, Failure> {
     let store = store(&machine)?;
     let mut material =
-        validate(&req.hostname, &req.chain_pem, &req.key_pem, now_unix()).map_err(|e| {
-            failure(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidArgument,
-                format!("certificate for '{}': {e}", req.hostname),
-                None,
-            )
-        })?;
+        CertificateMaterial::check(&req.hostname, &req.chain_pem, &req.key_pem, now_unix())
+            .map_err(|e| {
+                failure(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::InvalidArgument,
+                    format!("certificate for '{}': {e}", req.hostname),
+                    None,
+                )
+            })?;
     // The issuer leaves imported material alone until it expires.
     material.imported = true;
     let summary = CertificateSummary::from(&material);

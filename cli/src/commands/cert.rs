@@ -266,7 +266,7 @@ pub async fn run(global: &GlobalArgs, cmd: CertCommand) -> anyhow::Result<()> {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64);
-            ployz_edge::certificates::validate(&args.hostname, &chain_pem, &key_pem, now)
+            ployz_core::CertificateMaterial::check(&args.hostname, &chain_pem, &key_pem, now)
                 .map_err(|e| anyhow::anyhow!("certificate for '{}': {e}", args.hostname))?;
             let mut client = super::connect(global).await?;
             let summary: CertificateSummary = client
