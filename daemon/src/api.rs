@@ -102,6 +102,29 @@ impl From<MachineError> for Failure {
 }
 
 /// Runs blocking work (fsyncs, sled) off the async workers.
+/// Runs a store operation off the runtime: a failed task is an internal error, a failed store
+/// write means the Machine cannot take writes now (503).
+pub async fn store_blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, Failure> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(|e| {
+            failure(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                e.to_string(),
+                None,
+            )
+        }),
+        Err(e) => Err(failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            format!("request handler failed: {e}"),
+            None,
+        )),
+    }
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, MachineError> + Send + 'static,
 ) -> Result<T, Failure> {

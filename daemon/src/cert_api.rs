@@ -14,7 +14,7 @@ use ployz_core::{CertificateMaterial, CertificatePolicy, CertificateSummary};
 use ployz_edge::certificates::{certificate_key, CERTIFICATES_NAMESPACE};
 use ployz_store::KeyPrefix;
 
-use crate::api::{failure, not_initialised, Failure};
+use crate::api::{failure, not_initialised, store_blocking, Failure};
 use crate::local_machine::LocalMachine;
 
 fn store(machine: &LocalMachine) -> Result<Arc<ployz_store::Store>, Failure> {
@@ -47,24 +47,7 @@ async fn import(
     let summary = CertificateSummary::from(&material);
     let value = serde_json::to_vec(&material).expect("material serialises");
     let key = certificate_key(&material.hostname);
-    tokio::task::spawn_blocking(move || store.put(&key, value))
-        .await
-        .map_err(|e| {
-            failure(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                ErrorCode::Internal,
-                e.to_string(),
-                None,
-            )
-        })?
-        .map_err(|e| {
-            failure(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorCode::Unavailable,
-                e.to_string(),
-                None,
-            )
-        })?;
+    store_blocking(move || store.put(&key, value)).await?;
     tracing::info!(hostname = %summary.hostname, not_after = summary.not_after, "certificate material imported");
     Ok((StatusCode::CREATED, Json(summary)).into_response())
 }
@@ -175,10 +158,7 @@ async fn set_policy(
         )
     })?;
     let to_store = policy.clone();
-    tokio::task::spawn_blocking(move || layout::write_policy(&store, &to_store))
-        .await
-        .map_err(unavailable)?
-        .map_err(unavailable)?;
+    store_blocking(move || layout::write_policy(&store, &to_store)).await?;
     tracing::info!(
         directory = policy.directory_url(),
         "certificate policy changed"
@@ -188,10 +168,7 @@ async fn set_policy(
 
 async fn reset_policy(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
     let store = store(&machine)?;
-    tokio::task::spawn_blocking(move || layout::clear_policy(&store))
-        .await
-        .map_err(unavailable)?
-        .map_err(unavailable)?;
+    store_blocking(move || layout::clear_policy(&store)).await?;
     tracing::info!("certificate policy reset to the defaults");
     Ok(Json(CertificatePolicy::default()).into_response())
 }

@@ -330,24 +330,7 @@ async fn drain(
     }
     let key = ployz_edge::draining_key(store.local(), &container.id);
     let mark_store = store.clone();
-    tokio::task::spawn_blocking(move || mark_store.put(&key, Vec::new()))
-        .await
-        .map_err(|e| {
-            failure(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                ErrorCode::Internal,
-                e.to_string(),
-                None,
-            )
-        })?
-        .map_err(|e| {
-            failure(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorCode::Unavailable,
-                e.to_string(),
-                None,
-            )
-        })?;
+    crate::api::store_blocking(move || mark_store.put(&key, Vec::new())).await?;
 
     // Hostnames another Serving Container still serves must keep an upstream meanwhile.
     let hostnames: Vec<String> = container
