@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Instructions per proxied request through `edge-bench`, counted by callgrind: a figure that does
+# not move with the machine's load, for comparing one change of the edge with the next.
+# An nginx upstream answers `return 200`; ab sends N keep-alive requests on 4 connections after a
+# warm-up; callgrind's counters are zeroed after the warm-up and dumped after the run.
+#
+# Usage: bench/edge_instructions.sh [N]   (default 2000; installs valgrind, apache2-utils, nginx)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N="${1:-2000}"
+for p in valgrind:valgrind ab:apache2-utils nginx:nginx; do
+  command -v "${p%%:*}" >/dev/null || apt-get install -y -q "${p#*:}" >/dev/null
+done
+cargo build --release -q -p ployz-bench --bin edge-bench
+work="$(mktemp -d)"
+UP=28780 EDGE=28781
+cat >"$work/nginx.conf" <<CONF
+worker_processes 1; daemon off; error_log $work/error.log; pid $work/nginx.pid;
+events { worker_connections 1024; }
+http { access_log off; server { listen 127.0.0.1:$UP; keepalive_requests 100000;
+  location / { return 200 "hello from upstream\n"; } } }
+CONF
+nginx -c "$work/nginx.conf" &
+up=$!
+valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" \
+  target/release/edge-bench --listen "127.0.0.1:$EDGE" --route "app.internal=127.0.0.1:$UP" --threads 1 \
+  >"$work/edge.log" 2>&1 &
+edge=$!
+cleanup() {
+  kill "$edge" "$up" 2>/dev/null || true
+  wait "$edge" "$up" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+for _ in $(seq 1 100); do
+  curl -fs -o /dev/null -H "Host: app.internal" "http://127.0.0.1:$EDGE/" && break
+  sleep 0.3
+done
+ab -q -k -c 4 -n 200 -H "Host: app.internal" "http://127.0.0.1:$EDGE/" >/dev/null
+callgrind_control -z "$edge" >/dev/null
+ab -q -k -c 4 -n "$N" -H "Host: app.internal" "http://127.0.0.1:$EDGE/" | grep -E "Failed requests"
+callgrind_control -d "$edge" >/dev/null
+sleep 1
+total=$(callgrind_annotate "$work/cg.out.1" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
+echo "user-space instructions per request: $((total / N))  (edge-bench, 1 thread, $N keep-alive requests)"
+echo "heaviest inclusive costs of the edge's own code, per request:"
+callgrind_annotate --inclusive=yes "$work/cg.out.1" \
+  | awk -v n="$N" '/^ *[0-9,]+ \(/ && /ployz_edge::/ {
+      count = $1; gsub(",", "", count)
+      f = substr($0, index($0, "ployz_edge::")); sub(/ \[.*$/, "", f); sub(/::\{\{closure\}\}.*/, "", f)
+      if (!seen[f]++) printf "  %8d  %s\n", count / n, f
+    }' | sort -rn | head -6
