@@ -10,8 +10,8 @@
 //! Machine (or when that cannot be known).
 //!
 //! HTTP-01 challenges are answered by every Machine's edge: the issuer writes a cluster-scoped
-//! challenge record and the edge answers `GET /.well-known/acme-challenge/TOKEN` with
-//! [`challenge_response`]. Because the record replicates, it does not matter which Machine the
+//! challenge record ([`ChallengeRecord`], laid out in `ployz_store::certificates`) and the edge
+//! answers `GET /.well-known/acme-challenge/TOKEN` from it. Because the record replicates, it does not matter which Machine the
 //! authority's validation request reaches.
 //!
 //! Store layout (all keys in [`layout`]):
@@ -30,13 +30,12 @@
 #![warn(missing_docs)]
 
 mod acme_client;
-pub mod challenge;
 pub mod issuer;
 pub mod layout;
 pub mod rendezvous;
 pub mod verdict;
 pub mod wanted;
 
-pub use challenge::{challenge_response, challenge_response_at, is_valid_token, ChallengeRecord};
 pub use issuer::{CertificateIssuer, Clock, IssuerConfig, PublicAddressFn, PublicAddressSource};
+pub use ployz_store::certificates::{is_valid_token, ChallengeRecord};
 pub use verdict::{VerdictProbe, VerdictResolver};

@@ -3,7 +3,7 @@
 //! Pebble on its own ports in its own temporary directory and stops it by PID.
 //!
 //! A tiny HTTP server on the HTTP-01 port stands in for the edge: it answers
-//! `/.well-known/acme-challenge/TOKEN` with `challenge_response(store, token)`, exactly what the
+//! `/.well-known/acme-challenge/TOKEN` with the edge's `ChallengeResponder`, exactly what the
 //! edge calls.
 //!
 //! Needs the Debian package `pebble` (`scripts/setup.sh` installs it). Nothing leaves 127.0.0.1.
@@ -14,19 +14,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ployz_acme::challenge::token_from_path;
 use ployz_acme::layout::{
     account_key, certificate_key, challenge_key, status_key, stored_material, write_policy,
     CHALLENGES_NAMESPACE,
 };
-use ployz_acme::{
-    challenge_response, CertificateIssuer, IssuerConfig, PublicAddressSource, VerdictResolver,
-};
+use ployz_acme::{CertificateIssuer, IssuerConfig, PublicAddressSource, VerdictResolver};
 use ployz_core::{
     CertificateKeyType, CertificateMaterial, CertificatePolicy, CertificateState,
     CertificateStatus, ClusterDnsVerdict, ContainerKind, ContainerRuntimeObservation,
     ContainerState, MachineId,
 };
+use ployz_store::certificates::token_from_path;
 use ployz_store::observations::container_key;
 use ployz_store::{KeyPrefix, Store};
 use rustls::client::danger::ServerCertVerifier;
@@ -38,8 +36,8 @@ use tokio::sync::watch;
 mod pebble_harness;
 use pebble_harness::*;
 
-/// The stand-in edge: answers HTTP-01 requests on 127.0.0.1:`port` from the store with
-/// `challenge_response`, counting the answers it gave.
+/// The stand-in edge: answers HTTP-01 requests on 127.0.0.1:`port` with the edge's own
+/// `ChallengeResponder` over the store, counting the answers it gave.
 struct ChallengeServer {
     served: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
@@ -77,7 +75,9 @@ async fn challenge_server(listener: tokio::net::TcpListener, store: Arc<Store>) 
                     .next()
                     .and_then(|l| l.split_whitespace().nth(1))
                     .unwrap_or_default();
-                let answer = token_from_path(path).and_then(|t| challenge_response(&store, t));
+                let responder = ployz_edge::ChallengeResponder::default();
+                responder.rebuild(&store);
+                let answer = token_from_path(path).and_then(|t| responder.response(t));
                 let reply = match answer {
                     Some(body) => {
                         count.fetch_add(1, Ordering::SeqCst);

@@ -72,3 +72,45 @@ pub fn stored_challenges(store: &Store) -> Vec<ChallengeRecord> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_charset_is_base64url_only() {
+        for ok in [
+            "abc",
+            "A-b_9",
+            "LoqXcYV8q5ONbJQxbmR7SCTNo3tiAXDfowyjxAjEuX0",
+        ] {
+            assert!(is_valid_token(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "a/b",
+            "..",
+            "a.b",
+            "a b",
+            "a%2Fb",
+            "tok\n",
+            "ü",
+            "a+b",
+            "a=",
+            &"x".repeat(MAX_TOKEN_LEN + 1),
+        ] {
+            assert!(!is_valid_token(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn paths_yield_tokens() {
+        assert_eq!(
+            token_from_path("/.well-known/acme-challenge/abc_-1"),
+            Some("abc_-1")
+        );
+        assert_eq!(token_from_path("/.well-known/acme-challenge/"), None);
+        assert_eq!(token_from_path("/.well-known/acme-challenge/a/b"), None);
+        assert_eq!(token_from_path("/other/abc"), None);
+    }
+}
