@@ -15,29 +15,29 @@
 
 pub mod certificates;
 pub mod challenges;
+pub mod connection;
 pub mod controller;
-pub mod header_deadline;
+mod fast_path;
 pub mod metrics;
 pub mod proxy;
 pub mod route_table;
 
 pub use certificates::CertificateResolver;
 pub use challenges::ChallengeResponder;
+pub use connection::EdgeApp;
 pub use controller::{draining_key, RouteController, DRAINING_NAMESPACE};
-pub use header_deadline::HeaderDeadline;
 pub use metrics::EdgeMetrics;
 pub use proxy::{EdgeLimits, EdgeProxy, EdgeState};
 pub use route_table::{Route, RouteTable, Upstream};
 
-/// The edge as a Pingora service: `proxy` behind a [`HeaderDeadline`] of its limits' header
-/// timeout. Add listeners to it, then add it to the server.
+/// The edge as a Pingora service: [`EdgeApp`], the fast path with `proxy` inside Pingora's
+/// proxy for the rest. Add listeners to it, then add it to the server.
 pub fn edge_service(
     conf: &std::sync::Arc<pingora::server::configuration::ServerConf>,
     proxy: EdgeProxy,
-) -> pingora::services::listening::Service<HeaderDeadline<pingora::proxy::HttpProxy<EdgeProxy>>> {
-    let timeout = proxy.limits().header_timeout;
+) -> pingora::services::listening::Service<EdgeApp> {
     pingora::services::listening::Service::new(
         "edge".to_owned(),
-        HeaderDeadline::new(pingora::proxy::http_proxy(conf, proxy), timeout),
+        EdgeApp::new(pingora::proxy::http_proxy(conf, proxy.clone()), proxy),
     )
 }

@@ -86,6 +86,7 @@ impl Default for EdgeLimits {
 }
 
 /// The `ProxyHttp` of every Machine's edge.
+#[derive(Clone)]
 pub struct EdgeProxy {
     limits: EdgeLimits,
     routes: RouteController,
@@ -99,15 +100,54 @@ pub struct EdgeProxy {
     challenges: crate::ChallengeResponder,
 }
 
-/// Per-request state: the matched route and the upstreams tried.
-pub struct EdgeCtx {
+/// The upstreams one request has tried, and the in-flight counter it holds. Both request paths
+/// (Pingora's and the fast path) choose upstreams through [`EdgeProxy::choose_upstream`].
+pub(crate) struct Attempts {
     route: Option<Arc<Route>>,
-    /// Request body bytes seen so far.
-    body_bytes: u64,
     /// The in-flight counter of the upstream this request currently holds.
     active: Option<Arc<std::sync::atomic::AtomicUsize>>,
     tried: [usize; MAX_TRIES],
     tries: usize,
+}
+
+impl Default for Attempts {
+    fn default() -> Attempts {
+        Attempts {
+            route: None,
+            active: None,
+            tried: [usize::MAX; MAX_TRIES],
+            tries: 0,
+        }
+    }
+}
+
+impl Attempts {
+    /// The upstream chosen last, if any.
+    pub(crate) fn last_upstream(&self) -> Option<std::net::SocketAddr> {
+        let route = self.route.as_ref()?;
+        let last = *self.tried[..self.tries].last()?;
+        route.upstreams.get(last).map(|u| u.addr)
+    }
+
+    /// Gives back the in-flight count this request holds (the request is over).
+    pub(crate) fn release(&mut self) {
+        if let Some(active) = self.active.take() {
+            active.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Attempts {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Per-request state: the matched route and the upstreams tried.
+pub struct EdgeCtx {
+    attempts: Attempts,
+    /// Request body bytes seen so far.
+    body_bytes: u64,
     start: Instant,
 }
 
@@ -144,6 +184,149 @@ impl EdgeProxy {
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
+
+    /// The route table, loaded once.
+    pub(crate) fn routes(&self) -> &RouteController {
+        &self.routes
+    }
+
+    /// The port HTTP requests for HTTPS hostnames are redirected to, if any.
+    pub(crate) fn https_port(&self) -> Option<u16> {
+        self.https_port
+    }
+
+    /// Chooses the next upstream for `host` and takes an in-flight count on it. The pick is
+    /// confirmed against the table published after the count went up: if a new table (say,
+    /// one without a draining container) was published in between, the pick is undone and made
+    /// again from the new table, so a drain that saw no request in flight never has one arrive
+    /// afterwards. `None`: no Serving Container is left to try.
+    pub(crate) fn choose_upstream(
+        &self,
+        host: &[u8],
+        attempts: &mut Attempts,
+    ) -> Option<std::net::SocketAddr> {
+        let mut table = self.routes.table().load_full();
+        for round in 0..3 {
+            let route = table.match_host(host)?.clone();
+            if !attempts
+                .route
+                .as_ref()
+                .is_some_and(|r| Arc::ptr_eq(r, &route))
+            {
+                // Indices of another table's route mean nothing here.
+                attempts.tried = [usize::MAX; MAX_TRIES];
+                attempts.route = Some(route.clone());
+            }
+            let i = route.pick(self.now_ms(), &attempts.tried[..attempts.tries])?;
+            let upstream = &route.upstreams[i];
+            upstream.in_flight.fetch_add(1, Ordering::SeqCst);
+            let now = self.routes.table().load_full();
+            if round < 2 && !Arc::ptr_eq(&now, &table) {
+                upstream.in_flight.fetch_sub(1, Ordering::SeqCst);
+                table = now;
+                continue;
+            }
+            if attempts.tries < MAX_TRIES {
+                attempts.tried[attempts.tries] = i;
+                attempts.tries += 1;
+            }
+            attempts.release();
+            attempts.active = Some(upstream.in_flight.clone());
+            return Some(upstream.addr);
+        }
+        unreachable!("the last round always returns")
+    }
+
+    /// Marks the upstream chosen last as failed for a while; whether another may be tried
+    /// (nothing was sent, so any request may go to the next one).
+    pub(crate) fn connect_failed(&self, attempts: &Attempts) -> bool {
+        let (Some(route), Some(&last)) = (&attempts.route, attempts.tried[..attempts.tries].last())
+        else {
+            return false;
+        };
+        route.mark_failed(last, self.now_ms() + FAILURE_WINDOW_MS);
+        attempts.tries < MAX_TRIES && attempts.tries < route.upstreams.len()
+    }
+
+    /// Counts one finished request in the metrics and writes its access-log line: no bodies,
+    /// credentials, cookies or query strings.
+    pub(crate) fn finish(&self, request: Finished<'_>, attempts: &mut Attempts) {
+        attempts.release();
+        let elapsed = request.start.elapsed().as_secs_f64();
+        self.metrics.observe(
+            request.status,
+            elapsed,
+            request.error.is_some() && attempts.tries > 0,
+        );
+        if !self.limits.access_log {
+            return;
+        }
+        let upstream = attempts
+            .last_upstream()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        tracing::info!(
+            target: "ployz::access",
+            method = request.method,
+            host = %String::from_utf8_lossy(request.host),
+            path = request.path,
+            status = request.status,
+            upstream,
+            tries = attempts.tries,
+            ms = elapsed * 1000.0,
+            error = request.error.unwrap_or_default(),
+        );
+    }
+}
+
+/// One finished request, for [`EdgeProxy::finish`].
+pub(crate) struct Finished<'a> {
+    pub method: &'a str,
+    pub host: &'a [u8],
+    /// The path, without the query.
+    pub path: &'a str,
+    /// 0 when no response was written.
+    pub status: u16,
+    pub start: Instant,
+    pub error: Option<String>,
+}
+
+/// Appends the forwarding header values for a request from `client` (an IP address) for
+/// `host` over `proto`: `X-Forwarded-For` (after `previous`, the values the request carried),
+/// `Forwarded`, `X-Forwarded-Proto` and `X-Forwarded-Host`, as `name: value\r\n` lines.
+pub(crate) fn write_forwarding(
+    out: &mut Vec<u8>,
+    client: Option<&str>,
+    previous: &[&[u8]],
+    host: &[u8],
+    proto: &str,
+) {
+    if let Some(ip) = client {
+        out.extend_from_slice(b"X-Forwarded-For: ");
+        for p in previous {
+            out.extend_from_slice(p);
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(ip.as_bytes());
+        out.extend_from_slice(b"\r\nForwarded: for=");
+        if ip.contains(':') {
+            out.extend_from_slice(b"\"[");
+            out.extend_from_slice(ip.as_bytes());
+            out.extend_from_slice(b"]\"");
+        } else {
+            out.extend_from_slice(ip.as_bytes());
+        }
+        out.extend_from_slice(b";host=\"");
+        out.extend_from_slice(host);
+        out.extend_from_slice(b"\";proto=");
+        out.extend_from_slice(proto.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"X-Forwarded-Proto: ");
+    out.extend_from_slice(proto.as_bytes());
+    out.extend_from_slice(b"\r\nX-Forwarded-Host: ");
+    out.extend_from_slice(host);
+    out.extend_from_slice(b"\r\n");
 }
 
 async fn respond(
@@ -192,11 +375,8 @@ impl ProxyHttp for EdgeProxy {
 
     fn new_ctx(&self) -> EdgeCtx {
         EdgeCtx {
-            route: None,
+            attempts: Attempts::default(),
             body_bytes: 0,
-            active: None,
-            tried: [usize::MAX; MAX_TRIES],
-            tries: 0,
             start: Instant::now(),
         }
     }
@@ -306,7 +486,7 @@ impl ProxyHttp for EdgeProxy {
                 // Hostnames served over HTTPS redirect plain HTTP there (the ACME challenge
                 // path excepted, so validation over HTTP keeps working).
                 if path.starts_with("/.well-known/acme-challenge/") {
-                    ctx.route = Some(route.clone());
+                    ctx.attempts.route = Some(route.clone());
                     return Ok(false);
                 }
                 let port = match self.https_port {
@@ -326,7 +506,7 @@ impl ProxyHttp for EdgeProxy {
                 Ok(true)
             }
             Some(route) => {
-                ctx.route = Some(route.clone());
+                ctx.attempts.route = Some(route.clone());
                 Ok(false)
             }
             None => {
@@ -362,56 +542,19 @@ impl ProxyHttp for EdgeProxy {
         Ok(())
     }
 
-    /// Picks the upstream. The pick is confirmed against the table published after the
-    /// in-flight counter went up: if a new table (say, one without a draining container) was
-    /// published in between, the pick is undone and made again from the new table, so a drain
-    /// that saw no request in flight never has one arrive afterwards.
+    /// Picks the upstream: [`EdgeProxy::choose_upstream`].
     async fn upstream_peer(
         &self,
         session: &mut Session,
         ctx: &mut EdgeCtx,
     ) -> Result<Box<HttpPeer>> {
-        let mut table = self.routes.table().load_full();
-        for round in 0..3 {
-            let route = match table.match_host(host_of(session.req_header())) {
-                Some(r) => r.clone(),
-                None => {
-                    return Err(Error::explain(
-                        ErrorType::HTTPStatus(503),
-                        "no Serving Container for this host",
-                    ))
-                }
-            };
-            if !ctx.route.as_ref().is_some_and(|r| Arc::ptr_eq(r, &route)) {
-                // Indices of another table's route mean nothing here.
-                ctx.tried = [usize::MAX; MAX_TRIES];
-                ctx.route = Some(route.clone());
-            }
-            let tried = &ctx.tried[..ctx.tries];
-            let Some(i) = route.pick(self.now_ms(), tried) else {
-                return Err(Error::explain(
-                    ErrorType::HTTPStatus(503),
-                    "no Serving Container for this host",
-                ));
-            };
-            let upstream = &route.upstreams[i];
-            upstream.in_flight.fetch_add(1, Ordering::SeqCst);
-            let now = self.routes.table().load_full();
-            if round < 2 && !Arc::ptr_eq(&now, &table) {
-                upstream.in_flight.fetch_sub(1, Ordering::SeqCst);
-                table = now;
-                continue;
-            }
-            if ctx.tries < MAX_TRIES {
-                ctx.tried[ctx.tries] = i;
-                ctx.tries += 1;
-            }
-            if let Some(previous) = ctx.active.replace(upstream.in_flight.clone()) {
-                previous.fetch_sub(1, Ordering::SeqCst);
-            }
-            return Ok(Box::new(HttpPeer::new(upstream.addr, false, String::new())));
+        match self.choose_upstream(host_of(session.req_header()), &mut ctx.attempts) {
+            Some(addr) => Ok(Box::new(HttpPeer::new(addr, false, String::new()))),
+            None => Err(Error::explain(
+                ErrorType::HTTPStatus(503),
+                "no Serving Container for this host",
+            )),
         }
-        unreachable!("the last round always returns")
     }
 
     fn fail_to_connect(
@@ -421,12 +564,8 @@ impl ProxyHttp for EdgeProxy {
         ctx: &mut EdgeCtx,
         mut e: Box<Error>,
     ) -> Box<Error> {
-        if let (Some(route), Some(&last)) = (&ctx.route, ctx.tried[..ctx.tries].last()) {
-            route.mark_failed(last, self.now_ms() + FAILURE_WINDOW_MS);
-            // Nothing was sent yet, so any request may go to the next upstream.
-            if ctx.tries < MAX_TRIES && ctx.tries < route.upstreams.len() {
-                e.set_retry(true);
-            }
+        if self.connect_failed(&ctx.attempts) {
+            e.set_retry(true);
         }
         e
     }
@@ -441,63 +580,49 @@ impl ProxyHttp for EdgeProxy {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(|a| a.ip().to_string());
-        let host = String::from_utf8_lossy(host_of(session.req_header())).into_owned();
+        let previous: Vec<&[u8]> = session
+            .req_header()
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(|v| v.as_bytes())
+            .collect();
         let proto = if is_tls(session) { "https" } else { "http" };
-        if let Some(ip) = &client {
-            let xff = match upstream_request.headers.get("x-forwarded-for") {
-                Some(prev) => format!("{}, {ip}", String::from_utf8_lossy(prev.as_bytes())),
-                None => ip.clone(),
-            };
-            upstream_request.insert_header("x-forwarded-for", xff)?;
-            let for_value = if ip.contains(':') {
-                format!("\"[{ip}]\"")
-            } else {
-                ip.clone()
-            };
-            upstream_request.insert_header(
-                "forwarded",
-                format!("for={for_value};host=\"{host}\";proto={proto}"),
-            )?;
+        let mut lines = Vec::with_capacity(256);
+        write_forwarding(
+            &mut lines,
+            client.as_deref(),
+            &previous,
+            host_of(session.req_header()),
+            proto,
+        );
+        for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let colon = line.iter().position(|b| *b == b':').unwrap_or(line.len());
+            let name = String::from_utf8_lossy(&line[..colon]).into_owned();
+            let value = line.get(colon + 2..).unwrap_or_default().to_vec();
+            upstream_request.insert_header(name, value)?;
         }
-        upstream_request.insert_header("x-forwarded-proto", proto)?;
-        upstream_request.insert_header("x-forwarded-host", host)?;
         Ok(())
     }
 
-    /// One access-log line per request: no bodies, credentials, cookies or query strings.
+    /// One access-log line per request: [`EdgeProxy::finish`].
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut EdgeCtx) {
-        if let Some(active) = ctx.active.take() {
-            active.fetch_sub(1, Ordering::SeqCst);
-        }
         let req = session.req_header();
         let status = session
             .response_written()
             .map(|r| r.status.as_u16())
             .unwrap_or(0);
-        let elapsed = ctx.start.elapsed().as_secs_f64();
-        self.metrics
-            .observe(status, elapsed, e.is_some() && ctx.tries > 0);
-        if !self.limits.access_log {
-            return;
-        }
-        let upstream = match (&ctx.route, ctx.tries) {
-            (Some(r), n) if n > 0 => r
-                .upstreams
-                .get(ctx.tried[n - 1])
-                .map(|u| u.addr.to_string())
-                .unwrap_or_default(),
-            _ => String::new(),
-        };
-        tracing::info!(
-            target: "ployz::access",
-            method = %req.method,
-            host = %String::from_utf8_lossy(host_of(req)),
-            path = req.uri.path(),
-            status,
-            upstream,
-            tries = ctx.tries,
-            ms = elapsed * 1000.0,
-            error = e.map(|e| e.to_string()).unwrap_or_default(),
+        self.finish(
+            Finished {
+                method: req.method.as_str(),
+                host: host_of(req),
+                path: req.uri.path(),
+                status,
+                start: ctx.start,
+                error: e.map(|e| e.to_string()),
+            },
+            &mut ctx.attempts,
         );
     }
 }

@@ -495,3 +495,29 @@ pub fn curl_https(
         .expect("curl runs");
     (out.status.success(), stdout(&out), stderr(&out))
 }
+
+/// Starts `ployz daemon edge` on a free port with one route and waits until it listens.
+pub fn edge_alone(route: &str, extra: &[&str]) -> (u16, Reaped) {
+    let [port] = free_ports();
+    let child = std::process::Command::new(PLOYZ)
+        .args(["daemon", "edge", "--threads", "1", "--no-access-log"])
+        .args(extra)
+        .arg("--http-listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--route")
+        .arg(route)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let child = Reaped(child);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edge never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (port, child)
+}

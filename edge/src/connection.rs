@@ -1,0 +1,430 @@
+//! The edge's connection loop: every HTTP/1 connection, from accept to close.
+//!
+//! [`EdgeApp`] is the Pingora application of the edge's listeners. HTTP/2 connections
+//! (negotiated by ALPN) go to Pingora's proxy unchanged. For HTTP/1 it runs the keep-alive loop
+//! itself: it reads each request head into the connection's buffer within the header deadline,
+//! then either serves it on the [`crate::fast_path`] or hands the connection, with the bytes
+//! already read, to Pingora's proxy for that one request, and takes it back for the next.
+//!
+//! The header deadline is against slowloris clients: from accept (on TLS, after the handshake,
+//! which Pingora bounds on its own) or, on a kept-alive connection, from the first byte of the
+//! next request, the whole head must arrive within the timeout, or the connection is closed.
+//! Pingora times out each read on its own (60 s), so without it a client sending one byte every
+//! few seconds would hold a connection for as long as it liked.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::protocols::http::ServerSession;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
+    UniqueIDType, ALPN,
+};
+use pingora::proxy::HttpProxy;
+use pingora::server::ShutdownWatch;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::time::Instant;
+
+use crate::fast_path::{Downstream, FastPath, Served};
+use crate::EdgeProxy;
+
+/// Idle time allowed between two requests on a kept-alive connection (Pingora's default).
+const KEEPALIVE: Duration = Duration::from_secs(60);
+
+/// The edge's Pingora application: the fast path first, Pingora's proxy for the rest.
+pub struct EdgeApp {
+    pingora: Arc<HttpProxy<EdgeProxy>>,
+    fast: FastPath,
+    header_timeout: Duration,
+    /// The longest request head read; a longer one is answered 414 or 431 and the connection
+    /// closed.
+    max_head: usize,
+}
+
+impl EdgeApp {
+    /// `pingora` is the same `proxy` inside Pingora's proxy; a header that takes longer than
+    /// the limits' header timeout ends the connection.
+    pub fn new(pingora: HttpProxy<EdgeProxy>, proxy: EdgeProxy) -> EdgeApp {
+        let limits = *proxy.limits();
+        EdgeApp {
+            pingora: Arc::new(pingora),
+            fast: FastPath::new(proxy),
+            header_timeout: limits.header_timeout,
+            max_head: limits.max_header_bytes + limits.max_uri_bytes + 4096,
+        }
+    }
+
+    /// Hands one request, whose head is in `conn.buf`, to Pingora's proxy; the connection
+    /// back if it can carry another request.
+    async fn through_pingora(
+        self: &Arc<Self>,
+        conn: Downstream,
+        shutdown: &ShutdownWatch,
+        reuses_left: Option<u32>,
+    ) -> Option<Downstream> {
+        let Downstream {
+            stream,
+            buf,
+            client,
+            tls,
+            held,
+        } = conn;
+        let replay = ReplayStream {
+            inner: stream,
+            prefix: buf,
+            pos: 0,
+        };
+        let mut session = ServerSession::new_http1(Box::new(replay));
+        // As Pingora does: no reuse once the service is shutting down.
+        session.set_keepalive((!*shutdown.borrow()).then_some(KEEPALIVE.as_secs()));
+        session.set_keepalive_reuses_remaining(reuses_left);
+        let reused = self.pingora.process_new_http(session, shutdown).await;
+        let Some((stream, _)) = reused.map(|r| r.consume()) else {
+            self.fast.release(held);
+            return None;
+        };
+        let (stream, buf) = if (*stream).as_any().is::<ReplayStream>() {
+            let replay = stream
+                .into_any()
+                .downcast::<ReplayStream>()
+                .expect("checked type");
+            let mut prefix = replay.prefix;
+            prefix.drain(..replay.pos.min(prefix.len()));
+            (replay.inner, prefix)
+        } else {
+            (stream, Vec::new())
+        };
+        Some(Downstream {
+            stream,
+            buf,
+            client,
+            tls,
+            held,
+        })
+    }
+}
+
+/// How reading a request head ended.
+enum Head {
+    /// The head is the first this many bytes of the buffer.
+    Complete(usize),
+    /// The client closed, went idle past the keep-alive time, or failed.
+    Gone,
+    /// The head did not arrive within the deadline.
+    TimedOut,
+    /// The head is longer than allowed; `true` if still within the request line.
+    TooLarge(bool),
+}
+
+/// Reads until `conn.buf` holds a whole request head. `deadline`: when the head must be
+/// complete; `None` on a kept-alive connection, where the clock starts at the first byte.
+async fn read_head(
+    conn: &mut Downstream,
+    mut deadline: Option<Instant>,
+    timeout: Duration,
+    max: usize,
+) -> Head {
+    let mut scan = HeaderScan::default();
+    let mut scanned = 0;
+    loop {
+        if let Some(end) = scan.feed(&conn.buf[scanned..]) {
+            return Head::Complete(scanned + end);
+        }
+        scanned = conn.buf.len();
+        if scanned >= max {
+            return Head::TooLarge(!conn.buf.contains(&b'\n'));
+        }
+        if conn.buf.capacity() - conn.buf.len() < 1024 {
+            conn.buf.reserve(4096);
+        }
+        let until = deadline.unwrap_or_else(|| Instant::now() + KEEPALIVE);
+        match tokio::time::timeout_at(until, conn.stream.read_buf(&mut conn.buf)).await {
+            Err(_) if deadline.is_some() => return Head::TimedOut,
+            Err(_) | Ok(Err(_)) | Ok(Ok(0)) => return Head::Gone,
+            Ok(Ok(_)) => {
+                if deadline.is_none() {
+                    deadline = Some(Instant::now() + timeout);
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl ServerApp for EdgeApp {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        if stream.selected_alpn_proto() == Some(ALPN::H2) {
+            return ServerApp::process_new(&self.pingora, stream, shutdown).await;
+        }
+        let mut conn = Downstream::new(stream);
+        let limit = self
+            .pingora
+            .server_options()
+            .and_then(|o| o.keepalive_request_limit);
+        let mut served: u32 = 0;
+        let mut deadline = Some(Instant::now() + self.header_timeout);
+        loop {
+            let head_len = match read_head(&mut conn, deadline, self.header_timeout, self.max_head)
+                .await
+            {
+                Head::Complete(n) => n,
+                Head::Gone | Head::TimedOut => break,
+                Head::TooLarge(in_request_line) => {
+                    let answer: &[u8] = if in_request_line {
+                        b"HTTP/1.1 414 URI Too Long\r\ncontent-type: text/plain\r\ncontent-length: 24\r\nconnection: close\r\n\r\nrequest target too long\n"
+                    } else {
+                        b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain\r\ncontent-length: 32\r\nconnection: close\r\n\r\nrequest header fields too large\n"
+                    };
+                    let _ = conn.stream.write_all(answer).await;
+                    let _ = conn.stream.flush().await;
+                    break;
+                }
+            };
+            deadline = None;
+            served = served.saturating_add(1);
+            let last = *shutdown.borrow() || limit.is_some_and(|l| served >= l);
+            if let Some((plan, buffers)) = self.fast.accept(&conn, head_len) {
+                match self
+                    .fast
+                    .serve(&mut conn, head_len, plan, buffers, last)
+                    .await
+                {
+                    Served::KeepAlive => continue,
+                    Served::Close => break,
+                }
+            }
+            let reuses_left = limit.map(|l| l.saturating_sub(served));
+            match self.through_pingora(conn, shutdown, reuses_left).await {
+                Some(c) => conn = c,
+                None => return None,
+            }
+        }
+        self.fast.release(conn.held.take());
+        None
+    }
+
+    async fn cleanup(&self) {
+        self.pingora.http_cleanup().await
+    }
+}
+
+/// Finds the end of an HTTP/1 request header the way HTTP/1 parsers (httparse) read it: empty
+/// lines before the request line are skipped; after it, the first empty line (`\n` or `\r\n`
+/// right after a `\n`) ends the header.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HeaderScan {
+    /// Nothing but CR and LF so far.
+    #[default]
+    Leading,
+    /// Inside a line.
+    InLine,
+    /// Just after a `\n`.
+    LineStart,
+    /// Just after a `\n` then a `\r`.
+    LineStartCr,
+}
+
+impl HeaderScan {
+    /// Feeds `bytes`; `Some(n)`: the header ended with the first `n` of them.
+    pub fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
+        for (i, &b) in bytes.iter().enumerate() {
+            *self = match (*self, b) {
+                (HeaderScan::Leading, b'\r' | b'\n') => HeaderScan::Leading,
+                (HeaderScan::Leading, _) => HeaderScan::InLine,
+                (HeaderScan::InLine, b'\n') => HeaderScan::LineStart,
+                (HeaderScan::InLine, _) => HeaderScan::InLine,
+                (HeaderScan::LineStart | HeaderScan::LineStartCr, b'\n') => return Some(i + 1),
+                (HeaderScan::LineStart, b'\r') => HeaderScan::LineStartCr,
+                (HeaderScan::LineStart | HeaderScan::LineStartCr, _) => HeaderScan::InLine,
+            };
+        }
+        None
+    }
+}
+
+/// A connection handed to Pingora with the bytes already read from it: reads return those
+/// first, then go to the connection.
+pub struct ReplayStream {
+    inner: Stream,
+    prefix: Vec<u8>,
+    pos: usize,
+}
+
+impl AsyncRead for ReplayStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.pos < this.prefix.len() {
+            let n = (this.prefix.len() - this.pos).min(buf.remaining());
+            buf.put_slice(&this.prefix[this.pos..this.pos + n]);
+            this.pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ReplayStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[async_trait]
+impl Shutdown for ReplayStream {
+    async fn shutdown(&mut self) {
+        Shutdown::shutdown(&mut *self.inner).await
+    }
+}
+
+impl UniqueID for ReplayStream {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for ReplayStream {
+    fn get_ssl(&self) -> Option<&pingora::protocols::tls::TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for ReplayStream {
+    fn get_timing_digest(&self) -> Vec<Option<pingora::protocols::TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for ReplayStream {
+    fn get_proxy_digest(&self) -> Option<Arc<pingora::protocols::raw_connect::ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+
+    fn set_proxy_digest(&mut self, digest: pingora::protocols::raw_connect::ProxyDigest) {
+        self.inner.set_proxy_digest(digest)
+    }
+}
+
+impl GetSocketDigest for ReplayStream {
+    fn get_socket_digest(&self) -> Option<Arc<pingora::protocols::SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, digest: pingora::protocols::SocketDigest) {
+        self.inner.set_socket_digest(digest)
+    }
+}
+
+#[async_trait]
+impl Peek for ReplayStream {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}
+
+impl fmt::Debug for ReplayStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplayStream")
+            .field("inner", &self.inner)
+            .field("replayed", &self.pos)
+            .field("buffered", &self.prefix.len())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HeaderScan;
+
+    fn ends(chunks: &[&[u8]]) -> bool {
+        let mut scan = HeaderScan::default();
+        chunks.iter().any(|c| scan.feed(c).is_some())
+    }
+
+    #[test]
+    fn the_end_is_where_the_blank_line_ends() {
+        let mut scan = HeaderScan::default();
+        assert_eq!(scan.feed(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET"), Some(27));
+        let mut scan = HeaderScan::default();
+        assert_eq!(scan.feed(b"\r\nGET / HTTP/1.1\nHost: a\n"), None);
+        assert_eq!(scan.feed(b"\nrest"), Some(1));
+    }
+
+    #[test]
+    fn the_blank_line_is_found_across_reads() {
+        assert!(!ends(&[b"GET / HTTP/1.1\r\nHost: a\r", b"\n", b"\r"]));
+        assert!(ends(&[b"GET / HTTP/1.1\r\nHost: a\r", b"\n", b"\r", b"\n"]));
+    }
+
+    #[test]
+    fn every_line_ending_httparse_accepts_ends_a_header() {
+        assert!(ends(&[b"GET / HTTP/1.1\nHost: a\n\n"]));
+        assert!(ends(&[b"GET / HTTP/1.1\r\nHost: a\n\r\n"]));
+        assert!(ends(&[b"GET / HTTP/1.1\nHost: a\r\n\n"]));
+    }
+
+    #[test]
+    fn leading_empty_lines_do_not_end_a_header() {
+        assert!(!ends(&[b"\r\n\r\n\n\n"]));
+        assert!(!ends(&[b"\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n"]));
+        assert!(ends(&[b"\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n"]));
+    }
+
+    #[test]
+    fn a_single_line_end_does_not() {
+        assert!(!ends(&[b"GET / HTTP/1.1\r\nHost: a\r\nX: \r\n"]));
+        assert!(!ends(&[b"GET / HTTP/1.1\r\nX: a\rb\r\n"]));
+    }
+}

@@ -1,0 +1,1277 @@
+//! The edge's fast path: plain HTTP/1.1 requests proxied without Pingora's per-request
+//! machinery.
+//!
+//! Most requests a Machine serves are the same shape: HTTP/1.1, an origin-form target, one
+//! `Host` that names a route, no body or a short one with a `Content-Length`. For those the
+//! connection loop ([`crate::connection`]) calls [`FastPath::serve`]: the request head is read
+//! once into the connection's buffer, rewritten for the upstream in one pass (hop-by-hop fields
+//! out, forwarding fields in), written with its body in one write on a pooled upstream
+//! connection, and the response head is passed back unchanged when it carries no hop-by-hop
+//! field, with the first body bytes in the same write. Everything else (HTTP/1.0, upgrades,
+//! `Expect`, chunked or long request bodies, machine paths, redirects, unknown hosts, anything
+//! over a limit) goes to Pingora's proxy, which answers it as documented.
+//!
+//! The decisions are pure functions over parsed heads ([`plan`], [`write_upstream_head`],
+//! [`response_plan`], [`ChunkedScan`]), tested without sockets; [`FastPath::serve`] is the IO.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use pingora::protocols::Stream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::proxy::{write_forwarding, Attempts, EdgeLimits, EdgeProxy, Finished};
+
+/// The longest request body the fast path buffers; longer ones stream through Pingora.
+pub(crate) const MAX_FAST_BODY: u64 = 64 * 1024;
+/// Header slots for parsing a head; a head with more fields goes to Pingora (requests) or is
+/// refused with 502 (responses).
+pub(crate) const MAX_FIELDS: usize = 128;
+/// The longest response head accepted from an upstream.
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+/// How long an idle upstream connection is kept for reuse.
+const UPSTREAM_IDLE: Duration = Duration::from_secs(30);
+/// Idle upstream connections kept per upstream address.
+const POOL_PER_UPSTREAM: usize = 256;
+/// Time allowed for each read of a request body and each read or write towards an upstream
+/// once a request was sent; Pingora's default for its reads.
+const IO_TIMEOUT: Duration = Duration::from_secs(60);
+/// The buffer for response bytes, per request in flight.
+const RESPONSE_BUFFER: usize = 32 * 1024;
+
+/// What the fast path needs of a request head: positions in the connection's buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub method: Range<usize>,
+    /// Path and query.
+    pub target: Range<usize>,
+    pub host: Range<usize>,
+    pub content_length: u64,
+    /// The client asked to close the connection after this request.
+    pub close: bool,
+    /// Safe to send again after a connection that was reused turned out dead.
+    pub idempotent: bool,
+    pub head: bool,
+}
+
+fn range_in(buf: &[u8], part: &[u8]) -> Range<usize> {
+    let start = part.as_ptr() as usize - buf.as_ptr() as usize;
+    start..start + part.len()
+}
+
+fn is(name: &str, lowercase: &str) -> bool {
+    name.len() == lowercase.len() && name.eq_ignore_ascii_case(lowercase)
+}
+
+/// Whether every comma-separated token of a `Connection` value is `close` or `keep-alive`;
+/// the first result says whether one of them is `close`.
+fn connection_tokens(value: &[u8]) -> Option<bool> {
+    let mut close = false;
+    for token in value.split(|b| *b == b',') {
+        let token = token.trim_ascii();
+        if token.eq_ignore_ascii_case(b"close") {
+            close = true;
+        } else if !token.eq_ignore_ascii_case(b"keep-alive") && !token.is_empty() {
+            return None;
+        }
+    }
+    Some(close)
+}
+
+/// Decides whether a parsed request head (from `buf`) takes the fast path. `None` hands it to
+/// Pingora. The route itself is checked by the caller.
+pub(crate) fn plan(
+    buf: &[u8],
+    req: &httparse::Request<'_, '_>,
+    limits: &EdgeLimits,
+) -> Option<Plan> {
+    if req.version != Some(1) {
+        return None;
+    }
+    let method = req.method?;
+    let target = req.path?;
+    if method == "CONNECT"
+        || !target.starts_with('/')
+        || target.len() > limits.max_uri_bytes
+        || target.starts_with("/.ployz/")
+        || target.starts_with("/.well-known/acme-challenge/")
+    {
+        return None;
+    }
+    let mut host: Option<&[u8]> = None;
+    let mut length: Option<u64> = None;
+    let mut close = false;
+    let mut header_bytes = 0;
+    for h in req.headers.iter() {
+        header_bytes += h.name.len() + h.value.len() + 4;
+        match h.name.len() {
+            4 if is(h.name, "host") => {
+                host = match host {
+                    None => Some(h.value),
+                    Some(_) => return None,
+                }
+            }
+            14 if is(h.name, "content-length") => {
+                let v = h.value;
+                if length.is_some()
+                    || v.is_empty()
+                    || v.len() > 19
+                    || !v.iter().all(u8::is_ascii_digit)
+                {
+                    return None;
+                }
+                length = Some(std::str::from_utf8(v).ok()?.parse().ok()?);
+            }
+            17 if is(h.name, "transfer-encoding") => return None,
+            6 if is(h.name, "expect") => return None,
+            7 if is(h.name, "upgrade") => return None,
+            14 if is(h.name, "http2-settings") => return None,
+            10 if is(h.name, "connection") => close |= connection_tokens(h.value)?,
+            _ => {}
+        }
+    }
+    let content_length = length.unwrap_or(0);
+    if header_bytes > limits.max_header_bytes
+        || content_length > MAX_FAST_BODY
+        || limits
+            .max_body_bytes
+            .is_some_and(|max| content_length > max)
+    {
+        return None;
+    }
+    Some(Plan {
+        method: range_in(buf, method.as_bytes()),
+        target: range_in(buf, target.as_bytes()),
+        host: range_in(buf, host?),
+        content_length,
+        close,
+        idempotent: matches!(
+            method,
+            "GET" | "HEAD" | "PUT" | "DELETE" | "OPTIONS" | "TRACE"
+        ),
+        head: method == "HEAD",
+    })
+}
+
+/// Request fields never passed on: hop-by-hop ones, and the forwarding ones the edge writes
+/// itself.
+fn dropped_request_field(name: &str) -> bool {
+    match name.len() {
+        2 => is(name, "te"),
+        7 => is(name, "trailer"),
+        9 => is(name, "forwarded"),
+        10 => is(name, "connection") || is(name, "keep-alive"),
+        15 => is(name, "x-forwarded-for"),
+        16 => is(name, "proxy-connection") || is(name, "x-forwarded-host"),
+        17 => is(name, "x-forwarded-proto"),
+        18 => is(name, "proxy-authenticate"),
+        19 => is(name, "proxy-authorization"),
+        _ => false,
+    }
+}
+
+/// Writes the request head the upstream gets: the request line as received (as HTTP/1.1), the
+/// client's fields but the dropped ones, then the forwarding fields.
+pub(crate) fn write_upstream_head(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    req: &httparse::Request<'_, '_>,
+    plan: &Plan,
+    client: Option<&str>,
+    proto: &str,
+) {
+    out.extend_from_slice(&buf[plan.method.clone()]);
+    out.push(b' ');
+    out.extend_from_slice(&buf[plan.target.clone()]);
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut previous: [&[u8]; 8] = [&[]; 8];
+    let mut n_previous = 0;
+    for h in req.headers.iter() {
+        if dropped_request_field(h.name) {
+            if is(h.name, "x-forwarded-for") && n_previous < previous.len() {
+                previous[n_previous] = h.value;
+                n_previous += 1;
+            }
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    write_forwarding(
+        out,
+        client,
+        &previous[..n_previous],
+        &buf[plan.host.clone()],
+        proto,
+    );
+    out.extend_from_slice(b"\r\n");
+}
+
+/// How a response body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Framing {
+    /// No body (HEAD, 1xx, 204, 304).
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Until the upstream closes the connection.
+    UntilClose,
+}
+
+/// What to do with a response head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ResponsePlan {
+    pub status: u16,
+    pub framing: Framing,
+    /// The upstream connection can carry another request after this response.
+    pub reusable: bool,
+    /// The head must be rewritten (hop-by-hop fields, HTTP/1.0, a length beside chunked).
+    pub rewrite: bool,
+    /// Whether the head says `Connection: close`.
+    pub says_close: bool,
+}
+
+/// Response fields never passed on.
+fn dropped_response_field(name: &str, nominated: &[&[u8]]) -> bool {
+    match name.len() {
+        10 if is(name, "connection") || is(name, "keep-alive") => true,
+        16 if is(name, "proxy-connection") => true,
+        _ => nominated
+            .iter()
+            .any(|n| name.as_bytes().eq_ignore_ascii_case(n)),
+    }
+}
+
+/// Reads a parsed response head; `Err` names what makes it unusable (answered with 502).
+pub(crate) fn response_plan(
+    resp: &httparse::Response<'_, '_>,
+    head_request: bool,
+) -> Result<ResponsePlan, &'static str> {
+    let status = resp.code.ok_or("no status code")?;
+    let http11 = resp.version == Some(1);
+    let mut length: Option<u64> = None;
+    let mut chunked = None;
+    let mut says_close = !http11;
+    let mut rewrite = !http11;
+    for h in resp.headers.iter() {
+        match h.name.len() {
+            14 if is(h.name, "content-length") => {
+                let v = std::str::from_utf8(h.value)
+                    .ok()
+                    .map(str::trim)
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or("an invalid Content-Length")?;
+                if length.replace(v).is_some_and(|prev| prev != v) {
+                    return Err("conflicting Content-Length fields");
+                }
+            }
+            17 if is(h.name, "transfer-encoding") => {
+                let last = h.value.rsplit(|b| *b == b',').next().unwrap_or_default();
+                chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            }
+            10 if is(h.name, "connection") => {
+                rewrite = true;
+                if h.value
+                    .split(|b| *b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
+                {
+                    says_close = true;
+                }
+            }
+            10 | 16 if is(h.name, "keep-alive") || is(h.name, "proxy-connection") => rewrite = true,
+            _ => {}
+        }
+    }
+    let framing = if head_request || (100..200).contains(&status) || status == 204 || status == 304
+    {
+        Framing::Empty
+    } else if let Some(chunked) = chunked {
+        // A length beside Transfer-Encoding is dropped (RFC 9112 6.3).
+        rewrite |= length.is_some();
+        if chunked {
+            Framing::Chunked
+        } else {
+            Framing::UntilClose
+        }
+    } else if let Some(n) = length {
+        Framing::Length(n)
+    } else {
+        Framing::UntilClose
+    };
+    Ok(ResponsePlan {
+        status,
+        framing,
+        reusable: http11 && !says_close && framing != Framing::UntilClose,
+        rewrite,
+        says_close,
+    })
+}
+
+/// Writes a rewritten response head: HTTP/1.1, hop-by-hop fields out, a Content-Length beside
+/// chunked framing out, `Connection: close` when `close`.
+pub(crate) fn write_response_head(
+    out: &mut Vec<u8>,
+    resp: &httparse::Response<'_, '_>,
+    plan: &ResponsePlan,
+    close: bool,
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(plan.status.to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(resp.reason.unwrap_or_default().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let mut nominated: [&[u8]; 8] = [&[]; 8];
+    let mut n = 0;
+    for h in resp.headers.iter().filter(|h| is(h.name, "connection")) {
+        for token in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+            if n < nominated.len() && !token.is_empty() {
+                nominated[n] = token;
+                n += 1;
+            }
+        }
+    }
+    let drop_length = plan.framing == Framing::Chunked || plan.framing == Framing::UntilClose;
+    for h in resp.headers.iter() {
+        if dropped_response_field(h.name, &nominated[..n])
+            || (drop_length && is(h.name, "content-length"))
+        {
+            continue;
+        }
+        out.extend_from_slice(h.name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if close {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Finds the end of a chunked body while its bytes pass through unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct ChunkedScan {
+    state: ChunkState,
+    /// Size of the chunk being read, or bytes of it left.
+    size: u64,
+    digits: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum ChunkState {
+    #[default]
+    Size,
+    Extension,
+    SizeLf,
+    Data,
+    DataCr,
+    DataLf,
+    TrailerLineStart,
+    TrailerLine,
+    FinalLf,
+    Done,
+}
+
+impl ChunkedScan {
+    /// Consumes `input`; returns how many of its bytes belong to the body and whether the body
+    /// ended there. `Err`: not a chunked body.
+    pub(crate) fn feed(&mut self, input: &[u8]) -> Result<(usize, bool), &'static str> {
+        let mut i = 0;
+        while i < input.len() {
+            if self.state == ChunkState::Data {
+                let take = (input.len() - i).min(self.size.try_into().unwrap_or(usize::MAX));
+                i += take;
+                self.size -= take as u64;
+                if self.size == 0 {
+                    self.state = ChunkState::DataCr;
+                }
+                continue;
+            }
+            let b = input[i];
+            i += 1;
+            self.state = match (self.state, b) {
+                (ChunkState::Size, b) if b.is_ascii_hexdigit() => {
+                    if self.digits == 15 {
+                        return Err("a chunk size too large");
+                    }
+                    self.digits += 1;
+                    self.size = self.size * 16 + u64::from((b as char).to_digit(16).unwrap_or(0));
+                    ChunkState::Size
+                }
+                (ChunkState::Size, b';' | b' ' | b'\t') if self.digits > 0 => ChunkState::Extension,
+                (ChunkState::Size, b'\r') if self.digits > 0 => ChunkState::SizeLf,
+                (ChunkState::Extension, b'\r') => ChunkState::SizeLf,
+                (ChunkState::Extension, b'\n') => self.size_line_end(),
+                (ChunkState::Extension, _) => ChunkState::Extension,
+                (ChunkState::Size, b'\n') if self.digits > 0 => self.size_line_end(),
+                (ChunkState::SizeLf, b'\n') => self.size_line_end(),
+                (ChunkState::DataCr, b'\r') => ChunkState::DataLf,
+                (ChunkState::DataCr | ChunkState::DataLf, b'\n') => {
+                    self.digits = 0;
+                    ChunkState::Size
+                }
+                (ChunkState::TrailerLineStart, b'\r') => ChunkState::FinalLf,
+                (ChunkState::TrailerLineStart | ChunkState::FinalLf, b'\n') => {
+                    self.state = ChunkState::Done;
+                    return Ok((i, true));
+                }
+                (ChunkState::TrailerLine, b'\n') => ChunkState::TrailerLineStart,
+                (ChunkState::TrailerLineStart | ChunkState::TrailerLine, _) => {
+                    ChunkState::TrailerLine
+                }
+                (ChunkState::Done, _) => return Ok((i - 1, true)),
+                _ => return Err("malformed chunked framing"),
+            };
+        }
+        Ok((i, self.state == ChunkState::Done))
+    }
+
+    fn size_line_end(&mut self) -> ChunkState {
+        if self.size == 0 {
+            ChunkState::TrailerLineStart
+        } else {
+            ChunkState::Data
+        }
+    }
+}
+
+/// Idle upstream connections, by upstream address.
+#[derive(Default)]
+pub(crate) struct UpstreamPool {
+    inner: Mutex<PoolInner>,
+}
+
+#[derive(Default)]
+struct PoolInner {
+    idle: HashMap<SocketAddr, Vec<(TcpStream, Instant)>>,
+    swept: Option<Instant>,
+}
+
+/// Whether an idle connection can carry a request: no byte and no end of stream waiting on it.
+fn alive(stream: &TcpStream) -> bool {
+    let mut probe = [0u8; 1];
+    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+}
+
+impl UpstreamPool {
+    fn take(&self, addr: SocketAddr) -> Option<TcpStream> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let idle = inner.idle.get_mut(&addr)?;
+        while let Some((stream, since)) = idle.pop() {
+            if since.elapsed() < UPSTREAM_IDLE && alive(&stream) {
+                return Some(stream);
+            }
+        }
+        None
+    }
+
+    fn put(&self, addr: SocketAddr, stream: TcpStream) {
+        let now = Instant::now();
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner
+            .swept
+            .is_none_or(|t| now.duration_since(t) > UPSTREAM_IDLE)
+        {
+            inner.swept = Some(now);
+            inner.idle.retain(|_, v| {
+                v.retain(|(_, since)| now.duration_since(*since) < UPSTREAM_IDLE);
+                !v.is_empty()
+            });
+        }
+        let idle = inner.idle.entry(addr).or_default();
+        if idle.len() < POOL_PER_UPSTREAM {
+            idle.push((stream, now));
+        }
+    }
+
+    /// Idle connections kept, over every upstream.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.idle.values().map(Vec::len).sum()
+    }
+}
+
+/// A client connection as the fast path sees it.
+pub(crate) struct Downstream {
+    pub stream: Stream,
+    /// Bytes read from the client and not yet used: the current request's head (and body),
+    /// then whatever follows.
+    pub buf: Vec<u8>,
+    /// The client's IP address, as forwarding fields write it.
+    pub client: Option<Box<str>>,
+    pub tls: bool,
+    /// The upstream connection the last request used, kept for the next one.
+    pub held: Option<(SocketAddr, TcpStream)>,
+}
+
+impl Downstream {
+    pub(crate) fn new(stream: Stream) -> Downstream {
+        let client = stream
+            .get_socket_digest()
+            .and_then(|d| {
+                d.peer_addr()
+                    .and_then(|a| a.as_inet())
+                    .map(|a| a.ip().to_string())
+            })
+            .map(String::into_boxed_str);
+        let tls = stream.get_ssl_digest().is_some();
+        Downstream {
+            stream,
+            buf: Vec::with_capacity(4096),
+            client,
+            tls,
+            held: None,
+        }
+    }
+}
+
+/// Per-request buffers, reused across requests on a worker thread.
+#[derive(Default)]
+pub(crate) struct Buffers {
+    /// The upstream request (head and body), then the rewritten response head.
+    out: Vec<u8>,
+    /// Response bytes from the upstream.
+    resp: Vec<u8>,
+}
+
+thread_local! {
+    static SPARE: std::cell::RefCell<Vec<Buffers>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Buffers {
+    fn take() -> Buffers {
+        SPARE
+            .with(|s| s.borrow_mut().pop())
+            .unwrap_or_else(|| Buffers {
+                out: Vec::with_capacity(4096),
+                resp: Vec::with_capacity(RESPONSE_BUFFER),
+            })
+    }
+
+    pub(crate) fn give_back(mut self) {
+        if self.out.capacity() > 4 * MAX_FAST_BODY as usize {
+            self.out = Vec::with_capacity(4096);
+        }
+        self.out.clear();
+        self.resp.clear();
+        SPARE.with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() < 64 {
+                s.push(self);
+            }
+        });
+    }
+}
+
+/// How a request on the fast path ended, for the connection loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Served {
+    /// The connection can carry the next request.
+    KeepAlive,
+    Close,
+}
+
+/// Why an exchange with an upstream failed.
+enum ExchangeError {
+    /// Nothing came back: the request may be sent elsewhere if that is safe.
+    NoResponse(io::Error),
+    /// The response was unusable or broke off after its head was passed on: the client's
+    /// connection cannot continue.
+    Broken(String),
+    /// An unusable response head, nothing sent to the client yet: answer 502.
+    BadResponse(&'static str),
+}
+
+/// The fast path of one edge.
+pub(crate) struct FastPath {
+    edge: EdgeProxy,
+    pool: UpstreamPool,
+}
+
+impl FastPath {
+    pub(crate) fn new(edge: EdgeProxy) -> FastPath {
+        FastPath {
+            edge,
+            pool: UpstreamPool::default(),
+        }
+    }
+
+    /// Plans `head_len` bytes of request head in `conn.buf`: `Some` when the fast path serves
+    /// it (the upstream head is then already in the returned buffers).
+    pub(crate) fn accept(&self, conn: &Downstream, head_len: usize) -> Option<(Plan, Buffers)> {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut req = httparse::Request::new(&mut fields);
+        let buf = &conn.buf[..head_len];
+        match req.parse(buf) {
+            Ok(httparse::Status::Complete(n)) if n == head_len => {}
+            _ => return None,
+        }
+        let plan = plan(buf, &req, self.edge.limits())?;
+        let table = self.edge.routes().table().load();
+        let route = table.match_host(&buf[plan.host.clone()])?;
+        if route.upstreams.is_empty()
+            || (route.https && !conn.tls && self.edge.https_port().is_some())
+        {
+            return None;
+        }
+        let mut buffers = Buffers::take();
+        write_upstream_head(
+            &mut buffers.out,
+            buf,
+            &req,
+            &plan,
+            conn.client.as_deref(),
+            if conn.tls { "https" } else { "http" },
+        );
+        Some((plan, buffers))
+    }
+
+    /// Serves one planned request whose head is the first `head_len` bytes of `conn.buf`, and
+    /// consumes it from the buffer.
+    pub(crate) async fn serve(
+        &self,
+        conn: &mut Downstream,
+        head_len: usize,
+        plan: Plan,
+        mut buffers: Buffers,
+        close_after: bool,
+    ) -> Served {
+        let start = Instant::now();
+        let request_len = head_len + plan.content_length as usize;
+        let mut outcome = Served::Close;
+        let mut status = 0;
+        let mut error = None;
+        let mut attempts = Attempts::default();
+        match read_body(conn, request_len).await {
+            Err(e) => error = Some(format!("reading the request body: {e}")),
+            Ok(()) => {
+                buffers
+                    .out
+                    .extend_from_slice(&conn.buf[head_len..request_len]);
+                let close = close_after || plan.close;
+                match self
+                    .forward(conn, &plan, &mut buffers, &mut attempts, close)
+                    .await
+                {
+                    Ok((s, keep)) => {
+                        status = s;
+                        if keep && !close {
+                            outcome = Served::KeepAlive;
+                        }
+                    }
+                    Err((s, e)) => {
+                        status = s;
+                        error = Some(e);
+                    }
+                }
+            }
+        }
+        let path_end = conn.buf[plan.target.clone()]
+            .iter()
+            .position(|b| *b == b'?')
+            .map_or(plan.target.end, |i| plan.target.start + i);
+        self.edge.finish(
+            Finished {
+                method: std::str::from_utf8(&conn.buf[plan.method.clone()]).unwrap_or("?"),
+                host: &conn.buf[plan.host.clone()],
+                path: std::str::from_utf8(&conn.buf[plan.target.start..path_end]).unwrap_or("?"),
+                status,
+                start,
+                error,
+            },
+            &mut attempts,
+        );
+        buffers.give_back();
+        if outcome == Served::KeepAlive {
+            conn.buf.drain(..request_len);
+        }
+        outcome
+    }
+
+    /// Sends the request in `buffers.out` to an upstream and passes its response to the
+    /// client. Ok: the status and whether the client's connection can go on; Err: the status
+    /// written (0 if none) and what went wrong.
+    async fn forward(
+        &self,
+        conn: &mut Downstream,
+        plan: &Plan,
+        buffers: &mut Buffers,
+        attempts: &mut Attempts,
+        close: bool,
+    ) -> Result<(u16, bool), (u16, String)> {
+        loop {
+            let Some(addr) = self
+                .edge
+                .choose_upstream(&conn.buf[plan.host.clone()], attempts)
+            else {
+                let status = answer(
+                    &mut conn.stream,
+                    503,
+                    "no Serving Container for this host\n",
+                )
+                .await;
+                return Err((status, "no Serving Container for this host".into()));
+            };
+            let kept = self.checkout(conn, addr);
+            let reused = kept.is_some();
+            let mut upstream = match kept {
+                Some(s) => s,
+                None => match connect(addr).await {
+                    Ok(s) => s,
+                    Err(e) if self.edge.connect_failed(attempts) => {
+                        tracing::debug!(%addr, error = %e, "connect failed; trying the next upstream");
+                        continue;
+                    }
+                    Err(e) => {
+                        let status = answer(&mut conn.stream, 502, "upstream unreachable\n").await;
+                        return Err((status, format!("connecting to {addr}: {e}")));
+                    }
+                },
+            };
+            let mut result = exchange(conn, &mut upstream, plan, buffers, close).await;
+            if reused && plan.idempotent && matches!(result, Err(ExchangeError::NoResponse(_))) {
+                // A kept connection the upstream had closed meanwhile: once more on a new one.
+                upstream = match connect(addr).await {
+                    Ok(s) => s,
+                    Err(e) if self.edge.connect_failed(attempts) => {
+                        tracing::debug!(%addr, error = %e, "connect failed; trying the next upstream");
+                        continue;
+                    }
+                    Err(e) => {
+                        let status = answer(&mut conn.stream, 502, "upstream unreachable\n").await;
+                        return Err((status, format!("connecting to {addr}: {e}")));
+                    }
+                };
+                result = exchange(conn, &mut upstream, plan, buffers, close).await;
+            }
+            return match result {
+                Ok(done) => {
+                    if done.upstream_reusable {
+                        if let Some((old_addr, old)) = conn.held.replace((addr, upstream)) {
+                            self.pool.put(old_addr, old);
+                        }
+                    }
+                    Ok((done.status, done.client_continues))
+                }
+                Err(ExchangeError::NoResponse(e)) => {
+                    let status = answer(&mut conn.stream, 502, "upstream failed\n").await;
+                    Err((status, format!("{addr}: {e}")))
+                }
+                Err(ExchangeError::BadResponse(why)) => {
+                    let status = answer(&mut conn.stream, 502, "upstream failed\n").await;
+                    Err((status, format!("{addr}: {why}")))
+                }
+                Err(ExchangeError::Broken(why)) => Err((0, format!("{addr}: {why}"))),
+            };
+        }
+    }
+
+    /// The connection this client used last if it goes to `addr`, else one from the pool.
+    fn checkout(&self, conn: &mut Downstream, addr: SocketAddr) -> Option<TcpStream> {
+        match conn.held.take() {
+            Some((held_addr, s)) if held_addr == addr && alive(&s) => return Some(s),
+            // Closed by the upstream meanwhile: dropped.
+            Some((held_addr, _)) if held_addr == addr => {}
+            Some((held_addr, s)) => self.pool.put(held_addr, s),
+            None => {}
+        }
+        self.pool.take(addr)
+    }
+
+    /// Gives a client's kept upstream connection to the pool (the client is gone).
+    pub(crate) fn release(&self, held: Option<(SocketAddr, TcpStream)>) {
+        if let Some((addr, s)) = held {
+            if alive(&s) {
+                self.pool.put(addr, s);
+            }
+        }
+    }
+}
+
+async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    let stream = tokio::time::timeout(IO_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// Reads until `conn.buf` holds `len` bytes.
+async fn read_body(conn: &mut Downstream, len: usize) -> io::Result<()> {
+    while conn.buf.len() < len {
+        conn.buf.reserve(len - conn.buf.len());
+        let n = tokio::time::timeout(IO_TIMEOUT, conn.stream.read_buf(&mut conn.buf))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(())
+}
+
+/// Reads from an upstream within [`IO_TIMEOUT`].
+async fn read_upstream(upstream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+    if buf.capacity() - buf.len() < 4096 {
+        buf.reserve(RESPONSE_BUFFER);
+    }
+    tokio::time::timeout(IO_TIMEOUT, upstream.read_buf(buf))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
+}
+
+async fn write_client(stream: &mut Stream, bytes: &[u8]) -> io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
+}
+
+/// A short plain-text answer from the edge itself; the status, or 0 if it could not be written.
+async fn answer(stream: &mut Stream, status: u16, body: &str) -> u16 {
+    let reason = match status {
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        _ => "",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    match write_client(stream, head.as_bytes()).await {
+        Ok(()) => status,
+        Err(_) => 0,
+    }
+}
+
+/// How an exchange with an upstream ended well.
+struct Exchanged {
+    status: u16,
+    /// The upstream connection can carry another request.
+    upstream_reusable: bool,
+    /// The client's connection can carry another request.
+    client_continues: bool,
+}
+
+/// One request and its response over `upstream`.
+async fn exchange(
+    conn: &mut Downstream,
+    upstream: &mut TcpStream,
+    plan: &Plan,
+    buffers: &mut Buffers,
+    close: bool,
+) -> Result<Exchanged, ExchangeError> {
+    upstream
+        .write_all(&buffers.out)
+        .await
+        .map_err(ExchangeError::NoResponse)?;
+    let resp = &mut buffers.resp;
+    resp.clear();
+    let mut interim_sent = false;
+    let no_response = |e: io::Error, interim_sent: bool| {
+        if interim_sent {
+            ExchangeError::Broken(format!("reading the response: {e}"))
+        } else {
+            ExchangeError::NoResponse(e)
+        }
+    };
+    loop {
+        // A whole response head: parsed from what is buffered, read when that is not enough.
+        let (head_len, rplan, close_client) = loop {
+            if !resp.is_empty() {
+                let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+                let mut parsed = httparse::Response::new(&mut fields);
+                match parsed.parse(resp) {
+                    Ok(httparse::Status::Complete(len)) => {
+                        let rplan = response_plan(&parsed, plan.head)
+                            .map_err(ExchangeError::BadResponse)?;
+                        if rplan.status == 101 {
+                            return Err(ExchangeError::BadResponse(
+                                "101 without an upgrade request",
+                            ));
+                        }
+                        let close_client = close || rplan.framing == Framing::UntilClose;
+                        if rplan.rewrite || (close_client && !rplan.says_close) {
+                            let out = &mut buffers.out;
+                            out.clear();
+                            write_response_head(out, &parsed, &rplan, close_client);
+                        }
+                        break (len, rplan, close_client);
+                    }
+                    Ok(httparse::Status::Partial) if resp.len() < MAX_RESPONSE_HEAD => {}
+                    Ok(httparse::Status::Partial) => {
+                        return Err(ExchangeError::BadResponse("a response head over 64 KiB"))
+                    }
+                    Err(_) => return Err(ExchangeError::BadResponse("a malformed response head")),
+                }
+            }
+            let n = read_upstream(upstream, resp)
+                .await
+                .map_err(|e| no_response(e, interim_sent))?;
+            if n == 0 {
+                return Err(no_response(
+                    io::ErrorKind::UnexpectedEof.into(),
+                    interim_sent,
+                ));
+            }
+        };
+        let rewritten = rplan.rewrite || (close_client && !rplan.says_close);
+        if (100..200).contains(&rplan.status) {
+            // An interim response: pass it on, then read the final one.
+            let head: &[u8] = if rewritten {
+                &buffers.out
+            } else {
+                &resp[..head_len]
+            };
+            write_client(&mut conn.stream, head)
+                .await
+                .map_err(|e| ExchangeError::Broken(format!("writing to the client: {e}")))?;
+            resp.drain(..head_len);
+            interim_sent = true;
+            continue;
+        }
+        let clean = pass_body(
+            conn,
+            upstream,
+            resp,
+            head_len,
+            &rplan,
+            rewritten,
+            &mut buffers.out,
+        )
+        .await?;
+        return Ok(Exchanged {
+            status: rplan.status,
+            upstream_reusable: clean && rplan.reusable,
+            client_continues: !close_client,
+        });
+    }
+}
+
+/// Passes the response head (raw from `resp`, or rewritten in `out`) and body to the client.
+/// Ok: whether the upstream connection ended cleanly at the body's end.
+async fn pass_body(
+    conn: &mut Downstream,
+    upstream: &mut TcpStream,
+    resp: &mut Vec<u8>,
+    head_len: usize,
+    rplan: &ResponsePlan,
+    rewritten: bool,
+    out: &mut Vec<u8>,
+) -> Result<bool, ExchangeError> {
+    let broken_client = |e: io::Error| ExchangeError::Broken(format!("writing to the client: {e}"));
+    let broken_upstream =
+        |e: io::Error| ExchangeError::Broken(format!("reading the response: {e}"));
+    let mut chunked = ChunkedScan::default();
+    // Body bytes of `chunk` and whether the body is complete with them.
+    let mut remaining = match rplan.framing {
+        Framing::Length(n) => n,
+        _ => 0,
+    };
+    let mut take = |chunk: &[u8]| -> Result<(usize, bool), ExchangeError> {
+        match rplan.framing {
+            Framing::Empty => Ok((0, true)),
+            Framing::Length(_) => {
+                let n = chunk.len().min(remaining.try_into().unwrap_or(usize::MAX));
+                remaining -= n as u64;
+                Ok((n, remaining == 0))
+            }
+            Framing::Chunked => chunked
+                .feed(chunk)
+                .map_err(|e| ExchangeError::Broken(e.into())),
+            Framing::UntilClose => Ok((chunk.len(), false)),
+        }
+    };
+    let (mut n, mut done) = take(&resp[head_len..])?;
+    let mut extra = resp.len() > head_len + n;
+    if rewritten {
+        out.extend_from_slice(&resp[head_len..head_len + n]);
+        write_client(&mut conn.stream, out)
+            .await
+            .map_err(broken_client)?;
+    } else {
+        write_client(&mut conn.stream, &resp[..head_len + n])
+            .await
+            .map_err(broken_client)?;
+    }
+    while !done {
+        resp.clear();
+        let read = read_upstream(upstream, resp)
+            .await
+            .map_err(broken_upstream)?;
+        if read == 0 {
+            if rplan.framing == Framing::UntilClose {
+                return Ok(false);
+            }
+            return Err(ExchangeError::Broken(
+                "the upstream closed before the body's end".into(),
+            ));
+        }
+        (n, done) = take(resp)?;
+        extra |= n < resp.len();
+        write_client(&mut conn.stream, &resp[..n])
+            .await
+            .map_err(broken_client)?;
+    }
+    // Bytes after the body's end: the upstream does not speak HTTP as expected; drop it.
+    Ok(!extra)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> EdgeLimits {
+        EdgeLimits::default()
+    }
+
+    fn planned(raw: &[u8]) -> Option<Plan> {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut req = httparse::Request::new(&mut fields);
+        assert!(req.parse(raw).unwrap().is_complete());
+        plan(raw, &req, &limits())
+    }
+
+    #[test]
+    fn plain_requests_take_the_fast_path() {
+        let raw = b"GET /a?b=1 HTTP/1.1\r\nHost: app.test\r\nAccept: */*\r\n\r\n";
+        let p = planned(raw).unwrap();
+        assert_eq!(&raw[p.method.clone()], b"GET");
+        assert_eq!(&raw[p.target.clone()], b"/a?b=1");
+        assert_eq!(&raw[p.host.clone()], b"app.test");
+        assert_eq!(
+            (p.content_length, p.close, p.idempotent, p.head),
+            (0, false, true, false)
+        );
+        let raw = b"POST / HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\nConnection: close\r\n\r\n";
+        let p = planned(raw).unwrap();
+        assert_eq!((p.content_length, p.close, p.idempotent), (5, true, false));
+    }
+
+    #[test]
+    fn anything_unusual_goes_to_pingora() {
+        for raw in [
+            &b"GET / HTTP/1.0\r\nHost: a\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            b"GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET /.ployz/health HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET /.well-known/acme-challenge/x HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +1\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: \r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 65537\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a\r\nConnection: x-secret\r\n\r\n",
+        ] {
+            assert_eq!(planned(raw), None, "{}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
+    fn limits_send_requests_to_pingora_which_answers_them() {
+        let long = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "a".repeat(9000));
+        assert_eq!(planned(long.as_bytes()), None);
+        let big = format!(
+            "GET / HTTP/1.1\r\nHost: a\r\nX: {}\r\n\r\n",
+            "a".repeat(17000)
+        );
+        assert_eq!(planned(big.as_bytes()), None);
+        let raw = b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n";
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut req = httparse::Request::new(&mut fields);
+        req.parse(raw).unwrap();
+        let small = EdgeLimits {
+            max_body_bytes: Some(9),
+            ..limits()
+        };
+        assert_eq!(plan(raw, &req, &small), None);
+    }
+
+    fn upstream_head(raw: &[u8], client: Option<&str>, proto: &str) -> String {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut req = httparse::Request::new(&mut fields);
+        req.parse(raw).unwrap();
+        let p = plan(raw, &req, &limits()).unwrap();
+        let mut out = Vec::new();
+        write_upstream_head(&mut out, raw, &req, &p, client, proto);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn the_upstream_head_drops_hop_by_hop_fields_and_adds_forwarding_ones() {
+        let head = upstream_head(
+            b"GET /x?q HTTP/1.1\r\nHost: App.test:80\r\nConnection: keep-alive\r\nKeep-Alive: 5\r\nTE: trailers\r\nProxy-Authorization: secret\r\nX-Forwarded-For: 1.1.1.1\r\nX-Forwarded-For: 2.2.2.2\r\nForwarded: for=evil\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Host: evil\r\nAccept: */*\r\n\r\n",
+            Some("10.0.0.9"),
+            "http",
+        );
+        assert_eq!(
+            head,
+            "GET /x?q HTTP/1.1\r\nHost: App.test:80\r\nAccept: */*\r\n\
+             X-Forwarded-For: 1.1.1.1, 2.2.2.2, 10.0.0.9\r\n\
+             Forwarded: for=10.0.0.9;host=\"App.test:80\";proto=http\r\n\
+             X-Forwarded-Proto: http\r\nX-Forwarded-Host: App.test:80\r\n\r\n"
+        );
+        let head = upstream_head(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", Some("::1"), "https");
+        assert!(
+            head.contains("Forwarded: for=\"[::1]\";host=\"a\";proto=https\r\n"),
+            "{head}"
+        );
+        let head = upstream_head(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", None, "http");
+        assert_eq!(
+            head,
+            "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: a\r\n\r\n"
+        );
+    }
+
+    fn rplan(raw: &[u8], head: bool) -> Result<ResponsePlan, &'static str> {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut resp = httparse::Response::new(&mut fields);
+        assert!(resp.parse(raw).unwrap().is_complete());
+        response_plan(&resp, head)
+    }
+
+    #[test]
+    fn response_framing_is_read_as_rfc_9112_says() {
+        let p = rplan(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", false).unwrap();
+        assert_eq!(
+            (p.framing, p.reusable, p.rewrite),
+            (Framing::Length(5), true, false)
+        );
+        let p = rplan(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).unwrap();
+        assert_eq!(p.framing, Framing::Empty);
+        let p = rplan(
+            b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!(p.framing, Framing::Empty);
+        let p = rplan(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!((p.framing, p.reusable), (Framing::Chunked, true));
+        let p = rplan(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!((p.framing, p.rewrite), (Framing::Chunked, true));
+        let p = rplan(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", false).unwrap();
+        assert_eq!((p.framing, p.reusable), (Framing::UntilClose, false));
+        let p = rplan(b"HTTP/1.1 200 OK\r\n\r\n", false).unwrap();
+        assert_eq!((p.framing, p.reusable), (Framing::UntilClose, false));
+        let p = rplan(b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", false).unwrap();
+        assert_eq!((p.reusable, p.rewrite), (false, true));
+        let p = rplan(
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!((p.reusable, p.rewrite, p.says_close), (false, true, true));
+        assert!(rplan(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            false
+        )
+        .is_err());
+        assert!(rplan(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", false).is_err());
+        assert!(rplan(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
+            false
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn a_rewritten_response_head_drops_hop_by_hop_fields() {
+        let raw = b"HTTP/1.0 200 Fine\r\nConnection: keep-alive, x-hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\nServer: t\r\n\r\n";
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut resp = httparse::Response::new(&mut fields);
+        resp.parse(raw).unwrap();
+        let p = response_plan(&resp, false).unwrap();
+        let mut out = Vec::new();
+        write_response_head(&mut out, &resp, &p, true);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 Fine\r\nContent-Length: 2\r\nServer: t\r\nConnection: close\r\n\r\n"
+        );
+    }
+
+    fn scan_whole(body: &[u8], split: usize) -> Result<(usize, bool), &'static str> {
+        let mut scan = ChunkedScan::default();
+        let split = split.min(body.len());
+        let (a, done) = scan.feed(&body[..split])?;
+        if done {
+            return Ok((a, true));
+        }
+        let (b, done) = scan.feed(&body[split..])?;
+        Ok((a + b, done))
+    }
+
+    #[test]
+    fn chunked_bodies_end_where_they_end_however_they_arrive() {
+        let body = b"5\r\nhello\r\n1;ext=1\r\n!\r\n0\r\nTrailer: x\r\n\r\n";
+        for split in 0..=body.len() {
+            assert_eq!(
+                scan_whole(body, split),
+                Ok((body.len(), true)),
+                "split at {split}"
+            );
+        }
+        let mut with_next = body.to_vec();
+        with_next.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+        assert_eq!(scan_whole(&with_next, 3), Ok((body.len(), true)));
+        assert_eq!(scan_whole(b"0\r\n\r\n", 1), Ok((5, true)));
+        assert_eq!(scan_whole(b"a\n0123456789\n0\n\n", 4), Ok((16, true)));
+        assert_eq!(scan_whole(b"5\r\nhel", 2), Ok((6, false)));
+    }
+
+    #[test]
+    fn broken_chunked_framing_is_refused() {
+        for bad in [
+            &b"x\r\n"[..],
+            b"\r\n",
+            b"5\r\nhelloX\r\n",
+            b"fffffffffffffffff\r\n",
+            b";\r\n",
+        ] {
+            assert!(
+                scan_whole(bad, bad.len()).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_pool_keeps_live_connections_and_drops_closed_ones() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pool = UpstreamPool::default();
+        let a = TcpStream::connect(addr).await.unwrap();
+        let (server_a, _) = listener.accept().await.unwrap();
+        let b = TcpStream::connect(addr).await.unwrap();
+        let (_server_b, _) = listener.accept().await.unwrap();
+        pool.put(addr, a);
+        pool.put(addr, b);
+        assert_eq!(pool.len(), 2);
+        drop(server_a);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The newest (b) first; then a, closed by its peer, is not handed out.
+        assert!(pool.take(addr).is_some());
+        assert!(pool.take(addr).is_none());
+        assert_eq!(pool.len(), 0);
+    }
+}
