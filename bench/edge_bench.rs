@@ -36,8 +36,11 @@ fn main() -> anyhow::Result<()> {
     ployz_daemon::run_edge_alone(
         &args.listen,
         routes,
-        threads,
-        args.access_log,
-        std::time::Duration::from_secs(15),
+        ployz_daemon::EdgeAloneOptions {
+            threads,
+            access_log: args.access_log,
+            header_timeout: std::time::Duration::from_secs(15),
+            shutdown_grace_seconds: 0,
+        },
     )
 }

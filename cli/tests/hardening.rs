@@ -261,7 +261,14 @@ fn smuggling_shapes_and_bad_hostnames_never_reach_an_upstream_unframed() {
     let (port, child) = edge_alone(&format!("r.test=127.0.0.1:{upstream}"), &[]);
 
     // Hostnames with control characters or spaces: refused, never forwarded.
-    for host in ["r.test\x01", "r.te\x7fst", "r .test", "r.test\x00"] {
+    for host in [
+        "r.test\x01",
+        "r.te\x7fst",
+        "r .test",
+        "r.test\x00",
+        "r.test:1@evil.test",
+        "r.test:1\";proto=https;for=1.2.3.4",
+    ] {
         let request =
             format!("GET /bad-host HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
         let status = raw(port, request.as_bytes());

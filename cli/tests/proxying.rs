@@ -128,6 +128,15 @@ fn serve_scripted(stream: TcpStream, conn: usize) {
                 drop_next = true;
                 ok("", b"until next time")
             }
+            "/trickle" => {
+                for b in ok("", b"slowly").iter() {
+                    if w.write_all(&[*b]).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                continue;
+            }
             "/close-soon" => {
                 let _ = w.write_all(&ok("", b"closing"));
                 std::thread::sleep(Duration::from_millis(50));
@@ -315,14 +324,63 @@ fn kept_alive_clients_share_one_upstream_connection_and_get_forwarding_fields() 
     );
     assert_eq!(accepted.load(Ordering::SeqCst), 1);
 
-    // Two clients one after the other: the second gets the first one's pooled connection.
-    drop(client);
-    std::thread::sleep(Duration::from_millis(100));
+    // A client idle for more than a second gives its upstream connection back to the pool: a
+    // second client gets it while the first stays connected.
+    std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(Client::new(edge).get("/again").status, 200);
     assert_eq!(
         accepted.load(Ordering::SeqCst),
         1,
         "the idle upstream connection is reused"
+    );
+    assert_eq!(client.get("/first-again").status, 200);
+
+    // Two clients one after the other: the second gets the first one's pooled connection.
+    drop(client);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(Client::new(edge).get("/later").status, 200);
+    assert!(
+        accepted.load(Ordering::SeqCst) <= 2,
+        "idle upstream connections are reused"
+    );
+}
+
+#[test]
+fn targets_pingora_would_normalise_reach_the_upstream_normalised() {
+    let (upstream, _) = scripted_upstream();
+    let (edge, _child) = edge_alone(&format!("p.test=127.0.0.1:{upstream}"), &[]);
+    let mut client = Client::new(edge);
+    let resp = client.get("/page#section");
+    assert_eq!(resp.status, 200);
+    assert!(
+        resp.text().starts_with("GET /page HTTP/1.1\r\n"),
+        "{}",
+        resp.text()
+    );
+}
+
+#[test]
+fn shutdown_closes_idle_kept_alive_connections() {
+    let (upstream, _) = scripted_upstream();
+    // In-flight requests would get 10 s; an idle connection has nothing in flight.
+    let (edge, child) = edge_alone(
+        &format!("p.test=127.0.0.1:{upstream}"),
+        &["--shutdown-grace", "10"],
+    );
+    let mut client = Client::new(edge);
+    assert_eq!(client.get("/before").status, 200);
+    let pid = child.0.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let start = std::time::Instant::now();
+    assert!(client.closed(), "the idle connection is closed");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "closed after {:?}, not at shutdown",
+        start.elapsed()
     );
 }
 
@@ -352,6 +410,9 @@ fn every_response_framing_passes_through_on_a_kept_connection() {
     let head = client.send("HEAD", "/big", "", b"");
     assert_eq!(head.status, 200);
     assert_eq!(head.header("content-length"), Some("1048576"));
+
+    let slow = client.get("/trickle");
+    assert_eq!((slow.status, slow.text().as_str()), (200, "slowly"));
 
     let none = client.get("/no-content");
     assert_eq!((none.status, none.body.len()), (204, 0));

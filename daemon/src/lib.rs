@@ -20,4 +20,4 @@ mod public_addresses;
 mod server;
 
 pub use config::{DaemonConfig, DaemonConfigFile, LogFormat};
-pub use server::{parse_route, run, run_edge_alone};
+pub use server::{parse_route, run, run_edge_alone, EdgeAloneOptions};

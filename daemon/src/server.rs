@@ -637,15 +637,29 @@ pub fn parse_route(r: &str) -> anyhow::Result<(String, Vec<std::net::SocketAddr>
     Ok((host.to_owned(), addrs))
 }
 
+/// How `run_edge_alone` runs the edge.
+#[derive(Debug, Clone, Copy)]
+pub struct EdgeAloneOptions {
+    pub threads: usize,
+    pub access_log: bool,
+    pub header_timeout: std::time::Duration,
+    /// After SIGTERM, how long in-flight requests may take.
+    pub shutdown_grace_seconds: u64,
+}
+
 /// Runs the edge alone, with fixed routes and no Machine, store or API: for side-by-side
 /// benchmarks and for debugging the proxy in isolation. Blocks until SIGTERM or SIGINT.
 pub fn run_edge_alone(
     http_listen: &str,
     routes: Vec<(String, Vec<std::net::SocketAddr>)>,
-    threads: usize,
-    access_log: bool,
-    header_timeout: std::time::Duration,
+    options: EdgeAloneOptions,
 ) -> anyhow::Result<()> {
+    let EdgeAloneOptions {
+        threads,
+        access_log,
+        header_timeout,
+        shutdown_grace_seconds,
+    } = options;
     init_logging(LogFormat::Text);
     let signals = listen_for_signals()?;
     let listen = listen_addr("http_listen", http_listen)?;
@@ -655,7 +669,7 @@ pub fn run_edge_alone(
         pid_file: runtime_dir.join("ployz.pid").display().to_string(),
         upgrade_sock: runtime_dir.join("upgrade.sock").display().to_string(),
         threads,
-        grace_period_seconds: Some(0),
+        grace_period_seconds: Some(shutdown_grace_seconds),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };

@@ -35,6 +35,9 @@ use crate::EdgeProxy;
 
 /// Idle time allowed between two requests on a kept-alive connection (Pingora's default).
 const KEEPALIVE: Duration = Duration::from_secs(60);
+/// How long an idle client connection keeps its upstream connection before giving it back to
+/// the pool, so idle clients do not pin upstream connections.
+const HOLD_UPSTREAM: Duration = Duration::from_secs(1);
 
 /// The edge's Pingora application: the fast path first, Pingora's proxy for the rest.
 pub struct EdgeApp {
@@ -122,13 +125,21 @@ enum Head {
 }
 
 /// Reads until `conn.buf` holds a whole request head. `deadline`: when the head must be
-/// complete; `None` on a kept-alive connection, where the clock starts at the first byte.
+/// complete; `None` on a kept-alive connection between requests, where the clock starts at the
+/// first byte (or at once if part of the next request is already buffered). While the
+/// connection idles between requests, shutdown closes it, and after [`HOLD_UPSTREAM`] its kept
+/// upstream connection goes back to the pool for other clients.
 async fn read_head(
     conn: &mut Downstream,
     mut deadline: Option<Instant>,
     timeout: Duration,
     max: usize,
+    shutdown: &mut ShutdownWatch,
+    fast: &FastPath,
 ) -> Head {
+    if deadline.is_none() && !conn.buf.is_empty() {
+        deadline = Some(Instant::now() + timeout);
+    }
     let mut scan = HeaderScan::default();
     let mut scanned = 0;
     loop {
@@ -142,14 +153,64 @@ async fn read_head(
         if conn.buf.capacity() - conn.buf.len() < 1024 {
             conn.buf.reserve(4096);
         }
-        let until = deadline.unwrap_or_else(|| Instant::now() + KEEPALIVE);
-        match tokio::time::timeout_at(until, conn.stream.read_buf(&mut conn.buf)).await {
-            Err(_) if deadline.is_some() => return Head::TimedOut,
-            Err(_) | Ok(Err(_)) | Ok(Ok(0)) => return Head::Gone,
-            Ok(Ok(_)) => {
+        let read = match deadline {
+            Some(deadline) => {
+                match tokio::time::timeout_at(deadline, conn.stream.read_buf(&mut conn.buf)).await {
+                    Ok(read) => read,
+                    Err(_) => return Head::TimedOut,
+                }
+            }
+            None => {
+                if *shutdown.borrow() {
+                    return Head::Gone;
+                }
+                let mut read = std::pin::pin!(conn.stream.read_buf(&mut conn.buf));
+                let first = tokio::select! {
+                    biased;
+                    r = tokio::time::timeout(HOLD_UPSTREAM, &mut read) => r.ok(),
+                    _ = shutdown.changed() => return Head::Gone,
+                };
+                match first {
+                    Some(read) => read,
+                    None => {
+                        fast.release(conn.held.take());
+                        tokio::select! {
+                            biased;
+                            r = tokio::time::timeout(KEEPALIVE - HOLD_UPSTREAM, read) => match r {
+                                Ok(read) => read,
+                                Err(_) => return Head::Gone,
+                            },
+                            _ = shutdown.changed() => return Head::Gone,
+                        }
+                    }
+                }
+            }
+        };
+        match read {
+            Err(_) | Ok(0) => return Head::Gone,
+            Ok(_) => {
                 if deadline.is_none() {
                     deadline = Some(Instant::now() + timeout);
                 }
+            }
+        }
+    }
+}
+
+/// Ends a connection the way a client expects: TLS `close_notify`, or a TCP FIN, within a
+/// second. After an early answer (414, 431) the rest of what the client sends is read and
+/// dropped for a moment, so closing with unread bytes does not reset the connection before the
+/// client has read the answer.
+async fn close(mut stream: Stream, drain: bool) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), Shutdown::shutdown(&mut *stream)).await;
+    if drain {
+        let mut sink = [0u8; 4096];
+        let until = Instant::now() + Duration::from_millis(500);
+        let mut left: usize = 256 * 1024;
+        while left > 0 {
+            match tokio::time::timeout_at(until, stream.read(&mut sink)).await {
+                Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n),
+                _ => break,
             }
         }
     }
@@ -172,10 +233,19 @@ impl ServerApp for EdgeApp {
             .and_then(|o| o.keepalive_request_limit);
         let mut served: u32 = 0;
         let mut deadline = Some(Instant::now() + self.header_timeout);
+        let mut shutdown_watch = shutdown.clone();
+        let mut drain = false;
         loop {
-            let head_len = match read_head(&mut conn, deadline, self.header_timeout, self.max_head)
-                .await
-            {
+            let head = read_head(
+                &mut conn,
+                deadline,
+                self.header_timeout,
+                self.max_head,
+                &mut shutdown_watch,
+                &self.fast,
+            )
+            .await;
+            let head_len = match head {
                 Head::Complete(n) => n,
                 Head::Gone | Head::TimedOut => break,
                 Head::TooLarge(in_request_line) => {
@@ -186,6 +256,7 @@ impl ServerApp for EdgeApp {
                     };
                     let _ = conn.stream.write_all(answer).await;
                     let _ = conn.stream.flush().await;
+                    drain = true;
                     break;
                 }
             };
@@ -209,6 +280,7 @@ impl ServerApp for EdgeApp {
             }
         }
         self.fast.release(conn.held.take());
+        close(conn.stream, drain).await;
         None
     }
 

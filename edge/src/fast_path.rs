@@ -38,8 +38,8 @@ const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 const UPSTREAM_IDLE: Duration = Duration::from_secs(30);
 /// Idle upstream connections kept per upstream address.
 const POOL_PER_UPSTREAM: usize = 256;
-/// Time allowed for each read of a request body and each read or write towards an upstream
-/// once a request was sent; Pingora's default for its reads.
+/// Time allowed for each read of a request body, each write of a request or a response, and
+/// each read of a response; Pingora's default for its reads.
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
 /// The buffer for response bytes, per request in flight.
 const RESPONSE_BUFFER: usize = 32 * 1024;
@@ -58,6 +58,21 @@ pub(crate) struct Plan {
     pub idempotent: bool,
     pub head: bool,
 }
+
+/// Bytes of a request target the fast path passes on as they are: RFC 3986's unreserved,
+/// sub-delims, `:`, `@`, `/`, `?` and `%`. A target with any other byte (a fragment, quotes,
+/// brackets, braces...) goes to Pingora, which validates and normalises it.
+const PLAIN_TARGET: [bool; 256] = {
+    let mut table = [false; 256];
+    let allowed =
+        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@/?%";
+    let mut i = 0;
+    while i < allowed.len() {
+        table[allowed[i] as usize] = true;
+        i += 1;
+    }
+    table
+};
 
 fn range_in(buf: &[u8], part: &[u8]) -> Range<usize> {
     let start = part.as_ptr() as usize - buf.as_ptr() as usize;
@@ -97,6 +112,7 @@ pub(crate) fn plan(
     let target = req.path?;
     if method == "CONNECT"
         || !target.starts_with('/')
+        || !target.bytes().all(|b| PLAIN_TARGET[b as usize])
         || target.len() > limits.max_uri_bytes
         || target.starts_with("/.ployz/")
         || target.starts_with("/.well-known/acme-challenge/")
@@ -144,10 +160,14 @@ pub(crate) fn plan(
     {
         return None;
     }
+    let host = host?;
+    if !crate::route_table::valid_host(host) {
+        return None;
+    }
     Some(Plan {
         method: range_in(buf, method.as_bytes()),
         target: range_in(buf, target.as_bytes()),
-        host: range_in(buf, host?),
+        host: range_in(buf, host),
         content_length,
         close,
         idempotent: matches!(
@@ -243,6 +263,9 @@ fn dropped_response_field(name: &str, nominated: &[&[u8]]) -> bool {
     match name.len() {
         10 if is(name, "connection") || is(name, "keep-alive") => true,
         16 if is(name, "proxy-connection") => true,
+        // The framing fields stay whatever `Connection` names: without them the body's end
+        // would be lost.
+        14 | 17 if is(name, "content-length") || is(name, "transfer-encoding") => false,
         _ => nominated
             .iter()
             .any(|n| name.as_bytes().eq_ignore_ascii_case(n)),
@@ -254,7 +277,10 @@ pub(crate) fn response_plan(
     resp: &httparse::Response<'_, '_>,
     head_request: bool,
 ) -> Result<ResponsePlan, &'static str> {
-    let status = resp.code.ok_or("no status code")?;
+    let status = resp
+        .code
+        .filter(|c| (100..=999).contains(c))
+        .ok_or("no valid status code")?;
     let http11 = resp.version == Some(1);
     let mut length: Option<u64> = None;
     let mut chunked = None;
@@ -829,9 +855,16 @@ async fn read_upstream(upstream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Resul
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
 }
 
+/// Writes to the client within [`IO_TIMEOUT`]: a client that stops reading does not hold the
+/// request (and its upstream's in-flight count) for ever.
 async fn write_client(stream: &mut Stream, bytes: &[u8]) -> io::Result<()> {
-    stream.write_all(bytes).await?;
-    stream.flush().await
+    let write = async {
+        stream.write_all(bytes).await?;
+        stream.flush().await
+    };
+    tokio::time::timeout(IO_TIMEOUT, write)
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
 }
 
 /// A short plain-text answer from the edge itself; the status, or 0 if it could not be written.
@@ -868,9 +901,10 @@ async fn exchange(
     buffers: &mut Buffers,
     close: bool,
 ) -> Result<Exchanged, ExchangeError> {
-    upstream
-        .write_all(&buffers.out)
+    tokio::time::timeout(IO_TIMEOUT, upstream.write_all(&buffers.out))
         .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))
+        .and_then(|r| r)
         .map_err(ExchangeError::NoResponse)?;
     let resp = &mut buffers.resp;
     resp.clear();
@@ -884,8 +918,13 @@ async fn exchange(
     };
     loop {
         // A whole response head: parsed from what is buffered, read when that is not enough.
+        let mut scan = crate::connection::HeaderScan::default();
+        let mut scanned = 0;
         let (head_len, rplan, close_client) = loop {
-            if !resp.is_empty() {
+            // Parsed once the blank line is in: an upstream trickling its head costs one scan.
+            let complete = scan.feed(&resp[scanned..]).is_some();
+            scanned = resp.len();
+            if complete {
                 let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
                 let mut parsed = httparse::Response::new(&mut fields);
                 match parsed.parse(resp) {
@@ -905,12 +944,13 @@ async fn exchange(
                         }
                         break (len, rplan, close_client);
                     }
-                    Ok(httparse::Status::Partial) if resp.len() < MAX_RESPONSE_HEAD => {}
-                    Ok(httparse::Status::Partial) => {
-                        return Err(ExchangeError::BadResponse("a response head over 64 KiB"))
+                    Ok(httparse::Status::Partial) | Err(_) => {
+                        return Err(ExchangeError::BadResponse("a malformed response head"))
                     }
-                    Err(_) => return Err(ExchangeError::BadResponse("a malformed response head")),
                 }
+            }
+            if resp.len() > MAX_RESPONSE_HEAD {
+                return Err(ExchangeError::BadResponse("a response head over 64 KiB"));
             }
             let n = read_upstream(upstream, resp)
                 .await
@@ -1074,6 +1114,12 @@ mod tests {
             b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a\r\nConnection: x-secret\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a:1@evil.test\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: a:1\";proto=https\r\n\r\n",
+            b"GET /a#fragment HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET /<script> HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET /?q=\"a\" HTTP/1.1\r\nHost: a\r\n\r\n",
+            b"GET /{x}|^ HTTP/1.1\r\nHost: a\r\n\r\n",
         ] {
             assert_eq!(planned(raw), None, "{}", String::from_utf8_lossy(raw));
         }
@@ -1187,6 +1233,7 @@ mod tests {
         )
         .is_err());
         assert!(rplan(b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", false).is_err());
+        assert!(rplan(b"HTTP/1.1 007 Odd\r\nContent-Length: 0\r\n\r\n", false).is_err());
         assert!(rplan(
             b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
             false
@@ -1196,7 +1243,8 @@ mod tests {
 
     #[test]
     fn a_rewritten_response_head_drops_hop_by_hop_fields() {
-        let raw = b"HTTP/1.0 200 Fine\r\nConnection: keep-alive, x-hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\nServer: t\r\n\r\n";
+        // `Connection` may name any field but the framing ones, which stay.
+        let raw = b"HTTP/1.0 200 Fine\r\nConnection: keep-alive, x-hop, content-length\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\nServer: t\r\n\r\n";
         let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
         let mut resp = httparse::Response::new(&mut fields);
         resp.parse(raw).unwrap();

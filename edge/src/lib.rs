@@ -28,7 +28,7 @@ pub use connection::EdgeApp;
 pub use controller::{draining_key, RouteController, DRAINING_NAMESPACE};
 pub use metrics::EdgeMetrics;
 pub use proxy::{EdgeLimits, EdgeProxy, EdgeState};
-pub use route_table::{Route, RouteTable, Upstream};
+pub use route_table::{valid_host, Route, RouteTable, Upstream};
 
 /// The edge as a Pingora service: [`EdgeApp`], the fast path with `proxy` inside Pingora's
 /// proxy for the rest. Add listeners to it, then add it to the server.

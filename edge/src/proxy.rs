@@ -480,6 +480,16 @@ impl ProxyHttp for EdgeProxy {
                 return Ok(true);
             }
         }
+        if !crate::route_table::valid_host(host_of(session.req_header())) {
+            respond(
+                session,
+                400,
+                "text/plain",
+                "the Host header is not a host name or address with an optional port\n".into(),
+            )
+            .await?;
+            return Ok(true);
+        }
         let table = self.routes.table().load();
         match table.match_host(host_of(session.req_header())) {
             Some(route) if route.https && !is_tls(session) && self.https_port.is_some() => {

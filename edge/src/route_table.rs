@@ -101,6 +101,44 @@ pub struct RouteTable {
 /// What decides a route table's content; equal fingerprints mean an identical table.
 pub type Fingerprint = Vec<(String, bool, Vec<(SocketAddr, ContainerId, bool)>)>;
 
+/// Whether a `Host` value is a host name, an IPv4 address or a bracketed IPv6 address, with an
+/// optional numeric port: nothing else is routed or passed on (a Host such as
+/// `app.test:1@elsewhere` would otherwise match `app.test` and reach the application).
+pub fn valid_host(host: &[u8]) -> bool {
+    let (name, port) = match host.strip_prefix(b"[") {
+        Some(rest) => match rest.iter().position(|b| *b == b']') {
+            Some(end) => {
+                let literal = &rest[..end];
+                if literal.is_empty()
+                    || !literal
+                        .iter()
+                        .all(|b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.'))
+                {
+                    return false;
+                }
+                match &rest[end + 1..] {
+                    [] => return true,
+                    [b':', port @ ..] => (&b"ipv6"[..], Some(port)),
+                    _ => return false,
+                }
+            }
+            None => return false,
+        },
+        None => match host.iter().position(|b| *b == b':') {
+            Some(i) => (&host[..i], Some(&host[i + 1..])),
+            None => (host, None),
+        },
+    };
+    let port_ok =
+        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.iter().all(u8::is_ascii_digit));
+    port_ok
+        && !name.is_empty()
+        && name.len() <= MAX_HOST + 1
+        && name
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+}
+
 /// Lowercases `host` into `buf` without its `:port` and trailing dot; `None` if it cannot be
 /// a hostname (empty, too long).
 fn normalize<'b>(host: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b [u8]> {
@@ -229,8 +267,12 @@ impl RouteTable {
         self.routes.is_empty()
     }
 
-    /// The route for a `Host` header value, matched case-insensitively. No allocation.
+    /// The route for a `Host` header value, matched case-insensitively; none for a value that
+    /// is not a [`valid_host`]. No allocation.
     pub fn match_host(&self, host: &[u8]) -> Option<&Arc<Route>> {
+        if !valid_host(host) {
+            return None;
+        }
         let mut buf = [0u8; MAX_HOST];
         let key = normalize(host, &mut buf)?;
         self.routes.get(key)
@@ -273,6 +315,39 @@ impl RouteTable {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_names_and_addresses_with_a_numeric_port_are_valid_hosts() {
+        for good in [
+            &b"app.test"[..],
+            b"App.Test.",
+            b"app.test:8080",
+            b"a_b-c.example",
+            b"10.0.0.1:80",
+            b"[::1]",
+            b"[fe80::1]:443",
+        ] {
+            assert!(valid_host(good), "{}", String::from_utf8_lossy(good));
+        }
+        for bad in [
+            &b""[..],
+            b":80",
+            b"app.test:",
+            b"app.test:1@evil.com",
+            b"app.test:80:80",
+            b"app.test:123456",
+            b"app test",
+            b"app.test\";proto=https",
+            b"user@app.test",
+            b"[::1",
+            b"[]",
+            b"[::1]x",
+            b"[::g]",
+            b"app.test/x",
+        ] {
+            assert!(!valid_host(bad), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
     use super::*;
     use ployz_core::{ContainerSpec, ContainerState, ServiceId, ServiceMode, ServiceSpec};
 

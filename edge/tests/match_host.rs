@@ -57,17 +57,22 @@ fn table() -> RouteTable {
     RouteTable::build(&obs, &HashSet::new(), &m, &FreshCounters, 1)
 }
 
-/// The reference: strip `:port` (unless bracketed), strip one trailing dot, lowercase, compare.
+/// The reference: a name of letters, digits, `.`, `-` and `_` with an optional port of one to
+/// five digits, else nothing; then strip the port and one trailing dot, lowercase, compare.
 fn reference(host: &[u8]) -> Option<&'static str> {
     let text = String::from_utf8_lossy(host).to_string();
-    let no_port = match text.rfind(':') {
-        Some(i) if !text.contains(']') => &text[..i],
-        _ => &text[..],
+    let (name, port) = match text.split_once(':') {
+        Some((n, p)) => (n, Some(p)),
+        None => (&text[..], None),
     };
-    let name = no_port
-        .strip_suffix('.')
-        .unwrap_or(no_port)
-        .to_ascii_lowercase();
+    if port.is_some_and(|p| p.is_empty() || p.len() > 5 || !p.bytes().all(|b| b.is_ascii_digit()))
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return None;
+    }
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
     HOSTS
         .iter()
         .copied()
@@ -82,8 +87,18 @@ fn variants() -> impl Strategy<Value = Vec<u8>> {
             any::<bool>(),
             proptest::option::of(0u16..65535),
             any::<u64>(),
+            prop::sample::select(vec![
+                "",
+                "",
+                "",
+                "@evil.test",
+                ":1@evil",
+                ":",
+                ":123456",
+                " x",
+            ]),
         )
-            .prop_map(|(h, upper, dot, port, flips)| {
+            .prop_map(|(h, upper, dot, port, flips, tail)| {
                 let mut s: Vec<u8> = h.bytes().collect();
                 if upper {
                     for (i, b) in s.iter_mut().enumerate() {
@@ -98,6 +113,7 @@ fn variants() -> impl Strategy<Value = Vec<u8>> {
                 if let Some(p) = port {
                     s.extend_from_slice(format!(":{p}").as_bytes());
                 }
+                s.extend_from_slice(tail.as_bytes());
                 s
             })
     });

@@ -31,6 +31,9 @@ pub struct EdgeArgs {
     /// Seconds a client has to send a whole request header.
     #[arg(long, value_name = "SECONDS", default_value_t = 15)]
     header_timeout: u64,
+    /// After SIGTERM, seconds in-flight requests may take.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    shutdown_grace: u64,
 }
 
 #[derive(Debug, Args)]
@@ -161,8 +164,11 @@ fn edge(args: EdgeArgs) -> anyhow::Result<()> {
     ployz_daemon::run_edge_alone(
         &args.http_listen,
         routes,
-        threads,
-        !args.no_access_log,
-        std::time::Duration::from_secs(args.header_timeout),
+        ployz_daemon::EdgeAloneOptions {
+            threads,
+            access_log: !args.no_access_log,
+            header_timeout: std::time::Duration::from_secs(args.header_timeout),
+            shutdown_grace_seconds: args.shutdown_grace,
+        },
     )
 }
