@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Instructions per proxied request through `edge-bench`, counted by callgrind: a figure that does
 # not move with the machine's load, for comparing one change of the edge with the next.
-# An nginx upstream answers `return 200`; ab sends N keep-alive requests on 4 connections after a
-# warm-up; callgrind's counters are zeroed after the warm-up and dumped after the run.
+# An nginx upstream answers `return 200`; wrk sends HTTP/1.1 keep-alive requests on 4 connections
+# for SECONDS after a warm-up (ab would send HTTP/1.0, which the edge hands to Pingora's proxy);
+# callgrind's counters are zeroed after the warm-up and dumped after the run, and divided by the
+# number of requests wrk completed.
 #
-# Usage: bench/edge_instructions.sh [N]   (default 2000; installs valgrind, apache2-utils, nginx)
+# Usage: bench/edge_instructions.sh [SECONDS]   (default 10; installs valgrind, wrk, nginx)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N="${1:-2000}"
-for p in valgrind:valgrind ab:apache2-utils nginx:nginx; do
+SECONDS_RUN="${1:-10}"
+for p in valgrind:valgrind wrk:wrk nginx:nginx; do
   command -v "${p%%:*}" >/dev/null || apt-get install -y -q "${p#*:}" >/dev/null
 done
 cargo build --release -q -p ployz-bench --bin edge-bench
@@ -29,20 +31,22 @@ edge=$!
 cleanup() {
   kill "$edge" "$up" 2>/dev/null || true
   wait "$edge" "$up" 2>/dev/null || true
-  rm -rf "$work"
+  [ -n "${KEEP_CALLGRIND:-}" ] && cp "$work"/cg.out.1 "$KEEP_CALLGRIND" 2>/dev/null; rm -rf "$work"
 }
 trap cleanup EXIT
 for _ in $(seq 1 100); do
   curl -fs -o /dev/null -H "Host: app.internal" "http://127.0.0.1:$EDGE/" && break
   sleep 0.3
 done
-ab -q -k -c 4 -n 200 -H "Host: app.internal" "http://127.0.0.1:$EDGE/" >/dev/null
+wrk -t1 -c4 -d2s -H "Host: app.internal" "http://127.0.0.1:$EDGE/" >/dev/null
 callgrind_control -z "$edge" >/dev/null
-ab -q -k -c 4 -n "$N" -H "Host: app.internal" "http://127.0.0.1:$EDGE/" | grep -E "Failed requests"
+out=$(wrk -t1 -c4 -d"${SECONDS_RUN}s" -H "Host: app.internal" "http://127.0.0.1:$EDGE/")
 callgrind_control -d "$edge" >/dev/null
+N=$(echo "$out" | awk '/requests in/ {print $1; exit}')
+echo "$out" | grep -E "requests in|Non-2xx|Socket errors" || true
 sleep 1
 total=$(callgrind_annotate "$work/cg.out.1" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
-echo "user-space instructions per request: $((total / N))  (edge-bench, 1 thread, $N keep-alive requests)"
+echo "user-space instructions per request: $((total / N))  (edge-bench, 1 thread, $N keep-alive HTTP/1.1 requests)"
 echo "heaviest inclusive costs of the edge's own code, per request:"
 callgrind_annotate --inclusive=yes "$work/cg.out.1" \
   | awk -v n="$N" '/^ *[0-9,]+ \(/ && /ployz_edge::/ {
