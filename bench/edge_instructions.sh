@@ -42,9 +42,16 @@ wrk -t1 -c4 -d2s -H "Host: app.internal" "http://127.0.0.1:$EDGE/" >/dev/null
 callgrind_control -z "$edge" >/dev/null
 out=$(wrk -t1 -c4 -d"${SECONDS_RUN}s" -H "Host: app.internal" "http://127.0.0.1:$EDGE/")
 callgrind_control -d "$edge" >/dev/null
+# The dump is written by the busy process: wait until its size holds still.
+prev=-1
+for _ in $(seq 1 20); do
+  size=$(stat -c %s "$work/cg.out.1" 2>/dev/null || echo 0)
+  [ "$size" -gt 0 ] && [ "$size" = "$prev" ] && break
+  prev=$size
+  sleep 1
+done
 N=$(echo "$out" | awk '/requests in/ {print $1; exit}')
 echo "$out" | grep -E "requests in|Non-2xx|Socket errors" || true
-sleep 1
 total=$(callgrind_annotate "$work/cg.out.1" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
 echo "user-space instructions per request: $((total / N))  (edge-bench, 1 thread, $N keep-alive HTTP/1.1 requests)"
 echo "heaviest inclusive costs of the edge's own code, per request:"
