@@ -751,31 +751,17 @@ impl FastPath {
             let reused = kept.is_some();
             let mut upstream = match kept {
                 Some(s) => s,
-                None => match connect(addr).await {
-                    Ok(s) => s,
-                    Err(e) if self.edge.connect_failed(attempts) => {
-                        tracing::debug!(%addr, error = %e, "connect failed; trying the next upstream");
-                        continue;
-                    }
-                    Err(e) => {
-                        let status = answer(&mut conn.stream, 502, "upstream unreachable\n").await;
-                        return Err((status, format!("connecting to {addr}: {e}")));
-                    }
+                None => match self.connect(conn, addr, attempts).await? {
+                    Some(s) => s,
+                    None => continue,
                 },
             };
             let mut result = exchange(conn, &mut upstream, plan, buffers, close).await;
             if reused && plan.idempotent && matches!(result, Err(ExchangeError::NoResponse(_))) {
                 // A kept connection the upstream had closed meanwhile: once more on a new one.
-                upstream = match connect(addr).await {
-                    Ok(s) => s,
-                    Err(e) if self.edge.connect_failed(attempts) => {
-                        tracing::debug!(%addr, error = %e, "connect failed; trying the next upstream");
-                        continue;
-                    }
-                    Err(e) => {
-                        let status = answer(&mut conn.stream, 502, "upstream unreachable\n").await;
-                        return Err((status, format!("connecting to {addr}: {e}")));
-                    }
+                upstream = match self.connect(conn, addr, attempts).await? {
+                    Some(s) => s,
+                    None => continue,
                 };
                 result = exchange(conn, &mut upstream, plan, buffers, close).await;
             }
@@ -798,6 +784,27 @@ impl FastPath {
                 }
                 Err(ExchangeError::Broken(why)) => Err((0, format!("{addr}: {why}"))),
             };
+        }
+    }
+
+    /// A new connection to `addr`. `None`: it failed and the next upstream may be tried;
+    /// `Err`: it failed with nothing left to try, and the client was answered 502.
+    async fn connect(
+        &self,
+        conn: &mut Downstream,
+        addr: SocketAddr,
+        attempts: &Attempts,
+    ) -> Result<Option<TcpStream>, (u16, String)> {
+        match connect(addr).await {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if self.edge.connect_failed(attempts) => {
+                tracing::debug!(%addr, error = %e, "connect failed; trying the next upstream");
+                Ok(None)
+            }
+            Err(e) => {
+                let status = answer(&mut conn.stream, 502, "upstream unreachable\n").await;
+                Err((status, format!("connecting to {addr}: {e}")))
+            }
         }
     }
 
