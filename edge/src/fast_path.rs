@@ -304,12 +304,15 @@ pub(crate) fn response_plan(
                 chunked = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             }
             10 if is(h.name, "connection") => {
-                rewrite = true;
-                if h.value
-                    .split(|b| *b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
-                {
-                    says_close = true;
+                // `Connection: keep-alive` is true of the client's connection too while it
+                // stays open (a closing one gets its head rewritten); anything else is not.
+                for token in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+                    if token.eq_ignore_ascii_case(b"close") {
+                        says_close = true;
+                        rewrite = true;
+                    } else if !token.eq_ignore_ascii_case(b"keep-alive") {
+                        rewrite = true;
+                    }
                 }
             }
             10 | 16 if is(h.name, "keep-alive") || is(h.name, "proxy-connection") => rewrite = true,
@@ -1202,6 +1205,18 @@ mod tests {
             (p.framing, p.reusable, p.rewrite),
             (Framing::Length(5), true, false)
         );
+        let p = rplan(
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nContent-Length: 5\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!((p.reusable, p.rewrite, p.says_close), (true, false, false));
+        let p = rplan(
+            b"HTTP/1.1 200 OK\r\nConnection: keep-alive, x-hop\r\nContent-Length: 5\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!((p.reusable, p.rewrite), (true, true));
         let p = rplan(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", true).unwrap();
         assert_eq!(p.framing, Framing::Empty);
         let p = rplan(
