@@ -4,7 +4,6 @@
 //! ASCII-case-insensitively after dropping a `:port` suffix and a trailing dot.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasherDefault;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -96,42 +95,7 @@ impl Route {
 #[derive(Debug, Default)]
 pub struct RouteTable {
     generation: u64,
-    routes: HashMap<Box<[u8]>, Arc<Route>, BuildHasherDefault<HostHasher>>,
-}
-
-/// The route table's hash: FxHash's multiply-rotate over 8-byte words, several times cheaper
-/// than the default SipHash on hostnames. Its keys are the hostnames Services publish; a
-/// client's Host value is only looked up, never inserted, so it cannot crowd a bucket.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct HostHasher(u64);
-
-impl HostHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl std::hash::Hasher for HostHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for chunk in &mut chunks {
-            self.add(u64::from_le_bytes(chunk.try_into().expect("8 bytes")));
-        }
-        let rest = chunks.remainder();
-        if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word[..rest.len()].copy_from_slice(rest);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
+    routes: HashMap<Box<[u8]>, Arc<Route>>,
 }
 
 /// What decides a route table's content; equal fingerprints mean an identical table.
@@ -175,20 +139,27 @@ pub fn valid_host(host: &[u8]) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
 }
 
-/// Lowercases `host` into `buf` without its `:port` and trailing dot; `None` if it cannot be
-/// a hostname (empty, too long).
+/// Lowercases the name of a Host value into `buf`, without its `:port` and trailing dot; `None`
+/// when the port is not one to five digits (`app.test:1@elsewhere` names no route) or the name
+/// cannot be an Ingress Hostname (a bracketed IP literal, empty, too long). A name with bytes
+/// a host name cannot hold equals no route's, so matching needs no [`valid_host`] pass.
 fn normalize<'b>(host: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b [u8]> {
-    let host = match host.iter().rposition(|b| *b == b':') {
-        // An IPv6 literal `[::1]:80` never names an Ingress Hostname; `]` keeps it whole.
-        Some(i) if !host.contains(&b']') => &host[..i],
-        _ => host,
+    let name = match host.iter().position(|b| *b == b':') {
+        Some(i) => {
+            let port = &host[i + 1..];
+            if port.is_empty() || port.len() > 5 || !port.iter().all(u8::is_ascii_digit) {
+                return None;
+            }
+            &host[..i]
+        }
+        None => host,
     };
-    let host = host.strip_suffix(b".").unwrap_or(host);
-    if host.is_empty() || host.len() > MAX_HOST {
+    let name = name.strip_suffix(b".").unwrap_or(name);
+    if name.is_empty() || name.len() > MAX_HOST {
         return None;
     }
-    let out = &mut buf[..host.len()];
-    for (o, b) in out.iter_mut().zip(host) {
+    let out = &mut buf[..name.len()];
+    for (o, b) in out.iter_mut().zip(name) {
         *o = b.to_ascii_lowercase();
     }
     Some(out)
@@ -306,9 +277,6 @@ impl RouteTable {
     /// The route for a `Host` header value, matched case-insensitively; none for a value that
     /// is not a [`valid_host`]. No allocation.
     pub fn match_host(&self, host: &[u8]) -> Option<&Arc<Route>> {
-        if !valid_host(host) {
-            return None;
-        }
         let mut buf = [0u8; MAX_HOST];
         let key = normalize(host, &mut buf)?;
         self.routes.get(key)
