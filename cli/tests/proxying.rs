@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use common::*;
 
+/// How long `/wait-for-close` waited for the edge to close its upstream connection, ms.
+static WAITED_MS: AtomicUsize = AtomicUsize::new(0);
+
 /// One MiB of a repeating pattern, for the large response.
 fn big_body() -> Vec<u8> {
     (0..1024 * 1024).map(|i| (i % 251) as u8).collect()
@@ -136,6 +139,15 @@ fn serve_scripted(stream: TcpStream, conn: usize) {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 continue;
+            }
+            "/wait-for-close" => {
+                // Never answers; records how long until the edge gives the connection up.
+                let started = std::time::Instant::now();
+                let mut rest = Vec::new();
+                let _ = r.read_to_end(&mut rest);
+                let waited = started.elapsed().as_millis() as usize;
+                WAITED_MS.store(waited.max(1), Ordering::SeqCst);
+                return;
             }
             "/close-soon" => {
                 let _ = w.write_all(&ok("", b"closing"));
@@ -528,4 +540,30 @@ fn a_broken_upstream_gets_502_and_dropped_kept_connections_are_handled() {
     let post = client.send("POST", "/echo", "", b"once");
     assert_eq!((post.status, post.text().as_str()), (200, "once"));
     assert_eq!(accepted.load(Ordering::SeqCst), before + 2);
+}
+
+#[test]
+fn a_client_that_goes_away_frees_its_upstream_connection() {
+    let (upstream, _) = scripted_upstream();
+    let (edge, _child) = edge_alone(&format!("p.test=127.0.0.1:{upstream}"), &[]);
+    let mut client = Client::new(edge);
+    client
+        .w
+        .write_all(b"GET /wait-for-close HTTP/1.1\r\nHost: p.test\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(client);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while WAITED_MS.load(Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edge kept the upstream connection of a client that left"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let waited = WAITED_MS.load(Ordering::SeqCst);
+    assert!(
+        waited < 2000,
+        "the upstream connection was closed only after {waited} ms"
+    );
 }

@@ -893,6 +893,27 @@ async fn answer(stream: &mut Stream, status: u16, body: &str) -> u16 {
     }
 }
 
+/// Bytes a client may send ahead (a pipelined request) while its request waits for the
+/// upstream; past them the edge stops reading it until the response is out.
+const MAX_READ_AHEAD: usize = 64 * 1024;
+
+/// Resolves when the client closes its connection (or it fails) while its request waits for
+/// the upstream. What it sends meanwhile, a pipelined request, is kept in `buf` after the
+/// current request, up to [`MAX_READ_AHEAD`] bytes.
+async fn client_gone(stream: &mut Stream, buf: &mut Vec<u8>) {
+    let limit = buf.len() + MAX_READ_AHEAD;
+    loop {
+        if buf.len() >= limit {
+            return std::future::pending().await;
+        }
+        buf.reserve(4096);
+        match stream.read_buf(buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
 /// How an exchange with an upstream ended well.
 struct Exchanged {
     status: u16,
@@ -961,9 +982,16 @@ async fn exchange(
             if resp.len() > MAX_RESPONSE_HEAD {
                 return Err(ExchangeError::BadResponse("a response head over 64 KiB"));
             }
-            let n = read_upstream(upstream, resp)
-                .await
-                .map_err(|e| no_response(e, interim_sent))?;
+            // A client that goes away meanwhile ends the request (and frees its upstream).
+            let n = tokio::select! {
+                biased;
+                n = read_upstream(upstream, resp) => n.map_err(|e| no_response(e, interim_sent))?,
+                () = client_gone(&mut conn.stream, &mut conn.buf) => {
+                    return Err(ExchangeError::Broken(
+                        "the client closed its connection before the response".into(),
+                    ));
+                }
+            };
             if n == 0 {
                 return Err(no_response(
                     io::ErrorKind::UnexpectedEof.into(),
