@@ -567,3 +567,27 @@ fn a_client_that_goes_away_frees_its_upstream_connection() {
         "the upstream connection was closed only after {waited} ms"
     );
 }
+
+#[test]
+fn a_fixed_route_that_is_not_a_host_name_is_refused() {
+    for route in [
+        "app.test:80=127.0.0.1:1",
+        "a\"b=127.0.0.1:1",
+        "=127.0.0.1:1",
+    ] {
+        let out = std::process::Command::new(PLOYZ)
+            .args([
+                "daemon",
+                "edge",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--route",
+                route,
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{route} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("is not a host name"), "{route}: {err}");
+    }
+}

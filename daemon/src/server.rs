@@ -634,6 +634,9 @@ pub fn parse_route(r: &str) -> anyhow::Result<(String, Vec<std::net::SocketAddr>
                 .map_err(|_| anyhow::anyhow!("--route '{r}': '{a}' is not ADDR:PORT"))
         })
         .collect::<anyhow::Result<Vec<std::net::SocketAddr>>>()?;
+    if !ployz_edge::valid_host(host.as_bytes()) || host.contains(':') {
+        anyhow::bail!("--route '{r}': '{host}' is not a host name; give one such as app.test");
+    }
     Ok((host.to_owned(), addrs))
 }
 

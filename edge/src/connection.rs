@@ -76,6 +76,7 @@ impl EdgeApp {
             client,
             tls,
             held,
+            read_limit,
         } = conn;
         let replay = ReplayStream {
             inner: stream,
@@ -108,6 +109,7 @@ impl EdgeApp {
             client,
             tls,
             held,
+            read_limit,
         })
     }
 }

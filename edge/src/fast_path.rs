@@ -539,6 +539,9 @@ pub(crate) struct Downstream {
     pub tls: bool,
     /// The upstream connection the last request used, kept for the next one.
     pub held: Option<(SocketAddr, TcpStream)>,
+    /// How many bytes `buf` may hold while a request waits for its upstream: the request and
+    /// [`MAX_READ_AHEAD`] after it.
+    pub read_limit: usize,
 }
 
 impl Downstream {
@@ -558,6 +561,7 @@ impl Downstream {
             client,
             tls,
             held: None,
+            read_limit: 0,
         }
     }
 }
@@ -675,6 +679,7 @@ impl FastPath {
     ) -> Served {
         let start = Instant::now();
         let request_len = head_len + plan.content_length as usize;
+        conn.read_limit = request_len + MAX_READ_AHEAD;
         let mut outcome = Served::Close;
         let mut status = 0;
         let mut error = None;
@@ -899,9 +904,9 @@ const MAX_READ_AHEAD: usize = 64 * 1024;
 
 /// Resolves when the client closes its connection (or it fails) while its request waits for
 /// the upstream. What it sends meanwhile, a pipelined request, is kept in `buf` after the
-/// current request, up to [`MAX_READ_AHEAD`] bytes.
-async fn client_gone(stream: &mut Stream, buf: &mut Vec<u8>) {
-    let limit = buf.len() + MAX_READ_AHEAD;
+/// current request while `buf` holds less than `limit` bytes; then the client is left unread
+/// (TCP pushes back) until the response is out.
+async fn client_gone(stream: &mut Stream, buf: &mut Vec<u8>, limit: usize) {
     loop {
         if buf.len() >= limit {
             return std::future::pending().await;
@@ -986,7 +991,7 @@ async fn exchange(
             let n = tokio::select! {
                 biased;
                 n = read_upstream(upstream, resp) => n.map_err(|e| no_response(e, interim_sent))?,
-                () = client_gone(&mut conn.stream, &mut conn.buf) => {
+                () = client_gone(&mut conn.stream, &mut conn.buf, conn.read_limit) => {
                     return Err(ExchangeError::Broken(
                         "the client closed its connection before the response".into(),
                     ));

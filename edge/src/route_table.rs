@@ -194,6 +194,11 @@ impl RouteTable {
                 else {
                     continue;
                 };
+                // Compose checks hostnames; a record from elsewhere that is not one (a port, a
+                // quote) is not routed, so no Host can match it or carry it into `Forwarded`.
+                if !valid_host(host.as_bytes()) || host.contains(':') {
+                    continue;
+                }
                 let entry = by_host
                     .entry(host.trim_end_matches('.').to_ascii_lowercase())
                     .or_insert_with(|| (false, Vec::new()));
@@ -231,8 +236,9 @@ impl RouteTable {
     pub fn from_static(routes: &[(String, Vec<SocketAddr>)]) -> RouteTable {
         let routes = routes
             .iter()
+            .filter(|(host, _)| valid_host(host.as_bytes()) && !host.contains(':'))
             .map(|(host, addrs)| {
-                let host = host.to_ascii_lowercase();
+                let host = host.trim_end_matches('.').to_ascii_lowercase();
                 let upstreams: Box<[Upstream]> = addrs
                     .iter()
                     .enumerate()
@@ -319,6 +325,45 @@ impl RouteTable {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn hosts_with_a_bad_port_or_an_ip_literal_match_no_route() {
+        let t = RouteTable::from_static(&[
+            ("app.test".into(), vec!["127.0.0.1:1".parse().unwrap()]),
+            ("bad\"name".into(), vec!["127.0.0.1:2".parse().unwrap()]),
+            ("dotted.test.".into(), vec!["127.0.0.1:3".parse().unwrap()]),
+        ]);
+        assert_eq!(t.len(), 2, "a name that is not a host name is not routed");
+        for good in [
+            &b"app.test"[..],
+            b"APP.test.",
+            b"app.test:80",
+            b"dotted.test",
+            b"dotted.test.:8",
+        ] {
+            assert!(
+                t.match_host(good).is_some(),
+                "{}",
+                String::from_utf8_lossy(good)
+            );
+        }
+        for bad in [
+            &b"app.test:"[..],
+            b"app.test:1:2",
+            b"app.test:123456",
+            b"app.test:1@evil.test",
+            b"app.test:1\";proto=https",
+            b"[::1]",
+            b"[::1]:80",
+            b"bad\"name",
+        ] {
+            assert!(
+                t.match_host(bad).is_none(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
     #[test]
     fn only_names_and_addresses_with_a_numeric_port_are_valid_hosts() {
         for good in [
