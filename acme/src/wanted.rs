@@ -171,6 +171,9 @@ pub fn wanted_hostnames(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use ployz_core::{
+        ContainerId, ContainerSpec, ContainerState, MachineId, ServiceId, ServiceSpec,
+    };
 
     /// A self-signed certificate for `names`, valid between the two Unix times, and its key.
     pub(crate) fn self_signed(names: &[&str], not_before: i64, not_after: i64) -> (String, String) {
@@ -185,9 +188,6 @@ pub(crate) mod tests {
         let cert = params.self_signed(&key).unwrap();
         (cert.pem(), key.serialize_pem())
     }
-    use ployz_core::{
-        ContainerId, ContainerSpec, ContainerState, MachineId, ServiceId, ServiceSpec,
-    };
 
     /// An observation of a container of `kind` in `state` publishing `ports`.
     pub(crate) fn observation(

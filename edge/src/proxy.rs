@@ -598,6 +598,8 @@ impl ProxyHttp for EdgeProxy {
             .map(|v| v.as_bytes())
             .collect();
         let proto = if is_tls(session) { "https" } else { "http" };
+        // The fields are defined once, as the lines the fast path writes into its upstream
+        // head; here they are split back into name and value for Pingora's header map.
         let mut lines = Vec::with_capacity(256);
         write_forwarding(
             &mut lines,
