@@ -109,6 +109,21 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["ports and x-ports cannot be used together"],
         ),
         (
+            "ports together with x-ports, each with its own problems too",
+            "services:\n  web:\n    image: nginx\n    ports: [\"8000-8001:80\"]\n    x-ports: [\"bad host.com:80\"]\n    deploy:\n      mode: daemonset\n".into(),
+            vec![
+                "ports and x-ports cannot be used together",
+                "published port ranges are not supported",
+                "'bad host.com' is not a valid hostname",
+                "deploy.mode 'daemonset'",
+            ],
+        ),
+        (
+            "whitespace in a port is the port's",
+            "services:\n  web:\n    image: nginx\n    x-ports: [\"app.example.com:80 80/https\"]\n".into(),
+            vec!["x-ports[0]", "a port must not contain whitespace"],
+        ),
+        (
             "short syntax port is ingress mode",
             "services:\n  web:\n    image: nginx\n    ports: [\"8080:80\"]\n".into(),
             vec!["ports[0] '8080:80'", "ingress mode", "x-ports", "mode: host", "8080:80/tcp@host"],
@@ -146,7 +161,7 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
         (
             "hostname with a space",
             "services:\n  web:\n    image: nginx\n    x-ports: [\"bad host.com:80\"]\n".into(),
-            vec!["x-ports[0] 'bad host.com:80'", "whitespace"],
+            vec!["x-ports[0] 'bad host.com:80'", "'bad host.com' is not a valid hostname", "' ' is not allowed"],
         ),
         (
             "hostname with an empty label",

@@ -5,6 +5,9 @@
 pub(crate) struct InterpError {
     pub message: String,
     pub fix: Option<String>,
+    /// The problem in words that quote nothing of the text (`a '$' that is not a variable
+    /// reference`): what an env file's messages say, since its values may be secrets.
+    pub what: &'static str,
 }
 
 /// The result of interpolating one text: the expanded text and the variables that were used
@@ -41,6 +44,7 @@ fn expand(
         return Err(InterpError {
             message: "variable references are nested too deeply".into(),
             fix: None,
+            what: "variable references nested too deeply",
         });
     }
     let mut out = String::with_capacity(text.len());
@@ -77,6 +81,7 @@ fn expand(
                         fix: Some(
                             "close the reference with '}', or write '$$' for a literal '$'".into(),
                         ),
+                        what: "a '${' that is not closed",
                     });
                 };
                 let body = &after[body_start..end];
@@ -98,6 +103,7 @@ fn expand(
                 return Err(InterpError {
                     message: format!("'${}' is not a variable reference", short(after)),
                     fix: Some("write '$$' for a literal '$', or '${NAME}' for a variable".into()),
+                    what: "a '$' that is not a variable reference",
                 });
             }
         }
@@ -138,6 +144,7 @@ fn braced(
                 "names are letters, digits and '_' and start with a letter or '_'; write '$$' for a literal '$'"
                     .into(),
             ),
+            what: "a '${...}' that does not start with a variable name",
         });
     }
     let value = lookup(name);
@@ -163,6 +170,7 @@ fn braced(
                 "use ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?message} or ${NAME?message}"
                     .into(),
             ),
+            what: "a '${...}' that is not a valid substitution",
         });
     };
     match kind {
@@ -199,6 +207,7 @@ fn braced(
                     fix: Some(format!(
                         "set {name} in the environment or in the project's .env file"
                     )),
+                    what: "a '${NAME?...}' whose variable is not set",
                 })
             } else {
                 Ok(value.unwrap_or_default())
@@ -213,23 +222,75 @@ fn braced(
 /// One `KEY=VALUE` (value `Some`) or bare `KEY` (value `None`: taken from the environment) entry.
 pub(crate) type EnvEntry = (String, Option<String>);
 
-/// A problem on one line of an env file.
+/// An entry of an env file with the line it starts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EnvLine {
+    pub line: usize,
+    pub entry: EnvEntry,
+}
+
+/// A value in an env file that refers to a variable that is not set (it became empty there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct UnsetReference {
+    pub line: usize,
+    /// The entry's name, when it is one worth showing ([`shown_key`]).
+    pub key: Option<String>,
+}
+
+/// A problem on one line of an env file. Its message quotes nothing from the file but a
+/// variable's name: an env file's lines may be secrets (or the file not an env file at all).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EnvFileError {
     pub line: usize,
     pub message: String,
+    pub fix: Option<String>,
+}
+
+/// What an env file holds: its entries and the unset variables its values referred to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ParsedEnvFile {
+    pub lines: Vec<EnvLine>,
+    pub unset: Vec<UnsetReference>,
+}
+
+#[cfg(test)]
+impl ParsedEnvFile {
+    /// The entries without their lines.
+    pub fn entries(&self) -> impl Iterator<Item = &EnvEntry> + '_ {
+        self.lines.iter().map(|l| &l.entry)
+    }
+}
+
+/// Whether `key` is a plain variable name (letters, digits, `_`, `.`, `-`; at most 128), the
+/// only kind of text from an env file that messages quote.
+fn is_plain_name(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 128
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+/// The name of a `KEY=VALUE` entry as messages show it: `'KEY'`, or a neutral phrase when the
+/// name is not a plain one.
+pub(crate) fn shown_key(key: Option<&str>) -> String {
+    match key {
+        Some(k) => format!("'{k}'"),
+        None => "the entry".to_owned(),
+    }
 }
 
 /// Parses a `.env` / `env_file` text: `KEY=VALUE` lines, `# comments`, blank lines, an optional
 /// `export ` prefix, single quotes (literal), double quotes (escapes `\n \t \" \\`, may span
 /// lines). Unquoted and double-quoted values are interpolated with `lookup`, then with the
-/// entries above them. Returns the entries and the undefined variables that became empty.
+/// entries above them. A line without `=` names a variable taken from the environment; it must
+/// be a plain name. Returns the entries (with their lines) and the unset variables that became
+/// empty. Nothing from the text but a plain name appears in an error.
 pub(crate) fn parse_env_file(
     text: &str,
     lookup: &dyn Fn(&str) -> Option<String>,
-) -> Result<(Vec<EnvEntry>, Vec<String>), EnvFileError> {
-    let mut entries: Vec<EnvEntry> = Vec::new();
-    let mut undefined = Vec::new();
+) -> Result<ParsedEnvFile, EnvFileError> {
+    let mut parsed = ParsedEnvFile::default();
     let lines: Vec<&str> = text.lines().collect();
     let mut i = 0;
     while i < lines.len() {
@@ -244,12 +305,28 @@ pub(crate) fn parse_env_file(
             .map(str::trim_start)
             .unwrap_or(line);
         let Some((key, raw)) = line.split_once('=') else {
-            check_env_key(line, line_no)?;
-            entries.push((line.to_owned(), None));
+            if !is_plain_name(line) {
+                return Err(EnvFileError {
+                    line: line_no,
+                    message: "this line is not KEY=VALUE, nor a variable name (letters, digits, '_', '.' and '-') to take from the environment".into(),
+                    fix: Some("is this an env file? Lines are KEY=VALUE; '#' starts a comment".into()),
+                });
+            }
+            parsed.lines.push(EnvLine {
+                line: line_no,
+                entry: (line.to_owned(), None),
+            });
             continue;
         };
         let key = key.trim();
-        check_env_key(key, line_no)?;
+        if key.is_empty() || key.chars().any(char::is_whitespace) {
+            return Err(EnvFileError {
+                line: line_no,
+                message: "the name before '=' is empty or has whitespace".into(),
+                fix: Some("lines are KEY=VALUE, with a name of letters, digits and '_'".into()),
+            });
+        }
+        let shown = shown_key(is_plain_name(key).then_some(key));
         let raw = raw.trim_start();
         let (value, interpolate_it) = if let Some(body) = raw.strip_prefix('\'') {
             match body.find('\'') {
@@ -257,7 +334,8 @@ pub(crate) fn parse_env_file(
                 None => {
                     return Err(EnvFileError {
                         line: line_no,
-                        message: format!("the value of '{key}' opens a ' quote that is not closed"),
+                        message: format!("the value of {shown} opens a ' quote that is not closed"),
+                        fix: None,
                     })
                 }
             }
@@ -271,8 +349,9 @@ pub(crate) fn parse_env_file(
                     return Err(EnvFileError {
                         line: line_no,
                         message: format!(
-                            "the value of '{key}' opens a \" quote that is not closed"
+                            "the value of {shown} opens a \" quote that is not closed"
                         ),
+                        fix: None,
                     });
                 }
                 buf.push('\n');
@@ -289,37 +368,38 @@ pub(crate) fn parse_env_file(
         let value = if interpolate_it {
             let local = |name: &str| {
                 lookup(name).or_else(|| {
-                    entries
+                    parsed
+                        .lines
                         .iter()
                         .rev()
-                        .find(|(k, v)| k == name && v.is_some())
-                        .and_then(|(_, v)| v.clone())
+                        .find(|l| l.entry.0 == name && l.entry.1.is_some())
+                        .and_then(|l| l.entry.1.clone())
                 })
             };
             let expanded = interpolate(&value, &local).map_err(|e| EnvFileError {
                 line: line_no,
-                message: format!("'{key}': {}", e.message),
+                message: format!("the value of {shown} has {}", e.what),
+                fix: Some(
+                    "write '$$' for a literal '$', or quote the value with '...' to keep it as written"
+                        .into(),
+                ),
             })?;
-            for u in expanded.undefined {
-                note_undefined(&mut undefined, &u);
+            if !expanded.undefined.is_empty() {
+                parsed.unset.push(UnsetReference {
+                    line: line_no,
+                    key: is_plain_name(key).then(|| key.to_owned()),
+                });
             }
             expanded.text
         } else {
             value
         };
-        entries.push((key.to_owned(), Some(value)));
-    }
-    Ok((entries, undefined))
-}
-
-fn check_env_key(key: &str, line: usize) -> Result<(), EnvFileError> {
-    if key.is_empty() || key.chars().any(|c| c.is_whitespace()) {
-        return Err(EnvFileError {
-            line,
-            message: format!("'{key}' is not a variable name; lines are KEY=VALUE"),
+        parsed.lines.push(EnvLine {
+            line: line_no,
+            entry: (key.to_owned(), Some(value)),
         });
     }
-    Ok(())
+    Ok(parsed)
 }
 
 /// The content of a double-quoted value up to its closing quote, unescaped; `None` when the
@@ -430,7 +510,9 @@ mod tests {
     #[test]
     fn env_files_parse_quotes_comments_and_references() {
         let text = "# comment\n\nexport A=1\nB = two words # note\nC='lit $SET'\nD=\"x\\ny $SET\"\nE=${A}-$B\nBARE\nF=\"multi\nline\"\n";
-        let (entries, undefined) = parse_env_file(text, &env).unwrap();
+        let parsed = parse_env_file(text, &env).unwrap();
+        let entries: Vec<EnvEntry> = parsed.entries().cloned().collect();
+        let undefined = parsed.unset;
         let want: Vec<EnvEntry> = vec![
             ("A".into(), Some("1".into())),
             ("B".into(), Some("two words".into())),
@@ -445,5 +527,44 @@ mod tests {
         let err = parse_env_file("OK=1\nBAD KEY=2\n", &env).unwrap_err();
         assert_eq!(err.line, 2);
         assert!(parse_env_file("X=\"open\n", &env).is_err());
+        assert_eq!(
+            parse_env_file("A=1\n\nB=2\n", &env)
+                .unwrap()
+                .lines
+                .iter()
+                .map(|l| l.line)
+                .collect::<Vec<_>>(),
+            [1, 3]
+        );
+    }
+
+    #[test]
+    fn env_file_errors_quote_no_value() {
+        let secret = "hunter2-s3cr3t";
+        for (text, line) in [
+            (format!("root:{secret}:19000:0:99999:7:::\n"), 1),
+            (format!("A=1\n{secret} x\n"), 2),
+            (format!("PASSWORD={secret}${{\n"), 1),
+            (format!("PASSWORD={secret}$'\n"), 1),
+            (format!("PASSWORD='{secret}\n"), 1),
+            (format!("A=1\nPASSWORD=\"{secret}\n"), 2),
+            (format!("{secret}:x=1${{{secret}\n"), 1),
+        ] {
+            let e = parse_env_file(&text, &env).unwrap_err();
+            assert_eq!(e.line, line, "{text:?}");
+            assert!(!e.message.contains(secret), "{}", e.message);
+            assert!(!e.message.contains("hunter2"), "{}", e.message);
+            assert!(!e.fix.unwrap_or_default().contains(secret));
+        }
+        let unset = parse_env_file(&format!("A=1\nPASSWORD=ab$cd{secret}\n"), &env)
+            .unwrap()
+            .unset;
+        assert_eq!(
+            unset,
+            [UnsetReference {
+                line: 2,
+                key: Some("PASSWORD".into())
+            }]
+        );
     }
 }

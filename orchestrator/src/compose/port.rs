@@ -20,7 +20,17 @@ pub fn parse_port(text: &str, service: &ServiceName) -> Result<PortSpec, String>
     if t.is_empty() {
         return Err("a port must not be empty".into());
     }
-    if let Some(c) = t.chars().find(|c| c.is_whitespace()) {
+    // Whitespace inside a hostname is the hostname's fault: its check below says so.
+    let in_hostname = |c: usize| {
+        !t.contains('@')
+            && t[..c].find(':').is_none()
+            && t.find(':')
+                .is_some_and(|colon| !t[..colon].chars().all(|d| d.is_ascii_digit()))
+    };
+    if let Some((_, c)) = t
+        .char_indices()
+        .find(|&(i, c)| c.is_whitespace() && !in_hostname(i))
+    {
         return Err(format!(
             "a port must not contain whitespace ({c:?}); write e.g. '{service}.example.com:8080/https'"
         ));
@@ -379,7 +389,12 @@ mod tests {
             ("a.b:0", "out of range"),
             ("8000-8001:80/http", "port ranges"),
             ("8000-8001:80@host", "port ranges"),
-            ("bad host.com:80", "whitespace"),
+            ("bad host.com:80", "'bad host.com' is not a valid hostname"),
+            (
+                "app.example.com:80 /https",
+                "a port must not contain whitespace",
+            ),
+            ("80 80@host", "a port must not contain whitespace"),
             ("a..b.com:80", "empty label"),
             ("{x}.com:80", "'{' is not allowed"),
             ("x;y.com:80", "';' is not allowed"),

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use ployz_core::{ConfigFile, PortSpec, ServiceName, ServiceSpec, VolumeSpec};
 
-use super::interp::{interpolate, parse_env_file};
+use super::interp::{interpolate, parse_env_file, shown_key};
 use super::service::{self, boolean, kv_entries, suggest, text, Converted, Dep, ServiceCtx};
 use super::yaml::{self, join_path, Node};
 use super::{ComposeError, ComposeErrors, ComposeInput, Diagnostics, LoadedProject};
@@ -135,29 +135,33 @@ fn project_vars(
     match std::fs::read_to_string(&path) {
         Ok(text) => {
             let lookup = |n: &str| env.get(n).cloned();
+            // Messages name the file and line, never a value: `.env` files hold secrets.
             match parse_env_file(&text, &lookup) {
-                Ok((entries, undefined)) => {
-                    for u in undefined {
+                Ok(parsed) => {
+                    for u in &parsed.unset {
                         d.warn(
-                            &name,
+                            &format!("{name}:{}", u.line),
                             None,
                             "",
-                            format!("variable '{u}' is not set; it becomes an empty string"),
+                            format!(
+                                "the value of {} refers to a variable that is not set; it becomes empty there (quote the value with '...' if its '$' is literal)",
+                                shown_key(u.key.as_deref())
+                            ),
                         );
                     }
-                    for (k, v) in entries {
-                        if let Some(v) = v {
+                    for line in parsed.lines {
+                        if let (k, Some(v)) = line.entry {
                             vars.insert(k, v);
                         }
                     }
                 }
                 Err(e) => d.error(
-                    &name,
+                    &format!("{name}:{}", e.line),
                     None,
                     None,
                     None,
-                    format!("line {}: {}", e.line, e.message),
-                    None,
+                    e.message,
+                    e.fix,
                 ),
             }
         }

@@ -9,7 +9,7 @@ use ployz_core::{
     UpdateConfig, UpdateOrder,
 };
 
-use super::interp::parse_env_file;
+use super::interp::{parse_env_file, shown_key};
 use super::port::{parse_host_ip, parse_port, parse_port_number};
 use super::project::{Origins, VolumeDecl};
 use super::units::{
@@ -531,7 +531,8 @@ pub(crate) fn convert(ctx: &mut ServiceCtx<'_>, node: &Node) -> Option<Converted
     let mut c = ContainerSpec::default();
     let mut image: Option<String> = None;
     let mut build = false;
-    let mut env_file_entries: Vec<(String, Option<String>)> = Vec::new();
+    // With where each entry came from (`path:line`).
+    let mut env_file_entries: Vec<(String, Option<String>, Option<String>)> = Vec::new();
     let mut environment: Vec<(String, Option<String>)> = Vec::new();
     let mut compose_ports: Option<&Node> = None;
     let mut x_ports: Option<&Node> = None;
@@ -720,8 +721,9 @@ pub(crate) fn convert(ctx: &mut ServiceCtx<'_>, node: &Node) -> Option<Converted
 
     // environment: env_file first, then environment overrides.
     let mut env: BTreeMap<String, String> = BTreeMap::new();
+    let environment = environment.into_iter().map(|(k, v)| (k, v, None)).collect();
     for (source, entries) in [("env_file", env_file_entries), ("environment", environment)] {
-        for (k, v) in entries {
+        for (k, v, origin) in entries {
             if k.is_empty() {
                 ctx.err(source, None, "a variable name must not be empty", None);
                 continue;
@@ -731,10 +733,17 @@ pub(crate) fn convert(ctx: &mut ServiceCtx<'_>, node: &Node) -> Option<Converted
                     env.insert(k, v);
                 }
                 None if env.contains_key(&k) => {}
-                None => ctx.warn(
-                    &format!("{source}.{k}"),
-                    format!("'{k}' has no value and is not set in the environment; it is left out"),
-                ),
+                // An env file's line is shown by its place only: it may be a secret.
+                None => match origin {
+                    Some(at) => ctx.warn(
+                        source,
+                        format!("{at}: this line names a variable without a value, and it is not set in the environment; it is left out"),
+                    ),
+                    None => ctx.warn(
+                        &format!("{source}.{k}"),
+                        format!("'{k}' has no value and is not set in the environment; it is left out"),
+                    ),
+                },
             }
         }
     }
@@ -776,13 +785,16 @@ pub(crate) fn convert(ctx: &mut ServiceCtx<'_>, node: &Node) -> Option<Converted
 
     // ports
     let ports = match (compose_ports, x_ports) {
-        (Some(_), Some(_)) => {
+        (Some(p), Some(x)) => {
             ctx.err(
                 "x-ports",
                 None,
                 "ports and x-ports cannot be used together on one service",
                 Some("use only x-ports (e.g. app.example.com:8080/https, 8080:80/tcp@host), or only ports with mode: host"),
             );
+            // Each key's own problems are still worth reporting in the same run.
+            let _ = compose_ports_key(ctx, p);
+            let _ = x_ports_key(ctx, x);
             Vec::new()
         }
         (Some(p), None) => compose_ports_key(ctx, p),
@@ -872,7 +884,8 @@ fn unknown_key(ctx: &mut ServiceCtx<'_>, k: &str) {
     ctx.warn(k, format!("unknown key, ignored{hint}"));
 }
 
-fn env_files(ctx: &mut ServiceCtx<'_>, n: &Node) -> Vec<(String, Option<String>)> {
+/// The entries of the service's env files, each with where it came from (`path:line`).
+fn env_files(ctx: &mut ServiceCtx<'_>, n: &Node) -> Vec<(String, Option<String>, Option<String>)> {
     let items: Vec<(String, &Node)> = match n {
         Node::Null => return Vec::new(),
         Node::Seq(items) => items
@@ -936,21 +949,33 @@ fn env_files(ctx: &mut ServiceCtx<'_>, n: &Node) -> Vec<(String, Option<String>)
         };
         let vars = ctx.vars;
         let lookup = |name: &str| vars.get(name).cloned();
+        // Messages name the file and line, never a value: env files hold secrets (and a path
+        // may name a file that is not an env file at all).
+        let shown = full.display().to_string();
         match parse_env_file(&content, &lookup) {
-            Ok((entries, undefined)) => {
-                for u in undefined {
+            Ok(parsed) => {
+                for u in &parsed.unset {
                     ctx.warn(
                         &key,
-                        format!("variable '{u}' in {path} is not set; it becomes an empty string"),
+                        format!(
+                            "{shown}:{}: the value of {} refers to a variable that is not set; it becomes empty there (quote the value with '...' if its '$' is literal)",
+                            u.line,
+                            shown_key(u.key.as_deref())
+                        ),
                     );
                 }
-                out.extend(entries);
+                out.extend(
+                    parsed
+                        .lines
+                        .into_iter()
+                        .map(|l| (l.entry.0, l.entry.1, Some(format!("{shown}:{}", l.line)))),
+                );
             }
             Err(e) => ctx.err(
                 &key,
-                Some(path),
-                format!("line {}: {}", e.line, e.message),
                 None,
+                format!("{shown}:{}: {}", e.line, e.message),
+                e.fix.as_deref(),
             ),
         }
     }
