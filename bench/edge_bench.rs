@@ -2,7 +2,7 @@
 //! daemon, for side-by-side benchmarks (`bench/proxy_side_by_side.sh`).
 //!
 //! `edge-bench --listen 127.0.0.1:18090 --route bench.test=127.0.0.1:18080 [--threads N]
-//! [--access-log]`
+//! [--access-log] [--no-fast-path]`
 
 use clap::Parser;
 
@@ -21,6 +21,9 @@ struct Args {
     /// Write an access-log line per request (off by default, like the peers' configurations).
     #[arg(long)]
     access_log: bool,
+    /// Send every request through Pingora's proxy instead of the HTTP/1 fast path.
+    #[arg(long)]
+    no_fast_path: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,7 +43,12 @@ fn main() -> anyhow::Result<()> {
             threads,
             access_log: args.access_log,
             header_timeout: std::time::Duration::from_secs(15),
+            drain_delay_seconds: 0,
             shutdown_grace_seconds: 0,
+            upstream_connect_timeout_ms: ployz_daemon::DaemonConfig::default()
+                .upstream_connect_timeout_ms,
+            underscore_headers: ployz_daemon::UnderscoreHeaders::Drop,
+            fast_path: !args.no_fast_path,
         },
     )
 }

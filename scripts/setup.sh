@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # Installs what building and testing Ployz needs on Debian, as root. Idempotent: packages
-# already present are not fetched again. Sourced by demo.sh and test.sh.
+# already present are not fetched again. Sourced by demo.sh (PLOYZ_SETUP=demo: the demo's
+# packages only) and test.sh (everything).
 set -euo pipefail
 
-PLOYZ_APT_PACKAGES=(
+# What building Ployz and running the demo need.
+PLOYZ_DEMO_PACKAGES=(
   build-essential cmake pkg-config   # pingora's zlib-ng and ring build C
   docker.io                          # the Docker engine Service Containers run on
-  busybox-static                     # test images are made from it with `docker import`
+  busybox-static                     # the demo image is made from it with `docker import`
+  curl ca-certificates tar
+)
+# What the test suite needs on top.
+PLOYZ_TEST_PACKAGES=(
   pebble                             # Let's Encrypt's ACME test server
   openssh-server openssh-client      # the ssh transport's end-to-end test
   wireguard-tools                    # `wg` reads the mesh's interfaces
   dnsutils                           # dig, for DNS tests
   docker-compose                     # the reference the Compose loader is compared with
-  iproute2 procps psmisc curl ca-certificates openssl tar
+  iproute2 procps psmisc openssl
 )
 
+# ployz_install_packages PACKAGE... installs those of the named Debian packages that are missing.
 ployz_install_packages() {
   local missing=()
-  for p in "${PLOYZ_APT_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -58,5 +65,10 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "run this as root (it installs packages and starts services): sudo $0" >&2
   exit 1
 fi
-ployz_install_packages
+# PLOYZ_SETUP=demo (demo.sh) installs only what the demo needs; anything else, the test suite's too.
+if [ "${PLOYZ_SETUP:-test}" = demo ]; then
+  ployz_install_packages "${PLOYZ_DEMO_PACKAGES[@]}"
+else
+  ployz_install_packages "${PLOYZ_DEMO_PACKAGES[@]}" "${PLOYZ_TEST_PACKAGES[@]}"
+fi
 ployz_ensure_rust

@@ -47,6 +47,7 @@ fn machine() -> MachineSnapshot {
         containers: vec![],
         volumes: vec![],
         images: vec![],
+        drains: vec![],
     }
 }
 

@@ -2,7 +2,7 @@
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use ployz_core::MachineId;
-use ployz_store::{Key, Store, SyncRequest};
+use ployz_store::{Key, OpenOptions, Store, SyncRequest};
 
 fn on_disk(dir: &tempfile::TempDir) -> Store {
     Store::open(dir.path(), MachineId::generate()).unwrap()
@@ -15,6 +15,32 @@ fn local_write(c: &mut Criterion) {
     let mut n = 0u64;
     let value = vec![7u8; 512];
     c.bench_function("store/local_write_durable_512B", |b| {
+        b.iter(|| {
+            n += 1;
+            store
+                .put(
+                    &Key::machine(&local, "containers", (n % 1000).to_string()),
+                    value.clone(),
+                )
+                .unwrap()
+        })
+    });
+}
+
+/// The same write as the daemon makes it: the acknowledgement record beside the store is
+/// replaced (written, synced, renamed, directory synced) after the flush.
+fn local_write_acknowledged(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let options = OpenOptions {
+        acknowledged: Some(dir.path().join("store.ack")),
+        accept_loss: false,
+    };
+    let (store, _) =
+        Store::open_with(dir.path().join("store"), MachineId::generate(), &options).unwrap();
+    let local = store.local().clone();
+    let mut n = 0u64;
+    let value = vec![7u8; 512];
+    c.bench_function("store/local_write_durable_acknowledged_512B", |b| {
         b.iter(|| {
             n += 1;
             store
@@ -94,5 +120,11 @@ fn digest(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, local_write, merge_10k, digest);
+criterion_group!(
+    benches,
+    local_write,
+    local_write_acknowledged,
+    merge_10k,
+    digest
+);
 criterion_main!(benches);

@@ -3,7 +3,7 @@
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _};
 use http_body_util::{BodyExt, Full};
@@ -11,7 +11,7 @@ use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use ployz_core::api::ApiError;
+use ployz_core::api::{ApiError, MAX_BODY_BYTES};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -29,6 +29,12 @@ pub struct ApiClient {
     sender: SendRequest<Full<Bytes>>,
     connection: Connection,
     ssh: Option<SshProcess>,
+    /// The Machine lease's fencing token, sent with every call while this client holds it.
+    lease_token: Option<u64>,
+    /// How long the daemon keeps an idle connection (its `Keep-Alive: timeout=N`), once known.
+    idle_limit: Option<Duration>,
+    /// When the last answer ended: the connection has been idle since.
+    idle_since: Instant,
 }
 
 struct SshProcess {
@@ -166,7 +172,39 @@ impl ApiClient {
             sender,
             connection: connection.clone(),
             ssh,
+            lease_token: None,
+            idle_limit: None,
+            idle_since: Instant::now(),
         })
+    }
+
+    /// Opens a new connection when the daemon closed this one, or may close it before a
+    /// request would arrive: it closes idle connections after its header deadline, which it
+    /// announces with each answer. What this client carries (its lease token) is kept.
+    async fn fresh(&mut self) -> anyhow::Result<()> {
+        let may_have_closed = self
+            .idle_limit
+            .is_some_and(|limit| self.idle_since.elapsed() >= limit / 2);
+        if self.sender.is_closed() || may_have_closed {
+            let ApiClient { sender, ssh, .. } = ApiClient::connect(&self.connection).await?;
+            self.sender = sender;
+            self.ssh = ssh;
+            self.idle_since = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Notes an answer: what the daemon says about idle connections, and that this one is idle
+    /// from now.
+    fn answered(&mut self, headers: &hyper::HeaderMap) {
+        if let Some(limit) = headers
+            .get("keep-alive")
+            .and_then(|v| v.to_str().ok())
+            .and_then(keep_alive_timeout)
+        {
+            self.idle_limit = Some(limit);
+        }
+        self.idle_since = Instant::now();
     }
 
     /// `GET path`, decoding the JSON answer.
@@ -198,20 +236,37 @@ impl ApiClient {
         Ok(())
     }
 
+    /// Sends `token` (the Machine lease's fencing token) with every call from now on; `None`
+    /// stops sending one.
+    pub fn set_lease_token(&mut self, token: Option<u64>) {
+        self.lease_token = token;
+    }
+
+    fn request(&self, method: Method, path: &str) -> hyper::http::request::Builder {
+        let builder = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "ployz");
+        match self.lease_token {
+            Some(token) => builder.header(ployz_core::api::LEASE_TOKEN_HEADER, token),
+            None => builder,
+        }
+    }
+
     /// `GET path`, handing each chunk of a streamed text answer to `sink` as it arrives.
     pub async fn get_stream(
         &mut self,
         path: &str,
         mut sink: impl FnMut(&[u8]),
     ) -> anyhow::Result<()> {
-        let request = Request::builder()
-            .method(Method::GET)
-            .uri(path)
-            .header("host", "ployz")
+        self.fresh().await?;
+        let request = self
+            .request(Method::GET, path)
             .body(Full::new(Bytes::new()))?;
         self.sender.ready().await?;
         let response = self.sender.send_request(request).await?;
         let status = response.status();
+        self.answered(response.headers());
         let mut body = response.into_body();
         if !status.is_success() {
             let bytes = body.collect().await?.to_bytes();
@@ -225,6 +280,7 @@ impl ApiClient {
                 sink(data);
             }
         }
+        self.idle_since = Instant::now();
         Ok(())
     }
 
@@ -238,10 +294,10 @@ impl ApiClient {
             Some(b) => Bytes::from(serde_json::to_vec(b)?),
             None => Bytes::new(),
         };
-        let request = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("host", "ployz")
+        check_body_size(&format!("{method} {path}"), bytes.len())?;
+        self.fresh().await?;
+        let request = self
+            .request(method, path)
             .header("user-agent", concat!("ployz/", env!("CARGO_PKG_VERSION")))
             .header("content-type", "application/json")
             .body(Full::new(bytes))?;
@@ -249,12 +305,16 @@ impl ApiClient {
             self.sender.ready().await?;
             let response = self.sender.send_request(request).await?;
             let status = response.status();
+            let headers = response.headers().clone();
             let body = response.into_body().collect().await?.to_bytes();
-            Ok::<_, hyper::Error>((status, body))
+            Ok::<_, hyper::Error>((status, headers, body))
         }
         .await;
         let (status, body) = match sent {
-            Ok(answer) => answer,
+            Ok((status, headers, body)) => {
+                self.answered(&headers);
+                (status, body)
+            }
             Err(e) => {
                 if let Some(ssh) = &mut self.ssh {
                     let report = ssh.failure_report().await;
@@ -275,6 +335,73 @@ impl ApiClient {
     }
 }
 
+/// `timeout=N` of a `Keep-Alive` header value (`timeout=15, max=100`).
+fn keep_alive_timeout(value: &str) -> Option<Duration> {
+    value.split(',').find_map(|part| {
+        let (key, seconds) = part.trim().split_once('=')?;
+        (key.trim().eq_ignore_ascii_case("timeout"))
+            .then(|| seconds.trim().parse().ok().map(Duration::from_secs))?
+    })
+}
+
+/// Refuses a request body over the API's body limit before it is sent: the daemon would refuse
+/// it, and the connection would break while it is still being written.
+pub fn check_body_size(request: &str, bytes: usize) -> anyhow::Result<()> {
+    if bytes > MAX_BODY_BYTES {
+        bail!(
+            "{request}: the request body is {bytes} bytes, over the API's body limit of {MAX_BODY_BYTES} bytes ({} MiB); send less: a command, environment or config file this large belongs in the image or a volume",
+            MAX_BODY_BYTES >> 20
+        );
+    }
+    Ok(())
+}
+
+/// Checks, before anything runs (and in a dry run), that every request a Deploy Plan's
+/// operations make fits the API's body limit, naming the Service whose does not.
+pub fn check_plan_bodies(plan: &ployz_core::DeployPlan) -> anyhow::Result<()> {
+    use ployz_core::api::{RunContainerRequest, RunHookRequest};
+    use ployz_core::Operation;
+    for op in plan.operations() {
+        let (what, encoded) = match op {
+            Operation::RunContainer {
+                service_id, spec, ..
+            }
+            | Operation::ReplaceContainer {
+                service_id, spec, ..
+            } => (
+                format!("service '{}': the request to run its container", spec.name),
+                serde_json::to_vec(&RunContainerRequest {
+                    service_id: service_id.clone(),
+                    spec: spec.clone(),
+                }),
+            ),
+            Operation::RunHook {
+                service_id,
+                spec,
+                hook,
+                ..
+            } => (
+                format!(
+                    "service '{}': the request to run its pre-deploy hook",
+                    spec.name
+                ),
+                serde_json::to_vec(&RunHookRequest {
+                    service_id: service_id.clone(),
+                    spec: spec.clone(),
+                    hook: hook.clone(),
+                }),
+            ),
+            Operation::CreateVolume { volume, .. } => (
+                format!("volume '{}': the request to create it", volume.name),
+                serde_json::to_vec(volume),
+            ),
+            Operation::StopContainer { .. } | Operation::RemoveContainer { .. } => continue,
+        };
+        check_body_size(&what, encoded?.len())?;
+    }
+    Ok(())
+}
+
 fn unexpected(status: StatusCode, body: &[u8]) -> anyhow::Error {
     let text = String::from_utf8_lossy(body);
     anyhow!(
@@ -286,6 +413,32 @@ fn unexpected(status: StatusCode, body: &[u8]) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keep_alive_timeouts_parse() {
+        assert_eq!(
+            keep_alive_timeout("timeout=15"),
+            Some(Duration::from_secs(15))
+        );
+        assert_eq!(
+            keep_alive_timeout("max=100, Timeout = 2"),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(keep_alive_timeout("max=100"), None);
+        assert_eq!(keep_alive_timeout("timeout=x"), None);
+    }
+
+    #[test]
+    fn bodies_over_the_limit_are_refused_naming_it() {
+        check_body_size("POST /v1/x", MAX_BODY_BYTES).unwrap();
+        let e = check_body_size("POST /v1/x", MAX_BODY_BYTES + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("over the API's body limit of 2097152 bytes (2 MiB)"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn ssh_always_checks_host_keys_and_runs_dial_stdio() {

@@ -1,16 +1,37 @@
 //! `ployz`: the CLI, and (as `ployz daemon run`) the daemon. One binary to install.
 
+/// The CLI's `println!`: a reader that has gone (`ployz deploy -y | head -1`) ends the output,
+/// never the command: a Deploy carries on to its outcome, and the exit code says how it went.
+/// Defined before the modules so that every `println!` in the crate is this one.
+macro_rules! println {
+    () => {
+        $crate::output::print_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::print_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// The CLI's `print!`, as [`println!`] without the line end.
+#[allow(unused_macros)]
+macro_rules! print {
+    ($($arg:tt)*) => {
+        $crate::output::print_out(format_args!($($arg)*))
+    };
+}
+
 mod client;
 mod commands;
 mod config;
 mod connection;
 mod output;
 mod target;
+mod time_arg;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::connection::Connection;
 
@@ -111,15 +132,47 @@ enum Command {
     },
 }
 
+/// The command tree as users see it: the client's options (how to reach a daemon) are global,
+/// but `ployz daemon run` and `ployz daemon edge` are the daemon side and do not show them.
+/// clap copies a global option into each subcommand that has none of that ID; copying them
+/// first, hidden, keeps them parseable there (and their values typed) but out of the help.
+fn command_tree() -> clap::Command {
+    let tree = Cli::command();
+    let client_options: Vec<clap::Arg> = tree
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .cloned()
+        .collect();
+    let hide_client_options = move |sub: clap::Command| {
+        client_options.iter().fold(sub, |sub, option| {
+            if sub.get_arguments().any(|a| a.get_id() == option.get_id()) {
+                sub
+            } else {
+                sub.arg(option.clone().hide(true))
+            }
+        })
+    };
+    tree.mut_subcommand("daemon", |daemon| {
+        daemon
+            .mut_subcommand("run", hide_client_options.clone())
+            .mut_subcommand("edge", hide_client_options)
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    exit_quietly_on_broken_pipe();
+    let cli = match Cli::from_arg_matches(&command_tree().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         // The daemon and dial-stdio run without the client runtime: Pingora starts its own.
         Command::Daemon(cmd) => commands::daemon::run(cmd),
         Command::DialStdio(args) => commands::dial_stdio::run(args),
         Command::Completion { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "ployz", &mut std::io::stdout());
-            Ok(())
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "ployz", &mut script);
+            write_stdout(&script)
         }
         Command::Ctx(cmd) => commands::ctx::run(&cli.global, cmd),
         Command::Machine(cmd) => client_runtime(commands::machine::run(&cli.global, cmd)),
@@ -160,6 +213,42 @@ fn main() -> ExitCode {
     }
 }
 
+/// Ends the process quietly, with success, when a write this crate's `println!` does not make
+/// (a library's, `std::println!`) finds stdout or stderr a pipe whose reader has gone: what was
+/// asked for was read. Without this, such a write panics on the broken pipe.
+fn exit_quietly_on_broken_pipe() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to std") && is_broken_pipe_text(message) {
+            std::process::exit(0);
+        }
+        report(info);
+    }));
+}
+
+/// Whether an error's text is EPIPE's, as `std::io::Error` displays it ("Broken pipe (os
+/// error 32)").
+fn is_broken_pipe_text(message: &str) -> bool {
+    message.contains("Broken pipe")
+}
+
+/// Writes all of `bytes` to stdout; a reader that has gone ends the process quietly.
+fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => Err(anyhow::anyhow!("cannot write to stdout: {e}")),
+    }
+}
+
 /// Runs a client command on a small single-threaded runtime.
 fn client_runtime(f: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
     client_runtime_value(f)
@@ -181,5 +270,30 @@ mod tests {
     #[test]
     fn the_command_tree_is_consistent() {
         Cli::command().debug_assert();
+        command_tree().debug_assert();
+    }
+
+    #[test]
+    fn daemon_run_help_shows_no_client_options() {
+        let mut tree = command_tree();
+        tree.build();
+        let help = tree
+            .find_subcommand_mut("daemon")
+            .and_then(|d| d.find_subcommand_mut("run"))
+            .expect("daemon run exists")
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("--data-dir"), "{help}");
+        for client_only in ["--connect", "--context", "--ployz-config"] {
+            assert!(!help.contains(client_only), "{client_only} in: {help}");
+        }
+        let mut tree = command_tree();
+        tree.build();
+        let ps_help = tree
+            .find_subcommand_mut("ps")
+            .expect("ps exists")
+            .render_long_help()
+            .to_string();
+        assert!(ps_help.contains("--connect"), "{ps_help}");
     }
 }

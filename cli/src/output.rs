@@ -1,7 +1,28 @@
 //! How results reach a person or a script: tables, JSON, and one-line errors.
 
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use comfy_table::{presets, ContentArrangement, Table};
 use serde::Serialize;
+
+/// Set once stdout's reader has gone; nothing more is written there.
+static READER_GONE: AtomicBool = AtomicBool::new(false);
+
+/// Writes to stdout for the crate's `println!`/`print!`. A reader that has gone (EPIPE) stops
+/// the output and nothing else; any other failure to write is reported on stderr once.
+pub fn print_out(args: std::fmt::Arguments<'_>) {
+    if READER_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+        READER_GONE.store(true, Ordering::Relaxed);
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("error: cannot write to stdout: {e}; the command goes on without output");
+        }
+    }
+}
 
 /// A plain, aligned table with a header, as `ls`-style commands print.
 pub fn table(header: &[&str]) -> Table {

@@ -408,3 +408,266 @@ configs:
     assert_eq!(report["outcome"]["unexecuted"].as_array().unwrap().len(), 1);
     assert!(names_of(&running(&lab, &m), "job").is_empty());
 }
+
+/// One replica at web.test.localhost whose page says its version (`$VER`), with a CGI that
+/// answers after 20 s; `order` is its update order.
+fn versioned_web(order: &str) -> String {
+    format!(
+        r#"
+services:
+  web:
+    image: IMAGE
+    command:
+      - sh
+      - -c
+      - |
+        mkdir -p /www/cgi-bin
+        echo "version $$VER" > /www/index.html
+        printf '#!/bin/sh\ntouch /tmp/slow-started\nsleep 20\necho "Content-Type: text/plain"\necho\necho slow-done\n' > /www/cgi-bin/slow
+        chmod +x /www/cgi-bin/slow
+        exec httpd -f -p 8080 -h /www
+    environment:
+      VER: ${{VER}}
+    healthcheck:
+      test: ["CMD", "wget", "-q", "-O-", "http://127.0.0.1:8080/"]
+      interval: 1s
+      retries: 2
+    deploy:
+      update_config:
+        order: {order}
+    x-ports:
+      - web.test.localhost:8080/http
+"#
+    )
+}
+
+const WEB_HOST: &str = "web.test.localhost";
+
+/// The CLI against `m` with `VER` set, from the lab directory, with a 1 s monitor window.
+fn cli_with_version(lab: &Lab, m: &DockerMachine, version: &str) -> std::process::Command {
+    let mut cmd = lab.cli();
+    cmd.current_dir(lab.dir.path())
+        .env("PLOYZ_HEALTH_MONITOR_PERIOD", "1")
+        .env("VER", version)
+        .arg("--connect")
+        .arg(m.daemon.connect_url());
+    cmd
+}
+
+fn deploy_version(lab: &Lab, m: &DockerMachine, version: &str) -> std::process::Output {
+    cli_with_version(lab, m, version)
+        .args(["deploy", "-y"])
+        .output()
+        .unwrap()
+}
+
+/// Starts `VER=version ployz deploy -y` in the background (output in the lab's `deploy-bg.*`).
+fn deploy_version_in_background(lab: &Lab, m: &DockerMachine, version: &str) -> Reaped {
+    Reaped(
+        cli_with_version(lab, m, version)
+            .args(["deploy", "-y"])
+            .stdout(std::fs::File::create(lab.path("deploy-bg.out")).unwrap())
+            .stderr(std::fs::File::create(lab.path("deploy-bg.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Containers `ployz ps --json` shows with a drain mark: (name, mark).
+fn draining(lab: &Lab, m: &DockerMachine) -> Vec<(String, Value)> {
+    json(&run(lab, m, &["ps", "--json"]))
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| !c["draining"].is_null())
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                c["draining"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// Waits (up to `secs`) until the edge answers 200 for WEB_HOST with a body containing `body`.
+fn wait_served(m: &DockerMachine, body: &str, secs: u64, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        let (status, got) = http_get(m.daemon.http_port, WEB_HOST, "/");
+        if status == 200 && got.contains(body) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: the edge answers {status} {got:?} for {WEB_HOST}; daemon log:\n{}",
+            m.daemon.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Starts a request to the slow CGI and waits until a drain of its container is waiting for it:
+/// returns the request's thread and the drained container's name with its mark.
+fn deploy_while_a_request_is_in_flight(
+    lab: &Lab,
+    m: &DockerMachine,
+    version: &str,
+) -> (
+    std::thread::JoinHandle<(u16, String)>,
+    Reaped,
+    String,
+    Value,
+) {
+    let port = m.daemon.http_port;
+    let slow = std::thread::spawn(move || http_get(port, WEB_HOST, "/cgi-bin/slow"));
+    // The request has reached the container once its CGI has started.
+    let started = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !running(lab, m).iter().any(|(_, name)| {
+        docker(&["exec", name, "test", "-e", "/tmp/slow-started"])
+            .status
+            .success()
+    }) {
+        assert!(
+            std::time::Instant::now() < started,
+            "the slow request never reached its container"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let deploy = deploy_version_in_background(lab, m, version);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some((name, mark)) = draining(lab, m).into_iter().next() {
+            return (slow, deploy, name, mark);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no drain began: {}",
+            std::fs::read_to_string(lab.path("deploy-bg.err")).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_daemon_killed_while_a_drain_waits_leaves_no_service_dark() {
+    let lab = Lab::new();
+    let mut m = DockerMachine::new(&lab, "drain1");
+    compose(&lab, &versioned_web("stop-first"));
+    let out = deploy_version(&lab, &m, "7");
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    wait_served(&m, "version 7", 15, "after the first deploy");
+
+    // A stop-first replacement drains the only container first: while that drain waits for the
+    // request in flight, `ps` shows the container draining, and the mark names its setter.
+    let (slow, mut deploy, name, mark) = deploy_while_a_request_is_in_flight(&lab, &m, "10");
+    assert!(name.starts_with("web-"), "{name}");
+    assert!(
+        mark["set_by"].as_str().unwrap().contains("deploy of web"),
+        "{mark:#}"
+    );
+    assert!(mark["lease_token"].as_u64().is_some(), "{mark:#}");
+    assert!(
+        mark["deadline_ms"].as_u64() > mark["set_at_ms"].as_u64(),
+        "{mark:#}"
+    );
+    let table = stdout(&run(&lab, &m, &["ps"]));
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains(&name) && l.contains("draining")),
+        "{table}"
+    );
+
+    unsafe {
+        libc::kill(m.daemon.pid() as i32, libc::SIGKILL);
+    }
+    let status = deploy.0.wait().unwrap();
+    assert!(
+        !status.success(),
+        "the deploy should fail when its daemon dies"
+    );
+    let _ = slow.join();
+    m.daemon.restart_after_kill();
+
+    // Served again, by the container that was being drained, without `ployz start`.
+    wait_served(&m, "version 7", 20, "after the daemon restarted");
+    assert!(draining(&lab, &m).is_empty(), "{:?}", draining(&lab, &m));
+    assert!(
+        m.daemon.log_text().contains("drain mark lifted"),
+        "{}",
+        m.daemon.log_text()
+    );
+
+    // The next deploys converge.
+    let out = deploy_version(&lab, &m, "10");
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    wait_served(&m, "version 10", 15, "after the next deploy");
+    let out = deploy_version(&lab, &m, "10");
+    assert!(
+        stdout(&out).contains("Services are up to date."),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn a_cli_killed_while_a_drain_waits_leaves_no_service_dark() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "drain2");
+    compose(&lab, &versioned_web("start-first"));
+    let out = deploy_version(&lab, &m, "7");
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    wait_served(&m, "version 7", 15, "after the first deploy");
+
+    // Start-first: version 10 runs, then version 7 is drained; the CLI dies while it waits.
+    let (slow, mut deploy, name, _) = deploy_while_a_request_is_in_flight(&lab, &m, "10");
+    deploy.0.kill().unwrap();
+    let _ = deploy.0.wait();
+
+    // The mark does not outlive the command that set it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(45);
+    while !draining(&lab, &m).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the drain mark of {name} outlived its command: {:?}",
+            draining(&lab, &m)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // At once: the drain's caller went away, so the drain lifted its own mark.
+    let lifted_by_the_drain = "reason=\"its drain ended before completing\"";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !m.daemon.log_text().contains(lifted_by_the_drain) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            m.daemon.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    // Back to version 7: the container that was being drained is kept, version 10 is removed,
+    // and the edge serves version 7.
+    let out = deploy_version(&lab, &m, "7");
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    wait_served(&m, "version 7", 15, "after deploying version 7 again");
+    let names: Vec<String> = running(&lab, &m).into_iter().map(|(_, n)| n).collect();
+    assert_eq!(
+        names,
+        std::slice::from_ref(&name),
+        "the drained container is the one kept"
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            http_get(m.daemon.http_port, WEB_HOST, "/"),
+            (200, "version 7\n".to_owned())
+        );
+    }
+    let out = deploy_version(&lab, &m, "7");
+    assert!(
+        stdout(&out).contains("Services are up to date."),
+        "{}",
+        stdout(&out)
+    );
+    let _ = slow.join();
+}

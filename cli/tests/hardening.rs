@@ -1,4 +1,6 @@
-//! The edge refuses oversized and ambiguous requests before any upstream work.
+//! The edge refuses oversized and ambiguous requests before any upstream work, retries a
+//! refused connection elsewhere, cuts slow headers, and shuts down without dropping a request.
+//! Every test runs with the HTTP/1 fast path and without it.
 
 mod common;
 
@@ -21,10 +23,14 @@ fn raw(port: u16, request: &[u8]) -> u16 {
         .unwrap_or(0)
 }
 
-#[test]
-fn oversized_and_ambiguous_requests_are_refused() {
+fn oversized_and_ambiguous_requests_are_refused(position: Position) {
     let lab = Lab::new();
-    let daemon = lab.daemon("h1");
+    let daemon = Daemon::start_with(
+        lab.path("h1-data"),
+        lab.path("h1.sock"),
+        0,
+        &[QUIET_DAEMON, position.args()].concat(),
+    );
     let port = daemon.http_port;
 
     let long_path = format!(
@@ -85,12 +91,15 @@ fn live_upstream() -> u16 {
     port
 }
 
-#[test]
-fn a_refused_connection_is_retried_on_the_next_upstream() {
+fn a_refused_connection_is_retried_on_the_next_upstream(position: Position) {
     let live = live_upstream();
     // Nothing listens on `dead`: every connection to it is refused.
     let [dead] = free_ports();
-    let (edge, child) = edge_alone(&format!("r.test=127.0.0.1:{dead},127.0.0.1:{live}"), &[]);
+    let (edge, child) = edge_alone_in(
+        position,
+        &format!("r.test=127.0.0.1:{dead},127.0.0.1:{live}"),
+        &[],
+    );
     // Round robin sends every other request to the dead upstream first; none may fail.
     let answers: Vec<(u16, String)> = (0..10).map(|_| http_get(edge, "r.test", "/")).collect();
     drop(child);
@@ -147,10 +156,10 @@ fn closed_within(s: &mut std::net::TcpStream, within: Duration) -> bool {
     }
 }
 
-#[test]
-fn a_slow_request_header_is_cut_off_and_a_patient_keepalive_client_is_not() {
+fn a_slow_request_header_is_cut_off_and_a_patient_keepalive_client_is_not(position: Position) {
     let (upstream, seen) = recording_upstream();
-    let (port, child) = edge_alone(
+    let (port, child) = edge_alone_in(
+        position,
         &format!("r.test=127.0.0.1:{upstream}"),
         &["--header-timeout", "2"],
     );
@@ -255,10 +264,9 @@ fn a_slow_request_header_is_cut_off_and_a_patient_keepalive_client_is_not() {
     drop(child);
 }
 
-#[test]
-fn smuggling_shapes_and_bad_hostnames_never_reach_an_upstream_unframed() {
+fn smuggling_shapes_and_bad_hostnames_never_reach_an_upstream_unframed(position: Position) {
     let (upstream, seen) = recording_upstream();
-    let (port, child) = edge_alone(&format!("r.test=127.0.0.1:{upstream}"), &[]);
+    let (port, child) = edge_alone_in(position, &format!("r.test=127.0.0.1:{upstream}"), &[]);
 
     // Hostnames with control characters or spaces: refused, never forwarded.
     for host in [
@@ -304,3 +312,89 @@ fn smuggling_shapes_and_bad_hostnames_never_reach_an_upstream_unframed() {
     }
     drop(child);
 }
+
+/// Reads one answer's head from `s` (to the blank line); `None` if the connection ended first.
+fn answer_head(s: &mut std::net::TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// Reads one answer to a request for `/.ployz/verify` (head and the Machine ID as its body).
+fn verify_answer(s: &mut std::net::TcpStream, id: &str) -> Option<String> {
+    let head = answer_head(s)?;
+    let mut body = vec![0u8; id.len()];
+    s.read_exact(&mut body).ok()?;
+    assert_eq!(String::from_utf8_lossy(&body), id, "{head}");
+    Some(head)
+}
+
+fn says_close(head: &str) -> bool {
+    head.to_ascii_lowercase()
+        .contains("\r\nconnection: close\r\n")
+}
+
+fn sigterm_answers_each_kept_alive_client_once_with_close_on_a_real_daemon(position: Position) {
+    let lab = Lab::new();
+    let mut daemon = Daemon::start_with(
+        lab.path("t-data"),
+        lab.path("t.sock"),
+        3,
+        &[QUIET_DAEMON, position.args()].concat(),
+    );
+    let init = json(&lab.ployz(&daemon, &["machine", "init", "--name", "term", "--json"]));
+    let id = init["id"].as_str().unwrap().to_owned();
+    let port = daemon.http_port;
+    let verify = b"GET /.ployz/verify HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut clients: Vec<std::net::TcpStream> = (0..10)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.write_all(verify).unwrap();
+            let head = verify_answer(&mut s, &id).expect("an answer before SIGTERM");
+            assert!(!says_close(&head), "{head}");
+            s
+        })
+        .collect();
+    // SAFETY: a signal to the daemon this test started.
+    unsafe {
+        libc::kill(daemon.pid() as i32, libc::SIGTERM);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while http_get(port, "x", "/.ployz/health").0 != 503 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "health never turned to draining"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Each kept-alive client gets its answer, told to close, then the connection ends: it
+    // reconnects elsewhere rather than meeting a closed connection mid-request later.
+    for s in &mut clients {
+        s.write_all(verify).unwrap();
+        let head = verify_answer(s, &id).expect("an answer during the drain delay");
+        assert!(says_close(&head), "{head}");
+        assert!(
+            closed_within(s, Duration::from_secs(2)),
+            "still open after close"
+        );
+    }
+    assert!(
+        daemon.stop(),
+        "the daemon did not stop after its drain delay"
+    );
+}
+
+crate::in_both_positions!(
+    oversized_and_ambiguous_requests_are_refused,
+    a_refused_connection_is_retried_on_the_next_upstream,
+    a_slow_request_header_is_cut_off_and_a_patient_keepalive_client_is_not,
+    smuggling_shapes_and_bad_hostnames_never_reach_an_upstream_unframed,
+    sigterm_answers_each_kept_alive_client_once_with_close_on_a_real_daemon,
+);

@@ -38,6 +38,10 @@ pub mod paths {
 /// Version of the wire format; bumped on an incompatible change.
 pub const API_VERSION: u32 = 1;
 
+/// The largest request body the daemon reads (2 MiB); a larger one is refused with 413, and the
+/// CLI refuses to send one, naming this limit.
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
 /// What a daemon says about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VersionInfo {
@@ -85,6 +89,7 @@ pub type MachineList = PartialResult<MachineView>;
 
 /// `ployz machine init`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MachineInitRequest {
     /// The Machine Name; the daemon uses its sanitised hostname when absent. Validated by the
     /// daemon so that a bad one is refused with the rule it broke.
@@ -110,6 +115,7 @@ pub struct PublicAddresses {
 /// `PUT` [`paths::MACHINE_PUBLIC_ADDRESSES`]: replace this Machine's public addresses; empty
 /// means detect them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SetPublicAddressesRequest {
     #[serde(default)]
     pub addresses: Vec<std::net::IpAddr>,
@@ -185,6 +191,14 @@ pub mod docker_paths {
     pub const VOLUMES: &str = "/v1/volumes";
     /// `DELETE ?force=bool`.
     pub const VOLUME: &str = "/v1/volumes/{name}";
+    /// `GET`: every [`crate::DrainMark`] the store holds, of every Machine (Replicated
+    /// Observation).
+    pub const DRAINS: &str = "/v1/drains";
+    /// The Machine lease. `GET`: its holder (`null` when free); `POST`
+    /// [`super::LeaseRequest`]: [`super::LeaseAnswer`] (granted, or who holds it); `PUT` with
+    /// the token in [`super::LEASE_TOKEN_HEADER`]: renews it, [`super::LeaseHolder`]; `DELETE`
+    /// with the token: releases it.
+    pub const LEASE: &str = "/v1/lease";
 
     /// A path with `{id}` or `{name}` filled in.
     pub fn fill(template: &str, value: &str) -> String {
@@ -194,6 +208,7 @@ pub mod docker_paths {
 
 /// Create and start one Service Container.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunContainerRequest {
     pub service_id: crate::ServiceId,
     pub spec: crate::ServiceSpec,
@@ -201,6 +216,7 @@ pub struct RunContainerRequest {
 
 /// Stop a container.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StopContainerRequest {
     /// Seconds before SIGKILL; the container's own stop timeout when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -209,6 +225,7 @@ pub struct StopContainerRequest {
 
 /// Run a command inside a container, to completion.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     pub command: Vec<String>,
 }
@@ -223,6 +240,7 @@ pub struct ExecResult {
 
 /// Run a Service's pre-deploy hook.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunHookRequest {
     pub service_id: crate::ServiceId,
     pub spec: crate::ServiceSpec,
@@ -240,6 +258,7 @@ pub struct HookResult {
 
 /// Store Certificate Material for one Ingress Hostname.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ImportCertificateRequest {
     pub hostname: String,
     pub chain_pem: String,
@@ -249,6 +268,7 @@ pub struct ImportCertificateRequest {
 /// Change the Certificate Policy: the fields `policy` sets replace the stored ones (or the
 /// defaults, with `reset`); the daemon validates the result before storing it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SetCertificatePolicyRequest {
     pub policy: crate::CertificatePolicy,
     #[serde(default)]
@@ -257,6 +277,7 @@ pub struct SetCertificatePolicyRequest {
 
 /// Drain a container before it is stopped.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DrainRequest {
     /// How long to wait for in-flight requests (default 30 s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -270,4 +291,66 @@ pub struct DrainResult {
     pub waited_ms: u64,
     /// Requests still in flight when the timeout ended the wait (0 normally).
     pub in_flight_left: usize,
+}
+
+/// The header that carries a Machine lease's fencing token on every call its holder makes. A
+/// call that changes the Machine's containers or volumes with a token that is not the current
+/// holder's is refused, and so is one without a token while the lease is held.
+pub const LEASE_TOKEN_HEADER: &str = "x-ployz-lease";
+
+/// Ask for the Machine lease: one command at a time changes a Machine's containers and volumes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// Who asks: user, host and process (`alice@build-1 (pid 4242)`).
+    pub holder: String,
+    /// What for, as the holder's command describes it (`deploy of web, worker`).
+    pub command: String,
+}
+
+/// Who holds a Machine lease, as the answering daemon sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseHolder {
+    /// The fencing token: higher than any the Machine issued before, across daemon restarts.
+    pub token: u64,
+    pub holder: String,
+    pub command: String,
+    /// When it was granted, milliseconds since the Unix epoch.
+    pub since_ms: u64,
+    /// How long it has been held.
+    pub held_ms: u64,
+    /// How long the lease lasts after its holder's last call (it renews with every call).
+    pub ttl_ms: u64,
+}
+
+impl std::fmt::Display for LeaseHolder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = self.since_ms / 1000;
+        write!(
+            f,
+            "{}, running `{}`, since {:02}:{:02}:{:02} UTC ({} s)",
+            self.holder,
+            self.command,
+            secs / 3600 % 24,
+            secs / 60 % 60,
+            secs % 60,
+            self.held_ms / 1000
+        )
+    }
+}
+
+/// The answer to a [`LeaseRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "lease", rename_all = "snake_case")]
+pub enum LeaseAnswer {
+    /// The lease is the asker's; `took_over` is the holder whose lease had lapsed.
+    Granted {
+        holder: LeaseHolder,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        took_over: Option<LeaseHolder>,
+    },
+    /// Another command holds it.
+    Held { holder: LeaseHolder },
+    /// No one holds it, but calls made without a lease are still changing the Machine.
+    Busy { operations: usize },
 }

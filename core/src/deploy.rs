@@ -161,6 +161,32 @@ pub struct MachineSnapshot {
     pub volumes: Vec<DockerVolume>,
     /// Image references present on the Machine (`repo:tag`).
     pub images: Vec<String>,
+    /// The drain marks standing on the Machine's containers (empty from a daemon that does not
+    /// report them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drains: Vec<DrainMark>,
+}
+
+/// A container's drain mark: while it stands, no edge sends the container new requests. A drain
+/// sets it before the container is stopped. It names who set it and when it lapses, so it never
+/// outlives the command that set it: the Machine's daemon lifts it when its deadline passes, and
+/// as soon as that command is gone while the container still runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainMark {
+    pub container_id: ContainerId,
+    /// The Machine that runs the container and wrote the mark.
+    pub machine_id: MachineId,
+    /// The fencing token of the Machine lease its setter held; `None`: set by a call made
+    /// without a lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_token: Option<u64>,
+    /// Who set it, as the lease names its holder (`alice@build-1 (pid 4242), running deploy of
+    /// web`).
+    pub set_by: String,
+    /// When it was set, milliseconds since the Unix epoch.
+    pub set_at_ms: u64,
+    /// When it lapses whatever else happens, milliseconds since the Unix epoch.
+    pub deadline_ms: u64,
 }
 
 /// The observer-relative Machine, container and volume observations gathered for one Deploy:

@@ -262,6 +262,7 @@ pub struct PreDeployHook {
 
 /// A named Docker Volume a Deploy may create (top-level `volumes:`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VolumeSpec {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

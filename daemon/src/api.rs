@@ -1,7 +1,9 @@
 //! The management API: JSON over HTTP, served on the daemon's unix socket.
 //!
 //! Handlers translate between [`ployz_core::api`] wire types and [`LocalMachine`]; every failure
-//! becomes an [`ApiError`] body with a code saying how the caller should react.
+//! becomes an [`ApiError`] body with a code saying how the caller should react, the framework's
+//! own refusals included (a body over [`api::MAX_BODY_BYTES`], unknown fields, a wrong method).
+//! [`serve`] holds each connection to a header deadline and the listener to a connection cap.
 
 use std::sync::Arc;
 
@@ -190,16 +192,123 @@ async fn set_public_addresses(
     Ok(Json(now).into_response())
 }
 
+/// What to do when the daemon does not know a path or method: likely a version mismatch.
+const VERSIONS_HINT: &str = "the CLI and daemon versions may differ; compare `ployz version`";
+
 async fn not_found() -> Failure {
     failure(
         StatusCode::NOT_FOUND,
         ErrorCode::NotFound,
         "no such API path".to_owned(),
-        Some("the CLI and daemon versions may differ; compare `ployz version`"),
+        Some(VERSIONS_HINT),
     )
 }
 
+/// Gives the framework's own refusals (a body that is not the JSON expected or over the body
+/// limit, a wrong method, a bad query) the API's error body, as every handler's failures have:
+/// they come back as plain text or empty otherwise.
+async fn rejections_as_api_errors(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use axum::http::header::{ALLOW, CONTENT_TYPE};
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let allow = response.headers().get(ALLOW).cloned();
+    let text = match axum::body::to_bytes(response.into_body(), 64 * 1024).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_owned(),
+        Err(_) => String::new(),
+    };
+    let allowed = allow.as_ref().and_then(|a| a.to_str().ok());
+    let mut answer = rejection(status, method.as_str(), &path, allowed, &text).into_response();
+    if let Some(allow) = allow {
+        answer.headers_mut().insert(ALLOW, allow);
+    }
+    answer
+}
+
+/// The API error for a refusal the framework made, from its status and text.
+fn rejection(
+    status: StatusCode,
+    method: &str,
+    path: &str,
+    allowed: Option<&str>,
+    text: &str,
+) -> Failure {
+    let limit = api::MAX_BODY_BYTES;
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => failure(
+            status,
+            ErrorCode::InvalidArgument,
+            format!(
+                "the request body is over the API's body limit of {limit} bytes ({} MiB)",
+                limit >> 20
+            ),
+            Some("send less: a command, environment or config file this large belongs in the image or a volume"),
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => failure(
+            status,
+            ErrorCode::InvalidArgument,
+            match allowed {
+                Some(a) => format!("{method} is not allowed on {path}; it takes {a}"),
+                None => format!("{method} is not allowed on {path}"),
+            },
+            Some(VERSIONS_HINT),
+        ),
+        StatusCode::NOT_FOUND => failure(
+            status,
+            ErrorCode::NotFound,
+            format!("no such API path: {path}"),
+            Some(VERSIONS_HINT),
+        ),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => failure(
+            status,
+            ErrorCode::InvalidArgument,
+            "the request body must be JSON, sent with content-type: application/json".to_owned(),
+            None,
+        ),
+        s if s.is_client_error() => {
+            let message = if let Some(rest) =
+                text.strip_prefix("Failed to deserialize the JSON body into the target type: ")
+            {
+                format!("request body is not valid: {rest}")
+            } else if let Some(rest) = text.strip_prefix("Failed to parse the request body as JSON: ")
+            {
+                format!("request body is not JSON: {rest}")
+            } else if let Some(rest) = text.strip_prefix("Failed to deserialize query string: ") {
+                format!("query string is not valid: {rest}")
+            } else if text.is_empty() {
+                format!("{method} {path} was refused ({status})")
+            } else {
+                text.to_owned()
+            };
+            failure(s, ErrorCode::InvalidArgument, message, None)
+        }
+        s => failure(
+            s,
+            ErrorCode::Internal,
+            if text.is_empty() {
+                format!("{method} {path} failed ({status})")
+            } else {
+                text.to_owned()
+            },
+            Some("the daemon log has details"),
+        ),
+    }
+}
+
 #[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 struct LookupQuery {
     name: String,
     #[serde(rename = "type", default)]
@@ -255,11 +364,184 @@ pub fn router(
         .with_state(machine.clone())
         .merge(crate::docker_api::router(machine.clone()))
         .merge(crate::cert_api::router(machine.clone()))
-        .merge(crate::docker_api::drain_router(machine, routes))
+        .merge(crate::drain::drain_router(machine, routes))
         .merge(
             Router::new()
                 .route(api::paths::DNS_LOOKUP, get(dns_lookup))
                 .with_state(dns),
         )
         .fallback(not_found)
+}
+
+/// The API's limits and error bodies around every route of `app`, the framework's refusals
+/// included: the body limit ([`api::MAX_BODY_BYTES`]) and [`rejections_as_api_errors`]. Applied
+/// last, once every route is in.
+pub fn with_api_errors(app: Router) -> Router {
+    app.layer(axum::extract::DefaultBodyLimit::max(api::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(rejections_as_api_errors))
+}
+
+/// How many connections the management API serves at once. More wait in the listen backlog
+/// until one ends: a descriptor each is never held beyond this.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// How long in-flight requests may take once shutdown begins (a followed log never ends).
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads a request's whole body within `deadline` before the route sees it (every body the API
+/// takes is a small JSON document): a client that sends a head and then trickles or withholds
+/// its body gets 408 and its connection closed instead of holding a connection slot.
+async fn body_within(
+    deadline: std::time::Duration,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+    let too_large = || {
+        rejection(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            method.as_str(),
+            &path,
+            None,
+            "",
+        )
+    };
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let (parts, body) = request.into_parts();
+    let refused = if declared.is_some_and(|n| n > api::MAX_BODY_BYTES as u64) {
+        too_large()
+    } else {
+        // One byte over the limit is enough to know it is over (a body without a length).
+        let read = axum::body::to_bytes(body, api::MAX_BODY_BYTES + 1);
+        match tokio::time::timeout(deadline, read).await {
+            Ok(Ok(bytes)) if bytes.len() <= api::MAX_BODY_BYTES => {
+                return next
+                    .run(axum::extract::Request::from_parts(
+                        parts,
+                        axum::body::Body::from(bytes),
+                    ))
+                    .await;
+            }
+            Ok(Ok(_)) => too_large(),
+            Ok(Err(e)) if e.to_string().contains("length limit exceeded") => too_large(),
+            Ok(Err(e)) => failure(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidArgument,
+                format!("the request body could not be read: {e}"),
+                None,
+            ),
+            Err(_) => failure(
+                StatusCode::REQUEST_TIMEOUT,
+                ErrorCode::InvalidArgument,
+                format!(
+                    "the request body did not arrive within {} s",
+                    deadline.as_secs()
+                ),
+                Some("send the whole body with the request"),
+            ),
+        }
+    };
+    let mut answer = refused.into_response();
+    answer.headers_mut().insert(
+        axum::http::header::CONNECTION,
+        axum::http::HeaderValue::from_static("close"),
+    );
+    answer
+}
+
+/// Serves `app` on `listener` until `shutdown`: HTTP/1.1, at most `max_connections` at once, and
+/// each connection closed when a request head (or the next one, on a kept-alive connection) is
+/// not complete within `header_timeout`, or its body within twice that. Answers carry `Keep-Alive: timeout=N` so a client
+/// knows when to open a new connection rather than reuse an idle one.
+pub(crate) async fn serve<L: axum::serve::Listener>(
+    mut listener: L,
+    app: Router,
+    header_timeout: std::time::Duration,
+    max_connections: usize,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let keep_alive =
+        axum::http::HeaderValue::from_str(&format!("timeout={}", header_timeout.as_secs().max(1)))
+            .expect("digits are a header value");
+    let body_deadline = header_timeout * 2;
+    let app = app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            body_within(body_deadline, request, next)
+        },
+    ));
+    let app = app.layer(axum::middleware::map_response(move |mut r: Response| {
+        let keep_alive = keep_alive.clone();
+        async move {
+            r.headers_mut().insert(
+                axum::http::header::HeaderName::from_static("keep-alive"),
+                keep_alive,
+            );
+            r
+        }
+    }));
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut reported_full = false;
+    loop {
+        while connections.try_join_next().is_some() {}
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                reported_full = false;
+                slot
+            }
+            Err(_) => {
+                if !reported_full {
+                    tracing::warn!(
+                        max_connections,
+                        "the management API serves as many connections as it takes; more wait to be accepted"
+                    );
+                    reported_full = true;
+                }
+                tokio::select! {
+                    _ = shutdown.changed() => break,
+                    slot = slots.clone().acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        Err(_) => break,
+                    },
+                }
+            }
+        };
+        let (io, _) = tokio::select! {
+            _ = shutdown.changed() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut stopping = stopping.clone();
+        connections.spawn(async move {
+            let _slot = slot;
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let connection = http.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = stopping.changed() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    let _ = stop.send(true);
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::info!(
+            left = connections.len(),
+            "management API connections still open at shutdown were closed"
+        );
+    }
 }

@@ -44,6 +44,31 @@ impl std::str::FromStr for LogFormat {
     }
 }
 
+/// What the edge does with request header fields whose names contain `_` (`X_Forwarded_For`):
+/// applications that read `_` and `-` alike could take one for a field the edge writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum UnderscoreHeaders {
+    /// Left out of the request the upstream gets (as nginx does by default).
+    #[default]
+    Drop,
+    /// Passed on as sent.
+    Pass,
+}
+
+impl std::str::FromStr for UnderscoreHeaders {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "drop" => Ok(UnderscoreHeaders::Drop),
+            "pass" => Ok(UnderscoreHeaders::Pass),
+            other => Err(format!(
+                "underscore header policy '{other}' is not one of: drop, pass"
+            )),
+        }
+    }
+}
+
 /// The configuration the daemon runs with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonConfig {
@@ -73,10 +98,19 @@ pub struct DaemonConfig {
     pub header_timeout_seconds: u64,
     /// One access-log line per edge request.
     pub access_log: bool,
-    /// After SIGTERM, how long the edge keeps serving with its health endpoint answering 503,
-    /// so load balancers take this Machine out before its listeners close.
+    /// Milliseconds a connection to an upstream may take; then the edge tries the next
+    /// Serving Container and avoids the silent one for a while.
+    pub upstream_connect_timeout_ms: u64,
+    /// Request header fields named with `_`: dropped or passed on.
+    pub underscore_headers: UnderscoreHeaders,
+    /// The edge's HTTP/1 fast path; off: every request goes through Pingora's proxy.
+    pub fast_path: bool,
+    /// After SIGTERM, how long the edge keeps serving with its health endpoint answering 503
+    /// and every HTTP/1 response saying `Connection: close`, so load balancers and clients
+    /// move away before its listeners close.
     pub drain_delay_seconds: u64,
-    /// After the listeners closed, how long in-flight requests may take.
+    /// After the edge's listeners closed, how long requests in flight may take; shutdown goes
+    /// on as soon as none is left.
     pub shutdown_grace_seconds: u64,
     /// After the grace period, how long in-flight work may take before it is cut.
     pub shutdown_timeout_seconds: u64,
@@ -90,6 +124,10 @@ pub struct DaemonConfig {
     /// Where the internal DNS forwards names outside `.internal`; empty: the nameservers of
     /// `/etc/resolv.conf`.
     pub dns_upstreams: Vec<String>,
+    /// Start even though the data dir lost acknowledged data (the store, its acknowledgement
+    /// record, the WireGuard key), keeping what is left. A flag only, never in the file: it
+    /// is meant for one start.
+    pub accept_data_loss: bool,
 }
 
 impl Default for DaemonConfig {
@@ -108,13 +146,17 @@ impl Default for DaemonConfig {
             max_body_bytes: None,
             header_timeout_seconds: 15,
             access_log: true,
+            upstream_connect_timeout_ms: 2000,
+            underscore_headers: UnderscoreHeaders::Drop,
+            fast_path: true,
             drain_delay_seconds: 5,
-            shutdown_grace_seconds: 0,
+            shutdown_grace_seconds: 10,
             shutdown_timeout_seconds: 5,
             certificates: true,
             verdict_resolver: None,
             dns_listen: "gateway".into(),
             dns_upstreams: Vec::new(),
+            accept_data_loss: false,
         }
     }
 }
@@ -133,9 +175,19 @@ pub struct DaemonConfigFile {
     pub metrics_listen: Option<String>,
     pub access_log: Option<bool>,
     pub limits: Option<LimitsSection>,
+    pub edge: Option<EdgeSection>,
     pub shutdown: Option<ShutdownSection>,
     pub certificates: Option<CertificatesSection>,
     pub dns: Option<DnsSection>,
+}
+
+/// `[edge]` in the TOML file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EdgeSection {
+    pub upstream_connect_timeout_ms: Option<u64>,
+    pub underscore_headers: Option<UnderscoreHeaders>,
+    pub fast_path: Option<bool>,
 }
 
 /// `[dns]` in the TOML file.
@@ -229,6 +281,17 @@ impl DaemonConfigFile {
                 config.header_timeout_seconds = v;
             }
         }
+        if let Some(e) = self.edge {
+            if let Some(v) = e.upstream_connect_timeout_ms {
+                config.upstream_connect_timeout_ms = v;
+            }
+            if let Some(v) = e.underscore_headers {
+                config.underscore_headers = v;
+            }
+            if let Some(v) = e.fast_path {
+                config.fast_path = v;
+            }
+        }
         if let Some(d) = self.dns {
             if let Some(v) = d.listen {
                 config.dns_listen = v;
@@ -278,6 +341,20 @@ mod tests {
     fn unknown_keys_are_refused_by_name() {
         let err = DaemonConfigFile::parse("data_dri = \"/x\"").unwrap_err();
         assert!(format!("{err:#}").contains("data_dri"), "{err:#}");
+    }
+
+    #[test]
+    fn edge_settings_come_from_their_section() {
+        let parsed = DaemonConfigFile::parse(
+            "[edge]\nupstream_connect_timeout_ms = 500\nunderscore_headers = \"pass\"\nfast_path = false\n",
+        )
+        .unwrap();
+        let c = parsed.apply_to(DaemonConfig::default());
+        assert_eq!(c.upstream_connect_timeout_ms, 500);
+        assert_eq!(c.underscore_headers, UnderscoreHeaders::Pass);
+        assert!(!c.fast_path);
+        let err = DaemonConfigFile::parse("[edge]\nunderscore_headers = \"keep\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("keep"), "{err:#}");
     }
 
     #[test]

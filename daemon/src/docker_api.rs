@@ -1,5 +1,9 @@
 //! The management API's Docker operations on this Machine: the Deploy Snapshot and the
 //! primitives a Deploy executes (run, stop, start, remove, hooks, volumes, logs, exec).
+//!
+//! Every route that names a container or a volume acts only on this Machine's: the ID or name
+//! is checked against Docker's rules (400 naming the field), then [`MachineDocker`] inspects it
+//! and checks its `ployz.machine.id` label before acting (404 for anything else).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,21 +24,28 @@ use ployz_orchestrator::docker::{DockerError, MachineDocker};
 use serde::Deserialize;
 
 use crate::api::{failure, not_initialised, Failure};
+use crate::drain::lift_drain_mark;
 use crate::local_machine::LocalMachine;
 
 impl From<DockerError> for Failure {
     fn from(e: DockerError) -> Failure {
         let message = e.to_string();
         match e {
-            DockerError::Unreachable(_) => failure(
+            DockerError::Unreachable(_) | DockerError::NoAnswer { .. } => failure(
                 StatusCode::SERVICE_UNAVAILABLE,
                 ErrorCode::Unavailable,
                 message,
                 None,
             ),
-            DockerError::NoSuchContainer(_) => {
+            DockerError::NoSuchContainer(_) | DockerError::NoSuchVolume(_) => {
                 failure(StatusCode::NOT_FOUND, ErrorCode::NotFound, message, None)
             }
+            DockerError::InvalidName { .. } => failure(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidArgument,
+                message,
+                None,
+            ),
             DockerError::ImageUnavailable { .. } | DockerError::NetworkConflict { .. } => failure(
                 StatusCode::CONFLICT,
                 ErrorCode::FailedPrecondition,
@@ -70,15 +81,10 @@ fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Resu
     })
 }
 
-fn checked_id(id: &str) -> Result<&str, Failure> {
-    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(failure(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::InvalidArgument,
-            format!("'{id}' is not a Container ID"),
-            Some("resolve names and prefixes with `GET /v1/containers` first"),
-        ));
-    }
+/// A Container ID from a request path, checked before anything reaches Docker (400 naming the
+/// field otherwise).
+pub(crate) fn checked_id(id: &str) -> Result<&str, Failure> {
+    ployz_orchestrator::docker::check_container_id(id)?;
     Ok(id)
 }
 
@@ -94,8 +100,10 @@ async fn snapshot(
             membership: MembershipObservation::Up,
         },
         containers: d.observe().await?,
-        volumes: d.volumes().await?,
+        // Every volume on the engine: a Deploy mounts `external` ones made outside Ployz.
+        volumes: d.engine_volumes().await?,
         images: d.images().await?,
+        drains: crate::drain::standing_marks(&machine),
     }))
 }
 
@@ -117,9 +125,35 @@ async fn run_container(
     State(machine): State<Arc<LocalMachine>>,
     Json(req): Json<RunContainerRequest>,
 ) -> Result<Response, Failure> {
-    let c = docker(&machine)?
-        .run_service_container(&req.service_id, &req.spec)
-        .await?;
+    let d = docker(&machine)?;
+    // The edge routes what the store holds: a container whose observation cannot be stored
+    // would run unrouted while its Deploy reported success.
+    let m = machine.clone();
+    let store = crate::api::store_blocking(move || m.writable_store()).await?;
+    let c = d.run_service_container(&req.service_id, &req.spec).await?;
+    if let Err(e) = ployz_orchestrator::observer::resync(&d, &store).await {
+        // Docker not answering a later call is not the store refusing: the observer stores
+        // the container on its next pass. Only a store that cannot write leaves it unrouted.
+        let m = machine.clone();
+        if crate::api::store_blocking(move || m.writable_store())
+            .await
+            .is_ok()
+        {
+            tracing::warn!(container = %c.name, error = %e, "service container started; its observation waits for the observer's next pass");
+            return Ok((StatusCode::CREATED, Json(c)).into_response());
+        }
+        let _ = d.stop(c.id.as_str(), None).await;
+        return Err(failure(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Unavailable,
+            format!(
+                "container {} started, but its observation cannot be stored, so the edge would \
+                 not route to it ({e}); it was stopped",
+                c.name
+            ),
+            Some("free space on the data dir's filesystem (the store resumes by itself), then deploy again"),
+        ));
+    }
     tracing::info!(container = %c.name, service = %c.service_name, "service container started");
     Ok((StatusCode::CREATED, Json(c)).into_response())
 }
@@ -141,9 +175,11 @@ async fn start_container(
     State(machine): State<Arc<LocalMachine>>,
     Path(id): Path<String>,
 ) -> Result<Response, Failure> {
-    docker(&machine)?.start(checked_id(&id)?).await?;
-    // A container stopped after a drain serves again once started.
-    if let (Some(store), Ok(container)) = (machine.store(), id.parse::<ployz_core::ContainerId>()) {
+    let full = docker(&machine)?.start(checked_id(&id)?).await?;
+    // A container stopped after a drain serves again once started; its mark is kept under the
+    // full ID whatever prefix this call named it by.
+    if let (Some(store), Ok(container)) = (machine.store(), full.parse::<ployz_core::ContainerId>())
+    {
         lift_drain_mark(&store, &container).await;
     }
     Ok(Json(serde_json::json!({})).into_response())
@@ -168,8 +204,9 @@ async fn remove_container(
     State(machine): State<Arc<LocalMachine>>,
     Path(id): Path<String>,
 ) -> Result<Response, Failure> {
-    docker(&machine)?.remove(checked_id(&id)?).await?;
-    if let (Some(store), Ok(container)) = (machine.store(), id.parse::<ployz_core::ContainerId>()) {
+    let full = docker(&machine)?.remove(checked_id(&id)?).await?;
+    if let (Some(store), Ok(container)) = (machine.store(), full.parse::<ployz_core::ContainerId>())
+    {
         lift_drain_mark(&store, &container).await;
     }
     tracing::info!(container = %id, "container removed");
@@ -177,6 +214,7 @@ async fn remove_container(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct LogsQuery {
     tail: Option<usize>,
     #[serde(default)]
@@ -190,13 +228,8 @@ async fn logs(
     Path(id): Path<String>,
     Query(q): Query<LogsQuery>,
 ) -> Result<Response, Failure> {
-    let d = docker(&machine)?;
-    let id = checked_id(&id)?.to_owned();
-    if d.observe_container(&id).await?.is_none() {
-        return Err(DockerError::NoSuchContainer(id).into());
-    }
-    let stream = d
-        .log_stream(&id, q.follow, q.tail, q.since, q.until)
+    let stream = docker(&machine)?
+        .log_stream(checked_id(&id)?, q.follow, q.tail, q.since, q.until)
         .await?
         .map(|item| item.map_err(std::io::Error::other));
     Ok(Response::builder()
@@ -235,6 +268,7 @@ async fn run_hook(
     Ok(Json(result).into_response())
 }
 
+/// The volumes this Machine created; others on the engine are not listed.
 async fn list_volumes(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
     Ok(Json(docker(&machine)?.volumes().await?).into_response())
 }
@@ -248,6 +282,7 @@ async fn create_volume(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RemoveVolumeQuery {
     #[serde(default)]
     force: bool,
@@ -280,138 +315,4 @@ pub fn router(machine: Arc<LocalMachine>) -> Router {
         .route(paths::VOLUMES, get(list_volumes).post(create_volume))
         .route(paths::VOLUME, delete(remove_volume))
         .with_state(machine)
-}
-
-/// What the drain route needs: this Machine and its edge's route controller.
-#[derive(Clone)]
-struct DrainState {
-    machine: Arc<LocalMachine>,
-    routes: ployz_edge::RouteController,
-}
-
-/// How long the edge may take to publish a table without the drained container.
-const PUBLISH_WAIT: Duration = Duration::from_secs(5);
-
-/// How long a drain waits for in-flight requests: what the request asks, else the container's
-/// `stop_grace_period` (a request it would be given time to finish after SIGTERM deserves the
-/// same time before it), else 30 s; at most an hour whatever was asked.
-fn drain_timeout(
-    asked: Option<u64>,
-    container: &ployz_core::ContainerRuntimeObservation,
-) -> Duration {
-    let grace = container
-        .spec
-        .as_ref()
-        .and_then(|s| s.container.stop_grace_period_ms)
-        .map(Duration::from_millis);
-    asked
-        .map(Duration::from_secs)
-        .or(grace)
-        .unwrap_or(Duration::from_secs(30))
-        .min(Duration::from_secs(3600))
-}
-
-async fn drain(
-    State(s): State<DrainState>,
-    Path(id): Path<String>,
-    body: Bytes,
-) -> Result<Response, Failure> {
-    let req: ployz_core::api::DrainRequest = optional_body(&body)?;
-    let d = docker(&s.machine)?;
-    let store = s.machine.store().expect("initialised when docker exists");
-    let Some(container) = d.observe_container(checked_id(&id)?).await? else {
-        return Err(DockerError::NoSuchContainer(id).into());
-    };
-    let started = tokio::time::Instant::now();
-    // Bring the store up to date with Docker first, so the replacement this drain makes room for
-    // is known healthy before the old one leaves the table.
-    if let Err(e) = ployz_orchestrator::observer::resync(&d, &store).await {
-        tracing::warn!(error = %e, "resync before drain failed");
-    }
-    let key = ployz_edge::draining_key(store.local(), &container.id);
-    let mark_store = store.clone();
-    crate::api::store_blocking(move || mark_store.put(&key, Vec::new())).await?;
-
-    // Hostnames another Serving Container still serves must keep an upstream meanwhile.
-    let hostnames: Vec<String> = container
-        .spec
-        .iter()
-        .flat_map(|spec| spec.ports.iter())
-        .filter_map(|p| match p {
-            ployz_core::PortSpec::Ingress {
-                hostname: Some(h), ..
-            } => Some(h.to_ascii_lowercase()),
-            _ => None,
-        })
-        .collect();
-    let others: Vec<String> = {
-        let observations = ployz_orchestrator::observer::stored_observations(&store);
-        hostnames
-            .into_iter()
-            .filter(|h| {
-                observations.iter().any(|o| {
-                    o.id != container.id
-                        && o.is_serving()
-                        && o.spec.as_ref().is_some_and(|spec| {
-                            spec.ports.iter().any(|p| matches!(p, ployz_core::PortSpec::Ingress { hostname: Some(x), .. } if x.eq_ignore_ascii_case(h)))
-                        })
-                })
-            })
-            .collect()
-    };
-    let publish_deadline = started + PUBLISH_WAIT;
-    loop {
-        let table = s.routes.table().load();
-        let ready = !table.routes_to(&container.id) && others.iter().all(|h| table.has_upstream(h));
-        if ready || tokio::time::Instant::now() >= publish_deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let drain_deadline = started + drain_timeout(req.timeout_seconds, &container);
-    let mut left = s.routes.in_flight(&container.id);
-    while left > 0 && tokio::time::Instant::now() < drain_deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        left = s.routes.in_flight(&container.id);
-    }
-    let waited_ms = started.elapsed().as_millis() as u64;
-    tracing::info!(container = %container.name, waited_ms, in_flight_left = left, "container drained");
-    Ok(Json(ployz_core::api::DrainResult {
-        waited_ms,
-        in_flight_left: left,
-    })
-    .into_response())
-}
-
-async fn undrain(State(s): State<DrainState>, Path(id): Path<String>) -> Result<Response, Failure> {
-    let store = s.machine.store().ok_or_else(not_initialised)?;
-    let container: ployz_core::ContainerId = checked_id(&id)?.parse().map_err(|_| {
-        failure(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::InvalidArgument,
-            format!("'{id}' is not a Container ID"),
-            None,
-        )
-    })?;
-    lift_drain_mark(&store, &container).await;
-    Ok(Json(serde_json::json!({})).into_response())
-}
-
-/// Deletes a container's drain mark, if it has one.
-async fn lift_drain_mark(store: &Arc<ployz_store::Store>, container: &ployz_core::ContainerId) {
-    let key = ployz_edge::draining_key(store.local(), container);
-    let store = store.clone();
-    let _ = tokio::task::spawn_blocking(move || {
-        if store.get(&key).ok().flatten().is_some_and(|r| !r.tombstone) {
-            let _ = store.delete(&key);
-        }
-    })
-    .await;
-}
-
-/// The drain routes: they need the edge's route controller as well as the Machine.
-pub fn drain_router(machine: Arc<LocalMachine>, routes: ployz_edge::RouteController) -> Router {
-    Router::new()
-        .route(paths::CONTAINER_DRAIN, post(drain).delete(undrain))
-        .with_state(DrainState { machine, routes })
 }

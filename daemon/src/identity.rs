@@ -3,7 +3,8 @@
 //! `machine.json` holds the Machine ID, Machine Name, Local Machine Phase, Machine Subnet and
 //! public key; `wireguard.key` holds the private key (mode 0600). Both are written atomically.
 //! The identity file is written last during `init`, so a crash midway leaves an uninitialised
-//! Machine that can simply be initialised again.
+//! Machine that can simply be initialised again. Once it exists, the key must be there and
+//! match it: a missing or different key is never replaced silently ([`KeyPair::check`]).
 
 use std::path::{Path, PathBuf};
 
@@ -41,6 +42,12 @@ impl DataDir {
 
     pub fn store_dir(&self) -> PathBuf {
         self.root.join("store")
+    }
+
+    /// The store's acknowledgement record: beside the store's directory, not in it, so that
+    /// losing the directory does not lose the record.
+    pub fn acknowledged_file(&self) -> PathBuf {
+        self.root.join("store.ack")
     }
 }
 
@@ -126,6 +133,54 @@ impl KeyPair {
             0o600,
         )
     }
+
+    /// Checks that `wireguard.key` holds the private half of `public_key` (base64), the key
+    /// `machine.json` names. Never says why with the key's content.
+    pub fn check(dir: &DataDir, public_key: &str) -> Result<(), KeyProblem> {
+        let text = match std::fs::read_to_string(dir.private_key_file()) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(KeyProblem::Missing),
+            Err(e) => return Err(KeyProblem::CannotRead(e.to_string())),
+        };
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let private: [u8; 32] = b64
+            .decode(text.trim())
+            .ok()
+            .and_then(|v| v.try_into().ok())
+            .ok_or_else(|| KeyProblem::Unreadable("it is not a base64 32-byte key".into()))?;
+        let public = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(private));
+        if b64.encode(public.as_bytes()) != public_key {
+            return Err(KeyProblem::Mismatch);
+        }
+        Ok(())
+    }
+}
+
+/// What is wrong with `wireguard.key` for an initialised Machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyProblem {
+    /// The file is gone.
+    Missing,
+    /// The file is there but cannot be read (permissions, a failing disk): no loss, a fault
+    /// to fix.
+    CannotRead(String),
+    /// The file does not hold a key; says why, never what it holds.
+    Unreadable(String),
+    /// It holds a key, but not the one `machine.json` names.
+    Mismatch,
+}
+
+impl std::fmt::Display for KeyProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyProblem::Missing => f.write_str("is missing"),
+            KeyProblem::CannotRead(why) => write!(f, "cannot be read ({why})"),
+            KeyProblem::Unreadable(why) => write!(f, "cannot be used ({why})"),
+            KeyProblem::Mismatch => {
+                f.write_str("holds a key other than the one machine.json names")
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -139,6 +194,28 @@ mod tests {
         let private: [u8; 32] = b64.decode(&kp.private_key).unwrap().try_into().unwrap();
         let public = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(private));
         assert_eq!(b64.encode(public.as_bytes()), kp.public_key);
+    }
+
+    #[test]
+    fn the_key_check_finds_a_missing_a_garbled_and_another_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let dd = DataDir::new(dir.path());
+        let kp = KeyPair::generate();
+        assert_eq!(
+            KeyPair::check(&dd, &kp.public_key),
+            Err(KeyProblem::Missing)
+        );
+        kp.save_private(&dd).unwrap();
+        assert_eq!(KeyPair::check(&dd, &kp.public_key), Ok(()));
+        assert_eq!(
+            KeyPair::check(&dd, &KeyPair::generate().public_key),
+            Err(KeyProblem::Mismatch)
+        );
+        std::fs::write(dd.private_key_file(), "not a key\n").unwrap();
+        assert!(matches!(
+            KeyPair::check(&dd, &kp.public_key),
+            Err(KeyProblem::Unreadable(_))
+        ));
     }
 
     #[test]

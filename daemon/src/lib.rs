@@ -13,11 +13,13 @@ mod api;
 mod cert_api;
 mod config;
 mod docker_api;
+mod drain;
 mod fsutil;
 mod identity;
+mod lease;
 mod local_machine;
 mod public_addresses;
 mod server;
 
-pub use config::{DaemonConfig, DaemonConfigFile, LogFormat};
+pub use config::{DaemonConfig, DaemonConfigFile, LogFormat, UnderscoreHeaders};
 pub use server::{parse_route, run, run_edge_alone, EdgeAloneOptions};

@@ -11,9 +11,12 @@ use ployz_core::{
 };
 use ployz_orchestrator::docker::MachineDocker;
 use ployz_store::machines::{machine_key, public_addresses_key, INFO, MACHINES_NAMESPACE};
-use ployz_store::{KeyPrefix, Store, StoreError};
+use ployz_store::{KeyPrefix, OpenOptions, Store, StoreError};
 
-use crate::identity::{DataDir, KeyPair, LocalIdentity};
+use crate::identity::{DataDir, KeyPair, KeyProblem, LocalIdentity};
+
+/// The flag that starts the daemon on a data dir that lost acknowledged data.
+pub const ACCEPT_DATA_LOSS_FLAG: &str = "--accept-data-loss";
 
 /// Why an operation on this Machine failed.
 #[derive(Debug, thiserror::Error)]
@@ -108,16 +111,32 @@ fn publish_public_addresses(
 }
 
 impl LocalMachine {
-    /// Loads this Machine from its data dir, opening the store when it is initialised.
+    /// [`LocalMachine::open_with`] refusing any loss; for tests.
+    #[cfg(test)]
     pub fn open(dir: DataDir, docker_host: Option<String>) -> anyhow::Result<LocalMachine> {
+        LocalMachine::open_with(dir, docker_host, false)
+    }
+
+    /// Loads this Machine from its data dir, opening the store when it is initialised. Once it
+    /// is, its WireGuard key must be there and match `machine.json`, and its store must open
+    /// holding at least what its acknowledgement record says it acknowledged, and not be
+    /// empty. Otherwise the start is refused with what is missing and the ways out, unless
+    /// `accept_data_loss`: then what is left is kept, a missing or foreign key is replaced by a
+    /// new key pair, and each loss is logged.
+    pub fn open_with(
+        dir: DataDir,
+        docker_host: Option<String>,
+        accept_data_loss: bool,
+    ) -> anyhow::Result<LocalMachine> {
         std::fs::create_dir_all(dir.root())
             .map_err(|e| anyhow::anyhow!("cannot create data dir {}: {e}", dir.root().display()))?;
-        let identity = LocalIdentity::load(&dir)?;
+        let mut identity = LocalIdentity::load(&dir)?;
+        if let Some(identity) = identity.as_mut() {
+            check_key(&dir, identity, accept_data_loss)?;
+        }
         let store = match &identity {
             Some(identity) => {
-                let store = Store::open(dir.store_dir(), identity.id.clone()).map_err(|e| {
-                    anyhow::anyhow!("cannot open store {}: {e}", dir.store_dir().display())
-                })?;
+                let store = open_store(&dir, identity, accept_data_loss)?;
                 publish(&store, &identity.info())?;
                 publish_public_addresses(&store, PublicAddressMode::Refresh)?;
                 Some(Arc::new(store))
@@ -208,11 +227,18 @@ impl LocalMachine {
         let keys = KeyPair::generate();
         keys.save_private(&self.dir)
             .map_err(io("writing the WireGuard private key"))?;
-        // A store left by an init that crashed before writing the identity belongs to no one.
+        // A store left by an init that crashed before writing the identity belongs to no one,
+        // and so does its acknowledgement record.
         let store_dir = self.dir.store_dir();
         if store_dir.exists() {
             std::fs::remove_dir_all(&store_dir)
                 .map_err(io("removing a store left by an interrupted init"))?;
+        }
+        let acknowledged = self.dir.acknowledged_file();
+        if acknowledged.exists() {
+            std::fs::remove_file(&acknowledged).map_err(io(
+                "removing the acknowledgement record of a store left by an interrupted init",
+            ))?;
         }
         let identity = LocalIdentity {
             id: MachineId::generate(),
@@ -225,7 +251,14 @@ impl LocalMachine {
         let docker =
             MachineDocker::connect(self.docker_host.as_deref(), identity.id.clone(), subnet)
                 .map_err(|e| MachineError::Docker(e.to_string()))?;
-        let store = Store::open(&store_dir, identity.id.clone())?;
+        let (store, _) = Store::open_with(
+            &store_dir,
+            identity.id.clone(),
+            &OpenOptions {
+                acknowledged: Some(acknowledged),
+                accept_loss: false,
+            },
+        )?;
         publish(&store, &identity.info())?;
         publish_public_addresses(&store, PublicAddressMode::Given(public_addresses))?;
         identity
@@ -240,6 +273,57 @@ impl LocalMachine {
         state.store = Some(Arc::new(store));
         state.docker = Some(docker);
         Ok(view)
+    }
+
+    /// The store, when it takes writes now; otherwise why not (503 over the API).
+    pub fn writable_store(&self) -> Result<Arc<Store>, MachineError> {
+        let store = self.store().ok_or(MachineError::NotInitialised)?;
+        if store.write_failure().is_some() && !store.recover() {
+            if let Some(reason) = store.write_failure() {
+                return Err(MachineError::Store(StoreError::Unwritable { reason }));
+            }
+        }
+        Ok(store)
+    }
+
+    /// Tells `report` why the store cannot write (`None`: it writes) each time that changes,
+    /// tries every second to make it write again while it cannot, and once it does, brings
+    /// this Machine's Container Runtime Observations up to date (a change Docker reported
+    /// meanwhile could not be stored). Returns at shutdown, or at once before `machine init`.
+    pub async fn follow_store_writability(
+        &self,
+        report: impl Fn(Option<String>),
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let Some(store) = self.store() else {
+            return;
+        };
+        let mut writability = store.writability();
+        let mut retry = tokio::time::interval(std::time::Duration::from_secs(1));
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut was_failing = false;
+        loop {
+            let failure = writability.borrow_and_update().clone();
+            let failing = failure.is_some();
+            if was_failing && !failing {
+                if let Some(docker) = self.docker() {
+                    match ployz_orchestrator::observer::resync(&docker, &store).await {
+                        Ok(n) => tracing::info!(changed = n, "observations stored again"),
+                        Err(e) => tracing::warn!(error = %e, "container resync failed"),
+                    }
+                }
+            }
+            was_failing = failing;
+            report(failure);
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                changed = writability.changed() => if changed.is_err() { return },
+                _ = retry.tick(), if failing => {
+                    let store = store.clone();
+                    let _ = tokio::task::spawn_blocking(move || store.recover()).await;
+                }
+            }
+        }
     }
 
     /// This Machine's public addresses as published.
@@ -306,6 +390,122 @@ impl LocalMachine {
     }
 }
 
+/// A refused start: what is wrong, then the ways out.
+fn refusal(what: impl std::fmt::Display, dir: &DataDir) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{what}. The daemon does not start on it, so that nothing is served from old or empty \
+         state. Ways out: restore the data dir {} from a copy taken while the daemon was \
+         stopped; or start once with {ACCEPT_DATA_LOSS_FLAG} to go on with what is left (the \
+         rest is lost on this Machine; once it has peers in a mesh, they catch it up with the \
+         Cluster's records)",
+        dir.root().display()
+    )
+}
+
+/// Refuses an initialised Machine whose WireGuard key is missing or is not the one
+/// `machine.json` names; accepting the loss, makes a new key pair and records it.
+fn check_key(
+    dir: &DataDir,
+    identity: &mut LocalIdentity,
+    accept_data_loss: bool,
+) -> anyhow::Result<()> {
+    let problem = match KeyPair::check(dir, &identity.public_key) {
+        Ok(()) => return Ok(()),
+        Err(p) => p,
+    };
+    let what = format!(
+        "this Machine's WireGuard private key {} {problem}, while {} names Machine {} with \
+         public key {}; a new key would silently change the Machine's identity and Management \
+         Address ({})",
+        dir.private_key_file().display(),
+        dir.identity_file().display(),
+        identity.id,
+        identity.public_key,
+        identity.management_address(),
+    );
+    if let KeyProblem::CannotRead(_) = problem {
+        anyhow::bail!(
+            "this Machine's WireGuard private key {} {problem}; fix its permissions (root, \
+             mode 0600) or the disk under it",
+            dir.private_key_file().display()
+        );
+    }
+    if !accept_data_loss {
+        return Err(refusal(what, dir));
+    }
+    if problem != KeyProblem::Missing {
+        let aside = dir.private_key_file().with_extension("key.lost");
+        std::fs::rename(dir.private_key_file(), &aside).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot move {} aside: {e}",
+                dir.private_key_file().display()
+            )
+        })?;
+    }
+    let keys = KeyPair::generate();
+    keys.save_private(dir)
+        .map_err(|e| anyhow::anyhow!("cannot write a new WireGuard private key: {e}"))?;
+    let before = identity.management_address();
+    identity.public_key = keys.public_key;
+    identity
+        .save(dir)
+        .map_err(|e| anyhow::anyhow!("cannot record the new public key in machine.json: {e}"))?;
+    tracing::warn!(
+        "{what}; accepted: a new key pair replaces it, the Management Address changes from {before} to {}",
+        identity.management_address()
+    );
+    Ok(())
+}
+
+/// Opens an initialised Machine's store, refusing one that lost acknowledged data (or, with
+/// `accept_data_loss`, logging what was lost).
+fn open_store(
+    dir: &DataDir,
+    identity: &LocalIdentity,
+    accept_data_loss: bool,
+) -> anyhow::Result<Store> {
+    let options = OpenOptions {
+        acknowledged: Some(dir.acknowledged_file()),
+        accept_loss: accept_data_loss,
+    };
+    let (store, report) = match Store::open_with(dir.store_dir(), identity.id.clone(), &options) {
+        Ok(opened) => opened,
+        Err(e) if e.is_loss() => return Err(refusal(e, dir)),
+        Err(e) if e.is_io() => {
+            return Err(anyhow::anyhow!(
+                "cannot open the store {}: {e}; check its filesystem (full? read-only? another \
+                 daemon on the same data dir?)",
+                dir.store_dir().display()
+            ))
+        }
+        Err(e) => {
+            return Err(anyhow::anyhow!(
+                "cannot open the store {}: {e}",
+                dir.store_dir().display()
+            ))
+        }
+    };
+    for loss in &report.accepted_losses {
+        tracing::warn!(flag = ACCEPT_DATA_LOSS_FLAG, "accepted: {loss}");
+    }
+    // An initialised Machine's store holds at least its own description, written before
+    // machine.json: an empty one lost everything, acknowledgement record or not.
+    if store.digest()?.get(&identity.id) == 0 {
+        let what = format!(
+            "the store {} holds nothing of this Machine, while {} says it was initialised as \
+             Machine {}",
+            dir.store_dir().display(),
+            dir.identity_file().display(),
+            identity.id
+        );
+        if !accept_data_loss {
+            return Err(refusal(what, dir));
+        }
+        tracing::warn!(flag = ACCEPT_DATA_LOSS_FLAG, "accepted: {what}");
+    }
+    Ok(store)
+}
+
 /// This system's hostname.
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -320,7 +520,7 @@ mod tests {
     #[test]
     fn init_creates_identity_once_and_survives_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let m = LocalMachine::open(DataDir::new(dir.path()), None).unwrap();
+        let m = LocalMachine::open_with(DataDir::new(dir.path()), None, false).unwrap();
         assert_eq!(m.phase(), LocalMachinePhase::Uninitialized);
         assert!(matches!(m.machines(), Err(MachineError::NotInitialised)));
         let view = m.init(Some("alpha"), Vec::new()).unwrap();
@@ -329,7 +529,7 @@ mod tests {
         let again = m.init(Some("beta"), Vec::new()).unwrap_err();
         assert!(again.to_string().contains("already initialised as 'alpha'"));
         drop(m);
-        let reopened = LocalMachine::open(DataDir::new(dir.path()), None).unwrap();
+        let reopened = LocalMachine::open_with(DataDir::new(dir.path()), None, false).unwrap();
         let list = reopened.machines().unwrap();
         assert_eq!(list.values.len(), 1);
         assert_eq!(list.values[0].info, view.info);
@@ -340,9 +540,58 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_key_or_a_lost_store_is_refused_until_the_loss_is_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let dd = DataDir::new(dir.path());
+        let m = LocalMachine::open_with(dd.clone(), None, false).unwrap();
+        let view = m.init(Some("alpha"), Vec::new()).unwrap();
+        drop(m);
+
+        std::fs::remove_file(dd.private_key_file()).unwrap();
+        let err = format!(
+            "{:#}",
+            LocalMachine::open_with(dd.clone(), None, false)
+                .err()
+                .unwrap()
+        );
+        assert!(err.contains("wireguard.key is missing"), "{err}");
+        assert!(err.contains(ACCEPT_DATA_LOSS_FLAG), "{err}");
+        assert!(
+            !dd.private_key_file().exists(),
+            "a key was made without being asked"
+        );
+        let m = LocalMachine::open_with(dd.clone(), None, true).unwrap();
+        assert_ne!(m.info().unwrap().public_key, view.info.public_key);
+        drop(m);
+        drop(LocalMachine::open_with(dd.clone(), None, false).unwrap());
+
+        std::fs::remove_dir_all(dd.store_dir()).unwrap();
+        let err = format!(
+            "{:#}",
+            LocalMachine::open_with(dd.clone(), None, false)
+                .err()
+                .unwrap()
+        );
+        assert!(
+            err.contains("this Machine acknowledged writes up to sequence"),
+            "{err}"
+        );
+        std::fs::remove_file(dd.acknowledged_file()).unwrap();
+        let err = format!(
+            "{:#}",
+            LocalMachine::open_with(dd.clone(), None, false)
+                .err()
+                .unwrap()
+        );
+        assert!(err.contains("holds nothing of this Machine"), "{err}");
+        let m = LocalMachine::open_with(dd, None, true).unwrap();
+        assert_eq!(m.machines().unwrap().values.len(), 1);
+    }
+
+    #[test]
     fn a_bad_name_is_refused_before_anything_is_written() {
         let dir = tempfile::tempdir().unwrap();
-        let m = LocalMachine::open(DataDir::new(dir.path()), None).unwrap();
+        let m = LocalMachine::open_with(DataDir::new(dir.path()), None, false).unwrap();
         let err = m.init(Some("Bad_Name"), Vec::new()).unwrap_err();
         assert!(err.to_string().contains("Machine Name 'Bad_Name'"), "{err}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);

@@ -22,10 +22,13 @@ use crate::local_machine::LocalMachine;
 /// Runs the daemon until SIGTERM or SIGINT. Blocks the calling thread; call it outside any async
 /// runtime (Pingora starts its own).
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
+    // Before any file or thread: nothing the daemon creates is open to others by default.
+    crate::fsutil::restrict_umask();
     init_logging(config.log_format);
     if config.header_timeout_seconds == 0 {
         bail!("header_timeout_seconds = 0 would disconnect every client: give at least 1 second");
     }
+    let upstream_connect_timeout = connect_timeout(config.upstream_connect_timeout_ms)?;
     let verdict_resolver = match &config.verdict_resolver {
         Some(v) => ployz_acme::VerdictResolver::At(v.parse().with_context(|| {
             format!("verdict_resolver '{v}' is not ADDR:PORT (for example 127.0.0.1:53)")
@@ -45,8 +48,12 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let signals = listen_for_signals()?;
     let listener = bind_socket(&config.socket, &config.socket_group)?;
     let machine = Arc::new(
-        LocalMachine::open(DataDir::new(&config.data_dir), config.docker_host.clone())
-            .context("cannot load this Machine's data")?,
+        LocalMachine::open_with(
+            DataDir::new(&config.data_dir),
+            config.docker_host.clone(),
+            config.accept_data_loss,
+        )
+        .context("cannot load this Machine's data")?,
     );
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -77,7 +84,9 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         pid_file: runtime_dir.join("ployz.pid").display().to_string(),
         upgrade_sock: runtime_dir.join("upgrade.sock").display().to_string(),
         threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
-        grace_period_seconds: Some(config.shutdown_grace_seconds),
+        // The grace period is the edge's (DrainFirst waits for its requests in flight, no
+        // longer than needed); Pingora's own would be a fixed sleep on every stop.
+        grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout_seconds),
         ..ServerConf::default()
     };
@@ -104,10 +113,15 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
                 max_body_bytes: config.max_body_bytes,
                 access_log: config.access_log,
                 header_timeout: std::time::Duration::from_secs(config.header_timeout_seconds),
+                connect_timeout: upstream_connect_timeout,
+                forward_underscore_headers: config.underscore_headers
+                    == crate::config::UnderscoreHeaders::Pass,
+                fast_path: config.fast_path,
             },
         )
         .with_challenges(challenges.clone()),
     );
+    let edge_closing = edge.closing();
     edge.add_tcp(&http_listen.to_string());
     edge.add_tls_with_settings(
         &https_listen.to_string(),
@@ -134,6 +148,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             },
         ));
     }
+    let lease = crate::lease::MachineLease::new(machine.clone());
     server.add_service(background_service(
         "management API",
         ApiService {
@@ -141,7 +156,13 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             machine: machine.clone(),
             routes: routes.clone(),
             dns: dns_listen.is_some().then(|| dns.clone()),
+            lease: lease.clone(),
+            header_timeout: std::time::Duration::from_secs(config.header_timeout_seconds),
         },
+    ));
+    server.add_service(background_service(
+        "drain-mark sweeper",
+        crate::drain::Sweeper::new(machine.clone(), lease),
     ));
     server.add_service(background_service(
         "metrics",
@@ -150,6 +171,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             metrics,
             routes: routes.clone(),
             dns: dns_metrics.clone(),
+            header_timeout: std::time::Duration::from_secs(config.header_timeout_seconds),
         },
     ));
     if let Some(listen) = dns_listen {
@@ -174,6 +196,8 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         shutdown_signal: Box::new(DrainFirst {
             state: edge_state_for_signal,
             delay: std::time::Duration::from_secs(config.drain_delay_seconds),
+            edge: edge_closing,
+            grace: std::time::Duration::from_secs(config.shutdown_grace_seconds),
             signals: tokio::sync::Mutex::new(signals),
         }),
     });
@@ -191,8 +215,14 @@ fn listen_addr(key: &str, value: &str) -> anyhow::Result<std::net::SocketAddr> {
         .parse()
         .with_context(|| format!("{key} '{value}' is not ADDR:PORT (for example 0.0.0.0:443)"))?;
     if let Err(e) = std::net::TcpListener::bind(addr) {
+        let listener = match key {
+            "http_listen" => "the edge's HTTP listener",
+            "https_listen" => "the edge's HTTPS listener",
+            "metrics_listen" => "the metrics listener",
+            _ => "a listener",
+        };
         bail!(
-            "the edge cannot listen on {addr} ({key}): {e}; stop what holds it or choose another --{}",
+            "{listener} cannot listen on {addr} ({key}): {e}; stop what holds it or choose another --{}",
             key.replace('_', "-")
         );
     }
@@ -229,9 +259,17 @@ fn init_logging(format: LogFormat) {
 
 /// Binds the management socket with mode 0660 (group `group` when it exists). A live socket
 /// at the path means another daemon runs there: refuse. A dead one is a leftover: replace it.
+///
+/// A socket directory that does not exist is created 0750 with that group: only root and the
+/// group can enter it. The socket is bound under the daemon's umask ([`DAEMON_UMASK`]), so it
+/// is its owner's alone until its mode and group are set: never open to others, not even for a
+/// moment.
+///
+/// [`DAEMON_UMASK`]: crate::fsutil::DAEMON_UMASK
 fn bind_socket(path: &Path, group: &str) -> anyhow::Result<UnixListener> {
+    let gid = group_id(group);
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
+        crate::fsutil::create_dirs(parent, 0o750, gid)
             .with_context(|| format!("cannot create socket directory {}", parent.display()))?;
     }
     if path.exists() {
@@ -248,7 +286,7 @@ fn bind_socket(path: &Path, group: &str) -> anyhow::Result<UnixListener> {
         UnixListener::bind(path).with_context(|| format!("cannot listen on {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .with_context(|| format!("cannot set mode 0660 on {}", path.display()))?;
-    if let Some(gid) = group_id(group) {
+    if let Some(gid) = gid {
         if let Err(e) = std::os::unix::fs::chown(path, None, Some(gid)) {
             tracing::warn!(socket = %path.display(), group, error = %e, "cannot give the socket to its group");
         }
@@ -274,11 +312,15 @@ struct ApiService {
     routes: RouteController,
     /// `None` when the internal DNS is off.
     dns: Option<ployz_dns::DnsController>,
+    /// The Machine lease, checked on every call.
+    lease: Arc<crate::lease::MachineLease>,
+    /// How long a client has to send a request head (the next one, on a kept-alive connection).
+    header_timeout: std::time::Duration,
 }
 
 #[async_trait]
 impl BackgroundService for ApiService {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    async fn start(&self, shutdown: ShutdownWatch) {
         let Some(std_listener) = self.listener.lock().expect("listener lock").take() else {
             return;
         };
@@ -289,15 +331,18 @@ impl BackgroundService for ApiService {
                 return;
             }
         };
-        let app = api::router(self.machine.clone(), self.routes.clone(), self.dns.clone());
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = shutdown.changed().await;
-            })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "management API stopped");
-        }
+        let app = api::with_api_errors(crate::lease::guarded(
+            api::router(self.machine.clone(), self.routes.clone(), self.dns.clone()),
+            self.lease.clone(),
+        ));
+        api::serve(
+            listener,
+            app,
+            self.header_timeout,
+            api::MAX_CONNECTIONS,
+            shutdown,
+        )
+        .await;
     }
 }
 
@@ -351,13 +396,37 @@ fn listen_for_signals() -> anyhow::Result<tokio::sync::mpsc::UnboundedReceiver<S
     }
 }
 
-/// SIGTERM: health answers 503 for the drain delay while the edge still serves, then Pingora's
-/// graceful shutdown closes the listeners and waits for in-flight work. SIGINT: fast. SIGQUIT:
+/// SIGTERM: for the drain delay the edge still serves, health answering 503 and every HTTP/1
+/// response saying `Connection: close`; then the edge's listeners close, idle connections are
+/// closed between requests, requests in flight get up to the grace period (no longer than they
+/// need), and Pingora's graceful shutdown stops the rest. SIGINT: fast, at any point. SIGQUIT:
 /// Pingora's graceful upgrade.
 struct DrainFirst {
     state: Arc<EdgeState>,
     delay: std::time::Duration,
+    edge: ployz_edge::EdgeClosing,
+    grace: std::time::Duration,
     signals: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Stop>>,
+}
+
+/// Runs `work` to its end, unless SIGINT comes first (`Err`: shut down fast). A repeated
+/// SIGTERM (or SIGQUIT) changes nothing.
+async fn unless_interrupted<T>(
+    work: impl std::future::Future<Output = T>,
+    signals: &mut tokio::sync::mpsc::UnboundedReceiver<Stop>,
+) -> Result<T, pingora::server::ShutdownSignal> {
+    tokio::pin!(work);
+    let mut listening = true;
+    loop {
+        tokio::select! {
+            out = &mut work => return Ok(out),
+            signal = signals.recv(), if listening => match signal {
+                Some(Stop::Int) => return Err(pingora::server::ShutdownSignal::FastShutdown),
+                Some(_) => {}
+                None => listening = false,
+            },
+        }
+    }
 }
 
 #[async_trait]
@@ -370,22 +439,29 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
                 self.state.set_draining();
                 tracing::info!(
                     delay_s = self.delay.as_secs(),
-                    "SIGTERM: health answers 503; serving for the drain delay"
+                    "SIGTERM: health answers 503 and responses close their connections; serving for the drain delay"
                 );
-                let delay = tokio::time::sleep(self.delay);
-                tokio::pin!(delay);
-                loop {
-                    tokio::select! {
-                        _ = &mut delay => return ShutdownSignal::GracefulTerminate,
-                        signal = signals.recv() => match signal {
-                            Some(Stop::Int) => return ShutdownSignal::FastShutdown,
-                            // A repeated SIGTERM (or SIGQUIT) changes nothing; keep draining.
-                            Some(_) => continue,
-                            None => {
-                                delay.as_mut().await;
-                                return ShutdownSignal::GracefulTerminate;
-                            }
-                        },
+                if let Err(fast) =
+                    unless_interrupted(tokio::time::sleep(self.delay), &mut signals).await
+                {
+                    return fast;
+                }
+                self.edge.close();
+                tracing::info!(
+                    connections = self.edge.open(),
+                    grace_s = self.grace.as_secs(),
+                    "the edge's listeners are closed; answering the requests in flight"
+                );
+                match unless_interrupted(self.edge.closed(self.grace), &mut signals).await {
+                    Err(fast) => fast,
+                    Ok(0) => ShutdownSignal::GracefulTerminate,
+                    Ok(left) => {
+                        tracing::warn!(
+                            connections = left,
+                            grace_s = self.grace.as_secs(),
+                            "connections still busy after the grace period are cut"
+                        );
+                        ShutdownSignal::GracefulTerminate
                     }
                 }
             }
@@ -395,6 +471,16 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
     }
 }
 
+/// The upstream connect timeout, refused when zero.
+fn connect_timeout(ms: u64) -> anyhow::Result<std::time::Duration> {
+    if ms == 0 {
+        bail!(
+            "upstream_connect_timeout_ms = 0 ([edge] in the config file, or --upstream-connect-timeout-ms) would fail every connection to a Serving Container: give at least 1 (default 2000)"
+        );
+    }
+    Ok(std::time::Duration::from_millis(ms))
+}
+
 /// Serves `GET /metrics` (Prometheus text format) on the metrics listener.
 struct MetricsService {
     addr: std::net::SocketAddr,
@@ -402,11 +488,13 @@ struct MetricsService {
     routes: RouteController,
     /// The internal DNS's counters, once its server is bound.
     dns: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>>,
+    /// How long a client has to send a request head.
+    header_timeout: std::time::Duration,
 }
 
 #[async_trait]
 impl BackgroundService for MetricsService {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
+    async fn start(&self, shutdown: ShutdownWatch) {
         let listener = match tokio::net::TcpListener::bind(self.addr).await {
             Ok(l) => l,
             Err(e) => {
@@ -433,14 +521,8 @@ impl BackgroundService for MetricsService {
                 }
             }),
         );
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = shutdown.changed().await;
-            })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "metrics listener stopped");
-        }
+        // Scrapers are few: the cap only bounds what a flood of half-sent requests can hold.
+        api::serve(listener, app, self.header_timeout, 64, shutdown).await;
     }
 }
 
@@ -560,8 +642,8 @@ impl BackgroundService for ObserverService {
     }
 }
 
-/// Publishes the edge's route table from the store, once this Machine is initialised, and
-/// flips the health endpoint to draining on shutdown.
+/// Publishes the edge's route table from the store, once this Machine is initialised, turns
+/// the health endpoint to 503 while the store cannot write, and to draining on shutdown.
 struct RouteService {
     machine: Arc<LocalMachine>,
     routes: RouteController,
@@ -586,10 +668,16 @@ impl BackgroundService for RouteService {
             }
         };
         self.state.set_participating(store.local().as_str());
+        // Health answers 503 while the store cannot write.
+        let state = self.state.clone();
+        let store_writability = self
+            .machine
+            .follow_store_writability(move |r| state.set_store_unwritable(r), shutdown.clone());
         tokio::join!(
             self.routes.run(store.clone(), shutdown.clone()),
             self.certificates.run(store.clone(), shutdown.clone()),
-            self.challenges.run(store, shutdown)
+            self.challenges.run(store, shutdown.clone()),
+            store_writability,
         );
         self.state.set_draining();
     }
@@ -646,8 +734,14 @@ pub struct EdgeAloneOptions {
     pub threads: usize,
     pub access_log: bool,
     pub header_timeout: std::time::Duration,
-    /// After SIGTERM, how long in-flight requests may take.
+    /// After SIGTERM, how long the edge serves with `Connection: close` before its listener
+    /// closes.
+    pub drain_delay_seconds: u64,
+    /// After the listener closed, how long in-flight requests may take.
     pub shutdown_grace_seconds: u64,
+    pub upstream_connect_timeout_ms: u64,
+    pub underscore_headers: crate::config::UnderscoreHeaders,
+    pub fast_path: bool,
 }
 
 /// Runs the edge alone, with fixed routes and no Machine, store or API: for side-by-side
@@ -661,18 +755,27 @@ pub fn run_edge_alone(
         threads,
         access_log,
         header_timeout,
+        drain_delay_seconds,
         shutdown_grace_seconds,
+        upstream_connect_timeout_ms,
+        underscore_headers,
+        fast_path,
     } = options;
+    let upstream_connect_timeout = connect_timeout(upstream_connect_timeout_ms)?;
     init_logging(LogFormat::Text);
     let signals = listen_for_signals()?;
     let listen = listen_addr("http_listen", http_listen)?;
-    let runtime_dir = std::env::temp_dir().join(format!("ployz-edge-{}", std::process::id()));
-    std::fs::create_dir_all(&runtime_dir)?;
+    // Pingora writes its pid file only when it daemonizes, and uses the upgrade socket only on
+    // SIGQUIT; the edge alone does neither, so the paths are named but nothing is created.
+    let runtime_base = std::env::temp_dir().join(format!("ployz-edge-{}", std::process::id()));
     let conf = ServerConf {
-        pid_file: runtime_dir.join("ployz.pid").display().to_string(),
-        upgrade_sock: runtime_dir.join("upgrade.sock").display().to_string(),
+        pid_file: runtime_base.with_extension("pid").display().to_string(),
+        upgrade_sock: runtime_base
+            .with_extension("upgrade.sock")
+            .display()
+            .to_string(),
         threads,
-        grace_period_seconds: Some(shutdown_grace_seconds),
+        grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
@@ -690,20 +793,26 @@ pub fn run_edge_alone(
             ployz_edge::EdgeLimits {
                 access_log,
                 header_timeout,
+                connect_timeout: upstream_connect_timeout,
+                forward_underscore_headers: underscore_headers
+                    == crate::config::UnderscoreHeaders::Pass,
+                fast_path,
                 ..Default::default()
             },
         ),
     );
+    let edge_closing = edge.closing();
     edge.add_tcp(&listen.to_string());
     server.add_service(edge);
     server.run(RunArgs {
         shutdown_signal: Box::new(DrainFirst {
             state,
-            delay: std::time::Duration::ZERO,
+            delay: std::time::Duration::from_secs(drain_delay_seconds),
+            edge: edge_closing,
+            grace: std::time::Duration::from_secs(shutdown_grace_seconds),
             signals: tokio::sync::Mutex::new(signals),
         }),
     });
-    let _ = std::fs::remove_dir_all(&runtime_dir);
     Ok(())
 }
 
@@ -718,6 +827,15 @@ mod tests {
         let first = bind_socket(&path, "no-such-group").unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o660);
+        let dir_mode = std::fs::metadata(dir.path().join("sub"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(
+            dir_mode, 0o750,
+            "a socket dir the daemon makes is for root and its group"
+        );
         let err = bind_socket(&path, "no-such-group").unwrap_err();
         assert!(err.to_string().contains("already listening"), "{err}");
         drop(first);

@@ -11,6 +11,15 @@
 //! next request, the whole head must arrive within the timeout, or the connection is closed.
 //! Pingora times out each read on its own (60 s), so without it a client sending one byte every
 //! few seconds would hold a connection for as long as it liked.
+//!
+//! A request handed to Pingora reads only its own bytes ([`ReplayStream`] stops at the end of
+//! its body, by `Content-Length` or chunked framing): what the client pipelined behind it stays
+//! in the connection's buffer for the next turn of the loop, whichever path serves it.
+//!
+//! Shutdown: once SIGTERM arrives, every HTTP/1 response says `Connection: close` and its
+//! connection closes after it. When the edge's listeners close, a connection is closed only
+//! between requests (nothing of a next request read or waiting in the socket); a request in
+//! flight or partly received is answered first.
 
 use std::fmt;
 use std::pin::Pin;
@@ -30,7 +39,8 @@ use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
 
-use crate::fast_path::{Downstream, FastPath, Served};
+use crate::fast_path::{ChunkedScan, Downstream, FastPath, Served, MAX_FIELDS, MAX_READ_AHEAD};
+use crate::service::EdgeClosing;
 use crate::EdgeProxy;
 
 /// Idle time allowed between two requests on a kept-alive connection (Pingora's default).
@@ -43,10 +53,14 @@ const HOLD_UPSTREAM: Duration = Duration::from_secs(1);
 pub struct EdgeApp {
     pingora: Arc<HttpProxy<EdgeProxy>>,
     fast: FastPath,
+    /// Whether the fast path serves what it can; off: every request goes to Pingora's proxy.
+    fast_path: bool,
     header_timeout: Duration,
     /// The longest request head read; a longer one is answered 414 or 431 and the connection
     /// closed.
     max_head: usize,
+    /// Counts open connections, so shutdown can wait for them.
+    closing: EdgeClosing,
 }
 
 impl EdgeApp {
@@ -57,16 +71,26 @@ impl EdgeApp {
         EdgeApp {
             pingora: Arc::new(pingora),
             fast: FastPath::new(proxy),
+            fast_path: limits.fast_path,
             header_timeout: limits.header_timeout,
             max_head: limits.max_header_bytes + limits.max_uri_bytes + 4096,
+            closing: EdgeClosing::default(),
         }
     }
 
-    /// Hands one request, whose head is in `conn.buf`, to Pingora's proxy; the connection
-    /// back if it can carry another request.
+    /// Closes this edge's listeners ahead of the rest of the server and counts its open
+    /// connections.
+    pub fn closing(&self) -> EdgeClosing {
+        self.closing.clone()
+    }
+
+    /// Hands one request, whose head is the first `head_len` bytes of `conn.buf`, to Pingora's
+    /// proxy; the connection back, with what followed the request, if it can carry another
+    /// request.
     async fn through_pingora(
         self: &Arc<Self>,
         conn: Downstream,
+        head_len: usize,
         shutdown: &ShutdownWatch,
         reuses_left: Option<u32>,
     ) -> Option<Downstream> {
@@ -78,10 +102,13 @@ impl EdgeApp {
             held,
             read_limit,
         } = conn;
+        let body = RequestBytes::of(&buf[..head_len]);
         let replay = ReplayStream {
             inner: stream,
-            prefix: buf,
+            buf,
             pos: 0,
+            head_left: head_len,
+            body,
         };
         let mut session = ServerSession::new_http1(Box::new(replay));
         // As Pingora does: no reuse once the service is shutting down.
@@ -97,9 +124,14 @@ impl EdgeApp {
                 .into_any()
                 .downcast::<ReplayStream>()
                 .expect("checked type");
-            let mut prefix = replay.prefix;
-            prefix.drain(..replay.pos.min(prefix.len()));
-            (replay.inner, prefix)
+            let ReplayStream {
+                inner,
+                mut buf,
+                pos,
+                ..
+            } = *replay;
+            buf.drain(..pos.min(buf.len()));
+            (inner, buf)
         } else {
             (stream, Vec::new())
         };
@@ -129,8 +161,9 @@ enum Head {
 /// Reads until `conn.buf` holds a whole request head. `deadline`: when the head must be
 /// complete; `None` on a kept-alive connection between requests, where the clock starts at the
 /// first byte (or at once if part of the next request is already buffered). While the
-/// connection idles between requests, shutdown closes it, and after [`HOLD_UPSTREAM`] its kept
-/// upstream connection goes back to the pool for other clients.
+/// connection idles between requests, shutdown closes it, unless the next request's first
+/// bytes are already waiting in the socket; and after [`HOLD_UPSTREAM`] its kept upstream
+/// connection goes back to the pool for other clients.
 async fn read_head(
     conn: &mut Downstream,
     mut deadline: Option<Instant>,
@@ -155,22 +188,42 @@ async fn read_head(
         if conn.buf.capacity() - conn.buf.len() < 1024 {
             conn.buf.reserve(4096);
         }
+        // Nothing of a request read yet: shutdown may close the connection.
+        let idle = conn.buf.is_empty();
+        if idle && *shutdown.borrow() {
+            match read_now(conn).await {
+                Some(Ok(n)) if n > 0 => {
+                    deadline.get_or_insert_with(|| Instant::now() + timeout);
+                    continue;
+                }
+                _ => return Head::Gone,
+            }
+        }
         let read = match deadline {
             Some(deadline) => {
-                match tokio::time::timeout_at(deadline, conn.stream.read_buf(&mut conn.buf)).await {
-                    Ok(read) => read,
-                    Err(_) => return Head::TimedOut,
+                let read = tokio::time::timeout_at(deadline, conn.stream.read_buf(&mut conn.buf));
+                tokio::select! {
+                    biased;
+                    r = read => match r {
+                        Ok(read) => read,
+                        Err(_) => return Head::TimedOut,
+                    },
+                    // A new connection that has sent nothing yet is idle too.
+                    r = shutdown.changed(), if idle => match r {
+                        Ok(()) => continue,
+                        Err(_) => return Head::Gone,
+                    },
                 }
             }
             None => {
-                if *shutdown.borrow() {
-                    return Head::Gone;
-                }
                 let mut read = std::pin::pin!(conn.stream.read_buf(&mut conn.buf));
                 let first = tokio::select! {
                     biased;
                     r = tokio::time::timeout(HOLD_UPSTREAM, &mut read) => r.ok(),
-                    _ = shutdown.changed() => return Head::Gone,
+                    r = shutdown.changed() => match r {
+                        Ok(()) => continue,
+                        Err(_) => return Head::Gone,
+                    },
                 };
                 match first {
                     Some(read) => read,
@@ -182,7 +235,10 @@ async fn read_head(
                                 Ok(read) => read,
                                 Err(_) => return Head::Gone,
                             },
-                            _ = shutdown.changed() => return Head::Gone,
+                            r = shutdown.changed() => match r {
+                                Ok(()) => continue,
+                                Err(_) => return Head::Gone,
+                            },
                         }
                     }
                 }
@@ -196,6 +252,15 @@ async fn read_head(
                 }
             }
         }
+    }
+}
+
+/// One read of what the client has already sent, without waiting: `None` if nothing is there.
+async fn read_now(conn: &mut Downstream) -> Option<std::io::Result<usize>> {
+    tokio::select! {
+        biased;
+        r = conn.stream.read_buf(&mut conn.buf) => Some(r),
+        () = std::future::ready(()) => None,
     }
 }
 
@@ -225,6 +290,7 @@ impl ServerApp for EdgeApp {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
+        let _open = self.closing.opened();
         if stream.selected_alpn_proto() == Some(ALPN::H2) {
             return ServerApp::process_new(&self.pingora, stream, shutdown).await;
         }
@@ -264,19 +330,26 @@ impl ServerApp for EdgeApp {
             };
             deadline = None;
             served = served.saturating_add(1);
-            let last = *shutdown.borrow() || limit.is_some_and(|l| served >= l);
-            if let Some((plan, buffers)) = self.fast.accept(&conn, head_len) {
-                match self
-                    .fast
-                    .serve(&mut conn, head_len, plan, buffers, last)
-                    .await
-                {
-                    Served::KeepAlive => continue,
-                    Served::Close => break,
+            // Shutting down (or SIGTERM's drain delay): this response says `Connection: close`.
+            let last =
+                *shutdown.borrow() || self.fast.draining() || limit.is_some_and(|l| served >= l);
+            if self.fast_path {
+                if let Some((plan, buffers)) = self.fast.accept(&conn, head_len) {
+                    match self
+                        .fast
+                        .serve(&mut conn, head_len, plan, buffers, last)
+                        .await
+                    {
+                        Served::KeepAlive => continue,
+                        Served::Close => break,
+                    }
                 }
             }
             let reuses_left = limit.map(|l| l.saturating_sub(served));
-            match self.through_pingora(conn, shutdown, reuses_left).await {
+            match self
+                .through_pingora(conn, head_len, shutdown, reuses_left)
+                .await
+            {
                 Some(c) => conn = c,
                 None => return None,
             }
@@ -325,28 +398,154 @@ impl HeaderScan {
     }
 }
 
-/// A connection handed to Pingora with the bytes already read from it: reads return those
-/// first, then go to the connection.
+/// Which bytes after its head belong to a request handed to Pingora.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RequestBytes {
+    /// Everything the client sends: an upgrade (the connection may turn into a tunnel), or a
+    /// head Pingora refuses and closes the connection after (`CONNECT`, unreadable or
+    /// ambiguous framing).
+    Unbounded,
+    /// This many more bytes: a `Content-Length` body, or none.
+    Length(u64),
+    /// A chunked body, whose end is found as it passes.
+    Chunked(ChunkedScan),
+}
+
+impl RequestBytes {
+    /// How the body of the request whose head is `head` ends, read as Pingora reads it.
+    fn of(head: &[u8]) -> RequestBytes {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut req = httparse::Request::new(&mut fields);
+        if !matches!(req.parse(head), Ok(httparse::Status::Complete(_)))
+            || req.method == Some("CONNECT")
+        {
+            return RequestBytes::Unbounded;
+        }
+        let mut length = None;
+        let mut lengths = 0;
+        let mut encodings = 0;
+        let mut chunked = false;
+        for h in req.headers.iter() {
+            if h.name.eq_ignore_ascii_case("upgrade") {
+                return RequestBytes::Unbounded;
+            } else if h.name.eq_ignore_ascii_case("content-length") {
+                lengths += 1;
+                length = crate::proxy::parse_content_length(h.value);
+            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                encodings += 1;
+                let last = h.value.rsplit(|b| *b == b',').next().unwrap_or_default();
+                chunked = last.trim_ascii().eq_ignore_ascii_case(b"chunked");
+            }
+        }
+        match (lengths, encodings, length) {
+            (0, 0, _) => RequestBytes::Length(0),
+            (1, 0, Some(n)) => RequestBytes::Length(n),
+            (0, 1, _) if chunked => RequestBytes::Chunked(ChunkedScan::default()),
+            _ => RequestBytes::Unbounded,
+        }
+    }
+}
+
+/// A connection handed to Pingora for one request, with the bytes already read from it. Reads
+/// return the request's head, then its body, and nothing past the body's end: what follows (a
+/// pipelined request) is kept, read ahead up to [`MAX_READ_AHEAD`] while Pingora watches the
+/// connection for the client going away, and is the start of the connection's next request.
 pub struct ReplayStream {
     inner: Stream,
-    prefix: Vec<u8>,
+    /// Bytes read from the client; `buf[pos..]` are not handed to Pingora yet.
+    buf: Vec<u8>,
     pos: usize,
+    /// Bytes of the request head not handed out yet.
+    head_left: usize,
+    /// How the rest of the request ends.
+    body: RequestBytes,
 }
+
+impl ReplayStream {
+    /// How many of the next `available` buffered bytes belong to the request; the caller hands
+    /// out exactly that many.
+    fn take_request_bytes(&mut self, available: usize) -> usize {
+        if self.head_left > 0 {
+            let n = available.min(self.head_left);
+            self.head_left -= n;
+            return n;
+        }
+        match &mut self.body {
+            RequestBytes::Unbounded => available,
+            RequestBytes::Length(left) => {
+                let n = available.min(usize::try_from(*left).unwrap_or(usize::MAX));
+                *left -= n as u64;
+                n
+            }
+            RequestBytes::Chunked(scan) => {
+                match scan.feed(&self.buf[self.pos..self.pos + available]) {
+                    Ok((n, done)) => {
+                        if done {
+                            self.body = RequestBytes::Length(0);
+                        }
+                        n
+                    }
+                    // Not chunked framing Pingora can read either: it answers 400 and closes.
+                    Err(_) => {
+                        self.body = RequestBytes::Unbounded;
+                        available
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether every byte of the request was handed out.
+    fn request_read(&self) -> bool {
+        self.head_left == 0 && self.body == RequestBytes::Length(0)
+    }
+}
+
+/// Bytes read from a client at a time on Pingora's path.
+const REPLAY_READ: usize = 16 * 1024;
 
 impl AsyncRead for ReplayStream {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
+        out: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
-        if this.pos < this.prefix.len() {
-            let n = (this.prefix.len() - this.pos).min(buf.remaining());
-            buf.put_slice(&this.prefix[this.pos..this.pos + n]);
-            this.pos += n;
+        if out.remaining() == 0 {
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
+        loop {
+            let buffered = this.buf.len() - this.pos;
+            if buffered > 0 {
+                let n = this.take_request_bytes(buffered.min(out.remaining()));
+                if n > 0 {
+                    out.put_slice(&this.buf[this.pos..this.pos + n]);
+                    this.pos += n;
+                    if this.pos == this.buf.len() {
+                        this.buf.clear();
+                        this.pos = 0;
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+            }
+            // The request is read and the client sent enough of the next one: leave it unread
+            // (TCP pushes back) until the response is out.
+            if this.request_read() && buffered >= MAX_READ_AHEAD {
+                return Poll::Pending;
+            }
+            let start = this.buf.len();
+            this.buf.resize(start + REPLAY_READ, 0);
+            let mut read = ReadBuf::new(&mut this.buf[start..]);
+            let polled = Pin::new(&mut this.inner).poll_read(cx, &mut read);
+            let n = read.filled().len();
+            this.buf.truncate(start + n);
+            match polled {
+                // The end of the stream, in the request or between requests.
+                Poll::Ready(Ok(())) if n == 0 => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+        }
     }
 }
 
@@ -452,8 +651,10 @@ impl fmt::Debug for ReplayStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReplayStream")
             .field("inner", &self.inner)
-            .field("replayed", &self.pos)
-            .field("buffered", &self.prefix.len())
+            .field("handed_out", &self.pos)
+            .field("buffered", &self.buf.len())
+            .field("head_left", &self.head_left)
+            .field("body", &self.body)
             .finish()
     }
 }

@@ -9,30 +9,12 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use ployz_core::ContainerId;
+pub use ployz_store::drains::{draining_containers, draining_key, DRAINING_NAMESPACE};
 use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
-use ployz_store::{Key, KeyPrefix, Store};
+use ployz_store::{KeyPrefix, Store};
 use tokio::sync::watch;
 
 use crate::route_table::{Fingerprint, InFlightCounters, RouteTable};
-
-/// Store namespace of drain marks: machine-owned, named by Container ID. A container with a
-/// mark receives no new requests from any edge.
-pub const DRAINING_NAMESPACE: &str = "draining";
-
-/// The drain mark of a container, written by the Machine that runs it.
-pub fn draining_key(machine: &ployz_core::MachineId, container: &ContainerId) -> Key {
-    Key::machine(machine, DRAINING_NAMESPACE, container.as_str())
-}
-
-/// Containers some Machine marked draining.
-pub fn draining_containers(store: &Store) -> HashSet<ContainerId> {
-    store
-        .scan_live(&KeyPrefix::machine_namespace(DRAINING_NAMESPACE))
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|r| r.key.name().parse().ok())
-        .collect()
-}
 
 #[derive(Default)]
 struct Counters(Mutex<HashMap<ContainerId, Arc<AtomicUsize>>>);

@@ -5,11 +5,14 @@
 //! `Host` that names a route, no body or a short one with a `Content-Length`. For those the
 //! connection loop ([`crate::connection`]) calls [`FastPath::serve`]: the request head is read
 //! once into the connection's buffer, rewritten for the upstream in one pass (hop-by-hop fields
-//! out, forwarding fields in), written with its body in one write on a pooled upstream
-//! connection, and the response head is passed back unchanged when it carries no hop-by-hop
-//! field, with the first body bytes in the same write. Everything else (HTTP/1.0, upgrades,
-//! `Expect`, chunked or long request bodies, machine paths, redirects, unknown hosts, anything
-//! over a limit) goes to Pingora's proxy, which answers it as documented.
+//! out, fields named with `_` out unless configured, `Content-Length` as plain decimal,
+//! forwarding fields in), written with its body in one write on a pooled upstream connection,
+//! and the response head is passed back unchanged when it carries no hop-by-hop field and ends
+//! its lines with CRLF, with the first body bytes in the same write. Everything else (HTTP/1.0,
+//! upgrades, `Expect`, chunked or long request bodies, absolute-form or other targets that are
+//! not a path, more than one `Content-Length` or a list, machine paths, redirects, unknown
+//! hosts, anything over a limit) goes to Pingora's proxy, which answers it as documented. The
+//! `fast_path` setting sends every request there.
 //!
 //! The decisions are pure functions over parsed heads ([`plan`], [`write_upstream_head`],
 //! [`response_plan`], [`ChunkedScan`]), tested without sockets; [`FastPath::serve`] is the IO.
@@ -25,7 +28,9 @@ use pingora::protocols::Stream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::proxy::{write_forwarding, Attempts, EdgeLimits, EdgeProxy, Finished};
+use crate::proxy::{
+    parse_content_length, push_decimal, write_forwarding, Attempts, EdgeLimits, EdgeProxy, Finished,
+};
 
 /// The longest request body the fast path buffers; longer ones stream through Pingora.
 pub(crate) const MAX_FAST_BODY: u64 = 64 * 1024;
@@ -132,16 +137,12 @@ pub(crate) fn plan(
                     Some(_) => return None,
                 }
             }
+            // A second field, a list or anything but digits goes to Pingora, which refuses it.
             14 if is(h.name, "content-length") => {
-                let v = h.value;
-                if length.is_some()
-                    || v.is_empty()
-                    || v.len() > 19
-                    || !v.iter().all(u8::is_ascii_digit)
-                {
+                if length.is_some() {
                     return None;
                 }
-                length = Some(std::str::from_utf8(v).ok()?.parse().ok()?);
+                length = Some(parse_content_length(h.value)?);
             }
             17 if is(h.name, "transfer-encoding") => return None,
             6 if is(h.name, "expect") => return None,
@@ -195,7 +196,9 @@ fn dropped_request_field(name: &str) -> bool {
 }
 
 /// Writes the request head the upstream gets: the request line as received (as HTTP/1.1), the
-/// client's fields but the dropped ones, then the forwarding fields.
+/// client's fields but the dropped ones (and, unless `forward_underscores`, those whose names
+/// hold a `_`), `Content-Length` as plain decimal, then the forwarding fields, which carry every
+/// `X-Forwarded-For` line the client sent.
 pub(crate) fn write_upstream_head(
     out: &mut Vec<u8>,
     buf: &[u8],
@@ -203,34 +206,46 @@ pub(crate) fn write_upstream_head(
     plan: &Plan,
     client: Option<&str>,
     proto: &str,
+    forward_underscores: bool,
 ) {
     out.extend_from_slice(&buf[plan.method.clone()]);
     out.push(b' ');
     out.extend_from_slice(&buf[plan.target.clone()]);
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    let mut previous: [&[u8]; 8] = [&[]; 8];
-    let mut n_previous = 0;
     for h in req.headers.iter() {
-        if dropped_request_field(h.name) {
-            if is(h.name, "x-forwarded-for") && n_previous < previous.len() {
-                previous[n_previous] = h.value;
-                n_previous += 1;
-            }
+        if dropped_request_field(h.name)
+            || (!forward_underscores && h.name.as_bytes().contains(&b'_'))
+        {
             continue;
         }
         out.extend_from_slice(h.name.as_bytes());
         out.extend_from_slice(b": ");
-        out.extend_from_slice(h.value);
+        if h.name.len() == 14 && is(h.name, "content-length") {
+            push_decimal(out, plan.content_length);
+        } else {
+            out.extend_from_slice(h.value);
+        }
         out.extend_from_slice(b"\r\n");
     }
     write_forwarding(
         out,
         client,
-        &previous[..n_previous],
+        req.headers
+            .iter()
+            .filter(|h| h.name.len() == 15 && is(h.name, "x-forwarded-for"))
+            .map(|h| h.value),
         &buf[plan.host.clone()],
         proto,
     );
     out.extend_from_slice(b"\r\n");
+}
+
+/// Whether a head has a line that ends in a bare LF (httparse accepts them); such a head is
+/// written again with CRLF before it reaches the client.
+pub(crate) fn has_bare_lf(head: &[u8]) -> bool {
+    head.iter()
+        .enumerate()
+        .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
 }
 
 /// How a response body ends.
@@ -257,17 +272,21 @@ pub(crate) struct ResponsePlan {
     pub says_close: bool,
 }
 
-/// Response fields never passed on.
-fn dropped_response_field(name: &str, nominated: &[&[u8]]) -> bool {
+/// Response fields never passed on: hop-by-hop ones, and every field a `Connection` field of
+/// `resp` names.
+fn dropped_response_field(name: &str, resp: &httparse::Response<'_, '_>) -> bool {
     match name.len() {
         10 if is(name, "connection") || is(name, "keep-alive") => true,
         16 if is(name, "proxy-connection") => true,
         // The framing fields stay whatever `Connection` names: without them the body's end
         // would be lost.
         14 | 17 if is(name, "content-length") || is(name, "transfer-encoding") => false,
-        _ => nominated
+        _ => resp
+            .headers
             .iter()
-            .any(|n| name.as_bytes().eq_ignore_ascii_case(n)),
+            .filter(|h| is(h.name, "connection"))
+            .flat_map(|h| h.value.split(|b| *b == b','))
+            .any(|token| name.as_bytes().eq_ignore_ascii_case(token.trim_ascii())),
     }
 }
 
@@ -352,25 +371,13 @@ pub(crate) fn write_response_head(
     close: bool,
 ) {
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(plan.status.to_string().as_bytes());
+    push_decimal(out, u64::from(plan.status));
     out.push(b' ');
     out.extend_from_slice(resp.reason.unwrap_or_default().as_bytes());
     out.extend_from_slice(b"\r\n");
-    let mut nominated: [&[u8]; 8] = [&[]; 8];
-    let mut n = 0;
-    for h in resp.headers.iter().filter(|h| is(h.name, "connection")) {
-        for token in h.value.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
-            if n < nominated.len() && !token.is_empty() {
-                nominated[n] = token;
-                n += 1;
-            }
-        }
-    }
     let drop_length = plan.framing == Framing::Chunked || plan.framing == Framing::UntilClose;
     for h in resp.headers.iter() {
-        if dropped_response_field(h.name, &nominated[..n])
-            || (drop_length && is(h.name, "content-length"))
-        {
+        if dropped_response_field(h.name, resp) || (drop_length && is(h.name, "content-length")) {
             continue;
         }
         out.extend_from_slice(h.name.as_bytes());
@@ -663,6 +670,7 @@ impl FastPath {
             &plan,
             conn.client.as_deref(),
             if conn.tls { "https" } else { "http" },
+            self.edge.limits().forward_underscore_headers,
         );
         Some((plan, buffers))
     }
@@ -802,7 +810,7 @@ impl FastPath {
         addr: SocketAddr,
         attempts: &Attempts,
     ) -> Result<Option<TcpStream>, (u16, String)> {
-        match connect(addr).await {
+        match connect(addr, self.edge.limits().connect_timeout).await {
             Ok(s) => Ok(Some(s)),
             Err(e) if self.edge.connect_failed(attempts) => {
                 tracing::debug!(%addr, error = %e, "connect failed; trying the next upstream");
@@ -827,6 +835,11 @@ impl FastPath {
         self.pool.take(addr)
     }
 
+    /// Whether SIGTERM arrived: responses then say `Connection: close`.
+    pub(crate) fn draining(&self) -> bool {
+        self.edge.draining()
+    }
+
     /// Gives a client's kept upstream connection to the pool (the client is gone).
     pub(crate) fn release(&self, held: Option<(SocketAddr, TcpStream)>) {
         if let Some((addr, s)) = held {
@@ -837,8 +850,9 @@ impl FastPath {
     }
 }
 
-async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    let stream = tokio::time::timeout(IO_TIMEOUT, TcpStream::connect(addr))
+/// A new upstream connection, or `TimedOut` after `timeout`.
+async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
     stream.set_nodelay(true)?;
@@ -900,7 +914,7 @@ async fn answer(stream: &mut Stream, status: u16, body: &str) -> u16 {
 
 /// Bytes a client may send ahead (a pipelined request) while its request waits for the
 /// upstream; past them the edge stops reading it until the response is out.
-const MAX_READ_AHEAD: usize = 64 * 1024;
+pub(crate) const MAX_READ_AHEAD: usize = 64 * 1024;
 
 /// Resolves when the client closes its connection (or it fails) while its request waits for
 /// the upstream. What it sends meanwhile, a pipelined request, is kept in `buf` after the
@@ -964,8 +978,10 @@ async fn exchange(
                 let mut parsed = httparse::Response::new(&mut fields);
                 match parsed.parse(resp) {
                     Ok(httparse::Status::Complete(len)) => {
-                        let rplan = response_plan(&parsed, plan.head)
+                        let mut rplan = response_plan(&parsed, plan.head)
                             .map_err(ExchangeError::BadResponse)?;
+                        // Lines ending in a bare LF reach the client with CRLF.
+                        rplan.rewrite |= has_bare_lf(&resp[..len]);
                         if rplan.status == 101 {
                             return Err(ExchangeError::BadResponse(
                                 "101 without an upgrade request",
@@ -1191,7 +1207,7 @@ mod tests {
         req.parse(raw).unwrap();
         let p = plan(raw, &req, &limits()).unwrap();
         let mut out = Vec::new();
-        write_upstream_head(&mut out, raw, &req, &p, client, proto);
+        write_upstream_head(&mut out, raw, &req, &p, client, proto, false);
         String::from_utf8(out).unwrap()
     }
 
@@ -1219,6 +1235,67 @@ mod tests {
             head,
             "GET / HTTP/1.1\r\nHost: a\r\nX-Forwarded-Proto: http\r\nX-Forwarded-Host: a\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn every_forwarded_for_line_reaches_the_upstream() {
+        let mut raw = String::from("GET / HTTP/1.1\r\nHost: a\r\n");
+        for i in 1..=12 {
+            raw.push_str(&format!("X-Forwarded-For: 10.0.0.{i}\r\n"));
+        }
+        raw.push_str("\r\n");
+        let head = upstream_head(raw.as_bytes(), Some("192.0.2.7"), "http");
+        let chain: Vec<String> = (1..=12).map(|i| format!("10.0.0.{i}")).collect();
+        assert!(
+            head.contains(&format!(
+                "\r\nX-Forwarded-For: {}, 192.0.2.7\r\n",
+                chain.join(", ")
+            )),
+            "{head}"
+        );
+        assert_eq!(head.matches("X-Forwarded-For").count(), 1, "{head}");
+    }
+
+    #[test]
+    fn content_length_reaches_the_upstream_as_plain_decimal() {
+        let raw = b"POST / HTTP/1.1\r\nHost: a\r\ncontent-length: 00000000000000000000005\r\n\r\n";
+        assert_eq!(planned(raw).unwrap().content_length, 5);
+        let head = upstream_head(raw, None, "http");
+        assert!(head.contains("\r\ncontent-length: 5\r\n"), "{head}");
+        for raw in [
+            &b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5,5\r\n\r\n"[..],
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 18446744073709551616\r\n\r\n",
+        ] {
+            assert_eq!(planned(raw), None, "{}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
+    fn fields_named_with_underscores_are_dropped_unless_forwarded() {
+        let raw = b"GET / HTTP/1.1\r\nHost: a\r\nX_Forwarded_For: 6.6.6.6\r\nTransfer_Encoding: chunked\r\nX-Ok: 1\r\n\r\n";
+        let head = upstream_head(raw, None, "http");
+        assert!(!head.contains('_'), "{head}");
+        assert!(head.contains("X-Ok: 1\r\n"), "{head}");
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut req = httparse::Request::new(&mut fields);
+        req.parse(raw).unwrap();
+        let p = plan(raw, &req, &limits()).unwrap();
+        let mut out = Vec::new();
+        write_upstream_head(&mut out, raw, &req, &p, None, "http", true);
+        let head = String::from_utf8(out).unwrap();
+        assert!(
+            head.contains("X_Forwarded_For: 6.6.6.6\r\nTransfer_Encoding: chunked\r\n"),
+            "{head}"
+        );
+    }
+
+    #[test]
+    fn bare_line_feeds_are_found() {
+        assert!(!has_bare_lf(b"HTTP/1.1 200 OK\r\nA: b\r\n\r\n"));
+        assert!(has_bare_lf(b"HTTP/1.1 200 OK\nA: b\r\n\r\n"));
+        assert!(has_bare_lf(b"HTTP/1.1 200 OK\r\nA: b\r\n\n"));
+        assert!(has_bare_lf(b"\n"));
     }
 
     fn rplan(raw: &[u8], head: bool) -> Result<ResponsePlan, &'static str> {
@@ -1306,6 +1383,26 @@ mod tests {
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 200 Fine\r\nContent-Length: 2\r\nServer: t\r\nConnection: close\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn every_field_connection_names_is_dropped() {
+        let names: Vec<String> = (0..12).map(|i| format!("x-hop-{i}")).collect();
+        let mut raw = format!("HTTP/1.1 200 OK\nConnection: {}\n", names.join(", "));
+        for n in &names {
+            raw.push_str(&format!("{n}: 1\n"));
+        }
+        raw.push_str("Content-Length: 0\n\n");
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut resp = httparse::Response::new(&mut fields);
+        resp.parse(raw.as_bytes()).unwrap();
+        let p = response_plan(&resp, false).unwrap();
+        let mut out = Vec::new();
+        write_response_head(&mut out, &resp, &p, false);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
         );
     }
 

@@ -6,7 +6,11 @@
 //!   Container Runtime Observations off the hot path and publishes it with one `ArcSwap` store,
 //!   skipping publishes that change nothing;
 //! - [`proxy`]: the Pingora `ProxyHttp` implementation: machine paths (health, verify), host
-//!   routing, round robin with connect retries, forwarding headers, access log.
+//!   routing, round robin with connect retries, forwarding headers, access log;
+//! - [`connection`]: [`EdgeApp`], the connection loop with the HTTP/1 fast path in front of
+//!   Pingora's proxy;
+//! - [`service`]: [`EdgeService`], the listening service whose listeners close after SIGTERM's
+//!   drain delay while requests in flight are answered.
 //!
 //! **Architecture Invariant:** the edge never talks to Docker; it reads the store.
 //!
@@ -21,23 +25,28 @@ mod fast_path;
 pub mod metrics;
 pub mod proxy;
 pub mod route_table;
+pub mod service;
 
 pub use certificates::CertificateResolver;
 pub use challenges::ChallengeResponder;
 pub use connection::EdgeApp;
 pub use controller::{draining_key, RouteController, DRAINING_NAMESPACE};
 pub use metrics::EdgeMetrics;
-pub use proxy::{EdgeLimits, EdgeProxy, EdgeState};
+pub use proxy::{EdgeLimits, EdgeProxy, EdgeState, DEFAULT_CONNECT_TIMEOUT};
 pub use route_table::{valid_host, Route, RouteTable, Upstream};
+pub use service::{EdgeClosing, EdgeService};
 
 /// The edge as a Pingora service: [`EdgeApp`], the fast path with `proxy` inside Pingora's
-/// proxy for the rest. Add listeners to it, then add it to the server.
+/// proxy for the rest. Add listeners to it, then add it to the server; its
+/// [`EdgeService::closing`] closes them at the end of SIGTERM's drain delay.
 pub fn edge_service(
     conf: &std::sync::Arc<pingora::server::configuration::ServerConf>,
     proxy: EdgeProxy,
-) -> pingora::services::listening::Service<EdgeApp> {
-    pingora::services::listening::Service::new(
-        "edge".to_owned(),
-        EdgeApp::new(pingora::proxy::http_proxy(conf, proxy.clone()), proxy),
+) -> EdgeService {
+    let app = EdgeApp::new(pingora::proxy::http_proxy(conf, proxy.clone()), proxy);
+    let closing = app.closing();
+    EdgeService::new(
+        pingora::services::listening::Service::new("edge".to_owned(), app),
+        closing,
     )
 }

@@ -18,6 +18,9 @@ use crate::RouteController;
 const MAX_TRIES: usize = 3;
 /// How long an upstream that refused a connection is avoided.
 const FAILURE_WINDOW_MS: u64 = 10_000;
+/// The upstream connect timeout unless configured: enough for a lost SYN to be sent again
+/// (after 1 s) to a local or mesh upstream, short enough that a dead one costs little.
+pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the health endpoint reports, shared with the daemon.
 #[derive(Debug, Default)]
@@ -26,6 +29,9 @@ pub struct EdgeState {
     machine_id: OnceLock<String>,
     /// Set on shutdown: health answers 503 while requests are still served.
     draining: AtomicBool,
+    /// Why this Machine's store cannot write, while it cannot: health answers 503 meanwhile,
+    /// since what is deployed or imported now would not be served.
+    store_unwritable: std::sync::Mutex<Option<String>>,
 }
 
 impl EdgeState {
@@ -35,6 +41,14 @@ impl EdgeState {
 
     pub fn set_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
+    }
+
+    /// Records why the store cannot write (`None`: it writes again).
+    pub fn set_store_unwritable(&self, reason: Option<String>) {
+        *self
+            .store_unwritable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = reason;
     }
 
     /// (HTTP status, JSON body) of the health endpoint.
@@ -50,15 +64,33 @@ impl EdgeState {
                     r#"{{"status":"draining","reason":"the daemon is shutting down","machine_id":"{id}"}}"#
                 ),
             ),
-            (Some(id), false) => (
-                200,
-                format!(r#"{{"status":"serving","machine_id":"{id}"}}"#),
-            ),
+            (Some(id), false) => {
+                let unwritable = self
+                    .store_unwritable
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                match unwritable {
+                    Some(reason) => (
+                        503,
+                        serde_json::json!({
+                            "status": "unavailable",
+                            "reason": format!("this Machine's store cannot write: {reason}"),
+                            "machine_id": id,
+                        })
+                        .to_string(),
+                    ),
+                    None => (
+                        200,
+                        format!(r#"{{"status":"serving","machine_id":"{id}"}}"#),
+                    ),
+                }
+            }
         }
     }
 }
 
-/// Request limits the edge enforces before any upstream work.
+/// Request limits the edge enforces before any upstream work, and how it proxies.
 #[derive(Debug, Clone, Copy)]
 pub struct EdgeLimits {
     /// All header names and values together, bytes; more gets 431.
@@ -71,6 +103,16 @@ pub struct EdgeLimits {
     pub access_log: bool,
     /// Time a client has for a whole request header; slower clients are disconnected.
     pub header_timeout: std::time::Duration,
+    /// Time a connection to an upstream may take; then the next Serving Container is tried
+    /// and the silent one avoided for a while.
+    pub connect_timeout: std::time::Duration,
+    /// Pass request header fields whose names contain `_` on to upstreams. Off: they are
+    /// dropped (as nginx does), so an application that reads `_` and `-` alike cannot be handed
+    /// an `X_Forwarded_For` that passes for the edge's `X-Forwarded-For`.
+    pub forward_underscore_headers: bool,
+    /// Serve the common HTTP/1.1 request shape on the fast path; off: every request goes
+    /// through Pingora's proxy.
+    pub fast_path: bool,
 }
 
 impl Default for EdgeLimits {
@@ -81,6 +123,9 @@ impl Default for EdgeLimits {
             max_body_bytes: None,
             access_log: true,
             header_timeout: std::time::Duration::from_secs(15),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            forward_underscore_headers: false,
+            fast_path: true,
         }
     }
 }
@@ -149,6 +194,9 @@ pub struct EdgeCtx {
     /// Request body bytes seen so far.
     body_bytes: u64,
     start: Instant,
+    /// The upstream to try again: a kept connection to it turned out closed before anything
+    /// came back, so the request goes to it once more on another connection.
+    again: Option<std::net::SocketAddr>,
 }
 
 impl EdgeProxy {
@@ -193,6 +241,11 @@ impl EdgeProxy {
     /// The port HTTP requests for HTTPS hostnames are redirected to, if any.
     pub(crate) fn https_port(&self) -> Option<u16> {
         self.https_port
+    }
+
+    /// Whether the daemon is shutting down (SIGTERM's drain delay or later).
+    pub(crate) fn draining(&self) -> bool {
+        self.state.is_draining()
     }
 
     /// Chooses the next upstream for `host` and takes an in-flight count on it. The pick is
@@ -279,6 +332,13 @@ impl EdgeProxy {
     }
 }
 
+impl EdgeState {
+    /// Whether SIGTERM arrived: every HTTP/1 response then says `Connection: close`.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}
+
 /// One finished request, for [`EdgeProxy::finish`].
 pub(crate) struct Finished<'a> {
     pub method: &'a str,
@@ -292,20 +352,24 @@ pub(crate) struct Finished<'a> {
 }
 
 /// Appends the forwarding header values for a request from `client` (an IP address) for
-/// `host` over `proto`: `X-Forwarded-For` (after `previous`, the values the request carried),
-/// `Forwarded`, `X-Forwarded-Proto` and `X-Forwarded-Host`, as `name: value\r\n` lines.
-pub(crate) fn write_forwarding(
+/// `host` over `proto`: `X-Forwarded-For` (after `previous`, the values of every
+/// `X-Forwarded-For` line the request carried, in order, empty ones left out), `Forwarded`,
+/// `X-Forwarded-Proto` and `X-Forwarded-Host`, as `name: value\r\n` lines.
+pub(crate) fn write_forwarding<'a>(
     out: &mut Vec<u8>,
     client: Option<&str>,
-    previous: &[&[u8]],
+    previous: impl IntoIterator<Item = &'a [u8]>,
     host: &[u8],
     proto: &str,
 ) {
     if let Some(ip) = client {
         out.extend_from_slice(b"X-Forwarded-For: ");
         for p in previous {
-            out.extend_from_slice(p);
-            out.extend_from_slice(b", ");
+            let p = p.trim_ascii();
+            if !p.is_empty() {
+                out.extend_from_slice(p);
+                out.extend_from_slice(b", ");
+            }
         }
         out.extend_from_slice(ip.as_bytes());
         out.extend_from_slice(b"\r\nForwarded: for=");
@@ -327,6 +391,96 @@ pub(crate) fn write_forwarding(
     out.extend_from_slice(b"\r\nX-Forwarded-Host: ");
     out.extend_from_slice(host);
     out.extend_from_slice(b"\r\n");
+}
+
+/// A request target as the edge reads it (RFC 9112 section 3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target<'a> {
+    /// A path, with its query: passed on as it is.
+    Origin,
+    /// `http://authority/path?query` (any case of the scheme): the authority is the request's
+    /// host, whatever `Host` says, and the upstream gets `path_and_query` (`/` when empty).
+    Absolute {
+        authority: &'a [u8],
+        path_and_query: &'a [u8],
+    },
+    /// Nothing a proxy can pass on: `*` (for `OPTIONS` too), a query alone, an authority
+    /// (`CONNECT`'s form), another scheme. Answered 400.
+    Refused,
+}
+
+impl<'a> Target<'a> {
+    pub(crate) fn of(raw: &'a [u8]) -> Target<'a> {
+        if raw.first() == Some(&b'/') {
+            return Target::Origin;
+        }
+        let rest = match raw.iter().position(|b| *b == b':') {
+            Some(i)
+                if (raw[..i].eq_ignore_ascii_case(b"http")
+                    || raw[..i].eq_ignore_ascii_case(b"https"))
+                    && raw[i..].starts_with(b"://") =>
+            {
+                &raw[i + 3..]
+            }
+            _ => return Target::Refused,
+        };
+        let end = rest
+            .iter()
+            .position(|b| matches!(b, b'/' | b'?' | b'#'))
+            .unwrap_or(rest.len());
+        Target::Absolute {
+            authority: &rest[..end],
+            path_and_query: &rest[end..],
+        }
+    }
+}
+
+/// Why a request's `Content-Length` fields are refused, if they are: a list (`5,5`), more than
+/// one field (even with equal values), or a value that is not digits. Leading zeros are
+/// accepted; the upstream gets the plain decimal value.
+pub(crate) fn content_length_refusal<'a>(
+    mut values: impl Iterator<Item = &'a [u8]>,
+) -> Option<&'static str> {
+    let first = values.next()?;
+    if values.next().is_some() {
+        return Some("more than one Content-Length field");
+    }
+    if first.contains(&b',') {
+        return Some("a list as Content-Length");
+    }
+    match parse_content_length(first) {
+        Some(_) => None,
+        None => Some("a Content-Length that is not a decimal number"),
+    }
+}
+
+/// A `Content-Length` value: digits only, any leading zeros, at most `u64::MAX`.
+pub(crate) fn parse_content_length(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let digits = &value[value.iter().position(|b| *b != b'0').unwrap_or(value.len())..];
+    if digits.len() > 20 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
+/// Appends `n` in decimal, without allocating.
+pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 async fn respond(
@@ -361,11 +515,18 @@ fn is_tls(session: &Session) -> bool {
         .is_some()
 }
 
+/// The host a request names: the authority of an absolute-form target (which wins over `Host`,
+/// RFC 9112 section 3.2.2) or HTTP/2's `:authority`, else `Host`.
 fn host_of(req: &RequestHeader) -> &[u8] {
+    if let Some(authority) = req.uri.authority() {
+        return authority.as_str().as_bytes();
+    }
+    if let Target::Absolute { authority, .. } = Target::of(req.raw_path()) {
+        return authority;
+    }
     req.headers
         .get("host")
         .map(|h| h.as_bytes())
-        .or_else(|| req.uri.host().map(str::as_bytes))
         .unwrap_or_default()
 }
 
@@ -378,12 +539,18 @@ impl ProxyHttp for EdgeProxy {
             attempts: Attempts::default(),
             body_bytes: 0,
             start: Instant::now(),
+            again: None,
         }
     }
 
     /// Answers the machine paths, then matches the Host; an unknown host gets 404 here, before
     /// any upstream work.
     async fn request_filter(&self, session: &mut Session, ctx: &mut EdgeCtx) -> Result<bool> {
+        if self.state.is_draining() {
+            // Shutting down: this response says `Connection: close`, and the client moves on
+            // to another Machine (or to this one's next process) before the listeners close.
+            session.set_keepalive(None);
+        }
         let req = session.req_header();
         let uri_len = req.uri.path_and_query().map_or(0, |pq| pq.as_str().len());
         if uri_len > self.limits.max_uri_bytes {
@@ -413,27 +580,47 @@ impl ProxyHttp for EdgeProxy {
         }
         // Ambiguous framing is a smuggling vector: refuse it instead of picking a reading. Pingora
         // drops Content-Length when Transfer-Encoding is present, so look at the raw header too.
-        let lengths: Vec<&[u8]> = req
+        let lengths = req
             .headers
             .get_all("content-length")
             .iter()
-            .map(|v| v.as_bytes())
-            .collect();
+            .map(|v| v.as_bytes());
         let chunked = req.headers.contains_key("transfer-encoding");
         let raw_has_length = chunked
             && session
                 .as_downstream()
                 .as_http1()
                 .is_some_and(|h1| has_header(&h1.get_headers_raw_bytes(), b"content-length"));
-        if raw_has_length
-            || (chunked && !lengths.is_empty())
-            || lengths.windows(2).any(|w| w[0] != w[1])
-        {
+        let framing = if raw_has_length || (chunked && req.headers.contains_key("content-length")) {
+            Some("Content-Length beside Transfer-Encoding")
+        } else {
+            content_length_refusal(lengths)
+        };
+        if let Some(why) = framing {
+            session.set_keepalive(None);
             respond(
                 session,
                 400,
                 "text/plain",
-                "ambiguous message framing\n".into(),
+                format!("ambiguous message framing: {why}\n"),
+            )
+            .await?;
+            return Ok(true);
+        }
+        // Only a path, or an http(s) URI whose authority then names the host, can be passed on.
+        let req = session.req_header();
+        let target_refused = match Target::of(req.raw_path()) {
+            Target::Origin => false,
+            Target::Absolute { authority, .. } => authority.is_empty(),
+            Target::Refused => true,
+        };
+        if target_refused {
+            respond(
+                session,
+                400,
+                "text/plain",
+                "the request target is neither a path nor an http or https URI with a host\n"
+                    .into(),
             )
             .await?;
             return Ok(true);
@@ -443,8 +630,7 @@ impl ProxyHttp for EdgeProxy {
             let declared = req
                 .headers
                 .get("content-length")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok());
+                .and_then(|v| parse_content_length(v.as_bytes()));
             if declared.is_some_and(|n| n > limit) {
                 respond(
                     session,
@@ -558,13 +744,45 @@ impl ProxyHttp for EdgeProxy {
         session: &mut Session,
         ctx: &mut EdgeCtx,
     ) -> Result<Box<HttpPeer>> {
-        match self.choose_upstream(host_of(session.req_header()), &mut ctx.attempts) {
-            Some(addr) => Ok(Box::new(HttpPeer::new(addr, false, String::new()))),
+        // The retry after a dead kept connection keeps the upstream (and its in-flight count).
+        let again = ctx.again.take();
+        match again
+            .or_else(|| self.choose_upstream(host_of(session.req_header()), &mut ctx.attempts))
+        {
+            Some(addr) => {
+                let mut peer = HttpPeer::new(addr, false, String::new());
+                peer.options.connection_timeout = Some(self.limits.connect_timeout);
+                peer.options.total_connection_timeout = Some(self.limits.connect_timeout);
+                Ok(Box::new(peer))
+            }
             None => Err(Error::explain(
                 ErrorType::HTTPStatus(503),
                 "no Serving Container for this host",
             )),
         }
+    }
+
+    /// Pingora's policy (an idempotent request may be sent again after a reused connection
+    /// failed), sent to the same upstream: it did not fail, its kept connection had closed.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<Error>,
+        ctx: &mut EdgeCtx,
+        client_reused: bool,
+    ) -> Box<Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
+        {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        if e.retry() {
+            ctx.again = ctx.attempts.last_upstream();
+        }
+        e
     }
 
     fn fail_to_connect(
@@ -590,30 +808,94 @@ impl ProxyHttp for EdgeProxy {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(|a| a.ip().to_string());
-        let previous: Vec<&[u8]> = session
-            .req_header()
-            .headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .map(|v| v.as_bytes())
-            .collect();
         let proto = if is_tls(session) { "https" } else { "http" };
+        let downstream = session.req_header();
         // The fields are defined once, as the lines the fast path writes into its upstream
         // head; here they are split back into name and value for Pingora's header map.
         let mut lines = Vec::with_capacity(256);
         write_forwarding(
             &mut lines,
             client.as_deref(),
-            &previous,
-            host_of(session.req_header()),
+            downstream
+                .headers
+                .get_all("x-forwarded-for")
+                .iter()
+                .map(|v| v.as_bytes()),
+            host_of(downstream),
             proto,
         );
+        // An absolute-form target goes upstream in origin-form, its authority as `Host`.
+        if let Target::Absolute {
+            authority,
+            path_and_query,
+        } = Target::of(downstream.raw_path())
+        {
+            let mut origin = Vec::with_capacity(path_and_query.len() + 1);
+            if path_and_query.first() != Some(&b'/') {
+                origin.push(b'/');
+            }
+            origin.extend_from_slice(path_and_query);
+            let authority = authority.to_vec();
+            upstream_request.set_raw_path(&origin)?;
+            upstream_request.insert_header("host", authority)?;
+        }
+        // `Content-Length` as plain decimal (leading zeros gone); more than one was refused.
+        if let Some(n) = upstream_request
+            .headers
+            .get("content-length")
+            .and_then(|v| parse_content_length(v.as_bytes()))
+        {
+            let mut value = Vec::with_capacity(20);
+            push_decimal(&mut value, n);
+            upstream_request.insert_header("content-length", value)?;
+        }
+        if !self.limits.forward_underscore_headers {
+            let underscored: Vec<_> = upstream_request
+                .headers
+                .keys()
+                .filter(|name| name.as_str().contains('_'))
+                .cloned()
+                .collect();
+            for name in underscored {
+                upstream_request.remove_header(&name);
+            }
+        }
         for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             let colon = line.iter().position(|b| *b == b':').unwrap_or(line.len());
             let name = String::from_utf8_lossy(&line[..colon]).into_owned();
             let value = line.get(colon + 2..).unwrap_or_default().to_vec();
             upstream_request.insert_header(name, value)?;
+        }
+        Ok(())
+    }
+
+    /// Hop-by-hop fields of the upstream's answer stay on its connection, as on the fast path:
+    /// `Keep-Alive`, `Proxy-Connection` and whatever `Connection` names (but the framing
+    /// fields). An upgrade's 101 keeps its `Connection` and `Upgrade`.
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        _ctx: &mut EdgeCtx,
+    ) -> Result<()> {
+        if upstream_response.status.is_informational() {
+            return Ok(());
+        }
+        let nominated: Vec<String> = upstream_response
+            .headers
+            .get_all("connection")
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .map(|t| String::from_utf8_lossy(t.trim_ascii()).to_ascii_lowercase())
+            .filter(|t| !t.is_empty() && t != "content-length" && t != "transfer-encoding")
+            .collect();
+        for name in nominated.iter().map(String::as_str).chain([
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+        ]) {
+            upstream_response.remove_header(name);
         }
         Ok(())
     }
@@ -636,5 +918,96 @@ impl ProxyHttp for EdgeProxy {
             },
             &mut ctx.attempts,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_paths_or_http_uris_and_nothing_else() {
+        assert_eq!(Target::of(b"/a?b"), Target::Origin);
+        assert_eq!(
+            Target::of(b"https://app.test/x?y"),
+            Target::Absolute {
+                authority: b"app.test",
+                path_and_query: b"/x?y"
+            }
+        );
+        assert_eq!(
+            Target::of(b"HTTP://app.test:8080"),
+            Target::Absolute {
+                authority: b"app.test:8080",
+                path_and_query: b""
+            }
+        );
+        assert_eq!(
+            Target::of(b"http://app.test?q"),
+            Target::Absolute {
+                authority: b"app.test",
+                path_and_query: b"?q"
+            }
+        );
+        for refused in [
+            &b"*"[..],
+            b"?a",
+            b"",
+            b"app.test:443",
+            b"ftp://app.test/",
+            b"http:/app.test/",
+            b"a/b",
+        ] {
+            assert_eq!(
+                Target::of(refused),
+                Target::Refused,
+                "{}",
+                String::from_utf8_lossy(refused)
+            );
+        }
+    }
+
+    #[test]
+    fn content_length_is_one_decimal_field() {
+        let check = |values: &[&[u8]]| content_length_refusal(values.iter().copied());
+        assert_eq!(check(&[]), None);
+        assert_eq!(check(&[b"5"]), None);
+        assert_eq!(check(&[b"05"]), None);
+        assert_eq!(check(&[b"00000000000000000000000005"]), None);
+        assert!(check(&[b"5,5"]).is_some());
+        assert!(check(&[b"5", b"5"]).is_some());
+        assert!(check(&[b"+5"]).is_some());
+        assert!(check(&[b"5 5"]).is_some());
+        assert!(check(&[b""]).is_some());
+        assert!(check(&[b"18446744073709551616"]).is_some());
+        assert_eq!(parse_content_length(b"0005"), Some(5));
+        assert_eq!(parse_content_length(b"0"), Some(0));
+        assert_eq!(parse_content_length(b"000"), Some(0));
+        assert_eq!(
+            parse_content_length(b"18446744073709551615"),
+            Some(u64::MAX)
+        );
+        let mut out = Vec::new();
+        for n in [0, 7, 10, 65536, u64::MAX] {
+            out.clear();
+            push_decimal(&mut out, n);
+            assert_eq!(out, n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn every_forwarded_for_line_is_kept_in_order() {
+        let lines: Vec<String> = (0..12).map(|i| format!("10.0.0.{i}")).collect();
+        let mut out = Vec::new();
+        write_forwarding(
+            &mut out,
+            Some("192.0.2.1"),
+            lines.iter().map(|l| l.as_bytes()).chain([&b"  "[..]]),
+            b"a.test",
+            "http",
+        );
+        let text = String::from_utf8(out).unwrap();
+        let expected = format!("X-Forwarded-For: {}, 192.0.2.1\r\n", lines.join(", "));
+        assert!(text.starts_with(&expected), "{text}");
     }
 }

@@ -1,22 +1,30 @@
 //! One Machine's Docker, through bollard: Service Containers, Hook Containers, volumes, the
 //! `ployz` network, and Container Runtime Observations read back from Docker.
 //!
-//! Only containers labelled with this Machine's ID are ever listed or touched, so several
-//! Machines (or test daemons) can share one Docker engine without seeing each other's work.
+//! Only containers and volumes labelled with this Machine's ID are ever listed or touched, so
+//! several Machines (or test daemons) can share one Docker engine without seeing each other's
+//! work: every operation on a container or volume inspects it and checks the label first, and
+//! every name or ID is checked against Docker's rules before it becomes part of a request.
+//!
+//! Every call waits a bounded time for Docker's answer ([`CALL_TIMEOUT`]; a stop, its grace
+//! period more); a Docker that accepts connections but never answers fails the call with
+//! [`DockerError::NoAnswer`], naming where Docker was asked. Streams that may rightly stay
+//! quiet (a followed log, an exec's output, events) are bounded until Docker's answer begins.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HealthConfig, HostConfig, HostConfigLogConfig, Ipam,
-    IpamConfig, MountTmpfsOptions, MountType, MountVolumeOptions, NetworkCreateRequest,
-    NetworkingConfig, PortBinding, ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
-    VolumeCreateRequest,
+    ContainerCreateBody, ContainerInspectResponse, EndpointSettings, HealthConfig, HostConfig,
+    HostConfigLogConfig, Ipam, IpamConfig, MountTmpfsOptions, MountType, MountVolumeOptions,
+    NetworkCreateRequest, NetworkingConfig, PortBinding, ResourcesUlimits, RestartPolicy,
+    RestartPolicyNameEnum, VolumeCreateRequest,
 };
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, InspectNetworkOptions,
-    ListContainersOptionsBuilder, ListImagesOptions, ListVolumesOptions, LogsOptionsBuilder,
+    ListContainersOptionsBuilder, ListImagesOptions, ListVolumesOptionsBuilder, LogsOptionsBuilder,
     RemoveContainerOptionsBuilder, RemoveVolumeOptionsBuilder, StopContainerOptionsBuilder,
     UploadToContainerOptionsBuilder,
 };
@@ -31,6 +39,23 @@ use rand::Rng;
 
 /// The Docker network every Service Container joins.
 pub const NETWORK: &str = "ployz";
+
+/// The most output (stdout and stderr together) one exec answers with; past it the output is
+/// cut and says so.
+pub const EXEC_OUTPUT_LIMIT: usize = 8 << 20;
+
+/// How long one Docker call (list, inspect, create, start, remove, the start of a stream) may
+/// wait for Docker's answer before it fails with [`DockerError::NoAnswer`].
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long an image pull may go without a progress message from Docker.
+pub const PULL_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Where Docker listens when neither `--docker-host` nor `DOCKER_HOST` says.
+const DEFAULT_DOCKER_SOCKET: &str = "unix:///var/run/docker.sock";
+
+/// Docker's stop timeout when neither the caller nor the container sets one.
+const DOCKER_DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Container labels, all under `ployz.`.
 pub mod labels {
@@ -48,22 +73,47 @@ pub mod labels {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DockerError {
-    #[error("cannot reach Docker: {0}; is dockerd running (set --docker-host or DOCKER_HOST)?")]
+    #[error("cannot reach Docker {0}; is dockerd running (set --docker-host or DOCKER_HOST)?")]
     Unreachable(String),
+    #[error("Docker did not answer {call} within {} s at {host}; dockerd may be hung: check `docker info` and dockerd's log, and restart it (for example `systemctl restart docker`)", .waited.as_secs())]
+    NoAnswer {
+        /// Where Docker was asked (`unix:///var/run/docker.sock`).
+        host: String,
+        /// What was asked, as a phrase ("listing containers").
+        call: String,
+        waited: Duration,
+    },
     #[error("no container '{0}' on this Machine")]
     NoSuchContainer(String),
+    #[error("no volume '{0}' on this Machine (Ployz lists and removes only the volumes it created on this Machine)")]
+    NoSuchVolume(String),
+    #[error("{field} '{value}' is not {rule}")]
+    InvalidName {
+        /// The request field that held it (`id`, `name`, `image`).
+        field: &'static str,
+        /// The value, shortened and escaped for display.
+        value: String,
+        /// What it should be.
+        rule: &'static str,
+    },
     #[error("image '{image}' is not on this Machine and could not be pulled: {reason}")]
     ImageUnavailable { image: String, reason: String },
     #[error("the Docker network '{NETWORK}' exists with subnet {found}, but this Machine's subnet is {wanted}; remove that network (`docker network rm {NETWORK}`) or reset this Machine")]
     NetworkConflict { found: String, wanted: String },
+    #[error("cannot build the configs archive for container '{container}': {reason}")]
+    ConfigsArchive { container: String, reason: String },
     #[error("docker: {0}")]
     Docker(#[from] bollard::errors::Error),
 }
 
 impl DockerError {
-    /// Whether Docker could not be reached at all (as opposed to refusing one request).
+    /// Whether Docker could not be reached at all, or did not answer in time (as opposed to
+    /// refusing one request).
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, DockerError::Unreachable(_))
+        matches!(
+            self,
+            DockerError::Unreachable(_) | DockerError::NoAnswer { .. }
+        )
     }
 }
 
@@ -77,7 +127,86 @@ fn is_not_found(e: &bollard::errors::Error) -> bool {
     )
 }
 
+/// A value as an error message shows it: at most 80 characters, control characters escaped.
+fn shown(value: &str) -> String {
+    let mut out: String = value
+        .chars()
+        .take(80)
+        .flat_map(char::escape_debug)
+        .collect();
+    if value.chars().count() > 80 {
+        out.push_str("...");
+    }
+    out
+}
+
+/// Checks a Container ID as the API takes it: 1 to 64 hexadecimal digits (Docker resolves an
+/// unambiguous prefix). Anything else never reaches a Docker request.
+pub fn check_container_id(id: &str) -> Result<(), DockerError> {
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(DockerError::InvalidName {
+            field: "id",
+            value: shown(id),
+            rule: "a Container ID (1 to 64 hexadecimal digits); resolve names and prefixes with `GET /v1/containers` first",
+        });
+    }
+    Ok(())
+}
+
+/// Checks a Docker Volume name by Docker's own rule: `[a-zA-Z0-9][a-zA-Z0-9_.-]+`, at most 255
+/// characters. Anything else never reaches a Docker request.
+pub fn check_volume_name(name: &str) -> Result<(), DockerError> {
+    let bytes = name.as_bytes();
+    let ok = (2..=255).contains(&bytes.len())
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[1..]
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if !ok {
+        return Err(DockerError::InvalidName {
+            field: "name",
+            value: shown(name),
+            rule: "a Docker Volume name: 2 to 255 of letters, digits, '_', '.' and '-', starting with a letter or digit",
+        });
+    }
+    Ok(())
+}
+
+/// Checks an image reference's shape (`[registry/]name[:tag][@digest]`): letters, digits and
+/// `. _ - / : @ +`, no empty, `.` or `..` path part. Docker judges the rest.
+pub fn check_image_reference(image: &str) -> Result<(), DockerError> {
+    let path = image.split('@').next().unwrap_or(image);
+    let ok = !image.is_empty()
+        && image.len() <= 1024
+        && image
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/:@+".contains(&b))
+        && !image.starts_with(['-', '.', '/', ':', '@'])
+        && path
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..");
+    if !ok {
+        return Err(DockerError::InvalidName {
+            field: "image",
+            value: shown(image),
+            rule:
+                "an image reference such as nginx:1.27 or registry.example.com/team/app@sha256:...",
+        });
+    }
+    Ok(())
+}
+
 pub use ployz_core::api::{ExecResult, HookResult};
+
+/// What Docker says about a container, by whose it is.
+enum Lookup {
+    /// This Machine's, as Docker inspected it just now.
+    Mine(Box<ContainerInspectResponse>),
+    /// Docker has no such container.
+    Gone,
+    /// It exists but carries another Machine's ID, or none.
+    NotMine,
+}
 
 /// This Machine's Docker.
 #[derive(Clone)]
@@ -86,6 +215,8 @@ pub struct MachineDocker {
     base: Docker,
     /// The client speaking the engine's API version, negotiated on first use.
     negotiated: std::sync::Arc<tokio::sync::OnceCell<Docker>>,
+    /// Where Docker is asked, as messages name it.
+    host: std::sync::Arc<str>,
     machine_id: MachineId,
     subnet: MachineSubnet,
 }
@@ -110,52 +241,98 @@ impl MachineDocker {
         machine_id: MachineId,
         subnet: MachineSubnet,
     ) -> Result<MachineDocker, DockerError> {
+        let shown_host = match host {
+            Some(h) => h.to_owned(),
+            None => std::env::var("DOCKER_HOST")
+                .ok()
+                .filter(|h| h.starts_with("unix://"))
+                .unwrap_or_else(|| DEFAULT_DOCKER_SOCKET.to_owned()),
+        };
         let docker = match host {
             Some(h) => Docker::connect_with_host(h),
             None => Docker::connect_with_local_defaults(),
         }
-        .map_err(|e| DockerError::Unreachable(e.to_string()))?;
+        .map_err(|e| DockerError::Unreachable(format!("at {shown_host}: {e}")))?
+        // Bounds every request until Docker's answer begins, streams included.
+        .with_timeout(CALL_TIMEOUT);
         Ok(MachineDocker {
             base: docker,
             negotiated: Default::default(),
+            host: shown_host.into(),
             machine_id,
             subnet,
         })
     }
 
+    /// Where Docker is asked (`unix:///var/run/docker.sock`).
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    fn no_answer(&self, call: &str, waited: Duration) -> DockerError {
+        DockerError::NoAnswer {
+            host: self.host.to_string(),
+            call: call.to_owned(),
+            waited,
+        }
+    }
+
+    /// Waits at most `limit` for Docker's answer to `call`. The outer error is Docker not
+    /// answering in time; the inner result is Docker's answer, for the caller to judge.
+    async fn answer<T>(
+        &self,
+        call: &str,
+        limit: Duration,
+        request: impl Future<Output = Result<T, bollard::errors::Error>>,
+    ) -> Result<Result<T, bollard::errors::Error>, DockerError> {
+        match tokio::time::timeout(limit, request).await {
+            Err(_) | Ok(Err(bollard::errors::Error::RequestTimeoutError)) => {
+                Err(self.no_answer(call, limit))
+            }
+            Ok(answer) => Ok(answer),
+        }
+    }
+
     /// The client, speaking the API version the engine supports.
     async fn api(&self) -> Result<&Docker, DockerError> {
-        self.negotiated
-            .get_or_try_init(|| async {
-                self.base
-                    .clone()
-                    .negotiate_version()
-                    .await
-                    .map_err(|e| DockerError::Unreachable(e.to_string()))
-            })
-            .await
+        let negotiate = self.negotiated.get_or_try_init(|| async {
+            match self.base.clone().negotiate_version().await {
+                Ok(d) => Ok(d),
+                Err(bollard::errors::Error::RequestTimeoutError) => {
+                    Err(self.no_answer("the version check", CALL_TIMEOUT))
+                }
+                Err(e) => Err(DockerError::Unreachable(format!("at {}: {e}", self.host))),
+            }
+        });
+        // Bounded as a whole: a caller queued behind another's attempt waits no longer.
+        match tokio::time::timeout(CALL_TIMEOUT, negotiate).await {
+            Ok(result) => result,
+            Err(_) => Err(self.no_answer("the version check", CALL_TIMEOUT)),
+        }
     }
 
     /// Checks the engine answers.
     pub async fn ping(&self) -> Result<(), DockerError> {
-        self.api()
+        let api = self.api().await?;
+        self.answer("a ping", CALL_TIMEOUT, api.ping())
             .await?
-            .ping()
-            .await
             .map(|_| ())
-            .map_err(|e| DockerError::Unreachable(e.to_string()))
+            .map_err(|e| self.classify(e))
     }
 
     /// Creates the `ployz` bridge network on the Machine Subnet with the Machine Gateway, leaves
     /// a matching one alone, and reports a conflicting one.
     pub async fn ensure_network(&self) -> Result<(), DockerError> {
         let wanted = self.subnet.to_string();
-        match self
-            .api()
-            .await?
-            .inspect_network(NETWORK, None::<InspectNetworkOptions>)
-            .await
-        {
+        let api = self.api().await?;
+        let inspected = self
+            .answer(
+                "inspecting the network",
+                CALL_TIMEOUT,
+                api.inspect_network(NETWORK, None::<InspectNetworkOptions>),
+            )
+            .await?;
+        match inspected {
             Ok(net) => {
                 let found: Vec<String> = net
                     .ipam
@@ -189,7 +366,14 @@ impl MachineDocker {
                     labels: Some(HashMap::from([(labels::MANAGED.to_owned(), String::new())])),
                     ..Default::default()
                 };
-                match self.api().await?.create_network(request).await {
+                match self
+                    .answer(
+                        "creating the network",
+                        CALL_TIMEOUT,
+                        api.create_network(request),
+                    )
+                    .await?
+                {
                     Ok(_) => {
                         tracing::info!(subnet = %self.subnet, "created the Docker network '{NETWORK}'");
                         Ok(())
@@ -209,7 +393,47 @@ impl MachineDocker {
     fn classify(&self, e: bollard::errors::Error) -> DockerError {
         match e {
             bollard::errors::Error::DockerResponseServerError { .. } => DockerError::Docker(e),
-            other => DockerError::Unreachable(other.to_string()),
+            bollard::errors::Error::RequestTimeoutError => {
+                self.no_answer("a request", CALL_TIMEOUT)
+            }
+            other => DockerError::Unreachable(format!("at {}: {other}", self.host)),
+        }
+    }
+
+    fn is_mine(&self, labels: Option<&HashMap<String, String>>) -> bool {
+        labels
+            .and_then(|l| l.get(labels::MACHINE_ID))
+            .is_some_and(|m| m.as_str() == self.machine_id.as_str())
+    }
+
+    /// Inspects a container and says whose it is. `id` is checked first: nothing unchecked is
+    /// put into a Docker request's path.
+    async fn lookup(&self, id: &str) -> Result<Lookup, DockerError> {
+        check_container_id(id)?;
+        let api = self.api().await?;
+        match self
+            .answer(
+                "inspecting a container",
+                CALL_TIMEOUT,
+                api.inspect_container(id, None),
+            )
+            .await?
+        {
+            Ok(c) if self.is_mine(c.config.as_ref().and_then(|c| c.labels.as_ref())) => {
+                Ok(Lookup::Mine(Box::new(c)))
+            }
+            Ok(_) => Ok(Lookup::NotMine),
+            Err(e) if is_not_found(&e) => Ok(Lookup::Gone),
+            Err(e) => Err(self.classify(e)),
+        }
+    }
+
+    /// A container of this Machine, inspected now, and its full ID; `NoSuchContainer` when it
+    /// is gone or is not this Machine's.
+    async fn mine(&self, id: &str) -> Result<(String, Box<ContainerInspectResponse>), DockerError> {
+        match self.lookup(id).await? {
+            Lookup::Mine(c) => Ok((c.id.clone().unwrap_or_else(|| id.to_owned()), c)),
+            Lookup::Gone | Lookup::NotMine => Err(DockerError::NoSuchContainer(id.to_owned())),
         }
     }
 
@@ -219,16 +443,19 @@ impl MachineDocker {
             "label".to_owned(),
             vec![format!("{}={}", labels::MACHINE_ID, self.machine_id)],
         )]);
+        let api = self.api().await?;
         let list = self
-            .api()
+            .answer(
+                "listing containers",
+                CALL_TIMEOUT,
+                api.list_containers(Some(
+                    ListContainersOptionsBuilder::default()
+                        .all(true)
+                        .filters(&filters)
+                        .build(),
+                )),
+            )
             .await?
-            .list_containers(Some(
-                ListContainersOptionsBuilder::default()
-                    .all(true)
-                    .filters(&filters)
-                    .build(),
-            ))
-            .await
             .map_err(|e| self.classify(e))?;
         let mut out = Vec::with_capacity(list.len());
         for summary in list {
@@ -246,16 +473,17 @@ impl MachineDocker {
         &self,
         id: &str,
     ) -> Result<Option<ContainerRuntimeObservation>, DockerError> {
-        let c = match self.api().await?.inspect_container(id, None).await {
-            Ok(c) => c,
-            Err(e) if is_not_found(&e) => return Ok(None),
-            Err(e) => return Err(self.classify(e)),
-        };
+        match self.lookup(id).await? {
+            Lookup::Mine(c) => Ok(self.observation(*c)),
+            Lookup::Gone | Lookup::NotMine => Ok(None),
+        }
+    }
+
+    /// A Container Runtime Observation from what Docker said about one of this Machine's
+    /// containers; `None` when it lacks the Service labels.
+    fn observation(&self, c: ContainerInspectResponse) -> Option<ContainerRuntimeObservation> {
         let config = c.config.unwrap_or_default();
         let labels = config.labels.unwrap_or_default();
-        if labels.get(labels::MACHINE_ID).map(String::as_str) != Some(self.machine_id.as_str()) {
-            return Ok(None);
-        }
         let (Some(service_id), Some(service_name)) = (
             labels
                 .get(labels::SERVICE_ID)
@@ -264,11 +492,9 @@ impl MachineDocker {
                 .get(labels::SERVICE_NAME)
                 .and_then(|s| s.parse().ok()),
         ) else {
-            return Ok(None);
+            return None;
         };
-        let Some(container_id) = c.id.and_then(|i| i.parse::<ContainerId>().ok()) else {
-            return Ok(None);
-        };
+        let container_id = c.id.and_then(|i| i.parse::<ContainerId>().ok())?;
         let state = c.state.unwrap_or_default();
         let status = state.status.map(|s| s.to_string()).unwrap_or_default();
         let health =
@@ -292,7 +518,7 @@ impl MachineDocker {
             .as_deref()
             .and_then(parse_rfc3339_seconds)
             .unwrap_or(0);
-        Ok(Some(ContainerRuntimeObservation {
+        Some(ContainerRuntimeObservation {
             id: container_id,
             name: c
                 .name
@@ -316,85 +542,147 @@ impl MachineDocker {
             spec: labels
                 .get(labels::SERVICE_SPEC)
                 .and_then(|s| serde_json::from_str(s).ok()),
-        }))
+        })
     }
 
-    /// The Docker Volumes on this Machine.
-    pub async fn volumes(&self) -> Result<Vec<DockerVolume>, DockerError> {
+    fn docker_volume(&self, v: bollard::models::Volume) -> DockerVolume {
+        DockerVolume {
+            machine_id: self.machine_id.clone(),
+            name: v.name,
+            driver: v.driver,
+            labels: v.labels.into_iter().collect(),
+        }
+    }
+
+    async fn list_volumes(&self, mine_only: bool) -> Result<Vec<DockerVolume>, DockerError> {
+        let mut options = ListVolumesOptionsBuilder::default();
+        let filters = HashMap::from([(
+            "label".to_owned(),
+            vec![format!("{}={}", labels::MACHINE_ID, self.machine_id)],
+        )]);
+        if mine_only {
+            options = options.filters(&filters);
+        }
+        let api = self.api().await?;
         let list = self
-            .api()
+            .answer(
+                "listing volumes",
+                CALL_TIMEOUT,
+                api.list_volumes(Some(options.build())),
+            )
             .await?
-            .list_volumes(None::<ListVolumesOptions>)
-            .await
             .map_err(|e| self.classify(e))?;
         let mut out: Vec<DockerVolume> = list
             .volumes
             .unwrap_or_default()
             .into_iter()
-            .map(|v| DockerVolume {
-                machine_id: self.machine_id.clone(),
-                name: v.name,
-                driver: v.driver,
-                labels: v.labels.into_iter().collect(),
-            })
+            // Docker applied the filter; the label is checked here again all the same.
+            .filter(|v| !mine_only || self.is_mine(Some(&v.labels)))
+            .map(|v| self.docker_volume(v))
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
     }
 
+    /// The Docker Volumes this Machine created (labelled with its Machine ID).
+    pub async fn volumes(&self) -> Result<Vec<DockerVolume>, DockerError> {
+        self.list_volumes(true).await
+    }
+
+    /// Every Docker Volume on this Machine's engine, whoever created it: what a Deploy needs to
+    /// know exists (an `external` volume is by definition made outside Ployz). Nothing is done
+    /// to a volume that is not this Machine's but mounting it where a Compose file names it.
+    pub async fn engine_volumes(&self) -> Result<Vec<DockerVolume>, DockerError> {
+        self.list_volumes(false).await
+    }
+
     /// The image references (`repo:tag`) present on this Machine.
     pub async fn images(&self) -> Result<Vec<String>, DockerError> {
+        let api = self.api().await?;
         let list = self
-            .api()
+            .answer(
+                "listing images",
+                CALL_TIMEOUT,
+                api.list_images(None::<ListImagesOptions>),
+            )
             .await?
-            .list_images(None::<ListImagesOptions>)
-            .await
             .map_err(|e| self.classify(e))?;
         let mut out: Vec<String> = list.into_iter().flat_map(|i| i.repo_tags).collect();
         out.sort();
         Ok(out)
     }
 
-    /// Creates a Docker Volume; an existing one of that name is left as it is.
+    /// Creates a Docker Volume labelled with this Machine's ID; an existing one of that name is
+    /// left as it is.
     pub async fn create_volume(&self, spec: &VolumeSpec) -> Result<DockerVolume, DockerError> {
+        check_volume_name(&spec.name)?;
         let mut volume_labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
         volume_labels.insert(labels::MANAGED.to_owned(), String::new());
         volume_labels.insert(labels::MACHINE_ID.to_owned(), self.machine_id.to_string());
+        let api = self.api().await?;
         let v = self
-            .api()
+            .answer(
+                "creating a volume",
+                CALL_TIMEOUT,
+                api.create_volume(VolumeCreateRequest {
+                    name: Some(spec.name.clone()),
+                    driver: spec.driver.clone(),
+                    driver_opts: Some(spec.driver_opts.clone().into_iter().collect()),
+                    labels: Some(volume_labels),
+                    ..Default::default()
+                }),
+            )
             .await?
-            .create_volume(VolumeCreateRequest {
-                name: Some(spec.name.clone()),
-                driver: spec.driver.clone(),
-                driver_opts: Some(spec.driver_opts.clone().into_iter().collect()),
-                labels: Some(volume_labels),
-                ..Default::default()
-            })
-            .await
             .map_err(|e| self.classify(e))?;
-        Ok(DockerVolume {
-            machine_id: self.machine_id.clone(),
-            name: v.name,
-            driver: v.driver,
-            labels: v.labels.into_iter().collect(),
-        })
+        Ok(self.docker_volume(v))
     }
 
-    /// Removes a Docker Volume.
+    /// Removes a Docker Volume this Machine created; any other volume is refused as not found.
     pub async fn remove_volume(&self, name: &str, force: bool) -> Result<(), DockerError> {
-        self.api()
-            .await?
-            .remove_volume(
-                name,
-                Some(RemoveVolumeOptionsBuilder::default().force(force).build()),
+        check_volume_name(name)?;
+        let api = self.api().await?;
+        match self
+            .answer(
+                "inspecting a volume",
+                CALL_TIMEOUT,
+                api.inspect_volume(name),
             )
-            .await
-            .map_err(|e| self.classify(e))
+            .await?
+        {
+            Ok(v) if self.is_mine(Some(&v.labels)) => {}
+            Ok(_) => return Err(DockerError::NoSuchVolume(name.to_owned())),
+            Err(e) if is_not_found(&e) => return Err(DockerError::NoSuchVolume(name.to_owned())),
+            Err(e) => return Err(self.classify(e)),
+        }
+        match self
+            .answer(
+                "removing a volume",
+                CALL_TIMEOUT,
+                api.remove_volume(
+                    name,
+                    Some(RemoveVolumeOptionsBuilder::default().force(force).build()),
+                ),
+            )
+            .await?
+        {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Err(DockerError::NoSuchVolume(name.to_owned())),
+            Err(e) => Err(self.classify(e)),
+        }
     }
 
     /// Makes sure the image is here, by the spec's pull policy.
     async fn ensure_image(&self, image: &str, policy: PullPolicy) -> Result<(), DockerError> {
-        let present = match self.api().await?.inspect_image(image).await {
+        check_image_reference(image)?;
+        let api = self.api().await?;
+        let present = match self
+            .answer(
+                "inspecting an image",
+                CALL_TIMEOUT,
+                api.inspect_image(image),
+            )
+            .await?
+        {
             Ok(_) => true,
             Err(e) if is_not_found(&e) => false,
             Err(e) => return Err(self.classify(e)),
@@ -408,7 +696,7 @@ impl MachineDocker {
             }),
             PullPolicy::Missing | PullPolicy::Always => {
                 let (from, tag) = split_tag(image);
-                let mut pull = self.api().await?.create_image(
+                let mut pull = api.create_image(
                     Some(
                         CreateImageOptionsBuilder::default()
                             .from_image(from)
@@ -418,8 +706,18 @@ impl MachineDocker {
                     None,
                     None,
                 );
-                while let Some(item) = pull.next().await {
+                // A pull reports progress as it goes: silence for this long means Docker hung.
+                while let Some(item) = self
+                    .answer("pulling an image", PULL_IDLE_TIMEOUT, async {
+                        Ok::<_, bollard::errors::Error>(pull.next().await)
+                    })
+                    .await?
+                    .map_err(|e| self.classify(e))?
+                {
                     if let Err(e) = item {
+                        if matches!(e, bollard::errors::Error::RequestTimeoutError) {
+                            return Err(self.no_answer("pulling an image", CALL_TIMEOUT));
+                        }
                         // A local image that cannot be refreshed still serves `always`.
                         if present {
                             tracing::warn!(image, error = %e, "pull failed; using the local image");
@@ -460,23 +758,29 @@ impl MachineDocker {
         body: ContainerCreateBody,
         spec: &ServiceSpec,
     ) -> Result<String, DockerError> {
+        let api = self.api().await?;
         let created = self
-            .api()
-            .await?
-            .create_container(
-                Some(CreateContainerOptionsBuilder::default().name(name).build()),
-                body,
+            .answer(
+                "creating a container",
+                CALL_TIMEOUT,
+                api.create_container(
+                    Some(CreateContainerOptionsBuilder::default().name(name).build()),
+                    body,
+                ),
             )
-            .await
+            .await?
             .map_err(|e| self.classify(e))?;
+        check_container_id(&created.id)?;
         if !spec.container.configs.is_empty() {
             self.copy_configs(&created.id, spec).await?;
         }
-        self.api()
-            .await?
-            .start_container(&created.id, None)
-            .await
-            .map_err(|e| self.classify(e))?;
+        self.answer(
+            "starting a container",
+            CALL_TIMEOUT,
+            api.start_container(&created.id, None),
+        )
+        .await?
+        .map_err(|e| self.classify(e))?;
         Ok(created.id)
     }
 
@@ -622,6 +926,10 @@ impl MachineDocker {
     }
 
     async fn copy_configs(&self, container: &str, spec: &ServiceSpec) -> Result<(), DockerError> {
+        let archive_error = |e: std::io::Error| DockerError::ConfigsArchive {
+            container: container.to_owned(),
+            reason: e.to_string(),
+        };
         let mut archive = tar::Builder::new(Vec::new());
         for cfg in &spec.container.configs {
             let mut header = tar::Header::new_gnu();
@@ -633,47 +941,72 @@ impl MachineDocker {
             let path = cfg.target.trim_start_matches('/');
             archive
                 .append_data(&mut header, path, cfg.content.as_bytes())
-                .map_err(|e| {
-                    DockerError::Unreachable(format!("building the configs archive: {e}"))
-                })?;
+                .map_err(archive_error)?;
         }
-        let bytes = archive
-            .into_inner()
-            .map_err(|e| DockerError::Unreachable(format!("building the configs archive: {e}")))?;
-        self.api()
-            .await?
-            .upload_to_container(
+        let bytes = archive.into_inner().map_err(archive_error)?;
+        let api = self.api().await?;
+        self.answer(
+            "copying configs into a container",
+            CALL_TIMEOUT,
+            api.upload_to_container(
                 container,
                 Some(UploadToContainerOptionsBuilder::default().path("/").build()),
                 bollard::body_full(bytes.into()),
-            )
-            .await
-            .map_err(|e| self.classify(e))
+            ),
+        )
+        .await?
+        .map_err(|e| self.classify(e))
     }
 
-    /// Starts a stopped container.
-    pub async fn start(&self, id: &str) -> Result<(), DockerError> {
-        match self.api().await?.start_container(id, None).await {
-            Ok(()) => Ok(()),
+    /// Starts a stopped container of this Machine; its full Container ID.
+    pub async fn start(&self, id: &str) -> Result<String, DockerError> {
+        let (full, _) = self.mine(id).await?;
+        let api = self.api().await?;
+        match self
+            .answer(
+                "starting a container",
+                CALL_TIMEOUT,
+                api.start_container(&full, None),
+            )
+            .await?
+        {
+            Ok(()) => Ok(full),
             Err(e) if is_not_found(&e) => Err(DockerError::NoSuchContainer(id.to_owned())),
             Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 304, ..
-            }) => Ok(()),
+            }) => Ok(full),
             Err(e) => Err(self.classify(e)),
         }
     }
 
-    /// Stops a container, giving it `timeout` before SIGKILL. Already stopped is fine.
+    /// Stops a container of this Machine, giving it `timeout` (else its own stop timeout)
+    /// before SIGKILL. Already stopped is fine. Docker is waited for that long and
+    /// [`CALL_TIMEOUT`] more.
     pub async fn stop(&self, id: &str, timeout: Option<Duration>) -> Result<(), DockerError> {
+        let (full, inspected) = self.mine(id).await?;
         let mut options = StopContainerOptionsBuilder::default();
         if let Some(t) = timeout {
-            options = options.t(t.as_secs() as i32);
+            options = options.t(t.as_secs().min(i32::MAX as u64) as i32);
         }
+        let grace = timeout
+            .or_else(|| {
+                inspected
+                    .config
+                    .as_ref()
+                    .and_then(|c| c.stop_timeout)
+                    .map(|s| Duration::from_secs(s.max(0) as u64))
+            })
+            .unwrap_or(DOCKER_DEFAULT_STOP_TIMEOUT);
+        let limit = grace.saturating_add(CALL_TIMEOUT);
+        // Docker answers a stop once the container has stopped: the client waits as long.
+        let api = self.api().await?.clone().with_timeout(limit);
         match self
-            .api()
+            .answer(
+                "stopping a container",
+                limit,
+                api.stop_container(&full, Some(options.build())),
+            )
             .await?
-            .stop_container(id, Some(options.build()))
-            .await
         {
             Ok(()) => Ok(()),
             Err(bollard::errors::Error::DockerResponseServerError {
@@ -684,41 +1017,55 @@ impl MachineDocker {
         }
     }
 
-    /// Removes a container (stopping it if needed) and its anonymous volumes. Gone is fine.
-    pub async fn remove(&self, id: &str) -> Result<(), DockerError> {
+    /// Removes a container of this Machine (stopping it if needed) and its anonymous volumes.
+    /// Gone is fine; another Machine's container (or one no Machine owns) is refused. Answers
+    /// the full Container ID (the one given, when it was already gone).
+    pub async fn remove(&self, id: &str) -> Result<String, DockerError> {
+        let full = match self.lookup(id).await? {
+            Lookup::Mine(c) => c.id.clone().unwrap_or_else(|| id.to_owned()),
+            Lookup::Gone => return Ok(id.to_owned()),
+            Lookup::NotMine => return Err(DockerError::NoSuchContainer(id.to_owned())),
+        };
+        let api = self.api().await?;
         match self
-            .api()
-            .await?
-            .remove_container(
-                id,
-                Some(
-                    RemoveContainerOptionsBuilder::default()
-                        .force(true)
-                        .v(true)
-                        .build(),
+            .answer(
+                "removing a container",
+                CALL_TIMEOUT,
+                api.remove_container(
+                    &full,
+                    Some(
+                        RemoveContainerOptionsBuilder::default()
+                            .force(true)
+                            .v(true)
+                            .build(),
+                    ),
                 ),
             )
-            .await
+            .await?
         {
-            Ok(()) => Ok(()),
-            Err(e) if is_not_found(&e) => Ok(()),
+            Ok(()) => Ok(full),
+            Err(e) if is_not_found(&e) => Ok(full),
             Err(e) => Err(self.classify(e)),
         }
     }
 
-    /// The last `tail` log lines (stdout and stderr interleaved as Docker stored them).
+    /// The last `tail` log lines of a container of this Machine (stdout and stderr interleaved
+    /// as Docker stored them).
     pub async fn tail_logs(&self, id: &str, tail: usize) -> Result<Vec<String>, DockerError> {
+        let (full, _) = self.mine(id).await?;
         let options = LogsOptionsBuilder::default()
             .stdout(true)
             .stderr(true)
             .tail(&tail.to_string())
             .build();
+        let api = self.api().await?;
         let chunks: Vec<_> = self
-            .api()
+            .answer(
+                "reading a container's log",
+                CALL_TIMEOUT,
+                api.logs(&full, Some(options)).try_collect(),
+            )
             .await?
-            .logs(id, Some(options))
-            .try_collect()
-            .await
             .map_err(|e| {
                 if is_not_found(&e) {
                     DockerError::NoSuchContainer(id.to_owned())
@@ -730,7 +1077,9 @@ impl MachineDocker {
         Ok(text.lines().map(str::to_owned).collect())
     }
 
-    /// A container's log as a stream of chunks.
+    /// A container's log as a stream of chunks, for a container of this Machine. Docker must
+    /// begin answering within [`CALL_TIMEOUT`]; a log read to its end must also not pause that
+    /// long between chunks, while a followed log may stay quiet for as long as the container.
     pub async fn log_stream(
         &self,
         id: &str,
@@ -740,39 +1089,69 @@ impl MachineDocker {
         until: Option<i64>,
     ) -> Result<impl Stream<Item = Result<bytes::Bytes, DockerError>> + Send + 'static, DockerError>
     {
+        let (full, _) = self.mine(id).await?;
         let mut options = LogsOptionsBuilder::default()
             .stdout(true)
             .stderr(true)
             .follow(follow)
             .tail(&tail.map_or("all".to_owned(), |t| t.to_string()));
         if let Some(s) = since {
-            options = options.since(s as i32);
+            options = options.since(s.clamp(0, i32::MAX as i64) as i32);
         }
         if let Some(u) = until {
-            options = options.until(u as i32);
+            options = options.until(u.clamp(0, i32::MAX as i64) as i32);
         }
-        Ok(self
-            .api()
-            .await?
-            .logs(id, Some(options.build()))
-            .map(|item| item.map(|c| c.into_bytes()).map_err(DockerError::from)))
+        let chunks = self.api().await?.logs(&full, Some(options.build()));
+        let docker = self.clone();
+        let idle = (!follow).then_some(CALL_TIMEOUT);
+        Ok(futures_util::stream::unfold(
+            Some(Box::pin(chunks)),
+            move |chunks| {
+                let docker = docker.clone();
+                async move {
+                    let mut chunks = chunks?;
+                    let next = match idle {
+                        Some(limit) => match tokio::time::timeout(limit, chunks.next()).await {
+                            Ok(next) => next,
+                            Err(_) => {
+                                return Some((
+                                    Err(docker.no_answer("reading a container's log", limit)),
+                                    None,
+                                ))
+                            }
+                        },
+                        None => chunks.next().await,
+                    };
+                    match next? {
+                        Ok(chunk) => Some((Ok(chunk.into_bytes()), Some(chunks))),
+                        Err(e) => Some((Err(docker.classify(e)), None)),
+                    }
+                }
+            },
+        ))
     }
 
-    /// Runs `cmd` in a container to completion, capturing its output.
+    /// Runs `cmd` in a container of this Machine to completion, capturing its output. Docker
+    /// must begin answering within [`CALL_TIMEOUT`]; the command itself may run as long as it
+    /// runs.
     pub async fn exec(&self, id: &str, cmd: Vec<String>) -> Result<ExecResult, DockerError> {
+        let (full, _) = self.mine(id).await?;
+        let api = self.api().await?;
         let exec = self
-            .api()
-            .await?
-            .create_exec(
-                id,
-                bollard::models::ExecConfig {
-                    attach_stdout: Some(true),
-                    attach_stderr: Some(true),
-                    cmd: Some(cmd),
-                    ..Default::default()
-                },
+            .answer(
+                "creating an exec",
+                CALL_TIMEOUT,
+                api.create_exec(
+                    &full,
+                    bollard::models::ExecConfig {
+                        attach_stdout: Some(true),
+                        attach_stderr: Some(true),
+                        cmd: Some(cmd),
+                        ..Default::default()
+                    },
+                ),
             )
-            .await
+            .await?
             .map_err(|e| {
                 if is_not_found(&e) {
                     DockerError::NoSuchContainer(id.to_owned())
@@ -783,26 +1162,44 @@ impl MachineDocker {
         let mut stdout = Vec::new();
         let mut stderr = Vec::new();
         if let bollard::exec::StartExecResults::Attached { mut output, .. } = self
-            .api()
+            .answer(
+                "starting an exec",
+                CALL_TIMEOUT,
+                api.start_exec(&exec.id, None),
+            )
             .await?
-            .start_exec(&exec.id, None)
-            .await
             .map_err(|e| self.classify(e))?
         {
             while let Some(chunk) = output.next().await {
-                match chunk? {
+                match chunk.map_err(|e| self.classify(e))? {
                     bollard::container::LogOutput::StdErr { message } => {
                         stderr.extend_from_slice(&message)
                     }
                     other => stdout.extend_from_slice(&other.into_bytes()),
                 }
+                if stdout.len() + stderr.len() > EXEC_OUTPUT_LIMIT {
+                    // The daemon holds the whole answer in memory: stop reading here.
+                    stdout.truncate(EXEC_OUTPUT_LIMIT);
+                    stderr.truncate(EXEC_OUTPUT_LIMIT.saturating_sub(stdout.len()));
+                    stderr.extend_from_slice(
+                        format!(
+                            "\n[ployz: the output was cut at {} MiB; for more, redirect it to a file \
+                             in the container]\n",
+                            EXEC_OUTPUT_LIMIT >> 20
+                        )
+                        .as_bytes(),
+                    );
+                    break;
+                }
             }
         }
         let inspect = self
-            .api()
+            .answer(
+                "inspecting an exec",
+                CALL_TIMEOUT,
+                api.inspect_exec(&exec.id),
+            )
             .await?
-            .inspect_exec(&exec.id)
-            .await
             .map_err(|e| self.classify(e))?;
         Ok(ExecResult {
             exit_code: inspect.exit_code.unwrap_or(-1),
@@ -869,11 +1266,14 @@ impl MachineDocker {
         let created_id = self.create_and_start(&name, body, spec).await?;
         let deadline = tokio::time::Instant::now() + Duration::from_millis(hook.timeout_ms);
         let exit_code = loop {
+            let api = self.api().await?;
             let c = self
-                .api()
+                .answer(
+                    "inspecting a hook container",
+                    CALL_TIMEOUT,
+                    api.inspect_container(&created_id, None),
+                )
                 .await?
-                .inspect_container(&created_id, None)
-                .await
                 .map_err(|e| self.classify(e))?;
             let state = c.state.unwrap_or_default();
             if state.running != Some(true)
@@ -900,7 +1300,8 @@ impl MachineDocker {
         })
     }
 
-    /// Docker's event stream for this Machine's containers.
+    /// Docker's event stream for this Machine's containers. Docker must begin answering within
+    /// [`CALL_TIMEOUT`]; the stream itself may stay quiet for as long as nothing happens.
     pub async fn container_events(
         &self,
     ) -> Result<
@@ -914,6 +1315,7 @@ impl MachineDocker {
                 vec![format!("{}={}", labels::MACHINE_ID, self.machine_id)],
             ),
         ]);
+        let docker = self.clone();
         Ok(self
             .api()
             .await?
@@ -922,7 +1324,7 @@ impl MachineDocker {
                     .filters(&filters)
                     .build(),
             ))
-            .map(|e| e.map_err(DockerError::from)))
+            .map(move |e| e.map_err(|e| docker.classify(e))))
     }
 }
 
@@ -1024,6 +1426,56 @@ mod tests {
             split_tag("localhost:5000/app:2"),
             ("localhost:5000/app", "2")
         );
+    }
+
+    #[test]
+    fn names_and_ids_follow_dockers_rules_before_any_request() {
+        check_container_id("0123456789abcdef").unwrap();
+        check_container_id(&"a".repeat(64)).unwrap();
+        for bad in ["", "../containers/x", "abc/def", "xyz", &"a".repeat(65)] {
+            let e = check_container_id(bad).unwrap_err().to_string();
+            assert!(e.starts_with("id '"), "{e}");
+        }
+        check_volume_name("app_data").unwrap();
+        check_volume_name("a1.b-c").unwrap();
+        for bad in [
+            "",
+            "a",
+            "..",
+            "../containers/abc",
+            "..%2Fimages%2Fx",
+            "_x",
+            "a/b",
+            "a b",
+        ] {
+            let e = check_volume_name(bad).unwrap_err().to_string();
+            assert!(e.starts_with("name '"), "{e}");
+        }
+        for good in [
+            "busybox",
+            "ployz-test/busybox:1",
+            "localhost:5000/team/app:2",
+            "nginx@sha256:0123abcd",
+        ] {
+            check_image_reference(good).unwrap();
+        }
+        for bad in [
+            "",
+            "../containers/x",
+            "a/../b",
+            "/abs",
+            "a//b",
+            "a b",
+            "a?b",
+            "a#b",
+        ] {
+            let e = check_image_reference(bad).unwrap_err().to_string();
+            assert!(e.starts_with("image '"), "{e}");
+        }
+        let long = check_volume_name(&format!("/{}", "x".repeat(500)))
+            .unwrap_err()
+            .to_string();
+        assert!(long.len() < 400, "values are shortened: {long}");
     }
 
     #[test]

@@ -14,6 +14,9 @@
 //!   one (the compensation);
 //! - stop and remove drain a running container first, so no edge sends it new requests and the
 //!   ones in flight finish;
+//! - a drain mark never outlives the operation that set it on purpose: a failed drain, or a
+//!   drained container that cannot be stopped, gets its mark lifted again (and the daemon lifts
+//!   whatever a Deploy that died left behind);
 //! - hook: run the Hook Container to its end; a non-zero exit or a timeout fails the Deploy;
 //! - the first failure stops the Deploy: the Outcome lists the completed prefix, the failed
 //!   operation with the failed container's last log lines, and the unexecuted suffix.
@@ -248,10 +251,7 @@ async fn run_operation<T: DeployTarget>(
         } => match order {
             UpdateOrder::StartFirst => {
                 let new = run_and_monitor(target, machine_id, service_id, spec, opts).await?;
-                target
-                    .drain_container(machine_id, old)
-                    .await
-                    .map_err(Failure::because)?;
+                drain(target, machine_id, old).await?;
                 stop_drained(target, machine_id, old).await?;
                 target
                     .remove_container(machine_id, old)
@@ -265,10 +265,7 @@ async fn run_operation<T: DeployTarget>(
                     Ok(Some(c)) if c.is_running()
                 );
                 if was_running {
-                    target
-                        .drain_container(machine_id, old)
-                        .await
-                        .map_err(Failure::because)?;
+                    drain(target, machine_id, old).await?;
                 }
                 stop_drained(target, machine_id, old).await?;
                 match run_and_monitor(target, machine_id, service_id, spec, opts).await {
@@ -320,6 +317,30 @@ async fn run_operation<T: DeployTarget>(
     }
 }
 
+/// Drains a container; if the drain fails, lifts whatever mark it may have left so the container
+/// keeps serving.
+async fn drain<T: DeployTarget>(
+    target: &mut T,
+    machine: &MachineId,
+    container: &ContainerRef,
+) -> Result<(), Failure> {
+    if let Err(reason) = target.drain_container(machine, container).await {
+        let error = target.undrain_container(machine, container).await.err();
+        return Err(Failure {
+            reason,
+            container: None,
+            compensation: Some(Compensation {
+                action: format!(
+                    "lifted the drain mark of {} (its drain failed)",
+                    container.name
+                ),
+                error,
+            }),
+        });
+    }
+    Ok(())
+}
+
 /// Stops a drained container; if that fails, lifts the drain mark so it serves again.
 async fn stop_drained<T: DeployTarget>(
     target: &mut T,
@@ -350,10 +371,7 @@ async fn drain_if_running<T: DeployTarget>(
 ) -> Result<(), Failure> {
     if let Ok(Some(c)) = target.observe_container(machine, container).await {
         if c.is_running() {
-            target
-                .drain_container(machine, container)
-                .await
-                .map_err(Failure::because)?;
+            drain(target, machine, container).await?;
         }
     }
     Ok(())
@@ -468,5 +486,167 @@ async fn monitor<T: DeployTarget>(
             _ => {}
         }
         tokio::time::sleep(opts.poll).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ployz_core::{ContainerKind, DeployPlan, ServicePlan};
+
+    /// A target whose containers all run, and whose drain fails when told to.
+    struct Fake {
+        calls: Vec<String>,
+        drain_fails: bool,
+    }
+
+    fn observation(c: &ContainerRef) -> ContainerRuntimeObservation {
+        ContainerRuntimeObservation {
+            id: c.id.clone(),
+            name: c.name.clone(),
+            machine_id: MachineId::generate(),
+            service_id: ServiceId::generate(),
+            service_name: "web".parse().unwrap(),
+            kind: ContainerKind::Service,
+            state: ContainerState::Running,
+            health: None,
+            restart_count: 0,
+            address: None,
+            image: "app:1".into(),
+            created_at: 0,
+            spec: None,
+        }
+    }
+
+    impl DeployTarget for Fake {
+        async fn create_volume(&mut self, _: &MachineId, _: &VolumeSpec) -> Result<(), String> {
+            Ok(())
+        }
+        async fn run_container(
+            &mut self,
+            _: &MachineId,
+            _: &ServiceId,
+            _: &ServiceSpec,
+        ) -> Result<ContainerRuntimeObservation, String> {
+            Err("not in this test".into())
+        }
+        async fn observe_container(
+            &mut self,
+            _: &MachineId,
+            c: &ContainerRef,
+        ) -> Result<Option<ContainerRuntimeObservation>, String> {
+            Ok(Some(observation(c)))
+        }
+        async fn start_container(&mut self, _: &MachineId, c: &ContainerRef) -> Result<(), String> {
+            self.calls.push(format!("start {}", c.name));
+            Ok(())
+        }
+        async fn stop_container(&mut self, _: &MachineId, c: &ContainerRef) -> Result<(), String> {
+            self.calls.push(format!("stop {}", c.name));
+            Ok(())
+        }
+        async fn remove_container(
+            &mut self,
+            _: &MachineId,
+            c: &ContainerRef,
+        ) -> Result<(), String> {
+            self.calls.push(format!("remove {}", c.name));
+            Ok(())
+        }
+        async fn tail_logs(
+            &mut self,
+            _: &MachineId,
+            _: &ContainerRef,
+            _: usize,
+        ) -> Result<Vec<String>, String> {
+            Ok(Vec::new())
+        }
+        async fn drain_container(&mut self, _: &MachineId, c: &ContainerRef) -> Result<(), String> {
+            self.calls.push(format!("drain {}", c.name));
+            if self.drain_fails {
+                Err("the daemon did not answer".into())
+            } else {
+                Ok(())
+            }
+        }
+        async fn undrain_container(
+            &mut self,
+            _: &MachineId,
+            c: &ContainerRef,
+        ) -> Result<(), String> {
+            self.calls.push(format!("undrain {}", c.name));
+            Ok(())
+        }
+        async fn run_hook(
+            &mut self,
+            _: &MachineId,
+            _: &ServiceId,
+            _: &ServiceSpec,
+            _: &PreDeployHook,
+        ) -> Result<HookResult, String> {
+            Err("not in this test".into())
+        }
+    }
+
+    fn removal() -> DeployPlan {
+        DeployPlan {
+            volume_operations: Vec::new(),
+            services: vec![ServicePlan {
+                service_id: ServiceId::generate(),
+                name: "web".parse().unwrap(),
+                mode: Default::default(),
+                is_new: false,
+                replicas: 0,
+                previous_image: None,
+                image: "app:1".into(),
+                operations: vec![Operation::RemoveContainer {
+                    machine_id: MachineId::generate(),
+                    container: ContainerRef {
+                        id: "ab12".parse().unwrap(),
+                        name: "web-ab12".into(),
+                    },
+                }],
+            }],
+        }
+    }
+
+    fn run(target: &mut Fake) -> DeployOutcome {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(execute(
+                &removal(),
+                target,
+                &ExecuteOptions::default(),
+                |_| {},
+            ))
+    }
+
+    #[test]
+    fn a_failed_drain_lifts_the_mark_it_may_have_left() {
+        let mut target = Fake {
+            calls: Vec::new(),
+            drain_fails: true,
+        };
+        let outcome = run(&mut target);
+        assert_eq!(target.calls, ["drain web-ab12", "undrain web-ab12"]);
+        let failed = outcome.failed.expect("the removal failed");
+        assert_eq!(failed.reason, "the daemon did not answer");
+        let compensation = outcome.compensation.expect("a compensation");
+        assert!(
+            compensation
+                .action
+                .contains("lifted the drain mark of web-ab12"),
+            "{compensation:?}"
+        );
+        assert_eq!(compensation.error, None);
+
+        let mut target = Fake {
+            calls: Vec::new(),
+            drain_fails: false,
+        };
+        assert!(run(&mut target).succeeded());
+        assert_eq!(target.calls, ["drain web-ab12", "remove web-ab12"]);
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! It resyncs on start, after Docker events (debounced), and every 30 s; a resync writes a
 //! machine-owned record per managed container whose observation changed and deletes the record
-//! of a container that vanished. Docker going away is waited out, never fatal.
+//! of a container that vanished. Docker going away, or hanging (every call is bounded), is
+//! waited out, never fatal: a failed resync starts over from the network check.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -112,14 +113,18 @@ pub async fn run(docker: MachineDocker, store: Arc<Store>, mut shutdown: watch::
                         }
                         if let Err(e) = resync(&docker, &store).await {
                             tracing::warn!(error = %e, "container resync failed");
+                            break;
                         }
                     }
                     // The event stream broke (Docker restarted?): start over.
                     Some(Err(_)) | None => break,
                 },
                 _ = tick.tick() => {
+                    // A failed resync may mean a hung Docker whose event stream will never
+                    // say so: start over, subscribing again once Docker answers.
                     if let Err(e) = resync(&docker, &store).await {
                         tracing::warn!(error = %e, "container resync failed");
+                        break;
                     }
                 }
             }

@@ -3,9 +3,11 @@
 //! Rules (the reference's, under Ployz's names):
 //! - a Service's identity is found by name among observed containers; a name shared by several
 //!   Service IDs is Name Ambiguity and refuses the Deploy; mode never changes in place;
-//! - a container is up to date when it runs and its Resolved Service Spec equals the requested
-//!   one field by field (container configuration, ports, placement; not replicas, hooks or
-//!   update settings), unless `pull_policy: always` or `--recreate` force a replacement;
+//! - a container is up to date when it runs, carries no drain mark, and its Resolved Service Spec
+//!   equals the requested one field by field (container configuration, ports, placement; not
+//!   replicas, hooks or update settings), unless `pull_policy: always` or `--recreate` force a
+//!   replacement. A running container with a drain mark receives no requests (a drain whose
+//!   stop never came), so it is replaced rather than counted as serving;
 //! - replicated Services spread `replicas` round-robin over eligible Machines ordered by how many
 //!   up-to-date containers they run, then by whether they hold any, then at random; global
 //!   Services get one container per eligible Machine;
@@ -18,9 +20,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use ployz_core::{
-    ContainerKind, ContainerRef, ContainerRuntimeObservation, DeployIntent, DeployPlan, MachineId,
-    MachineSnapshot, MembershipObservation, Operation, PortSpec, PullPolicy, ServiceId,
-    ServiceMode, ServicePlan, ServiceSpec, UpdateOrder,
+    ContainerId, ContainerKind, ContainerRef, ContainerRuntimeObservation, DeployIntent,
+    DeployPlan, MachineId, MachineSnapshot, MembershipObservation, Operation, PortSpec, PullPolicy,
+    ServiceId, ServiceMode, ServicePlan, ServiceSpec, UpdateOrder,
 };
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -86,9 +88,16 @@ pub fn normalize_image(image: &str) -> String {
     }
 }
 
-/// Whether a container needs no replacement for `spec`.
-fn up_to_date(c: &ContainerRuntimeObservation, spec: &ServiceSpec, opts: &PlanOptions) -> bool {
+/// Whether a container needs no replacement for `spec`; `draining` holds the containers with a
+/// drain mark.
+fn up_to_date(
+    c: &ContainerRuntimeObservation,
+    spec: &ServiceSpec,
+    opts: &PlanOptions,
+    draining: &BTreeSet<&ContainerId>,
+) -> bool {
     c.is_running()
+        && !draining.contains(&c.id)
         && !opts.recreate
         && spec.container.pull_policy != PullPolicy::Always
         && c.spec
@@ -159,6 +168,12 @@ pub fn plan(
         }
     }
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
+    let draining: BTreeSet<&ContainerId> = machines
+        .iter()
+        .flat_map(|m| m.drains.iter().map(|d| &d.container_id))
+        .collect();
+    let up_to_date =
+        |c: &ContainerRuntimeObservation, spec: &ServiceSpec| up_to_date(c, spec, opts, &draining);
     let mut volume_operations = Vec::new();
     // Volumes that exist or that this plan creates, per Machine.
     let mut volumes: BTreeMap<&MachineId, BTreeSet<String>> = machines
@@ -256,7 +271,7 @@ pub fn plan(
                 .iter()
                 .filter(|c| c.machine_id == m.machine.info.id)
                 .collect();
-            let fresh = mine.iter().filter(|c| up_to_date(c, spec, opts)).count();
+            let fresh = mine.iter().filter(|c| up_to_date(c, spec)).count();
             (std::cmp::Reverse(fresh), std::cmp::Reverse(mine.len()))
         };
         eligible.sort_by_key(|m| rank(m));
@@ -344,7 +359,7 @@ pub fn plan(
                 }
             }
             let (fresh, stale): (Vec<_>, Vec<_>) =
-                mine.into_iter().partition(|c| up_to_date(c, spec, opts));
+                mine.into_iter().partition(|c| up_to_date(c, spec));
             let keep = fresh.len().min(want as usize);
             removals.extend(fresh[keep..].iter().map(|c| (machine_id, *c)));
             let mut missing = want as usize - keep;

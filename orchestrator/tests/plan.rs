@@ -28,6 +28,7 @@ fn machine(name: &str) -> MachineSnapshot {
         containers: vec![],
         volumes: vec![],
         images: vec![],
+        drains: vec![],
     }
 }
 
@@ -143,6 +144,32 @@ fn an_unchanged_spec_plans_nothing_and_says_so() {
         &[m],
     );
     assert_eq!(text, "Services are up to date.\n");
+}
+
+#[test]
+fn a_running_container_left_with_a_drain_mark_is_replaced_not_up_to_date() {
+    let mut m = machine("a");
+    let mut s = spec("web");
+    s.replicas = 2;
+    let id = ServiceId::generate();
+    let marked = add(&mut m, &id, &s, ContainerState::Running);
+    let serving = add(&mut m, &id, &s, ContainerState::Running);
+    let marked_id = m.containers[0].id.clone();
+    m.drains.push(ployz_core::DrainMark {
+        container_id: marked_id,
+        machine_id: m.machine.info.id.clone(),
+        lease_token: Some(3),
+        set_by: "alice@build-1 (pid 7), running `deploy of web`".into(),
+        set_at_ms: 1_000,
+        deadline_ms: 100_000,
+    });
+    // The marked one receives no requests: it is replaced, the other is kept as it is.
+    let ops = plan_all(vec![s.clone()], std::slice::from_ref(&m));
+    assert_eq!(ops, [format!("replace {marked} start-first")]);
+    assert!(!ops.iter().any(|o| o.contains(&serving)), "{ops:?}");
+    // Without the mark, nothing to do.
+    m.drains.clear();
+    assert!(plan_all(vec![s], &[m]).is_empty());
 }
 
 #[test]

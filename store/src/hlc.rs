@@ -62,6 +62,11 @@ impl Clock {
         self.last
     }
 
+    /// The last timestamp issued or observed.
+    pub(crate) fn last(&self) -> Hlc {
+        self.last
+    }
+
     /// Takes a remote timestamp into account, so the next tick orders after it.
     pub(crate) fn observe(&mut self, remote: Hlc) {
         self.last = self.last.max(remote);

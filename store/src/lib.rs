@@ -15,14 +15,23 @@
 //! origin O after sequence N. The transport is not this crate's business.
 //!
 //! **Architecture Invariant:** sled is used here and nowhere else. Local writes are flushed to
-//! disk before they return.
+//! disk before they return, and no read shows a change the disk did not take.
+//!
+//! A store opened with an acknowledgement record ([`OpenOptions::acknowledged`]) writes down,
+//! beside itself, what it has acknowledged, and refuses to open holding less
+//! ([`StoreError::is_loss`]). A store whose disk refuses a write stops taking writes, keeps
+//! serving what was durable, and reopens itself once the disk takes writes again
+//! ([`Store::write_failure`], [`Store::recover`]).
 
+mod acknowledged;
 pub mod certificates;
+pub mod drains;
 mod error;
 mod hlc;
 mod key;
 pub mod machines;
 pub mod observations;
+mod opening;
 mod record;
 mod store;
 mod sync;
@@ -32,6 +41,6 @@ pub use error::StoreError;
 pub use hlc::Hlc;
 pub use key::{Key, KeyPrefix, Owner};
 pub use record::Record;
-pub use store::{MergeReport, Store};
+pub use store::{MergeReport, OpenOptions, OpenReport, Store};
 pub use sync::{Digest, SyncBatch, SyncRequest};
 pub use watch::{Change, Watch, WatchEvent};

@@ -1,4 +1,5 @@
-//! The store itself: local writes, merges and the sync answers.
+//! The store itself: local writes, merges and the sync answers, and how it stays honest about
+//! what is on disk.
 //!
 //! Layout: one sled tree, four kinds of entry told apart by their first byte, so that every
 //! change is one atomic sled batch:
@@ -8,15 +9,35 @@
 //!   currently held (an entry is removed when its record is superseded);
 //! - `d` + origin: the highest sequence incorporated from that origin (the digest);
 //! - `h`: the clock's last timestamp.
+//!
+//! Durability. A change is applied as one batch and flushed before the call returns, and readers
+//! wait meanwhile, so no read shows a change the disk has not taken. When the disk refuses
+//! (full, read-only, failing), sled refuses every later write until it is opened again: the store
+//! then *freezes*. It serves reads from a copy of what was durable (the failed change left out),
+//! refuses writes saying why, and reopens itself from disk once a probe write to its directory
+//! succeeds ([`Store::recover`], also tried by every write). A failed local write that reached
+//! the disk after all is undone on reopening, so a write reported failed never shows up later.
+//!
+//! Opening. Files an interrupted snapshot left behind are removed; sled failing to open or
+//! panicking, and entries that do not decode, make the store unreadable; with an acknowledgement
+//! record ([`OpenOptions::acknowledged`]), a store holding less than it acknowledged is refused.
+//! [`OpenOptions::accept_loss`] opens anyway, keeping what can be kept.
 
-use std::collections::HashMap;
-use std::path::Path;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::ops::{Bound, ControlFlow};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use ployz_core::MachineId;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
 
+use crate::acknowledged::{Acknowledged, AcknowledgedWrite};
 use crate::hlc::{wall_now_ms, Clock};
+use crate::opening::{
+    last_local_write, move_aside, open_and_read, read_acknowledged, set_aside_sled_metadata,
+    shortfalls,
+};
 use crate::{
     Change, Digest, Hlc, Key, KeyPrefix, Owner, Record, StoreError, SyncBatch, SyncRequest, Watch,
 };
@@ -24,10 +45,17 @@ use crate::{
 /// How many changes a slow watcher may fall behind before it is told to rescan.
 const WATCH_BUFFER: usize = 4096;
 
-const RECORD: u8 = b'r';
-const LOG: u8 = b'l';
-const DIGEST: u8 = b'd';
-const CLOCK: &[u8] = b"h";
+pub(crate) const RECORD: u8 = b'r';
+pub(crate) const LOG: u8 = b'l';
+pub(crate) const DIGEST: u8 = b'd';
+pub(crate) const CLOCK: &[u8] = b"h";
+
+/// The sled tree holding everything.
+pub(crate) const TREE: &str = "ployz";
+/// Bytes a frozen store writes (and removes) to see whether its disk takes writes again.
+const PROBE_BYTES: usize = 64 * 1024;
+/// The probe file, inside the store's directory.
+const PROBE_FILE: &str = "space-probe";
 
 /// What a merge did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -38,14 +66,42 @@ pub struct MergeReport {
     pub ignored: usize,
 }
 
+/// How [`Store::open_with`] opens a store.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Where the acknowledgement record lives: outside the store's directory, so that losing
+    /// the directory does not lose the record. `None`: no record is kept or compared.
+    pub acknowledged: Option<PathBuf>,
+    /// Open even though acknowledged data is lost: an unreadable store is moved aside and
+    /// started empty, entries that do not decode are removed, a store behind its record is kept
+    /// as it is (its own sequence raised to what was acknowledged, so no number is used twice),
+    /// and an untrustworthy record is replaced.
+    pub accept_loss: bool,
+}
+
+/// What opening did beyond opening.
+#[derive(Debug, Default)]
+pub struct OpenReport {
+    /// What was accepted as lost (only with [`OpenOptions::accept_loss`]), a sentence each.
+    pub accepted_losses: Vec<String>,
+    /// Files an interrupted snapshot left behind, removed before opening.
+    pub removed_leftovers: Vec<PathBuf>,
+}
+
 /// One Machine's local store. Cheap to share behind an `Arc`; every method takes `&self`.
 pub struct Store {
-    db: sled::Db,
-    tree: sled::Tree,
     local: MachineId,
-    /// Serialises writes and merges; holds the clock so timestamps and sequences agree.
-    clock: Mutex<Clock>,
+    /// sled's directory; `None` for a temporary store.
+    path: Option<PathBuf>,
+    /// The acknowledgement record's file, when one is kept.
+    acknowledged: Option<PathBuf>,
+    /// Readers share it; a change holds it exclusively from its first read to its flush.
+    backend: RwLock<Backend>,
+    /// Serialises writes, merges and recovery.
+    writer: Mutex<Writer>,
     changes: broadcast::Sender<Change>,
+    /// Why writes are refused, while they are.
+    writability: watch::Sender<Option<String>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -54,14 +110,68 @@ impl std::fmt::Debug for Store {
     }
 }
 
-fn record_key(key_bytes: &[u8]) -> Vec<u8> {
+pub(crate) struct Sled {
+    pub(crate) db: sled::Db,
+    pub(crate) tree: sled::Tree,
+}
+
+/// Where reads come from.
+enum Backend {
+    Open(Sled),
+    /// What was durable when a write failed, served until the store reopens; `Err` when even
+    /// that could not be read back.
+    Frozen(Result<BTreeMap<Vec<u8>, sled::IVec>, String>),
+}
+
+/// The writer's state, under [`Store::writer`].
+struct Writer {
+    clock: Clock,
+    trouble: Option<Trouble>,
+    /// This Machine's last local write still held, for the acknowledgement record.
+    last_local: Option<AcknowledgedWrite>,
+}
+
+/// Why writes are refused.
+enum Trouble {
+    /// sled refused a change; the backend is frozen until the store reopens.
+    Frozen {
+        reason: String,
+        /// The local write that failed, undone if it reached the disk after all.
+        failed: Option<Box<FailedWrite>>,
+    },
+    /// The changes are durable, but the acknowledgement record could not follow them.
+    RecordBehind { reason: String },
+}
+
+impl Trouble {
+    fn describe(&self) -> String {
+        match self {
+            Trouble::Frozen { reason, .. } => format!(
+                "{reason}; reads show what was on disk before; writes resume by themselves once \
+                 the store's filesystem takes writes again (free space there if it is full)"
+            ),
+            Trouble::RecordBehind { reason } => format!(
+                "{reason}; writes resume by themselves once it can be written (free space on its \
+                 filesystem if it is full)"
+            ),
+        }
+    }
+}
+
+struct FailedWrite {
+    record: Record,
+    /// What the key held before, durable.
+    previous: Option<Record>,
+}
+
+pub(crate) fn record_key(key_bytes: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + key_bytes.len());
     k.push(RECORD);
     k.extend_from_slice(key_bytes);
     k
 }
 
-fn log_key(origin: &MachineId, seq: u64) -> Vec<u8> {
+pub(crate) fn log_key(origin: &MachineId, seq: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(41);
     k.push(LOG);
     k.extend_from_slice(origin.as_str().as_bytes());
@@ -69,25 +179,129 @@ fn log_key(origin: &MachineId, seq: u64) -> Vec<u8> {
     k
 }
 
-fn digest_key(origin: &MachineId) -> Vec<u8> {
+pub(crate) fn digest_key(origin: &MachineId) -> Vec<u8> {
     let mut k = Vec::with_capacity(33);
     k.push(DIGEST);
     k.extend_from_slice(origin.as_str().as_bytes());
     k
 }
 
-fn decode_u64(bytes: &[u8]) -> Result<u64, StoreError> {
+pub(crate) fn decode_u64(bytes: &[u8]) -> Result<u64, StoreError> {
     bytes
         .try_into()
         .map(u64::from_be_bytes)
         .map_err(|_| StoreError::Malformed("counter is not 8 bytes".into()))
 }
 
-fn encode_hlc(h: Hlc) -> [u8; 12] {
+pub(crate) fn encode_hlc(h: Hlc) -> [u8; 12] {
     let mut out = [0u8; 12];
     out[..8].copy_from_slice(&h.wall_ms.to_be_bytes());
     out[8..].copy_from_slice(&h.counter.to_be_bytes());
     out
+}
+
+pub(crate) fn decode_hlc(bytes: &[u8]) -> Option<Hlc> {
+    let wall: [u8; 8] = bytes.get(..8)?.try_into().ok()?;
+    let counter: [u8; 4] = bytes.get(8..)?.try_into().ok()?;
+    Some(Hlc {
+        wall_ms: u64::from_be_bytes(wall),
+        counter: u32::from_be_bytes(counter),
+    })
+}
+
+pub(crate) fn decode_origin(bytes: &[u8]) -> Option<MachineId> {
+    std::str::from_utf8(bytes).ok()?.parse().ok()
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
+}
+
+impl Backend {
+    fn get(&self, key: &[u8]) -> Result<Option<sled::IVec>, StoreError> {
+        match self {
+            Backend::Open(s) => Ok(s.tree.get(key)?),
+            Backend::Frozen(Ok(entries)) => Ok(entries.get(key).cloned()),
+            Backend::Frozen(Err(reason)) => Err(unreadable_while_frozen(reason)),
+        }
+    }
+
+    /// Calls `f` on every entry whose key starts with `prefix`, in key order, until it breaks.
+    fn each_with_prefix(
+        &self,
+        prefix: &[u8],
+        mut f: impl FnMut(&[u8], &sled::IVec) -> Result<ControlFlow<()>, StoreError>,
+    ) -> Result<(), StoreError> {
+        match self {
+            Backend::Open(s) => {
+                for item in s.tree.scan_prefix(prefix) {
+                    let (k, v) = item?;
+                    if f(&k, &v)?.is_break() {
+                        break;
+                    }
+                }
+            }
+            Backend::Frozen(Ok(entries)) => {
+                let range = entries.range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded));
+                for (k, v) in range.take_while(|(k, _)| k.starts_with(prefix)) {
+                    if f(k, v)?.is_break() {
+                        break;
+                    }
+                }
+            }
+            Backend::Frozen(Err(reason)) => return Err(unreadable_while_frozen(reason)),
+        }
+        Ok(())
+    }
+
+    /// Calls `f` on every entry from `start` to `end` (both included), in key order, until it
+    /// breaks.
+    fn each_between(
+        &self,
+        start: &[u8],
+        end: &[u8],
+        mut f: impl FnMut(&[u8], &sled::IVec) -> Result<ControlFlow<()>, StoreError>,
+    ) -> Result<(), StoreError> {
+        match self {
+            Backend::Open(s) => {
+                for item in s.tree.range(start..=end) {
+                    let (k, v) = item?;
+                    if f(&k, &v)?.is_break() {
+                        break;
+                    }
+                }
+            }
+            Backend::Frozen(Ok(entries)) => {
+                let range =
+                    entries.range::<[u8], _>((Bound::Included(start), Bound::Included(end)));
+                for (k, v) in range {
+                    if f(k, v)?.is_break() {
+                        break;
+                    }
+                }
+            }
+            Backend::Frozen(Err(reason)) => return Err(unreadable_while_frozen(reason)),
+        }
+        Ok(())
+    }
+}
+
+fn unreadable_while_frozen(reason: &str) -> StoreError {
+    StoreError::Unwritable {
+        reason: format!(
+            "a write failed and what was on disk could not be read back ({reason}); nothing is \
+             served until the store reopens, which it does by itself once its filesystem takes \
+             writes again"
+        ),
+    }
 }
 
 /// One atomic change being assembled under the writer lock: a sled batch plus an overlay of
@@ -97,6 +311,14 @@ struct Pending<'a> {
     batch: sled::Batch,
     records: HashMap<Vec<u8>, Record>,
     digests: HashMap<MachineId, u64>,
+    /// Every key the batch writes or removes, so that a failed batch can be left out of reads.
+    touched: Vec<Vec<u8>>,
+}
+
+/// A batch that sled did not take: what its keys held before, and why.
+struct Refused {
+    before: Vec<(Vec<u8>, Option<sled::IVec>)>,
+    error: sled::Error,
 }
 
 impl<'a> Pending<'a> {
@@ -106,7 +328,18 @@ impl<'a> Pending<'a> {
             batch: sled::Batch::default(),
             records: HashMap::new(),
             digests: HashMap::new(),
+            touched: Vec::new(),
         }
+    }
+
+    fn insert(&mut self, key: Vec<u8>, value: impl Into<sled::IVec>) {
+        self.batch.insert(key.as_slice(), value);
+        self.touched.push(key);
+    }
+
+    fn remove(&mut self, key: Vec<u8>) {
+        self.batch.remove(key.as_slice());
+        self.touched.push(key);
     }
 
     fn digest(&self, origin: &MachineId) -> Result<u64, StoreError> {
@@ -120,7 +353,7 @@ impl<'a> Pending<'a> {
     }
 
     fn set_digest(&mut self, origin: &MachineId, seq: u64) {
-        self.batch.insert(digest_key(origin), &seq.to_be_bytes());
+        self.insert(digest_key(origin), &seq.to_be_bytes());
         self.digests.insert(origin.clone(), seq);
     }
 
@@ -141,59 +374,224 @@ impl<'a> Pending<'a> {
             if current.precedence(record).is_ge() {
                 return Ok(false);
             }
-            self.batch.remove(log_key(&current.origin, current.seq));
+            self.remove(log_key(&current.origin, current.seq));
         }
-        self.batch.insert(rkey.as_slice(), record.encode_value());
-        self.batch
-            .insert(log_key(&record.origin, record.seq), record.key.encode());
+        self.insert(rkey.clone(), record.encode_value());
+        self.insert(log_key(&record.origin, record.seq), record.key.encode());
         self.records.insert(rkey, record.clone());
         Ok(true)
     }
 
-    fn commit(self, clock: Hlc) -> Result<(), StoreError> {
-        let mut batch = self.batch;
-        batch.insert(CLOCK, &encode_hlc(clock));
-        self.tree.apply_batch(batch)?;
-        Ok(())
+    /// Applies the batch and flushes it. On failure, says what the touched keys held before
+    /// (read before applying), so that reads can go on showing only what is durable.
+    fn commit(mut self, clock: Hlc, db: &sled::Db) -> Result<(), Result<Refused, StoreError>> {
+        self.insert(CLOCK.to_vec(), &encode_hlc(clock));
+        let mut before = Vec::with_capacity(self.touched.len());
+        for k in std::mem::take(&mut self.touched) {
+            let v = self.tree.get(&k).map_err(|e| Err(e.into()))?;
+            before.push((k, v));
+        }
+        let applied = self
+            .tree
+            .apply_batch(self.batch)
+            .and_then(|()| db.flush().map(drop));
+        applied.map_err(|error| Ok(Refused { before, error }))
     }
 }
 
 impl Store {
-    /// Opens (or creates) the store in `path` for the Machine `local`.
+    /// Opens (or creates) the store in `path` for the Machine `local`, without an
+    /// acknowledgement record. Refuses a store that does not read back.
     pub fn open(path: impl AsRef<Path>, local: MachineId) -> Result<Store, StoreError> {
-        let db = sled::Config::new().path(path.as_ref()).open()?;
-        Self::with_db(db, local)
+        Store::open_with(path, local, &OpenOptions::default()).map(|(store, _)| store)
+    }
+
+    /// Opens (or creates) the store in `path` for the Machine `local`: removes what an
+    /// interrupted snapshot left, opens sled (a panic is caught), reads every entry back, and
+    /// compares the store with its acknowledgement record when `options` names one. Refuses a
+    /// store that lost acknowledged data ([`StoreError::is_loss`]) unless `options` accepts the
+    /// loss.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        local: MachineId,
+        options: &OpenOptions,
+    ) -> Result<(Store, OpenReport), StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let mut report = OpenReport::default();
+        let acknowledged = match &options.acknowledged {
+            None => None,
+            Some(ack_path) => read_acknowledged(ack_path, &local, options, &mut report)?,
+        };
+        let (sled, mut inventory) = match open_and_read(&path, &local, &mut report) {
+            Ok(opened) => opened,
+            Err(e @ StoreError::Unreadable { .. }) if options.accept_loss => {
+                // sled's snapshots and settings file can be done without: its log alone may
+                // still hold what the store held (the acknowledgement record says what not).
+                let hidden = set_aside_sled_metadata(&path)?;
+                match open_and_read(&path, &local, &mut report) {
+                    Ok(opened) => {
+                        report.accepted_losses.push(format!(
+                            "{e}; it was opened from its log alone, with its snapshot and \
+                             settings files set aside ({})",
+                            hidden
+                                .iter()
+                                .map(|p| p.display().to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ));
+                        opened
+                    }
+                    Err(_) => {
+                        let aside = move_aside(&path)?;
+                        report.accepted_losses.push(format!(
+                            "{e}; its files were moved to {} and the store starts empty",
+                            aside.display()
+                        ));
+                        open_and_read(&path, &local, &mut report)?
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let mut repair = sled::Batch::default();
+        let mut repairs = 0;
+        for (k, v) in &inventory.missing_log {
+            repair.insert(k.as_slice(), v.as_slice());
+            repairs += 1;
+        }
+        if !inventory.bad.is_empty() {
+            let (first_key, first_reason) = &inventory.bad[0];
+            let what = format!(
+                "{} of its {} entries do not read back (the first, '{}': {first_reason})",
+                inventory.bad.len(),
+                inventory.entries,
+                String::from_utf8_lossy(first_key)
+            );
+            if !options.accept_loss {
+                return Err(StoreError::Unreadable { path, reason: what });
+            }
+            for (k, _) in &inventory.bad {
+                repair.remove(k.as_slice());
+                repairs += 1;
+            }
+            report
+                .accepted_losses
+                .push(format!("{what}; they were removed"));
+        }
+        if let Some(ack) = &acknowledged {
+            let missing = shortfalls(&local, ack, &inventory.digest, &sled.tree)?;
+            if !missing.is_empty() {
+                if !options.accept_loss {
+                    return Err(StoreError::Behind { path, missing });
+                }
+                // Never number a new write like one that may live on elsewhere.
+                let acked = ack.digest.get(&local);
+                if acked > inventory.digest.get(&local) {
+                    repair.insert(digest_key(&local), &acked.to_be_bytes());
+                    inventory.digest.0.insert(local.clone(), acked);
+                    repairs += 1;
+                }
+                report.accepted_losses.extend(missing);
+            }
+        }
+        let mut clock = Clock::starting_at(inventory.clock.unwrap_or_default());
+        if let Some(ack) = &acknowledged {
+            clock.observe(ack.clock);
+        }
+        if repairs > 0 {
+            repair.insert(CLOCK, &encode_hlc(clock.last()));
+            sled.tree.apply_batch(repair)?;
+            sled.db.flush()?;
+        }
+        for loss in &report.accepted_losses {
+            tracing::warn!(store = %path.display(), "opened accepting a loss: {loss}");
+        }
+        let last_local = last_local_write(&sled.tree, &local)?;
+        let store = Store::assemble(
+            sled,
+            local,
+            Some(path),
+            options.acknowledged.clone(),
+            clock,
+            last_local,
+        );
+        {
+            let mut writer = store.lock_writer();
+            store.acknowledge(&mut writer);
+            store.publish_writability(&writer);
+        }
+        Ok((store, report))
     }
 
     /// A store that lives in memory and in a temporary file removed on drop; for tests.
     pub fn temporary(local: MachineId) -> Result<Store, StoreError> {
         let db = sled::Config::new().temporary(true).open()?;
-        Self::with_db(db, local)
-    }
-
-    fn with_db(db: sled::Db, local: MachineId) -> Result<Store, StoreError> {
-        let tree = db.open_tree("ployz")?;
-        let last = match tree.get(CLOCK)? {
-            Some(v) if v.len() == 12 => Hlc {
-                wall_ms: u64::from_be_bytes(v[..8].try_into().expect("8 bytes")),
-                counter: u32::from_be_bytes(v[8..].try_into().expect("4 bytes")),
-            },
-            Some(_) => return Err(StoreError::Malformed("stored clock is not 12 bytes".into())),
+        let tree = db.open_tree(TREE)?;
+        let clock = match tree.get(CLOCK)? {
+            Some(v) => decode_hlc(&v)
+                .ok_or_else(|| StoreError::Malformed("stored clock is not 12 bytes".into()))?,
             None => Hlc::default(),
         };
-        let (changes, _) = broadcast::channel(WATCH_BUFFER);
-        Ok(Store {
-            db,
-            tree,
+        Ok(Store::assemble(
+            Sled { db, tree },
             local,
-            clock: Mutex::new(Clock::starting_at(last)),
+            None,
+            None,
+            Clock::starting_at(clock),
+            None,
+        ))
+    }
+
+    fn assemble(
+        sled: Sled,
+        local: MachineId,
+        path: Option<PathBuf>,
+        acknowledged: Option<PathBuf>,
+        clock: Clock,
+        last_local: Option<AcknowledgedWrite>,
+    ) -> Store {
+        let (changes, _) = broadcast::channel(WATCH_BUFFER);
+        let (writability, _) = watch::channel(None);
+        Store {
+            local,
+            path,
+            acknowledged,
+            backend: RwLock::new(Backend::Open(sled)),
+            writer: Mutex::new(Writer {
+                clock,
+                trouble: None,
+                last_local,
+            }),
             changes,
-        })
+            writability,
+        }
+    }
+
+    fn lock_writer(&self) -> MutexGuard<'_, Writer> {
+        lock(&self.writer)
+    }
+
+    fn read_backend(&self) -> RwLockReadGuard<'_, Backend> {
+        self.backend.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_backend(&self) -> RwLockWriteGuard<'_, Backend> {
+        self.backend.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The Machine this store writes as.
     pub fn local(&self) -> &MachineId {
         &self.local
+    }
+
+    /// Why writes are refused right now, or `None` when the store writes.
+    pub fn write_failure(&self) -> Option<String> {
+        self.writability.borrow().clone()
+    }
+
+    /// Follows [`Store::write_failure`]: changes when the store stops or resumes writing.
+    pub fn writability(&self) -> watch::Receiver<Option<String>> {
+        self.writability.subscribe()
     }
 
     /// Writes `value` under `key` as this Machine. Durable on disk when it returns.
@@ -220,10 +618,31 @@ impl Store {
                 });
             }
         }
-        let mut clock = self.clock.lock().expect("store clock poisoned");
-        let mut next_clock = *clock;
+        let mut writer = self.lock_writer();
+        self.ready_to_write(&mut writer)?;
+        let record = self.write_local_locked(&mut writer, key, value, tombstone)?;
+        drop(writer);
+        let _ = self.changes.send(Change {
+            record: record.clone(),
+        });
+        Ok(record)
+    }
+
+    /// The local write itself, under the writer lock; announcing it is the caller's job.
+    fn write_local_locked(
+        &self,
+        writer: &mut Writer,
+        key: &Key,
+        value: Vec<u8>,
+        tombstone: bool,
+    ) -> Result<Record, StoreError> {
+        let mut backend = self.write_backend();
+        let Backend::Open(sled) = &*backend else {
+            return Err(self.refusal(writer));
+        };
+        let mut next_clock = writer.clock;
         let hlc = next_clock.tick(wall_now_ms());
-        let mut pending = Pending::new(&self.tree);
+        let mut pending = Pending::new(&sled.tree);
         let seq = pending.digest(&self.local)? + 1;
         let record = Record {
             key: key.clone(),
@@ -233,6 +652,7 @@ impl Store {
             seq,
             tombstone,
         };
+        let previous = pending.current(key, &record_key(&key.encode()))?;
         // The clock orders this write after everything held, so it always wins.
         if !pending.merge_one(&record)? {
             return Err(StoreError::Malformed(format!(
@@ -240,20 +660,28 @@ impl Store {
             )));
         }
         pending.set_digest(&self.local, seq);
-        pending.commit(hlc)?;
-        // The batch is applied: its timestamp is used, whatever the flush says.
-        *clock = next_clock;
-        drop(clock);
-        self.db.flush()?;
-        let _ = self.changes.send(Change {
-            record: record.clone(),
-        });
+        match pending.commit(hlc, &sled.db) {
+            Ok(()) => {}
+            Err(Err(e)) => return Err(e),
+            Err(Ok(refused)) => {
+                let failed = Box::new(FailedWrite {
+                    record: record.clone(),
+                    previous,
+                });
+                return Err(self.freeze(writer, &mut backend, refused, Some(failed)));
+            }
+        }
+        drop(backend);
+        writer.clock = next_clock;
+        writer.last_local = Some(AcknowledgedWrite::of(&record));
+        self.acknowledge(writer);
+        self.publish_writability(writer);
         Ok(record)
     }
 
     /// The record currently winning for `key`, tombstones included.
     pub fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        match self.tree.get(record_key(&key.encode()))? {
+        match self.read_backend().get(&record_key(&key.encode()))? {
             Some(bytes) => Ok(Some(Record::decode(key.clone(), &bytes)?)),
             None => Ok(None),
         }
@@ -261,13 +689,13 @@ impl Store {
 
     /// Every record under `prefix`, tombstones included, in key order.
     pub fn scan(&self, prefix: &KeyPrefix) -> Result<Vec<Record>, StoreError> {
-        self.tree
-            .scan_prefix(record_key(prefix.as_bytes()))
-            .map(|item| {
-                let (k, v) = item?;
-                Record::decode(Key::decode(&k[1..])?, &v)
-            })
-            .collect()
+        let mut out = Vec::new();
+        self.read_backend()
+            .each_with_prefix(&record_key(prefix.as_bytes()), |k, v| {
+                out.push(Record::decode(Key::decode(&k[1..])?, v)?);
+                Ok(ControlFlow::Continue(()))
+            })?;
+        Ok(out)
     }
 
     /// Every record under `prefix` that is not a tombstone, in key order.
@@ -319,13 +747,18 @@ impl Store {
                 )));
             }
         }
-        let mut clock = self.clock.lock().expect("store clock poisoned");
-        let mut next_clock = *clock;
+        let mut writer = self.lock_writer();
+        self.ready_to_write(&mut writer)?;
+        let mut backend = self.write_backend();
+        let Backend::Open(sled) = &*backend else {
+            return Err(self.refusal(&writer));
+        };
+        let mut next_clock = writer.clock;
         for r in incoming {
             next_clock.observe(r.hlc);
         }
         let last = next_clock.tick(wall_now_ms());
-        let mut pending = Pending::new(&self.tree);
+        let mut pending = Pending::new(&sled.tree);
         let mut applied = Vec::new();
         for r in incoming {
             if pending.merge_one(r)? {
@@ -343,10 +776,19 @@ impl Store {
                 pending.set_digest(&b.origin, b.up_to);
             }
         }
-        pending.commit(last)?;
-        *clock = next_clock;
-        drop(clock);
-        self.db.flush()?;
+        match pending.commit(last, &sled.db) {
+            Ok(()) => {}
+            Err(Err(e)) => return Err(e),
+            Err(Ok(refused)) => return Err(self.freeze(&mut writer, &mut backend, refused, None)),
+        }
+        drop(backend);
+        writer.clock = next_clock;
+        if let Some(mine) = applied.iter().rev().find(|r| r.origin == self.local) {
+            writer.last_local = Some(AcknowledgedWrite::of(mine));
+        }
+        self.acknowledge(&mut writer);
+        self.publish_writability(&writer);
+        drop(writer);
         let report = MergeReport {
             applied: applied.len(),
             ignored: incoming.len() - applied.len(),
@@ -360,14 +802,12 @@ impl Store {
     /// Per origin, the highest sequence this store has incorporated.
     pub fn digest(&self) -> Result<Digest, StoreError> {
         let mut out = Digest::default();
-        for item in self.tree.scan_prefix([DIGEST]) {
-            let (k, v) = item?;
-            let origin = std::str::from_utf8(&k[1..])
-                .ok()
-                .and_then(|s| s.parse::<MachineId>().ok())
+        self.read_backend().each_with_prefix(&[DIGEST], |k, v| {
+            let origin = decode_origin(&k[1..])
                 .ok_or_else(|| StoreError::Malformed("digest origin is not a Machine ID".into()))?;
-            out.0.insert(origin, decode_u64(&v)?);
-        }
+            out.0.insert(origin, decode_u64(v)?);
+            Ok(ControlFlow::Continue(()))
+        })?;
         Ok(out)
     }
 
@@ -377,9 +817,8 @@ impl Store {
         request: &SyncRequest,
         limit: usize,
     ) -> Result<SyncBatch, StoreError> {
-        // Read the digest first: everything it covers is already in the log, so the batch can
-        // claim it. Reading it after the log could claim a write the scan missed.
-        let have = match self.tree.get(digest_key(&request.origin))? {
+        let backend = self.read_backend();
+        let have = match backend.get(&digest_key(&request.origin))? {
             Some(v) => decode_u64(&v)?,
             None => 0,
         };
@@ -394,24 +833,259 @@ impl Store {
         }
         let start = log_key(&request.origin, request.after + 1);
         let end = log_key(&request.origin, have);
-        for item in self.tree.range(start..=end) {
-            let (lk, key_bytes) = item?;
+        backend.each_between(&start, &end, |lk, key_bytes| {
             let seq = decode_u64(&lk[33..])?;
             if batch.records.len() == limit {
                 batch.up_to = seq - 1;
-                break;
+                return Ok(ControlFlow::Break(()));
             }
-            let key = Key::decode(&key_bytes)?;
-            if let Some(v) = self.tree.get(record_key(&key_bytes))? {
+            let key = Key::decode(key_bytes)?;
+            if let Some(v) = backend.get(&record_key(key_bytes))? {
                 batch.records.push(Record::decode(key, &v)?);
             }
-        }
+            Ok(ControlFlow::Continue(()))
+        })?;
         Ok(batch)
     }
 
-    /// Flushes everything to disk; called on shutdown.
+    /// Flushes everything to disk (and the acknowledgement record, if it fell behind); called
+    /// on shutdown.
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
+        let mut writer = self.lock_writer();
+        if let Backend::Open(sled) = &*self.read_backend() {
+            sled.db.flush()?;
+        }
+        if let Some(Trouble::RecordBehind { .. }) = writer.trouble {
+            writer.trouble = None;
+            self.acknowledge(&mut writer);
+            self.publish_writability(&writer);
+        }
+        match &writer.trouble {
+            Some(t) => Err(StoreError::Unwritable {
+                reason: t.describe(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Tries to make a store that refuses writes write again: writes the acknowledgement
+    /// record if it fell behind; reopens a frozen store from disk once a probe write to its
+    /// directory succeeds. Returns whether the store writes now. Cheap when nothing is wrong;
+    /// every write tries it too.
+    pub fn recover(&self) -> bool {
+        let mut writer = self.lock_writer();
+        self.ready_to_write(&mut writer).is_ok()
+    }
+
+    /// Recovers if needed; refuses when the store still cannot write.
+    fn ready_to_write(&self, writer: &mut Writer) -> Result<(), StoreError> {
+        match writer.trouble.take() {
+            None => return Ok(()),
+            Some(Trouble::RecordBehind { .. }) => self.acknowledge(writer),
+            Some(Trouble::Frozen { reason, failed }) => {
+                if let Err(still) = self.reopen(writer, failed.as_deref()) {
+                    tracing::debug!(reason = %still, "the store cannot reopen yet");
+                    writer.trouble = Some(Trouble::Frozen { reason, failed });
+                }
+            }
+        }
+        self.publish_writability(writer);
+        match &writer.trouble {
+            None => Ok(()),
+            Some(_) => Err(self.refusal(writer)),
+        }
+    }
+
+    fn refusal(&self, writer: &Writer) -> StoreError {
+        StoreError::Unwritable {
+            reason: writer
+                .trouble
+                .as_ref()
+                .map_or_else(|| "the store is reopening".into(), Trouble::describe),
+        }
+    }
+
+    fn publish_writability(&self, writer: &Writer) {
+        let now = writer.trouble.as_ref().map(Trouble::describe);
+        self.writability.send_if_modified(|held| {
+            if *held == now {
+                return false;
+            }
+            *held = now;
+            true
+        });
+    }
+
+    /// sled refused a change: serve what was durable from memory from now on, drop sled so it
+    /// can be opened again, and refuse writes until it is.
+    fn freeze(
+        &self,
+        writer: &mut Writer,
+        backend: &mut Backend,
+        refused: Refused,
+        failed: Option<Box<FailedWrite>>,
+    ) -> StoreError {
+        let Refused { before, error } = refused;
+        let durable = match &*backend {
+            Backend::Open(sled) => {
+                catch_unwind(AssertUnwindSafe(|| durable_copy(&sled.tree, before)))
+                    .unwrap_or_else(|p| Err(format!("sled panicked ({})", panic_message(&*p))))
+            }
+            Backend::Frozen(entries) => entries.clone(),
+        };
+        // Dropping the old handle releases sled's lock on its files.
+        *backend = Backend::Frozen(durable);
+        let reason = format!("a write failed ({})", StoreError::Io(error));
+        tracing::error!(store = ?self.path, %reason, "the store stops taking writes until its disk takes them again");
+        writer.trouble = Some(Trouble::Frozen { reason, failed });
+        self.publish_writability(writer);
+        self.refusal(writer)
+    }
+
+    /// Makes a frozen store write again: opens it again from disk (unless an earlier attempt
+    /// did), then undoes a local write that was reported failed but reached the disk after all.
+    fn reopen(&self, writer: &mut Writer, failed: Option<&FailedWrite>) -> Result<(), String> {
+        let frozen = matches!(*self.read_backend(), Backend::Frozen(_));
+        let mut differing = if frozen {
+            self.open_again(writer)?
+        } else {
+            Vec::new()
+        };
+        if let Some(f) = failed {
+            let landed = self
+                .get(&f.record.key)
+                .map_err(|e| e.to_string())?
+                .is_some_and(|r| r.origin == f.record.origin && r.seq == f.record.seq);
+            if landed {
+                let (value, tombstone) = match f.previous.as_ref().and_then(Record::live_value) {
+                    Some(v) => (v.to_vec(), false),
+                    None => (Vec::new(), true),
+                };
+                let undo = self
+                    .write_local_locked(writer, &f.record.key, value, tombstone)
+                    .map_err(|e| format!("cannot undo a write reported failed: {e}"))?;
+                tracing::warn!(key = %f.record.key, "a write reported failed had reached the disk; undone");
+                differing.retain(|r| r.key != undo.key);
+                differing.push(undo);
+            }
+        }
+        self.acknowledge(writer);
+        for record in differing {
+            let _ = self.changes.send(Change { record });
+        }
         Ok(())
     }
+
+    /// Opens the frozen store's files again once a probe write succeeds, checks they hold
+    /// what was acknowledged, and serves from them. Returns the records that differ from what
+    /// was served meanwhile (what watchers have not been told).
+    fn open_again(&self, writer: &mut Writer) -> Result<Vec<Record>, String> {
+        let path = self
+            .path
+            .as_ref()
+            .ok_or_else(|| "a temporary store cannot reopen".to_owned())?;
+        probe(path).map_err(|e| format!("its directory still refuses writes: {e}"))?;
+        let mut report = OpenReport::default();
+        let (sled, inventory) =
+            open_and_read(path, &self.local, &mut report).map_err(|e| e.to_string())?;
+        if let Some((key, reason)) = inventory.bad.first() {
+            return Err(format!(
+                "after reopening, '{}' does not read back ({reason}); restart the daemon to see \
+                 the ways out",
+                String::from_utf8_lossy(key)
+            ));
+        }
+        if let Some(ack_path) = &self.acknowledged {
+            if let Ok(Some(ack)) = Acknowledged::read(ack_path) {
+                let missing = shortfalls(&self.local, &ack, &inventory.digest, &sled.tree)
+                    .map_err(|e| e.to_string())?;
+                if !missing.is_empty() {
+                    return Err(format!(
+                        "after reopening, the store holds less than it acknowledged: {}; restart \
+                         the daemon to see the ways out",
+                        missing.join("; ")
+                    ));
+                }
+            }
+        }
+        let last_local = last_local_write(&sled.tree, &self.local).map_err(|e| e.to_string())?;
+        let mut differing = Vec::new();
+        let mut backend = self.write_backend();
+        if let Backend::Frozen(Ok(served)) = &*backend {
+            for item in sled.tree.scan_prefix([RECORD]) {
+                let (k, v) = item.map_err(|e| e.to_string())?;
+                if served.get(k.as_ref()) != Some(&v) {
+                    if let Ok(r) = Key::decode(&k[1..]).and_then(|key| Record::decode(key, &v)) {
+                        differing.push(r);
+                    }
+                }
+            }
+        }
+        *backend = Backend::Open(sled);
+        drop(backend);
+        if let Some(clock) = inventory.clock {
+            writer.clock.observe(clock);
+        }
+        writer.last_local = last_local;
+        tracing::info!(store = %path.display(), "the store reopened and takes writes again");
+        Ok(differing)
+    }
+
+    /// Writes the acknowledgement record for what the store holds now. A failure is not the
+    /// write's (it is durable): it makes the store refuse writes until the record can follow.
+    fn acknowledge(&self, writer: &mut Writer) {
+        let Some(path) = &self.acknowledged else {
+            return;
+        };
+        let result = self.digest().map_err(|e| e.to_string()).and_then(|digest| {
+            Acknowledged {
+                machine_id: self.local.clone(),
+                digest,
+                clock: writer.clock.last(),
+                last_local: writer.last_local.clone(),
+            }
+            .write(path)
+            .map_err(|e| e.to_string())
+        });
+        if let Err(e) = result {
+            let reason = format!(
+                "the acknowledgement record {} cannot be written ({e})",
+                path.display()
+            );
+            tracing::error!(%reason, "the store stops taking writes until it can");
+            writer.trouble = Some(Trouble::RecordBehind { reason });
+        }
+    }
+}
+
+/// Everything in `tree`, with the keys of a refused batch put back as they were.
+fn durable_copy(
+    tree: &sled::Tree,
+    before: Vec<(Vec<u8>, Option<sled::IVec>)>,
+) -> Result<BTreeMap<Vec<u8>, sled::IVec>, String> {
+    let mut entries = BTreeMap::new();
+    for item in tree.iter() {
+        let (k, v) = item.map_err(|e| e.to_string())?;
+        entries.insert(k.to_vec(), v);
+    }
+    for (k, v) in before {
+        match v {
+            Some(v) => entries.insert(k, v),
+            None => entries.remove(&k),
+        };
+    }
+    Ok(entries)
+}
+
+/// Writes and removes a file in `dir`: whether the filesystem takes writes again.
+fn probe(dir: &Path) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let path = dir.join(PROBE_FILE);
+    let result = (|| {
+        let mut f = std::fs::File::create(&path)?;
+        f.write_all(&[0u8; PROBE_BYTES])?;
+        f.sync_all()
+    })();
+    let _ = std::fs::remove_file(&path);
+    result
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use ployz_daemon::{DaemonConfig, DaemonConfigFile, LogFormat};
+use ployz_daemon::{DaemonConfig, DaemonConfigFile, LogFormat, UnderscoreHeaders};
 
 #[derive(Debug, Subcommand)]
 pub enum DaemonCommand {
@@ -31,9 +31,44 @@ pub struct EdgeArgs {
     /// Seconds a client has to send a whole request header.
     #[arg(long, value_name = "SECONDS", default_value_t = 15)]
     header_timeout: u64,
-    /// After SIGTERM, seconds in-flight requests may take.
+    /// After SIGTERM, seconds of serving with `Connection: close` before the listener closes.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    drain_delay: u64,
+    /// After the listener closed, seconds in-flight requests may take.
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
     shutdown_grace: u64,
+    #[command(flatten)]
+    proxying: ProxyingArgs,
+}
+
+/// How the edge proxies, for `daemon run` and `daemon edge` alike.
+#[derive(Debug, Args)]
+pub struct ProxyingArgs {
+    /// Milliseconds a connection to an upstream may take before the next one is tried
+    /// [default: 2000].
+    #[arg(long, value_name = "MS")]
+    upstream_connect_timeout_ms: Option<u64>,
+    /// Request header fields named with `_`: drop (as nginx does) or pass [default: drop].
+    #[arg(long, value_name = "POLICY")]
+    underscore_headers: Option<UnderscoreHeaders>,
+    /// Send every request through Pingora's proxy instead of the HTTP/1 fast path.
+    #[arg(long)]
+    no_fast_path: bool,
+}
+
+impl ProxyingArgs {
+    /// The settings these flags override.
+    fn apply_to(&self, config: &mut DaemonConfig) {
+        if let Some(v) = self.upstream_connect_timeout_ms {
+            config.upstream_connect_timeout_ms = v;
+        }
+        if let Some(v) = self.underscore_headers {
+            config.underscore_headers = v;
+        }
+        if self.no_fast_path {
+            config.fast_path = false;
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -89,6 +124,14 @@ pub struct RunArgs {
     /// Log lines as `text` or `json` [default: text].
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
+    #[command(flatten)]
+    proxying: ProxyingArgs,
+    /// Start even though the data dir lost data this Machine acknowledged (a damaged, deleted
+    /// or older store, or a missing WireGuard key): keep what is left, move what cannot be read
+    /// aside, make a new key pair if the key is gone. For one start, after the daemon refused
+    /// and said what is missing.
+    #[arg(long)]
+    accept_data_loss: bool,
 }
 
 pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
@@ -146,6 +189,10 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     if let Some(v) = args.log_format {
         config.log_format = v;
     }
+    args.proxying.apply_to(&mut config);
+    if args.accept_data_loss {
+        config.accept_data_loss = true;
+    }
     ployz_daemon::run(config)
 }
 
@@ -161,6 +208,8 @@ fn edge(args: EdgeArgs) -> anyhow::Result<()> {
     if args.header_timeout == 0 {
         anyhow::bail!("--header-timeout 0 would disconnect every client: give at least 1 second");
     }
+    let mut proxying = DaemonConfig::default();
+    args.proxying.apply_to(&mut proxying);
     ployz_daemon::run_edge_alone(
         &args.http_listen,
         routes,
@@ -168,7 +217,11 @@ fn edge(args: EdgeArgs) -> anyhow::Result<()> {
             threads,
             access_log: !args.no_access_log,
             header_timeout: std::time::Duration::from_secs(args.header_timeout),
+            drain_delay_seconds: args.drain_delay,
             shutdown_grace_seconds: args.shutdown_grace,
+            upstream_connect_timeout_ms: proxying.upstream_connect_timeout_ms,
+            underscore_headers: proxying.underscore_headers,
+            fast_path: proxying.fast_path,
         },
     )
 }

@@ -1,16 +1,24 @@
 //! `ployz deploy`: Compose in, Service Containers out.
 //!
-//! Compose -> Requested Service Specs -> Deploy Intent -> Deploy Snapshot (Live Observation of
-//! the entry Machine) -> Deploy Plan -> Deploy Preview -> confirmation -> operations one at a
-//! time -> Deploy Outcome.
+//! Compose -> Requested Service Specs -> Deploy Intent -> the Machine lease -> Deploy Snapshot
+//! (Live Observation of the entry Machine) -> Deploy Plan -> Deploy Preview -> confirmation ->
+//! operations one at a time -> Deploy Outcome -> the lease released.
+//!
+//! The Machine lease makes one command at a time change a Machine: a Deploy takes it before it
+//! observes (so it plans from what the Machine shows once no other command changes it, and
+//! checks hostname claims then), every call it makes carries the lease's fencing token, and it
+//! waits a bounded time (`--lease-wait`) while another command holds it, then gives up naming
+//! that command. `ployz rm`, `stop` and `start` take the lease the same way. A dry run takes no
+//! lease: it changes nothing.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::time::Duration;
 
-use anyhow::{anyhow, bail};
+use anyhow::{anyhow, bail, Context as _};
 use clap::Args;
-use ployz_core::api::docker_paths;
+use ployz_core::api::{docker_paths, LeaseAnswer, LeaseHolder, LeaseRequest};
 use ployz_core::{DeployIntent, DeployOutcome, DeployPreview, MachineSnapshot, ServiceName};
 use ployz_orchestrator::compose::{self, ComposeInput};
 use ployz_orchestrator::execute::{execute, ExecuteOptions, Progress};
@@ -49,7 +57,16 @@ pub struct DeployArgs {
     /// Print the preview and the Deploy Outcome as JSON (needs -y or --dry-run).
     #[arg(long)]
     json: bool,
+    /// How long to wait for the Machine's lease while another command holds it.
+    #[arg(long, value_name = "SECONDS", env = LEASE_WAIT_ENV, default_value_t = DEFAULT_LEASE_WAIT_SECONDS)]
+    lease_wait: u64,
 }
+
+/// The environment variable that sets `--lease-wait` for every command that takes the lease.
+pub const LEASE_WAIT_ENV: &str = "PLOYZ_LEASE_WAIT";
+
+/// How long a command waits for the Machine lease by default, in seconds.
+pub const DEFAULT_LEASE_WAIT_SECONDS: u64 = 120;
 
 /// What `--json` prints.
 #[derive(Serialize)]
@@ -117,6 +134,8 @@ pub async fn run(global: &GlobalArgs, args: DeployArgs) -> anyhow::Result<()> {
             skip_health: args.skip_health,
             ..monitor_defaults()
         },
+        lease_wait: Duration::from_secs(args.lease_wait),
+        command: None,
     };
     deploy_intent(&mut client, &intent, warnings, &flow).await
 }
@@ -128,6 +147,10 @@ pub struct Flow {
     pub json: bool,
     pub plan: PlanOptions,
     pub execute: ExecuteOptions,
+    /// How long to wait for the Machine lease while another command holds it.
+    pub lease_wait: Duration,
+    /// What the lease names as this command; `None`: `deploy of <services>`.
+    pub command: Option<String>,
 }
 
 impl Flow {
@@ -142,8 +165,116 @@ impl Flow {
                 seed: rand_seed(),
             },
             execute: monitor_defaults(),
+            lease_wait: lease_wait_from_env(),
+            command: None,
         }
     }
+}
+
+/// `PLOYZ_LEASE_WAIT` (seconds) when set, else the default.
+pub fn lease_wait_from_env() -> Duration {
+    let seconds = match std::env::var(LEASE_WAIT_ENV) {
+        Err(_) => DEFAULT_LEASE_WAIT_SECONDS,
+        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
+            eprintln!(
+                "warning: {LEASE_WAIT_ENV}='{v}' is not a number of seconds; waiting up to {DEFAULT_LEASE_WAIT_SECONDS} s for the lease"
+            );
+            DEFAULT_LEASE_WAIT_SECONDS
+        }),
+    };
+    Duration::from_secs(seconds)
+}
+
+/// Who this command is, as the lease names its holder: user, host and process.
+fn holder_name() -> String {
+    let clean = |s: String| -> String {
+        s.chars()
+            .filter(|c| !c.is_control())
+            .take(60)
+            .collect::<String>()
+    };
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .map(clean)
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| "unknown user".to_owned());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| clean(h.trim().to_owned()))
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown host".to_owned());
+    format!("{user}@{host} (pid {})", std::process::id())
+}
+
+/// Takes the Machine lease for `command`, waiting up to `wait` (with a progress line) while
+/// another command holds it, then refusing with who holds it. Once granted, `client` sends the
+/// lease's token with every call.
+pub async fn take_lease(
+    client: &mut ApiClient,
+    command: &str,
+    wait: Duration,
+) -> anyhow::Result<LeaseHolder> {
+    let request = LeaseRequest {
+        holder: holder_name(),
+        command: command.to_owned(),
+    };
+    let started = std::time::Instant::now();
+    let mut last_said: Option<std::time::Instant> = None;
+    loop {
+        let answer: LeaseAnswer = client
+            .post(docker_paths::LEASE, &request)
+            .await
+            .context("cannot take this Machine's lease")?;
+        let (busy, ttl_ms) = match answer {
+            LeaseAnswer::Granted { holder, took_over } => {
+                if let Some(previous) = took_over {
+                    eprintln!(
+                        "took over this Machine's lease from {previous}: it made no call for {} s",
+                        holder.ttl_ms / 1000
+                    );
+                }
+                client.set_lease_token(Some(holder.token));
+                return Ok(holder);
+            }
+            LeaseAnswer::Held { holder } => {
+                let ttl = holder.ttl_ms;
+                (format!("its lease is held by {holder}"), Some(ttl))
+            }
+            LeaseAnswer::Busy { operations } => (
+                format!("{operations} call(s) made without a lease are changing it"),
+                None,
+            ),
+        };
+        let waited = started.elapsed();
+        if waited >= wait {
+            let lapse = ttl_ms.map_or(String::new(), |ms| {
+                format!(
+                    " (a holder that died loses the lease {} s after its last call)",
+                    ms / 1000
+                )
+            });
+            bail!(
+                "this Machine is busy: {busy}; nothing was changed; run this again once that command ends, or wait longer with --lease-wait SECONDS{lapse}"
+            );
+        }
+        if last_said.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            eprintln!(
+                "waiting for this Machine's lease: {busy} (waited {} s of up to {} s)",
+                waited.as_secs(),
+                wait.as_secs()
+            );
+            last_said = Some(std::time::Instant::now());
+        }
+        tokio::time::sleep((wait - waited).min(Duration::from_millis(500))).await;
+    }
+}
+
+/// Releases the lease `client` holds. A lease that cannot be released (the daemon is gone)
+/// lapses on its own.
+pub async fn release_lease(client: &mut ApiClient) {
+    let _ = client.delete(docker_paths::LEASE).await;
+    client.set_lease_token(None);
 }
 
 /// Execute options with `PLOYZ_HEALTH_MONITOR_PERIOD` (seconds) applied.
@@ -165,21 +296,50 @@ pub fn rand_seed() -> u64 {
         .unwrap_or(0)
 }
 
-/// Snapshot, plan, preview, confirm, execute, report. Shared by `deploy` and `scale`.
+/// Lease, snapshot, plan, preview, confirm, execute, report, release. Shared by `deploy`, `run`
+/// and `scale`.
 pub async fn deploy_intent(
     client: &mut ApiClient,
     intent: &DeployIntent,
     warnings: Vec<String>,
     flow: &Flow,
 ) -> anyhow::Result<()> {
+    if flow.dry_run {
+        if let Ok(Some(holder)) = client.get::<Option<LeaseHolder>>(docker_paths::LEASE).await {
+            eprintln!(
+                "note: this Machine's lease is held by {holder}; the Machine may change before a Deploy runs"
+            );
+        }
+        return deploy_holding(client, intent, warnings, flow, None).await;
+    }
+    let command = flow.command.clone().unwrap_or_else(|| {
+        let names: Vec<&str> = intent.attempts.iter().map(|n| n.as_str()).collect();
+        format!("deploy of {}", names.join(", "))
+    });
+    let lease = take_lease(client, &command, flow.lease_wait).await?;
+    let result = deploy_holding(client, intent, warnings, flow, Some(&lease)).await;
+    release_lease(client).await;
+    result
+}
+
+/// The Deploy itself, holding the lease (`None` for a dry run).
+async fn deploy_holding(
+    client: &mut ApiClient,
+    intent: &DeployIntent,
+    warnings: Vec<String>,
+    flow: &Flow,
+    lease: Option<&LeaseHolder>,
+) -> anyhow::Result<()> {
     let snapshot: MachineSnapshot = client.get(docker_paths::SNAPSHOT).await?;
     let machines = vec![snapshot];
     let plan = plan(intent, &machines, &flow.plan)?;
+    // A request over the API's body limit fails here, in a dry run too, not midway.
+    crate::client::check_plan_bodies(&plan)?;
     let preview = DeployPreview { plan, warnings };
     if !flow.json {
         print!("{}", preview::render(&preview, &machines));
     }
-    if preview.plan.is_empty() || flow.dry_run {
+    let Some(lease) = lease.filter(|_| !preview.plan.is_empty() && !flow.dry_run) else {
         if flow.json {
             crate::output::print_json(&DeployReport {
                 preview,
@@ -187,9 +347,14 @@ pub async fn deploy_intent(
             })?;
         }
         return Ok(());
-    }
+    };
     if !flow.yes {
-        confirm("Proceed with deployment?")?;
+        confirm_holding(
+            client,
+            "Proceed with deployment?",
+            Duration::from_millis(lease.ttl_ms),
+        )
+        .await?;
     }
     let machine = machines[0].machine.info.id.clone();
     let total = preview.plan.operations().count();
@@ -268,6 +433,44 @@ fn print_outcome(outcome: &DeployOutcome, machines: &[MachineSnapshot]) {
                 }
             }
         }
+    }
+}
+
+/// Asks on the terminal while holding the lease, renewing it while the person decides; without a
+/// terminal, refuses instead of assuming yes.
+async fn confirm_holding(
+    client: &mut ApiClient,
+    question: &str,
+    ttl: Duration,
+) -> anyhow::Result<()> {
+    if !std::io::stdin().is_terminal() {
+        bail!("no terminal to confirm on; pass -y to proceed without a prompt");
+    }
+    print!("{question} [y/N] ");
+    std::io::stdout().flush()?;
+    // A thread of its own, not the runtime's blocking pool: a process that gives up on the
+    // answer must not wait for it on the way out.
+    let (answered, mut reading) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut answer = String::new();
+        let _ = answered.send(std::io::stdin().read_line(&mut answer).map(|_| answer));
+    });
+    let every = (ttl / 3).max(Duration::from_millis(500));
+    let answer = loop {
+        tokio::select! {
+            read = &mut reading => break read.context("the terminal closed")??,
+            _ = tokio::time::sleep(every) => {
+                let _: LeaseHolder = client
+                    .put(docker_paths::LEASE, &())
+                    .await
+                    .context("this Machine's lease could not be kept while waiting for the answer")?;
+            }
+        }
+    };
+    if matches!(answer.trim(), "y" | "Y" | "yes" | "Yes") {
+        Ok(())
+    } else {
+        bail!("cancelled; nothing was changed")
     }
 }
 

@@ -8,8 +8,8 @@ use anyhow::{anyhow, bail};
 use clap::Args;
 use ployz_core::api::{docker_paths as paths, ExecRequest, ExecResult, StopContainerRequest};
 use ployz_core::{
-    ContainerKind, ContainerRuntimeObservation, ContainerSelector, DeployIntent, Identified,
-    IngressProtocol, PortSpec, ServiceId, ServiceMode, ServiceSelector, ServiceSpec,
+    ContainerKind, ContainerRuntimeObservation, ContainerSelector, DeployIntent, DrainMark,
+    Identified, IngressProtocol, PortSpec, ServiceId, ServiceMode, ServiceSelector, ServiceSpec,
 };
 use serde::Serialize;
 
@@ -177,8 +177,34 @@ pub async fn ps(global: &GlobalArgs, args: PsArgs) -> anyhow::Result<()> {
     } else {
         containers(&mut client).await?
     };
+    let drains: Vec<DrainMark> = match client.get(paths::DRAINS).await {
+        Ok(marks) => marks,
+        Err(e) => {
+            // A daemon that does not list drain marks shows none.
+            let absent = e
+                .downcast_ref::<ployz_core::api::ApiError>()
+                .is_some_and(|api| api.code == ployz_core::api::ErrorCode::NotFound);
+            if !absent {
+                eprintln!("warning: cannot show which containers are draining: {e:#}");
+            }
+            Vec::new()
+        }
+    };
+    let mark_of = |c: &ContainerRuntimeObservation| {
+        drains
+            .iter()
+            .find(|d| d.container_id == c.id && d.machine_id == c.machine_id)
+    };
     if args.json {
-        return print_json(&all);
+        let mut listed = Vec::with_capacity(all.len());
+        for c in &all {
+            let mut value = serde_json::to_value(c)?;
+            if let (Some(mark), Some(object)) = (mark_of(c), value.as_object_mut()) {
+                object.insert("draining".into(), serde_json::to_value(mark)?);
+            }
+            listed.push(value);
+        }
+        return print_json(&listed);
     }
     let mut t = table(&[
         "SERVICE",
@@ -195,7 +221,10 @@ pub async fn ps(global: &GlobalArgs, args: PsArgs) -> anyhow::Result<()> {
             c.id.as_str().chars().take(12).collect(),
             c.name.clone(),
             c.image.clone(),
-            c.status(),
+            match mark_of(c) {
+                Some(_) => format!("{}, draining", c.status()),
+                None => c.status(),
+            },
             if c.kind == ContainerKind::Hook {
                 "pre-deploy".into()
             } else {
@@ -267,12 +296,13 @@ pub struct LogsArgs {
     /// Lines from the end of each container's log, or `all`.
     #[arg(short = 'n', long, default_value = "100")]
     tail: String,
-    /// Only lines since this Unix time (seconds).
-    #[arg(long)]
-    since: Option<i64>,
-    /// Only lines until this Unix time (seconds).
-    #[arg(long)]
-    until: Option<i64>,
+    /// Only lines since this time: Unix seconds, a duration back from now (10m, 1h30m, 2d) or
+    /// an RFC 3339 time (2026-12-01T10:00:00Z).
+    #[arg(long, value_name = "TIME")]
+    since: Option<crate::time_arg::TimeArg>,
+    /// Only lines until this time, in the same forms as --since.
+    #[arg(long, value_name = "TIME")]
+    until: Option<crate::time_arg::TimeArg>,
 }
 
 pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<()> {
@@ -315,10 +345,10 @@ pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<()> {
             query.push(format!("tail={t}"));
         }
         if let Some(v) = args.since {
-            query.push(format!("since={v}"));
+            query.push(format!("since={}", v.0));
         }
         if let Some(v) = args.until {
-            query.push(format!("until={v}"));
+            query.push(format!("until={}", v.0));
         }
         let path = format!(
             "{}?{}",
@@ -329,10 +359,9 @@ pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<()> {
         let prefix = format!("{} | ", c.name);
         client
             .get_stream(&path, |chunk| {
-                use std::io::Write;
                 if !multi {
-                    let _ = std::io::stdout().write_all(chunk);
-                    let _ = std::io::stdout().flush();
+                    // A reader that has gone (`ployz logs -f web | head`) ends the command.
+                    let _ = crate::write_stdout(chunk);
                     return;
                 }
                 pending.extend_from_slice(chunk);
@@ -402,13 +431,17 @@ pub struct ServicesArgs {
     /// Do not ask for confirmation.
     #[arg(short = 'y', long, env = "PLOYZ_AUTO_CONFIRM")]
     yes: bool,
+    /// How long to wait for the Machine's lease while another command holds it.
+    #[arg(long, value_name = "SECONDS", env = super::deploy::LEASE_WAIT_ENV, default_value_t = super::deploy::DEFAULT_LEASE_WAIT_SECONDS)]
+    lease_wait: u64,
 }
 
-/// `rm`, `start` and `stop` over every container of the named Services.
+/// `rm`, `start` and `stop` over every container of the named Services. They hold the Machine
+/// lease like a Deploy: while another command holds it they wait (`--lease-wait`), then give up
+/// naming it, and they act on the containers the Machine shows once the lease is theirs.
 pub async fn lifecycle(global: &GlobalArgs, verb: &str, args: ServicesArgs) -> anyhow::Result<()> {
     let mut client = super::connect(global).await?;
-    let all_containers = containers(&mut client).await?;
-    let all = services(&all_containers);
+    let all = services(&containers(&mut client).await?);
     let mut chosen = Vec::new();
     for sel in &args.services {
         chosen.push(one_service(&all, sel)?.clone());
@@ -420,7 +453,25 @@ pub async fn lifecycle(global: &GlobalArgs, verb: &str, args: ServicesArgs) -> a
             names.join(", ")
         ))?;
     }
-    for s in &chosen {
+    let command = format!("{verb} {}", args.services.join(" "));
+    super::deploy::take_lease(
+        &mut client,
+        &command,
+        std::time::Duration::from_secs(args.lease_wait),
+    )
+    .await?;
+    let result = lifecycle_holding(&mut client, verb, &chosen).await;
+    super::deploy::release_lease(&mut client).await;
+    result
+}
+
+async fn lifecycle_holding(
+    client: &mut ApiClient,
+    verb: &str,
+    chosen: &[ServiceView],
+) -> anyhow::Result<()> {
+    let all_containers = containers(client).await?;
+    for s in chosen {
         for c in all_containers.iter().filter(|c| c.service_id == s.id) {
             // No edge sends new requests to a container about to stop, and the ones in flight
             // finish first (up to its stop_grace_period, else 30 s).
@@ -482,6 +533,9 @@ pub struct ScaleArgs {
     /// Do not ask for confirmation.
     #[arg(short = 'y', long, env = "PLOYZ_AUTO_CONFIRM")]
     yes: bool,
+    /// How long to wait for the Machine's lease while another command holds it.
+    #[arg(long, value_name = "SECONDS", env = super::deploy::LEASE_WAIT_ENV, default_value_t = super::deploy::DEFAULT_LEASE_WAIT_SECONDS)]
+    lease_wait: u64,
 }
 
 pub async fn scale(global: &GlobalArgs, args: ScaleArgs) -> anyhow::Result<()> {
@@ -507,6 +561,8 @@ pub async fn scale(global: &GlobalArgs, args: ScaleArgs) -> anyhow::Result<()> {
     }
     spec.replicas = args.replicas;
     let intent = DeployIntent::all(vec![spec], vec![]);
-    let flow = super::deploy::Flow::confirmed(args.yes);
+    let mut flow = super::deploy::Flow::confirmed(args.yes);
+    flow.lease_wait = std::time::Duration::from_secs(args.lease_wait);
+    flow.command = Some(format!("scale {} to {}", s.name, args.replicas));
     super::deploy::deploy_intent(&mut client, &intent, vec![], &flow).await
 }

@@ -521,3 +521,44 @@ pub fn edge_alone(route: &str, extra: &[&str]) -> (u16, Reaped) {
     }
     (port, child)
 }
+
+/// Which of the edge's paths serves what it can: the HTTP/1 fast path (the default), or
+/// Pingora's proxy alone (`--no-fast-path`). Edge tests run in both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    FastPath,
+    PingoraOnly,
+}
+
+impl Position {
+    /// The flags of `ployz daemon run` and `ployz daemon edge` for this position.
+    pub fn args(self) -> &'static [&'static str] {
+        match self {
+            Position::FastPath => &[],
+            Position::PingoraOnly => &["--no-fast-path"],
+        }
+    }
+}
+
+/// For each named `fn(Position)`, a module of two tests: `with_the_fast_path` and
+/// `through_pingora_only`.
+#[macro_export]
+macro_rules! in_both_positions {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn with_the_fast_path() {
+                super::$name($crate::common::Position::FastPath)
+            }
+            #[test]
+            fn through_pingora_only() {
+                super::$name($crate::common::Position::PingoraOnly)
+            }
+        }
+    )*};
+}
+
+/// [`edge_alone`] in `position`.
+pub fn edge_alone_in(position: Position, route: &str, extra: &[&str]) -> (u16, Reaped) {
+    edge_alone(route, &[position.args(), extra].concat())
+}

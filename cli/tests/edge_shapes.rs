@@ -1,0 +1,721 @@
+//! Request and response shapes at the edge, on both of its paths: raw requests over TCP to
+//! `ployz daemon edge`, and a raw upstream that records the exact bytes it receives. Every test
+//! runs twice: with the HTTP/1 fast path, and with `--no-fast-path` (everything through
+//! Pingora's proxy).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Where a request ends in `buf` (head, then a Content-Length or chunked body), if it is all
+/// there.
+fn request_end(buf: &[u8]) -> Option<usize> {
+    let head_end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let field = |name: &str| {
+        head.lines().find_map(|l| {
+            l.strip_prefix(&format!("{name}:"))
+                .map(|v| v.trim().to_owned())
+        })
+    };
+    if field("transfer-encoding").is_some_and(|v| v.ends_with("chunked")) {
+        let mut at = head_end;
+        loop {
+            let line_end = at + buf[at..].windows(2).position(|w| w == b"\r\n")?;
+            let size_text = String::from_utf8_lossy(&buf[at..line_end]).to_string();
+            let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+            at = line_end + 2;
+            if size == 0 {
+                // Trailer lines, then the blank line.
+                loop {
+                    let line_end = at + buf[at..].windows(2).position(|w| w == b"\r\n")?;
+                    let empty = line_end == at;
+                    at = line_end + 2;
+                    if empty {
+                        return Some(at);
+                    }
+                }
+            }
+            at += size + 2;
+            if at > buf.len() {
+                return None;
+            }
+        }
+    }
+    let length: usize = field("content-length").map_or(Some(0), |v| v.parse().ok())?;
+    (buf.len() >= head_end + length).then_some(head_end + length)
+}
+
+/// A raw HTTP/1 upstream: reads each request on each connection, records its exact bytes, and
+/// answers what `answer` returns for it. Requests for `/hold...` wait until [`Upstream::release`].
+struct Upstream {
+    port: u16,
+    seen: Arc<Mutex<Vec<Vec<u8>>>>,
+    gate: Arc<(Mutex<bool>, Condvar)>,
+}
+
+/// 200 with the request line's method and target as the body.
+fn echo_request_line(request: &[u8]) -> Vec<u8> {
+    let line = String::from_utf8_lossy(request)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .rsplit_once(' ')
+        .map(|(start, _)| start.to_owned())
+        .unwrap_or_default();
+    format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{line}",
+        line.len()
+    )
+    .into_bytes()
+}
+
+impl Upstream {
+    fn start(answer: fn(&[u8]) -> Vec<u8>) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let (record, held) = (seen.clone(), gate.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut s) = stream else { continue };
+                let (record, held) = (record.clone(), held.clone());
+                std::thread::spawn(move || {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 16384];
+                    loop {
+                        while let Some(end) = request_end(&buf) {
+                            let request: Vec<u8> = buf.drain(..end).collect();
+                            record.lock().unwrap().push(request.clone());
+                            if request.starts_with(b"GET /hold") {
+                                let (released, wake) = &*held;
+                                let mut released = released.lock().unwrap();
+                                while !*released {
+                                    released = wake.wait(released).unwrap();
+                                }
+                            }
+                            if s.write_all(&answer(&request)).is_err() {
+                                return;
+                            }
+                        }
+                        match s.read(&mut chunk) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                });
+            }
+        });
+        Upstream { port, seen, gate }
+    }
+
+    fn route(&self, host: &str) -> String {
+        format!("{host}=127.0.0.1:{}", self.port)
+    }
+
+    /// Every request received so far, as text.
+    fn requests(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| String::from_utf8_lossy(r).into_owned())
+            .collect()
+    }
+
+    /// The requests received once there are `n`, within 5 s.
+    fn wait_for(&self, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let seen = self.requests();
+            if seen.len() >= n || Instant::now() > deadline {
+                assert_eq!(seen.len(), n, "{seen:#?}");
+                return seen;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Lets every held request be answered.
+    fn release(&self) {
+        let (released, wake) = &*self.gate;
+        *released.lock().unwrap() = true;
+        wake.notify_all();
+    }
+}
+
+/// One answer as the client read it.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    /// The head as received, status line included.
+    head: String,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn says_close(&self) -> bool {
+        self.head.lines().any(|l| {
+            let l = l.to_ascii_lowercase();
+            l.starts_with("connection:") && l.contains("close")
+        })
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A client connection that reads answers one by one.
+struct Client {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    fn open(port: u16) -> Client {
+        let s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Client { s, buf: Vec::new() }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.s.write_all(bytes).unwrap();
+    }
+
+    fn fill(&mut self) -> bool {
+        let mut chunk = [0u8; 16384];
+        match self.s.read(&mut chunk) {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                self.buf.extend_from_slice(&chunk[..n]);
+                true
+            }
+        }
+    }
+
+    /// The next answer; panics when the connection ends first.
+    fn answer(&mut self) -> Answer {
+        let head_end = loop {
+            if let Some(i) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            if let Some(i) = self.buf.windows(2).position(|w| w == b"\n\n") {
+                break i + 2;
+            }
+            assert!(
+                self.fill(),
+                "the connection ended before an answer: {:?}",
+                String::from_utf8_lossy(&self.buf)
+            );
+        };
+        let head = String::from_utf8_lossy(&self.buf[..head_end]).into_owned();
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let lower = head.to_ascii_lowercase();
+        let length = lower
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map(|v| v.trim().parse::<usize>().unwrap());
+        self.buf.drain(..head_end);
+        let body = if lower.contains("transfer-encoding: chunked") {
+            let mut body = Vec::new();
+            loop {
+                let line_end = loop {
+                    if let Some(i) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                        break i;
+                    }
+                    assert!(self.fill(), "a chunked body broke off");
+                };
+                let size = usize::from_str_radix(
+                    String::from_utf8_lossy(&self.buf[..line_end])
+                        .split(';')
+                        .next()
+                        .unwrap()
+                        .trim(),
+                    16,
+                )
+                .unwrap();
+                while self.buf.len() < line_end + 2 + size + 2 {
+                    assert!(self.fill(), "a chunked body broke off");
+                }
+                body.extend_from_slice(&self.buf[line_end + 2..line_end + 2 + size]);
+                self.buf.drain(..line_end + 2 + size + 2);
+                if size == 0 {
+                    break body;
+                }
+            }
+        } else {
+            let length = length.unwrap_or(0);
+            while self.buf.len() < length {
+                assert!(self.fill(), "a body broke off");
+            }
+            self.buf.drain(..length).collect()
+        };
+        Answer { status, head, body }
+    }
+
+    /// Whether the edge closed the connection (EOF or reset) within `within`, with nothing
+    /// more sent.
+    fn closed_within(&mut self, within: Duration) -> bool {
+        self.s.set_read_timeout(Some(within)).unwrap();
+        let mut byte = [0u8; 1];
+        let closed = match self.s.read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => panic!("unexpected bytes: {:?}", String::from_utf8_lossy(&byte)),
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        self.s
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        closed
+    }
+}
+
+/// One request on its own connection; the answer.
+fn one(port: u16, request: &[u8]) -> Answer {
+    let mut c = Client::open(port);
+    c.send(request);
+    c.answer()
+}
+
+/// The value of header `name` in a request or response head, each line of it.
+fn fields(head: &str, name: &str) -> Vec<String> {
+    head.split("\r\n")
+        .filter_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+        })
+        .collect()
+}
+
+fn every_forwarded_for_line_reaches_the_upstream(position: Position) {
+    let up = Upstream::start(echo_request_line);
+    let (edge, _child) = edge_alone_in(position, &up.route("s.test"), &[]);
+    let mut request = String::from("GET /xff HTTP/1.1\r\nHost: s.test\r\n");
+    let chain: Vec<String> = (1..=12).map(|i| format!("10.0.0.{i}")).collect();
+    for hop in &chain {
+        request.push_str(&format!("X-Forwarded-For: {hop}\r\n"));
+    }
+    request.push_str("\r\n");
+    assert_eq!(one(edge, request.as_bytes()).status, 200);
+    let seen = up.wait_for(1);
+    assert_eq!(
+        fields(&seen[0], "x-forwarded-for"),
+        vec![format!("{}, 127.0.0.1", chain.join(", "))],
+        "{}",
+        seen[0]
+    );
+}
+
+fn content_length_is_one_plain_decimal_or_the_request_is_refused(position: Position) {
+    let up = Upstream::start(echo_request_line);
+    let (edge, _child) = edge_alone_in(position, &up.route("s.test"), &[]);
+    for refused in [
+        &b"POST /list HTTP/1.1\r\nHost: s.test\r\nContent-Length: 5,5\r\n\r\nhello"[..],
+        b"POST /duplicates HTTP/1.1\r\nHost: s.test\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+        b"POST /plus HTTP/1.1\r\nHost: s.test\r\nContent-Length: +5\r\n\r\nhello",
+    ] {
+        let answer = one(edge, refused);
+        assert_eq!(
+            answer.status,
+            400,
+            "{}: {answer:?}",
+            String::from_utf8_lossy(refused)
+        );
+    }
+    for (path, length, body) in [
+        ("/zero", "05", "hello"),
+        ("/zeros", "00000000000000000000000005", "world"),
+    ] {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: s.test\r\nContent-Length: {length}\r\n\r\n{body}"
+        );
+        let answer = one(edge, request.as_bytes());
+        assert_eq!(answer.status, 200, "{answer:?}");
+    }
+    let seen = up.wait_for(2);
+    for (request, body) in seen.iter().zip(["hello", "world"]) {
+        let (head, sent) = request.split_once("\r\n\r\n").unwrap();
+        assert_eq!(fields(head, "content-length"), vec!["5"], "{request}");
+        assert_eq!(sent, body);
+    }
+}
+
+fn absolute_form_targets_go_upstream_in_origin_form_and_others_are_refused(position: Position) {
+    let up = Upstream::start(echo_request_line);
+    let (edge, _child) = edge_alone_in(
+        position,
+        &up.route("a.test"),
+        &["--route", &up.route("b.test")],
+    );
+    let cases = [
+        (
+            "GET https://a.test/p?q=1 HTTP/1.1\r\nHost: a.test\r\n\r\n",
+            "GET /p?q=1 HTTP/1.1",
+            "a.test",
+        ),
+        // The target's authority names the host (RFC 9112 3.2.2).
+        (
+            "GET http://b.test HTTP/1.1\r\n\r\n",
+            "GET / HTTP/1.1",
+            "b.test",
+        ),
+        (
+            "GET HTTP://b.test:80?x=1 HTTP/1.1\r\nHost: b.test:80\r\n\r\n",
+            "GET /?x=1 HTTP/1.1",
+            "b.test:80",
+        ),
+    ];
+    for (request, _, _) in cases {
+        let answer = one(edge, request.as_bytes());
+        assert_eq!(answer.status, 200, "{request}: {answer:?}");
+    }
+    let seen = up.wait_for(cases.len());
+    for (received, (request, line, host)) in seen.iter().zip(cases) {
+        let head = received.split("\r\n\r\n").next().unwrap();
+        assert_eq!(head.lines().next(), Some(line), "{request} -> {received}");
+        assert_eq!(fields(head, "host"), vec![host], "{received}");
+        assert_eq!(fields(head, "x-forwarded-host"), vec![host], "{received}");
+        assert_eq!(
+            fields(head, "x-forwarded-proto"),
+            vec!["http"],
+            "{received}"
+        );
+    }
+    for refused in [
+        "OPTIONS * HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        "GET ?a=1 HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        "GET ftp://a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        "GET http://user@a.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        "GET http:///x HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        // A Host that names another host than the target is ambiguous.
+        "GET http://b.test/ HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        "GET a.test:80 HTTP/1.1\r\nHost: a.test\r\n\r\n",
+        "CONNECT a.test:443 HTTP/1.1\r\nHost: a.test\r\n\r\n",
+    ] {
+        let answer = one(edge, refused.as_bytes());
+        assert!(
+            answer.status == 400 || (refused.starts_with("CONNECT") && answer.status == 405),
+            "{refused}: {answer:?}"
+        );
+    }
+    assert_eq!(up.requests().len(), cases.len(), "{:#?}", up.requests());
+}
+
+fn pipelined_requests_behind_any_request_are_answered_in_order(position: Position) {
+    let up = Upstream::start(echo_request_line);
+    let (edge, _child) = edge_alone_in(position, &up.route("s.test"), &[]);
+    let big = "b".repeat(100_000);
+    let shapes: Vec<(String, Vec<&str>)> = vec![
+        // An HTTP/1.0 keep-alive request (Pingora's path) with the next one behind it.
+        (
+            "GET /ten HTTP/1.0\r\nHost: s.test\r\nConnection: keep-alive\r\n\r\n\
+             GET /after-ten HTTP/1.1\r\nHost: s.test\r\n\r\n"
+                .to_owned(),
+            vec!["GET /ten", "GET /after-ten"],
+        ),
+        // A chunked body, then the next request in the same packet.
+        (
+            "POST /chunked HTTP/1.1\r\nHost: s.test\r\nTransfer-Encoding: chunked\r\n\r\n\
+             5\r\nhello\r\n0\r\n\r\nGET /after-chunked HTTP/1.1\r\nHost: s.test\r\n\r\n"
+                .to_owned(),
+            vec!["POST /chunked", "GET /after-chunked"],
+        ),
+        // A body over the fast path's limit, then the next request.
+        (
+            format!(
+                "POST /big HTTP/1.1\r\nHost: s.test\r\nContent-Length: {}\r\n\r\n{big}\
+                 GET /after-big HTTP/1.1\r\nHost: s.test\r\n\r\n",
+                big.len()
+            ),
+            vec!["POST /big", "GET /after-big"],
+        ),
+        // Three plain ones and a short body.
+        (
+            "GET /1 HTTP/1.1\r\nHost: s.test\r\n\r\nPOST /2 HTTP/1.1\r\nHost: s.test\r\n\
+             Content-Length: 3\r\n\r\nabcGET /3 HTTP/1.1\r\nHost: s.test\r\n\r\n"
+                .to_owned(),
+            vec!["GET /1", "POST /2", "GET /3"],
+        ),
+    ];
+    let mut expected = 0;
+    for (bytes, lines) in &shapes {
+        let mut c = Client::open(edge);
+        c.send(bytes.as_bytes());
+        for line in lines {
+            let answer = c.answer();
+            assert_eq!(
+                (answer.status, answer.text()),
+                (200, line.to_string()),
+                "{answer:?}"
+            );
+        }
+        expected += lines.len();
+    }
+    let seen = up.wait_for(expected);
+    let bodies: Vec<&str> = seen
+        .iter()
+        .filter_map(|r| r.split_once("\r\n\r\n").map(|(_, b)| b))
+        .filter(|b| !b.is_empty())
+        .collect();
+    assert_eq!(bodies.len(), 3, "{seen:#?}");
+    assert!(bodies.contains(&big.as_str()));
+}
+
+/// A response head whose lines end in a bare LF.
+fn bare_lf_answer(request: &[u8]) -> Vec<u8> {
+    let _ = request;
+    b"HTTP/1.1 200 OK\nContent-Length: 2\nX-Upstream: lf\n\nok".to_vec()
+}
+
+fn response_heads_with_bare_line_feeds_reach_the_client_with_crlf(position: Position) {
+    let up = Upstream::start(bare_lf_answer);
+    let (edge, _child) = edge_alone_in(position, &up.route("s.test"), &[]);
+    let mut c = Client::open(edge);
+    for _ in 0..2 {
+        c.send(b"GET / HTTP/1.1\r\nHost: s.test\r\n\r\n");
+        let answer = c.answer();
+        assert_eq!((answer.status, answer.text().as_str()), (200, "ok"));
+        assert_eq!(fields(&answer.head, "x-upstream"), vec!["lf"], "{answer:?}");
+        let head = answer.head.as_bytes();
+        assert!(
+            head.iter()
+                .enumerate()
+                .all(|(i, b)| *b != b'\n' || (i > 0 && head[i - 1] == b'\r')),
+            "a bare LF reached the client: {:?}",
+            answer.head
+        );
+    }
+}
+
+fn fields_named_with_underscores_are_dropped_unless_passed(position: Position) {
+    let up = Upstream::start(echo_request_line);
+    let (edge, _child) = edge_alone_in(position, &up.route("s.test"), &[]);
+    let request = b"GET / HTTP/1.1\r\nHost: s.test\r\nX_Forwarded_For: 6.6.6.6\r\nTransfer_Encoding: chunked\r\nX-Kept: 1\r\n\r\n";
+    assert_eq!(one(edge, request).status, 200);
+    let seen = up.wait_for(1);
+    let head = seen[0].split("\r\n\r\n").next().unwrap();
+    assert!(!head.contains('_'), "{head}");
+    assert_eq!(fields(head, "x-kept"), vec!["1"]);
+    assert_eq!(fields(head, "x-forwarded-for"), vec!["127.0.0.1"]);
+    let (passing, _passing_child) = edge_alone_in(
+        position,
+        &up.route("s.test"),
+        &["--underscore-headers", "pass"],
+    );
+    assert_eq!(one(passing, request).status, 200);
+    let seen = up.wait_for(2);
+    assert_eq!(
+        fields(&seen[1], "x_forwarded_for"),
+        vec!["6.6.6.6"],
+        "{}",
+        seen[1]
+    );
+    assert_eq!(fields(&seen[1], "transfer_encoding"), vec!["chunked"]);
+}
+
+/// A listener whose accept queue is full: connections to it neither succeed nor fail, as with
+/// a container that died while Docker was away. Dropping it closes it.
+struct SilentUpstream {
+    listener: TcpListener,
+    _queued: Vec<TcpStream>,
+}
+
+impl SilentUpstream {
+    fn start() -> SilentUpstream {
+        use std::os::fd::FromRawFd;
+        // SAFETY: a socket made, bound and put to listen with a backlog of 0 by plain libc
+        // calls; its descriptor is owned by the TcpListener from then on.
+        let listener = unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            assert!(fd >= 0);
+            let addr = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: 0,
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+                },
+                sin_zero: [0; 8],
+            };
+            assert_eq!(
+                libc::bind(
+                    fd,
+                    &addr as *const libc::sockaddr_in as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                ),
+                0
+            );
+            assert_eq!(libc::listen(fd, 0), 0);
+            TcpListener::from_raw_fd(fd)
+        };
+        let addr = listener.local_addr().unwrap();
+        let mut queued = Vec::new();
+        loop {
+            match TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+                Ok(s) => queued.push(s),
+                Err(_) => break,
+            }
+            assert!(queued.len() < 16, "the accept queue never filled");
+        }
+        SilentUpstream {
+            listener,
+            _queued: queued,
+        }
+    }
+
+    fn port(&self) -> u16 {
+        self.listener.local_addr().unwrap().port()
+    }
+}
+
+fn a_silent_upstream_costs_at_most_the_connect_timeout(position: Position) {
+    let silent = SilentUpstream::start();
+    let up = Upstream::start(echo_request_line);
+    let route = format!("d.test=127.0.0.1:{},127.0.0.1:{}", silent.port(), up.port);
+    // The default timeout (2 s), as a Machine runs with.
+    let (edge, _child) = edge_alone_in(position, &route, &[]);
+    let took: Vec<Duration> = (0..6)
+        .map(|i| {
+            let start = Instant::now();
+            let answer = one(
+                edge,
+                format!("GET /{i} HTTP/1.1\r\nHost: d.test\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            );
+            assert_eq!(answer.status, 200, "{answer:?}");
+            start.elapsed()
+        })
+        .collect();
+    eprintln!("request times with a silent upstream first in line ({position:?}): {took:?}");
+    let slow = took
+        .iter()
+        .filter(|t| **t >= Duration::from_millis(1000))
+        .count();
+    assert!(
+        slow == 1,
+        "one request pays the connect timeout, then the silent upstream is avoided: {took:?}"
+    );
+    let worst = took.iter().max().unwrap();
+    assert!(
+        *worst < Duration::from_millis(3000),
+        "a request waited {worst:?} for a silent upstream (connect timeout 2 s)"
+    );
+    drop(silent);
+}
+
+fn sigterm_answers_kept_alive_clients_once_with_close_then_closes_between_requests(
+    position: Position,
+) {
+    let up = Upstream::start(echo_request_line);
+    let (edge, child) = edge_alone_in(
+        position,
+        &up.route("s.test"),
+        &["--drain-delay", "4", "--shutdown-grace", "30"],
+    );
+    let mut child = child;
+    let kept = |n: usize| -> Vec<Client> {
+        (0..n)
+            .map(|_| {
+                let mut c = Client::open(edge);
+                c.send(b"GET /before HTTP/1.1\r\nHost: s.test\r\n\r\n");
+                let answer = c.answer();
+                assert_eq!(answer.status, 200);
+                assert!(!answer.says_close(), "{answer:?}");
+                c
+            })
+            .collect()
+    };
+    let mut during = kept(10);
+    let mut in_flight = kept(10);
+    let mut idle = kept(10);
+    // SAFETY: a signal to the child this test started.
+    unsafe {
+        libc::kill(child.0.id() as i32, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while one(
+        edge,
+        b"GET /.ployz/health HTTP/1.1\r\nHost: s.test\r\nConnection: close\r\n\r\n",
+    )
+    .status
+        != 503
+    {
+        assert!(Instant::now() < deadline, "health never turned to draining");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // During the drain delay: one more answer, saying close, then the connection ends.
+    for c in &mut during {
+        c.send(b"GET /during HTTP/1.1\r\nHost: s.test\r\n\r\n");
+        let answer = c.answer();
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert!(answer.says_close(), "{answer:?}");
+        assert!(c.closed_within(Duration::from_secs(2)));
+    }
+    // Requests still in flight when the listener closes are answered.
+    for c in &mut in_flight {
+        c.send(b"GET /hold HTTP/1.1\r\nHost: s.test\r\n\r\n");
+    }
+    up.wait_for(30 + 10 + 10);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", edge)).is_ok() {
+        assert!(Instant::now() < deadline, "the listener never closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Idle kept-alive connections are closed, between requests.
+    for c in &mut idle {
+        assert!(c.closed_within(Duration::from_secs(2)));
+    }
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "the edge exited with requests in flight"
+    );
+    up.release();
+    for c in &mut in_flight {
+        let answer = c.answer();
+        assert_eq!((answer.status, answer.text().as_str()), (200, "GET /hold"));
+        assert!(answer.says_close(), "{answer:?}");
+        assert!(c.closed_within(Duration::from_secs(2)));
+    }
+    // Then the edge exits, well within its grace period.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the edge did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn the_fast_path_setting_decides_who_writes_the_response_head(position: Position) {
+    let up = Upstream::start(echo_request_line);
+    let (edge, _child) = edge_alone_in(position, &up.route("s.test"), &[]);
+    let answer = one(edge, b"GET / HTTP/1.1\r\nHost: s.test\r\n\r\n");
+    assert_eq!(answer.status, 200);
+    // The fast path passes the upstream's head as it came; Pingora's proxy writes its own,
+    // with a Date.
+    let dated = !fields(&answer.head, "date").is_empty();
+    match position {
+        Position::FastPath => assert!(!dated, "{answer:?}"),
+        Position::PingoraOnly => assert!(dated, "{answer:?}"),
+    }
+}
+
+crate::in_both_positions!(
+    every_forwarded_for_line_reaches_the_upstream,
+    content_length_is_one_plain_decimal_or_the_request_is_refused,
+    absolute_form_targets_go_upstream_in_origin_form_and_others_are_refused,
+    pipelined_requests_behind_any_request_are_answered_in_order,
+    response_heads_with_bare_line_feeds_reach_the_client_with_crlf,
+    fields_named_with_underscores_are_dropped_unless_passed,
+    a_silent_upstream_costs_at_most_the_connect_timeout,
+    sigterm_answers_kept_alive_clients_once_with_close_then_closes_between_requests,
+    the_fast_path_setting_decides_who_writes_the_response_head,
+);

@@ -1,0 +1,469 @@
+//! Drains and drain marks: a container about to stop leaves every edge's route table and
+//! finishes its requests in flight first, and the mark that takes it out of the tables never
+//! outlives the command that set it.
+//!
+//! A drain (`POST /v1/containers/{id}/drain`) writes a [`DrainMark`] naming its setter (the lease
+//! token and holder the lease's guard admitted the call with) and a deadline: the drain's own
+//! wait, then the container's stop grace period and [`HANDOFF`] for the setter to stop it. It
+//! then waits for this Machine's edge to publish a table without the container and for the
+//! requests in flight to it to finish. A drain whose caller goes away before it completes lifts
+//! its mark at once.
+//!
+//! The [`Sweeper`] lifts the marks that should not stand, at start, every [`SWEEP_EVERY`] and
+//! when a holder releases the lease (and every grant of the lease runs [`sweep`] before it is
+//! answered): a mark whose deadline passed, a mark on a container that is gone, and a mark on a
+//! running container that no call is draining or stopping now and whose setter no longer holds
+//! this Machine's lease (it ended, died, or lost the lease).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+use ployz_core::api::{docker_paths as paths, DrainRequest, DrainResult, ErrorCode};
+use ployz_core::{ContainerId, ContainerRuntimeObservation, DrainMark, PortSpec};
+use ployz_orchestrator::docker::DockerError;
+use ployz_store::{drains, Store};
+
+use crate::api::{failure, not_initialised, Failure};
+use crate::lease::{unix_ms, LeaseCall, MachineLease};
+use crate::local_machine::LocalMachine;
+
+/// What the drain route needs: this Machine and its edge's route controller.
+#[derive(Clone)]
+struct DrainState {
+    machine: Arc<LocalMachine>,
+    routes: ployz_edge::RouteController,
+}
+
+/// How long the edge may take to publish a table without the drained container.
+const PUBLISH_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a drain mark stands after its drain's wait and the container's stop grace period:
+/// time for its setter to stop the container.
+pub const HANDOFF: Duration = Duration::from_secs(60);
+
+/// How long the mark of a drain called without a lease stands after the drain and the
+/// container's stop grace period.
+const UNLEASED_HANDOFF: Duration = Duration::from_secs(10);
+
+/// Docker's stop timeout when a container sets none.
+const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// How often the sweeper looks at this Machine's marks.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(2);
+
+/// Held around every write of this Machine's drain marks, so a mark is lifted only while it is
+/// still the one that was judged, never one a new drain wrote meanwhile.
+static MARK_WRITES: Mutex<()> = Mutex::new(());
+
+/// How long a drain waits for in-flight requests: what the request asks, else the container's
+/// `stop_grace_period` (a request it would be given time to finish after SIGTERM deserves the
+/// same time before it), else 30 s; at most an hour whatever was asked.
+fn drain_timeout(asked: Option<u64>, container: &ContainerRuntimeObservation) -> Duration {
+    asked
+        .map(Duration::from_secs)
+        .or(stop_grace_period(container))
+        .unwrap_or(Duration::from_secs(30))
+        .min(Duration::from_secs(3600))
+}
+
+fn stop_grace_period(container: &ContainerRuntimeObservation) -> Option<Duration> {
+    container
+        .spec
+        .as_ref()
+        .and_then(|s| s.container.stop_grace_period_ms)
+        .map(Duration::from_millis)
+}
+
+fn container_id(id: &str) -> Result<ContainerId, Failure> {
+    id.parse().map_err(|_| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            format!("'{id}' is not a Container ID"),
+            Some("resolve names and prefixes with `GET /v1/containers` first"),
+        )
+    })
+}
+
+fn drain_request(body: &Bytes) -> Result<DrainRequest, Failure> {
+    if body.is_empty() {
+        return Ok(DrainRequest::default());
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            format!("request body is not valid: {e}"),
+            None,
+        )
+    })
+}
+
+/// Lifts `mark` if it still stands as it was judged. Returns whether it did.
+fn lift_if_unchanged(store: &Store, mark: &DrainMark, reason: &str) -> bool {
+    let _writes = MARK_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
+    match drains::stored_mark(store, &mark.machine_id, &mark.container_id) {
+        Ok(Some(current)) if &current == mark => {}
+        _ => return false,
+    }
+    match store.delete(&drains::draining_key(&mark.machine_id, &mark.container_id)) {
+        Ok(_) => {
+            tracing::info!(
+                container = %mark.container_id,
+                set_by = %mark.set_by,
+                lease_token = ?mark.lease_token,
+                reason,
+                "drain mark lifted"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::warn!(container = %mark.container_id, error = %e, "cannot lift a drain mark");
+            false
+        }
+    }
+}
+
+/// The mark a drain wrote; dropped before the drain completed (its caller went away, or the
+/// drain failed), it is lifted.
+struct StandingMark {
+    store: Arc<Store>,
+    mark: Option<DrainMark>,
+}
+
+impl StandingMark {
+    /// The drain completed: the mark stands for its setter to stop the container.
+    fn keep(&mut self) {
+        self.mark = None;
+    }
+}
+
+impl Drop for StandingMark {
+    fn drop(&mut self) {
+        let Some(mark) = self.mark.take() else {
+            return;
+        };
+        let store = self.store.clone();
+        let lift = move || {
+            lift_if_unchanged(&store, &mark, "its drain ended before completing");
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn_blocking(lift);
+            }
+            Err(_) => lift(),
+        }
+    }
+}
+
+async fn drain(
+    State(s): State<DrainState>,
+    call: Option<Extension<LeaseCall>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    let req = drain_request(&body)?;
+    let d = s.machine.docker().ok_or_else(not_initialised)?;
+    let store = s.machine.store().ok_or_else(not_initialised)?;
+    let id = container_id(&id)?;
+    let Some(container) = d.observe_container(id.as_str()).await? else {
+        return Err(DockerError::NoSuchContainer(id.to_string()).into());
+    };
+    let started = tokio::time::Instant::now();
+    // Bring the store up to date with Docker first, so the replacement this drain makes room for
+    // is known healthy before the old one leaves the table.
+    if let Err(e) = ployz_orchestrator::observer::resync(&d, &store).await {
+        tracing::warn!(error = %e, "resync before drain failed");
+    }
+    let timeout = drain_timeout(req.timeout_seconds, &container);
+    let call = call.map(|Extension(c)| c).unwrap_or(LeaseCall {
+        token: None,
+        set_by: "a call without a lease".to_owned(),
+    });
+    let set_at_ms = unix_ms();
+    let stop_grace = stop_grace_period(&container).unwrap_or(DEFAULT_STOP_GRACE);
+    let stands_for = PUBLISH_WAIT + timeout + stop_grace + HANDOFF;
+    let unleased = call.token.is_none();
+    let mark = DrainMark {
+        container_id: container.id.clone(),
+        machine_id: store.local().clone(),
+        lease_token: call.token,
+        set_by: call.set_by,
+        set_at_ms,
+        deadline_ms: set_at_ms + stands_for.as_millis() as u64,
+    };
+    let (mark_store, written) = (store.clone(), mark.clone());
+    crate::api::store_blocking(move || {
+        let _writes = MARK_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
+        drains::put_mark(&mark_store, &written)
+    })
+    .await?;
+    let mut standing = StandingMark {
+        store: store.clone(),
+        mark: Some(mark),
+    };
+
+    // Hostnames another Serving Container still serves must keep an upstream meanwhile.
+    let hostnames: Vec<String> = container
+        .spec
+        .iter()
+        .flat_map(|spec| spec.ports.iter())
+        .filter_map(|p| match p {
+            PortSpec::Ingress {
+                hostname: Some(h), ..
+            } => Some(h.to_ascii_lowercase()),
+            _ => None,
+        })
+        .collect();
+    let others: Vec<String> = {
+        let observations = ployz_orchestrator::observer::stored_observations(&store);
+        hostnames
+            .into_iter()
+            .filter(|h| {
+                observations.iter().any(|o| {
+                    o.id != container.id
+                        && o.is_serving()
+                        && o.spec.as_ref().is_some_and(|spec| {
+                            spec.ports.iter().any(|p| matches!(p, PortSpec::Ingress { hostname: Some(x), .. } if x.eq_ignore_ascii_case(h)))
+                        })
+                })
+            })
+            .collect()
+    };
+    let publish_deadline = started + PUBLISH_WAIT;
+    loop {
+        let table = s.routes.table().load();
+        let ready = !table.routes_to(&container.id) && others.iter().all(|h| table.has_upstream(h));
+        if ready || tokio::time::Instant::now() >= publish_deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let drain_deadline = started + timeout;
+    let mut left = s.routes.in_flight(&container.id);
+    while left > 0 && tokio::time::Instant::now() < drain_deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        left = s.routes.in_flight(&container.id);
+    }
+    if unleased {
+        // A call without a lease has no holder whose going away lifts the mark: from here it
+        // stands only for the stop that should follow, then the sweeper lifts it.
+        if let Some(mark) = standing.mark.as_mut() {
+            mark.deadline_ms = unix_ms() + (stop_grace + UNLEASED_HANDOFF).as_millis() as u64;
+            let (mark_store, written) = (store.clone(), mark.clone());
+            crate::api::store_blocking(move || {
+                let _writes = MARK_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
+                drains::put_mark(&mark_store, &written)
+            })
+            .await?;
+        }
+    }
+    standing.keep();
+    let waited_ms = started.elapsed().as_millis() as u64;
+    tracing::info!(container = %container.name, waited_ms, in_flight_left = left, "container drained");
+    Ok(Json(DrainResult {
+        waited_ms,
+        in_flight_left: left,
+    })
+    .into_response())
+}
+
+async fn undrain(State(s): State<DrainState>, Path(id): Path<String>) -> Result<Response, Failure> {
+    let store = s.machine.store().ok_or_else(not_initialised)?;
+    let container = container_id(&id)?;
+    lift_drain_mark(&store, &container).await;
+    Ok(Json(serde_json::json!({})).into_response())
+}
+
+async fn list_drains(State(s): State<DrainState>) -> Result<Response, Failure> {
+    let store = s.machine.store().ok_or_else(not_initialised)?;
+    let marks = tokio::task::spawn_blocking(move || drains::stored_marks(&store))
+        .await
+        .unwrap_or_default();
+    Ok(Json(marks).into_response())
+}
+
+/// Deletes a container's drain mark, if it has one.
+pub(crate) async fn lift_drain_mark(store: &Arc<Store>, container: &ContainerId) {
+    let key = drains::draining_key(store.local(), container);
+    let store = store.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        let _writes = MARK_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
+        if store.get(&key).ok().flatten().is_some_and(|r| !r.tombstone) {
+            let _ = store.delete(&key);
+        }
+    })
+    .await;
+}
+
+/// The drain marks standing on this Machine's containers, for the Deploy Snapshot.
+pub(crate) fn standing_marks(machine: &LocalMachine) -> Vec<DrainMark> {
+    machine
+        .store()
+        .map(|s| drains::marks_of(&s, s.local()))
+        .unwrap_or_default()
+}
+
+/// The drain routes, and the list of marks: they need the edge's route controller as well as
+/// the Machine.
+pub fn drain_router(machine: Arc<LocalMachine>, routes: ployz_edge::RouteController) -> Router {
+    Router::new()
+        .route(paths::CONTAINER_DRAIN, post(drain).delete(undrain))
+        .route(paths::DRAINS, get(list_drains))
+        .with_state(DrainState { machine, routes })
+}
+
+/// Why a mark should not stand any more, if so. `running` is what Docker shows of its container
+/// (`None`: gone), or `None` altogether when Docker did not answer.
+fn lapsed(
+    mark: &DrainMark,
+    now_ms: u64,
+    running: Option<Option<bool>>,
+    lease: &MachineLease,
+) -> Option<&'static str> {
+    if now_ms >= mark.deadline_ms {
+        return Some("its deadline passed");
+    }
+    match running? {
+        None => Some("its container is gone"),
+        Some(true)
+            if !lease.busy_with(&mark.container_id) && !lease.setter_alive(mark.lease_token) =>
+        {
+            Some("the command that set it no longer holds this Machine's lease and the container still runs")
+        }
+        Some(_) => None,
+    }
+}
+
+/// Lifts the marks of this Machine that should not stand (see the module docs). Returns how
+/// many it lifted.
+pub async fn sweep(machine: &LocalMachine, lease: &MachineLease) -> usize {
+    let Some(store) = machine.store() else {
+        return 0;
+    };
+    let marks = {
+        let store = store.clone();
+        tokio::task::spawn_blocking(move || drains::marks_of(&store, store.local()))
+            .await
+            .unwrap_or_default()
+    };
+    if marks.is_empty() {
+        return 0;
+    }
+    // What Docker shows now; when it does not answer, only deadlines count.
+    let observed: Option<HashMap<ContainerId, bool>> = match machine.docker() {
+        Some(d) => match d.observe().await {
+            Ok(list) => Some(
+                list.iter()
+                    .map(|c| (c.id.clone(), c.is_running()))
+                    .collect(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "drain marks: Docker did not answer; lifting only those past their deadline");
+                None
+            }
+        },
+        None => None,
+    };
+    let now = unix_ms();
+    let lift: Vec<(DrainMark, &'static str)> = marks
+        .into_iter()
+        .filter_map(|mark| {
+            let running = observed
+                .as_ref()
+                .map(|o| o.get(&mark.container_id).copied());
+            lapsed(&mark, now, running, lease).map(|why| (mark, why))
+        })
+        .collect();
+    if lift.is_empty() {
+        return 0;
+    }
+    tokio::task::spawn_blocking(move || {
+        lift.iter()
+            .filter(|(mark, why)| lift_if_unchanged(&store, mark, why))
+            .count()
+    })
+    .await
+    .unwrap_or(0)
+}
+
+/// Lifts the drain marks that should not stand: at start, every [`SWEEP_EVERY`], and when the
+/// lease is released.
+pub struct Sweeper {
+    machine: Arc<LocalMachine>,
+    lease: Arc<MachineLease>,
+}
+
+impl Sweeper {
+    pub fn new(machine: Arc<LocalMachine>, lease: Arc<MachineLease>) -> Sweeper {
+        Sweeper { machine, lease }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for Sweeper {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            sweep(&self.machine, &self.lease).await;
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(SWEEP_EVERY) => {}
+                _ = self.lease.released() => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(token: Option<u64>, deadline_ms: u64) -> DrainMark {
+        DrainMark {
+            container_id: "ab12".parse().unwrap(),
+            machine_id: ployz_core::MachineId::generate(),
+            lease_token: token,
+            set_by: "alice@build-1 (pid 7), running `deploy of web`".into(),
+            set_at_ms: 1_000,
+            deadline_ms,
+        }
+    }
+
+    #[test]
+    fn a_mark_stands_only_while_its_setter_may_still_stop_the_container() {
+        let dir = tempfile::tempdir().unwrap();
+        let machine =
+            Arc::new(LocalMachine::open(crate::identity::DataDir::new(dir.path()), None).unwrap());
+        let lease = MachineLease::new(machine);
+        let now = 50_000;
+        // No one holds the lease: a mark set under lease 3 is an orphan on a running container.
+        let leased = mark(Some(3), 100_000);
+        assert!(lapsed(&leased, now, Some(Some(true)), &lease).is_some());
+        // ...but harmless on a stopped one, which keeps it until its deadline.
+        assert_eq!(lapsed(&leased, now, Some(Some(false)), &lease), None);
+        assert_eq!(
+            lapsed(&leased, 100_000, Some(Some(false)), &lease),
+            Some("its deadline passed")
+        );
+        assert_eq!(
+            lapsed(&leased, now, Some(None), &lease),
+            Some("its container is gone")
+        );
+        // Docker did not answer: only the deadline counts.
+        assert_eq!(lapsed(&leased, now, None, &lease), None);
+        // A mark set without a lease stands while no one holds it, until its deadline.
+        let unleased = mark(None, 100_000);
+        assert_eq!(lapsed(&unleased, now, Some(Some(true)), &lease), None);
+        assert!(lapsed(&unleased, 100_000, Some(Some(true)), &lease).is_some());
+    }
+}

@@ -1,0 +1,327 @@
+//! Opening a store: what an interrupted snapshot left is removed, sled is opened (a panic
+//! caught), every entry is read back and checked against the others, and the store is compared
+//! with its acknowledgement record.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use ployz_core::MachineId;
+
+use crate::acknowledged::{temp_path, Acknowledged, AcknowledgedWrite};
+use crate::error::sled_error_text;
+use crate::hlc::wall_now_ms;
+use crate::store::{
+    decode_hlc, decode_origin, decode_u64, log_key, panic_message, record_key, Sled, CLOCK, DIGEST,
+    LOG, RECORD, TREE,
+};
+use crate::{Digest, Hlc, Key, OpenOptions, OpenReport, Record, StoreError};
+
+/// Log entries by the record key they name: (origin, seq, the log entry's own key).
+type LogEntries = HashMap<Vec<u8>, Vec<(MachineId, u64, Vec<u8>)>>;
+
+/// Reads the acknowledgement record, refusing (or, accepting loss, forgetting) one that
+/// cannot be trusted.
+pub(crate) fn read_acknowledged(
+    path: &Path,
+    local: &MachineId,
+    options: &OpenOptions,
+    report: &mut OpenReport,
+) -> Result<Option<Acknowledged>, StoreError> {
+    let _ = std::fs::remove_file(temp_path(path));
+    let reason = match Acknowledged::read(path) {
+        Ok(Some(a)) if &a.machine_id != local => format!(
+            "it belongs to Machine {}, not to this Machine ({local})",
+            a.machine_id
+        ),
+        Ok(a) => return Ok(a),
+        Err(reason) => reason,
+    };
+    let e = StoreError::AcknowledgementUnreadable {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if !options.accept_loss {
+        return Err(e);
+    }
+    report
+        .accepted_losses
+        .push(format!("{e}; a new one is written"));
+    Ok(None)
+}
+
+/// What reading every entry back found.
+#[derive(Default)]
+pub(crate) struct Inventory {
+    pub(crate) entries: usize,
+    pub(crate) digest: Digest,
+    pub(crate) clock: Option<Hlc>,
+    /// Entries that do not decode or do not agree with the others, and why.
+    pub(crate) bad: Vec<(Vec<u8>, String)>,
+    /// Log entries a held record lacks (key, value), to put back.
+    pub(crate) missing_log: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// Memory sled may use to cache the store's pages.
+const STORE_CACHE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Opens sled in `path` and reads every entry back.
+pub(crate) fn open_and_read(
+    path: &Path,
+    local: &MachineId,
+    report: &mut OpenReport,
+) -> Result<(Sled, Inventory), StoreError> {
+    report
+        .removed_leftovers
+        .extend(remove_interrupted_snapshots(path)?);
+    let opened = catch_unwind(AssertUnwindSafe(|| -> sled::Result<Sled> {
+        // sled keeps up to 1 GiB of pages in memory by default; a Machine's store is far
+        // smaller, and its memory stays bounded however long the Machine lives.
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(STORE_CACHE_BYTES)
+            .open()?;
+        let tree = db.open_tree(TREE)?;
+        Ok(Sled { db, tree })
+    }));
+    let unreadable = |reason: String| StoreError::Unreadable {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let sled = match opened {
+        Ok(Ok(sled)) => sled,
+        Ok(Err(e)) if is_environmental(&e) => return Err(StoreError::Io(e)),
+        Ok(Err(e)) => {
+            return Err(unreadable(format!(
+                "sled cannot open it: {}",
+                sled_error_text(&e)
+            )))
+        }
+        Err(panic) => {
+            return Err(unreadable(format!(
+                "sled panicked opening it ({})",
+                panic_message(&*panic)
+            )))
+        }
+    };
+    match catch_unwind(AssertUnwindSafe(|| inventory(&sled.tree, local))) {
+        Ok(Ok(inventory)) => Ok((sled, inventory)),
+        Ok(Err(e)) => Err(unreadable(format!("reading it back failed ({e})"))),
+        Err(panic) => Err(unreadable(format!(
+            "sled panicked reading it back ({})",
+            panic_message(&*panic)
+        ))),
+    }
+}
+
+/// Whether sled failed because of its surroundings (permissions, a full disk, another process
+/// holding the store) rather than because of what its files hold.
+fn is_environmental(e: &sled::Error) -> bool {
+    match e {
+        sled::Error::Io(io) => io.raw_os_error().is_some(),
+        _ => false,
+    }
+}
+
+/// Removes the `snap.*.generating` files of snapshots sled was interrupted writing: sled would
+/// take the newest for the current snapshot and refuse it as corrupted. A snapshot is only
+/// trusted once renamed, so nothing is lost.
+fn remove_interrupted_snapshots(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(StoreError::Io(e.into())),
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            let path = entry.path();
+            std::fs::remove_file(&path).map_err(|e| StoreError::Io(e.into()))?;
+            tracing::warn!(file = %path.display(), "removed what an interrupted snapshot left behind");
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
+/// Renames sled's snapshot files and its `conf` in `dir` to `unreadable-*`, where sled no
+/// longer looks: snapshots only speed recovery up, and sled writes `conf` anew from the settings
+/// it is opened with (always the same here). Returns their new paths.
+pub(crate) fn set_aside_sled_metadata(dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
+    let mut moved = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(moved);
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("snap.") || name == "conf" {
+            let to = dir.join(format!("unreadable-{name}"));
+            std::fs::rename(entry.path(), &to).map_err(|e| StoreError::Io(e.into()))?;
+            moved.push(to);
+        }
+    }
+    Ok(moved)
+}
+
+/// Moves an unreadable store's directory aside: `<path>.lost-<unix seconds>`.
+pub(crate) fn move_aside(path: &Path) -> Result<PathBuf, StoreError> {
+    let secs = wall_now_ms() / 1000;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "store".into());
+    let mut aside = path.with_file_name(format!("{name}.lost-{secs}"));
+    let mut n = 1;
+    while aside.exists() {
+        aside = path.with_file_name(format!("{name}.lost-{secs}-{n}"));
+        n += 1;
+    }
+    std::fs::rename(path, &aside).map_err(|e| StoreError::Io(e.into()))?;
+    Ok(aside)
+}
+
+/// Reads every entry of `tree` and checks it against the others.
+fn inventory(tree: &sled::Tree, local: &MachineId) -> Result<Inventory, StoreError> {
+    let mut inv = Inventory::default();
+    // Log entries, by the record key they name: (origin, seq).
+    let mut logged: LogEntries = HashMap::new();
+    let mut records: Vec<(Vec<u8>, Record)> = Vec::new();
+    for item in tree.iter() {
+        let (k, v) = item?;
+        inv.entries += 1;
+        let bad = |why: &str| (k.to_vec(), why.to_owned());
+        match k.first() {
+            Some(&RECORD) => match Key::decode(&k[1..]).and_then(|key| Record::decode(key, &v)) {
+                Ok(r) => records.push((k.to_vec(), r)),
+                Err(e) => inv.bad.push(bad(&e.to_string())),
+            },
+            Some(&LOG) if k.len() == 41 => match (decode_origin(&k[1..33]), Key::decode(&v)) {
+                (Some(origin), Ok(_)) => {
+                    let seq = decode_u64(&k[33..])?;
+                    logged
+                        .entry(record_key(&v))
+                        .or_default()
+                        .push((origin, seq, k.to_vec()));
+                }
+                _ => inv.bad.push(bad("a log entry that does not decode")),
+            },
+            Some(&DIGEST) => match (decode_origin(&k[1..]), decode_u64(&v)) {
+                (Some(origin), Ok(seq)) => {
+                    inv.digest.0.insert(origin, seq);
+                }
+                _ => inv.bad.push(bad("a digest entry that does not decode")),
+            },
+            _ if k.as_ref() == CLOCK => match decode_hlc(&v) {
+                Some(h) => inv.clock = Some(h),
+                None => inv.bad.push(bad("the clock does not decode")),
+            },
+            _ => inv.bad.push(bad("an entry of no known kind")),
+        }
+    }
+    for (rkey, r) in records {
+        let entries = logged.remove(&rkey).unwrap_or_default();
+        let mut found = false;
+        for (origin, seq, lkey) in entries {
+            if origin == r.origin && seq == r.seq {
+                found = true;
+            } else {
+                inv.bad
+                    .push((lkey, "a log entry for a version not held".into()));
+            }
+        }
+        if !found {
+            inv.missing_log
+                .push((log_key(&r.origin, r.seq), r.key.encode()));
+        }
+        if &r.origin == local && r.seq > inv.digest.get(local) {
+            inv.bad.push((
+                rkey,
+                format!(
+                    "a local write numbered {} beyond the digest ({})",
+                    r.seq,
+                    inv.digest.get(local)
+                ),
+            ));
+        }
+    }
+    for (_, entries) in logged {
+        for (_, _, lkey) in entries {
+            inv.bad
+                .push((lkey, "a log entry whose record is missing".into()));
+        }
+    }
+    Ok(inv)
+}
+
+/// What the store lacks of what `ack` says it acknowledged, a sentence each.
+pub(crate) fn shortfalls(
+    local: &MachineId,
+    ack: &Acknowledged,
+    digest: &Digest,
+    tree: &sled::Tree,
+) -> Result<Vec<String>, StoreError> {
+    let mut missing = Vec::new();
+    for (origin, &acked) in &ack.digest.0 {
+        let held = digest.get(origin);
+        if held >= acked {
+            continue;
+        }
+        missing.push(if origin == local {
+            format!(
+                "this Machine acknowledged writes up to sequence {acked}; the store holds up to {held}"
+            )
+        } else {
+            format!(
+                "it acknowledged records of Machine {origin} up to sequence {acked}; the store holds up to {held}"
+            )
+        });
+    }
+    if let Some(w) = &ack.last_local {
+        let held = match tree.get(record_key(&w.key.encode()))? {
+            Some(v) => Record::decode(w.key.clone(), &v).ok(),
+            None => None,
+        };
+        let ok = match &held {
+            Some(r) if &r.origin == local && r.seq == w.seq => w.is(r),
+            // Superseded by a later version: fine.
+            Some(r) => (r.hlc, &r.origin) > (w.hlc, local),
+            None => false,
+        };
+        if !ok {
+            missing.push(match held {
+                None => format!(
+                    "the last write this Machine acknowledged ('{}', sequence {}) is not in the store",
+                    w.key, w.seq
+                ),
+                Some(_) => format!(
+                    "the store holds another version of '{}' than the last write this Machine acknowledged (sequence {})",
+                    w.key, w.seq
+                ),
+            });
+        }
+    }
+    Ok(missing)
+}
+
+/// This Machine's latest write still held: the highest local log entry.
+pub(crate) fn last_local_write(
+    tree: &sled::Tree,
+    local: &MachineId,
+) -> Result<Option<AcknowledgedWrite>, StoreError> {
+    let start = log_key(local, 0);
+    let end = log_key(local, u64::MAX);
+    let Some(item) = tree.range(start..=end).next_back() else {
+        return Ok(None);
+    };
+    let (_, key_bytes) = item?;
+    let key = Key::decode(&key_bytes)?;
+    Ok(match tree.get(record_key(&key_bytes))? {
+        Some(v) => {
+            let r = Record::decode(key, &v)?;
+            (&r.origin == local).then(|| AcknowledgedWrite::of(&r))
+        }
+        None => None,
+    })
+}
