@@ -8,13 +8,12 @@ fn on_disk(dir: &tempfile::TempDir) -> Store {
     Store::open(dir.path(), MachineId::generate()).unwrap()
 }
 
-fn local_write(c: &mut Criterion) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = on_disk(&dir);
+/// Durable 512-byte writes to `store`, under `name`.
+fn bench_writes(c: &mut Criterion, name: &str, store: &Store) {
     let local = store.local().clone();
     let mut n = 0u64;
     let value = vec![7u8; 512];
-    c.bench_function("store/local_write_durable_512B", |b| {
+    c.bench_function(name, |b| {
         b.iter(|| {
             n += 1;
             store
@@ -27,6 +26,11 @@ fn local_write(c: &mut Criterion) {
     });
 }
 
+fn local_write(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    bench_writes(c, "store/local_write_durable_512B", &on_disk(&dir));
+}
+
 /// The same write as the daemon makes it: the acknowledgement record beside the store is
 /// replaced (written, synced, renamed, directory synced) after the flush.
 fn local_write_acknowledged(c: &mut Criterion) {
@@ -37,20 +41,7 @@ fn local_write_acknowledged(c: &mut Criterion) {
     };
     let (store, _) =
         Store::open_with(dir.path().join("store"), MachineId::generate(), &options).unwrap();
-    let local = store.local().clone();
-    let mut n = 0u64;
-    let value = vec![7u8; 512];
-    c.bench_function("store/local_write_durable_acknowledged_512B", |b| {
-        b.iter(|| {
-            n += 1;
-            store
-                .put(
-                    &Key::machine(&local, "containers", (n % 1000).to_string()),
-                    value.clone(),
-                )
-                .unwrap()
-        })
-    });
+    bench_writes(c, "store/local_write_durable_acknowledged_512B", &store);
 }
 
 /// 10,000 records written by one origin, as a peer would send them.

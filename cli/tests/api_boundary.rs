@@ -611,20 +611,6 @@ fn a_request_over_the_body_limit_is_refused_before_sending_in_the_dry_run_too() 
     assert!(m.docker_containers().is_empty(), "nothing ran");
 }
 
-/// Runs the CLI with its stdout a pipe whose reader is already gone.
-fn with_stdout_closed(mut cmd: Command) -> Output {
-    let mut fds = [0; 2];
-    // SAFETY: pipe writes two descriptors into `fds`; each is owned and closed exactly once.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    unsafe { libc::close(fds[0]) };
-    // SAFETY: fds[1] is an open descriptor that nothing else owns.
-    let write_end = unsafe { <std::fs::File as std::os::unix::io::FromRawFd>::from_raw_fd(fds[1]) };
-    cmd.stdout(Stdio::from(write_end))
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap()
-}
-
 #[test]
 fn a_closed_stdout_ends_the_cli_quietly() {
     let lab = Lab::new();

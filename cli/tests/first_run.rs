@@ -134,21 +134,6 @@ fn logs_since_takes_durations_and_rfc3339_times() {
     }
 }
 
-/// Runs `cmd` with its stdout the write end of a pipe whose read end is already closed, as
-/// `ployz ... | head -1` looks once `head` has its line.
-fn with_stdout_reader_gone(mut cmd: Command) -> std::process::Output {
-    let mut fds = [0; 2];
-    // SAFETY: pipe writes two descriptors into `fds`; each is owned and closed exactly once.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    unsafe { libc::close(fds[0]) };
-    // SAFETY: fds[1] is an open descriptor that nothing else owns.
-    let write_end = unsafe { <std::fs::File as std::os::unix::io::FromRawFd>::from_raw_fd(fds[1]) };
-    cmd.stdout(Stdio::from(write_end))
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap()
-}
-
 #[test]
 fn a_deploy_whose_reader_has_gone_still_runs_to_its_outcome() {
     let lab = Lab::new();
@@ -165,7 +150,7 @@ fn a_deploy_whose_reader_has_gone_still_runs_to_its_outcome() {
         .current_dir(lab.dir.path())
         .env("PLOYZ_HEALTH_MONITOR_PERIOD", "0")
         .args(["--connect", &m.daemon.connect_url(), "deploy", "-y"]);
-    let out = with_stdout_reader_gone(deploy);
+    let out = with_stdout_closed(deploy);
     // The preview was the first line nobody read; the Deploy went on and succeeded.
     assert!(out.status.success(), "{:?} {}", out.status, stderr(&out));
     // Progress goes to stderr, which is still read.

@@ -141,7 +141,10 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-fn parse_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, Failure> {
+/// A JSON body whose every field is optional: empty means all defaults.
+pub(crate) fn parse_body<T: serde::de::DeserializeOwned + Default>(
+    body: &Bytes,
+) -> Result<T, Failure> {
     if body.is_empty() {
         return Ok(T::default());
     }

@@ -66,21 +66,6 @@ fn docker(machine: &LocalMachine) -> Result<MachineDocker, Failure> {
     machine.docker().ok_or_else(not_initialised)
 }
 
-/// A JSON body whose every field is optional: empty means all defaults.
-fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &Bytes) -> Result<T, Failure> {
-    if body.is_empty() {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body).map_err(|e| {
-        failure(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::InvalidArgument,
-            format!("request body is not valid: {e}"),
-            None,
-        )
-    })
-}
-
 /// A Container ID from a request path, checked before anything reaches Docker (400 naming the
 /// field otherwise).
 pub(crate) fn checked_id(id: &str) -> Result<&str, Failure> {
@@ -190,7 +175,7 @@ async fn stop_container(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, Failure> {
-    let req: StopContainerRequest = optional_body(&body)?;
+    let req: StopContainerRequest = crate::api::parse_body(&body)?;
     docker(&machine)?
         .stop(
             checked_id(&id)?,

@@ -95,20 +95,6 @@ fn container_id(id: &str) -> Result<ContainerId, Failure> {
     })
 }
 
-fn drain_request(body: &Bytes) -> Result<DrainRequest, Failure> {
-    if body.is_empty() {
-        return Ok(DrainRequest::default());
-    }
-    serde_json::from_slice(body).map_err(|e| {
-        failure(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::InvalidArgument,
-            format!("request body is not valid: {e}"),
-            None,
-        )
-    })
-}
-
 /// Lifts `mark` if it still stands as it was judged. Returns whether it did.
 fn lift_if_unchanged(store: &Store, mark: &DrainMark, reason: &str) -> bool {
     let _writes = MARK_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
@@ -172,7 +158,7 @@ async fn drain(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, Failure> {
-    let req = drain_request(&body)?;
+    let req: DrainRequest = crate::api::parse_body(&body)?;
     let d = s.machine.docker().ok_or_else(not_initialised)?;
     let store = s.machine.store().ok_or_else(not_initialised)?;
     let id = container_id(&id)?;

@@ -324,21 +324,32 @@ async fn drain<T: DeployTarget>(
     machine: &MachineId,
     container: &ContainerRef,
 ) -> Result<(), Failure> {
-    if let Err(reason) = target.drain_container(machine, container).await {
-        let error = target.undrain_container(machine, container).await.err();
-        return Err(Failure {
-            reason,
-            container: None,
-            compensation: Some(Compensation {
-                action: format!(
-                    "lifted the drain mark of {} (its drain failed)",
-                    container.name
-                ),
-                error,
-            }),
-        });
+    match target.drain_container(machine, container).await {
+        Ok(()) => Ok(()),
+        Err(reason) => {
+            Err(undrain_after(target, machine, container, reason, "its drain failed").await)
+        }
     }
-    Ok(())
+}
+
+/// The failure `reason` of an operation on a drained `container`, after lifting its drain mark
+/// so that it keeps serving.
+async fn undrain_after<T: DeployTarget>(
+    target: &mut T,
+    machine: &MachineId,
+    container: &ContainerRef,
+    reason: String,
+    why: &str,
+) -> Failure {
+    let error = target.undrain_container(machine, container).await.err();
+    Failure {
+        reason,
+        container: None,
+        compensation: Some(Compensation {
+            action: format!("lifted the drain mark of {} ({why})", container.name),
+            error,
+        }),
+    }
 }
 
 /// Stops a drained container; if that fails, lifts the drain mark so it serves again.
@@ -347,21 +358,17 @@ async fn stop_drained<T: DeployTarget>(
     machine: &MachineId,
     container: &ContainerRef,
 ) -> Result<(), Failure> {
-    if let Err(reason) = target.stop_container(machine, container).await {
-        let error = target.undrain_container(machine, container).await.err();
-        return Err(Failure {
+    match target.stop_container(machine, container).await {
+        Ok(()) => Ok(()),
+        Err(reason) => Err(undrain_after(
+            target,
+            machine,
+            container,
             reason,
-            container: None,
-            compensation: Some(Compensation {
-                action: format!(
-                    "lifted the drain mark of {} (it could not be stopped)",
-                    container.name
-                ),
-                error,
-            }),
-        });
+            "it could not be stopped",
+        )
+        .await),
     }
-    Ok(())
 }
 
 async fn drain_if_running<T: DeployTarget>(

@@ -562,3 +562,18 @@ macro_rules! in_both_positions {
 pub fn edge_alone_in(position: Position, route: &str, extra: &[&str]) -> (u16, Reaped) {
     edge_alone(route, &[position.args(), extra].concat())
 }
+
+/// Runs `cmd` with its stdout the write end of a pipe whose read end is already closed, as
+/// `ployz ... | head -1` looks once `head` has its line.
+pub fn with_stdout_closed(mut cmd: Command) -> Output {
+    let mut fds = [0; 2];
+    // SAFETY: pipe writes two descriptors into `fds`; each is owned and closed exactly once.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: fds[1] is an open descriptor that nothing else owns.
+    let write_end = unsafe { <std::fs::File as std::os::unix::io::FromRawFd>::from_raw_fd(fds[1]) };
+    cmd.stdout(Stdio::from(write_end))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap()
+}
