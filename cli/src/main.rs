@@ -24,6 +24,7 @@ mod client;
 mod commands;
 mod config;
 mod connection;
+mod memory;
 mod output;
 mod target;
 mod time_arg;
@@ -167,7 +168,10 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         // The daemon and dial-stdio run without the client runtime: Pingora starts its own.
-        Command::Daemon(cmd) => commands::daemon::run(cmd),
+        Command::Daemon(cmd) => {
+            memory::configure_for_daemon();
+            commands::daemon::run(cmd)
+        }
         Command::DialStdio(args) => commands::dial_stdio::run(args),
         Command::Completion { shell } => {
             let mut script = Vec::new();
