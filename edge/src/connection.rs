@@ -104,7 +104,7 @@ impl EdgeApp {
         } = conn;
         let body = RequestBytes::of(&buf[..head_len]);
         let replay = ReplayStream {
-            inner: stream,
+            inner: Lingering(Some(stream)),
             buf,
             pos: 0,
             head_left: head_len,
@@ -125,13 +125,13 @@ impl EdgeApp {
                 .downcast::<ReplayStream>()
                 .expect("checked type");
             let ReplayStream {
-                inner,
+                mut inner,
                 mut buf,
                 pos,
                 ..
             } = *replay;
             buf.drain(..pos.min(buf.len()));
-            (inner, buf)
+            (inner.take(), buf)
         } else {
             (stream, Vec::new())
         };
@@ -446,12 +446,52 @@ impl RequestBytes {
     }
 }
 
+/// The client connection inside a [`ReplayStream`]. When Pingora ends the connection instead of
+/// handing it back (an error answer, `Connection: close`), dropping it closes the way
+/// [`close`] does, on a task of its own: what the client sent and nobody read (a body behind an
+/// early 502) is read and dropped for a moment, so the close does not reset the connection
+/// before the client has read the answer.
+#[derive(Debug)]
+struct Lingering(Option<Stream>);
+
+impl Lingering {
+    /// The connection, handed back for the next request: dropping `self` then does nothing.
+    fn take(&mut self) -> Stream {
+        self.0
+            .take()
+            .expect("taken once, when the connection is handed back")
+    }
+}
+
+impl std::ops::Deref for Lingering {
+    type Target = Stream;
+
+    fn deref(&self) -> &Stream {
+        self.0.as_ref().expect("present until handed back")
+    }
+}
+
+impl std::ops::DerefMut for Lingering {
+    fn deref_mut(&mut self) -> &mut Stream {
+        self.0.as_mut().expect("present until handed back")
+    }
+}
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        if let (Some(stream), Ok(runtime)) = (self.0.take(), tokio::runtime::Handle::try_current())
+        {
+            runtime.spawn(close(stream, true));
+        }
+    }
+}
+
 /// A connection handed to Pingora for one request, with the bytes already read from it. Reads
 /// return the request's head, then its body, and nothing past the body's end: what follows (a
 /// pipelined request) is kept, read ahead up to [`MAX_READ_AHEAD`] while Pingora watches the
 /// connection for the client going away, and is the start of the connection's next request.
 pub struct ReplayStream {
-    inner: Stream,
+    inner: Lingering,
     /// Bytes read from the client; `buf[pos..]` are not handed to Pingora yet.
     buf: Vec<u8>,
     pos: usize,
@@ -536,7 +576,7 @@ impl AsyncRead for ReplayStream {
             let start = this.buf.len();
             this.buf.resize(start + REPLAY_READ, 0);
             let mut read = ReadBuf::new(&mut this.buf[start..]);
-            let polled = Pin::new(&mut this.inner).poll_read(cx, &mut read);
+            let polled = Pin::new(&mut *this.inner).poll_read(cx, &mut read);
             let n = read.filled().len();
             this.buf.truncate(start + n);
             match polled {
@@ -555,15 +595,15 @@ impl AsyncWrite for ReplayStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        Pin::new(&mut *self.inner).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        Pin::new(&mut *self.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        Pin::new(&mut *self.inner).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -571,7 +611,7 @@ impl AsyncWrite for ReplayStream {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        Pin::new(&mut *self.inner).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -582,7 +622,7 @@ impl AsyncWrite for ReplayStream {
 #[async_trait]
 impl Shutdown for ReplayStream {
     async fn shutdown(&mut self) {
-        Shutdown::shutdown(&mut *self.inner).await
+        Shutdown::shutdown(&mut **self.inner).await
     }
 }
 
