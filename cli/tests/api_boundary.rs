@@ -14,28 +14,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// One HTTP/1.1 request over the daemon's socket on its own connection: (status, head, body).
+/// One request to the API on its own connection: (status, head, body).
 fn api(socket: &Path, method: &str, path: &str, body: &[u8]) -> (u16, String, String) {
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.set_write_timeout(Some(Duration::from_secs(30))).unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: ployz\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    // The daemon may refuse before reading the whole body: what it answers is what matters.
-    let _ = s.write_all(body);
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (status, head.to_owned(), body.to_owned())
+    api_request(socket, method, path, "", body)
 }
 
 /// The API error body of an answer, or a panic showing the answer.

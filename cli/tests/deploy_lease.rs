@@ -54,31 +54,14 @@ fn finish(lab: &Lab, name: &str, mut child: Reaped) -> (bool, String, String) {
 
 /// One HTTP/1.1 call on the daemon's socket, with a lease token when given: (status, JSON).
 fn api(socket: &Path, method: &str, path: &str, token: Option<u64>, body: &Value) -> (u16, Value) {
-    use std::io::{Read, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let body = if body.is_null() {
         String::new()
     } else {
         body.to_string()
     };
     let token = token.map_or(String::new(), |t| format!("x-ployz-lease: {t}\r\n"));
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: ployz\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{token}Connection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    let (status, _, answer) = api_request(socket, method, path, &token, body.as_bytes());
+    (status, serde_json::from_str(&answer).unwrap_or(Value::Null))
 }
 
 /// Asks for the lease through the API as `holder`.

@@ -136,20 +136,6 @@ services:
     }
 }
 
-/// Runs openssl in `dir`.
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = std::process::Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl runs");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A test CA and a leaf for `host` signed by it: `<name>.pem`, `<name>.key`.
 fn leaf(dir: &std::path::Path, name: &str, host: &str) {
     openssl(

@@ -14,20 +14,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Runs openssl in `dir`.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("openssl runs");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A self-signed certificate for `host` in `dir`: `cert.pem`, `cert.key`.
 fn self_signed(dir: &Path, host: &str) {
     openssl(

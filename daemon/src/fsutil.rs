@@ -6,9 +6,8 @@
 //! explicit one ([`write_atomic`]), and the socket's directory is made for root and one group
 //! ([`create_dirs`]).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
 /// The bits the daemon's file mode creation mask always holds: nothing it creates is open to
@@ -48,33 +47,7 @@ pub fn create_dirs(dir: &Path, mode: u32, gid: Option<u32>) -> std::io::Result<(
     fs::set_permissions(dir, fs::Permissions::from_mode(mode))
 }
 
-/// Writes `bytes` to `path` so that a reader, or a crash at any point, sees either the old file
-/// or the complete new one: a temp file beside it with `mode`, fsync, rename, fsync of the dir.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)?;
-        File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
+pub use ployz_store::write_atomic;
 
 #[cfg(test)]
 mod tests {
@@ -93,21 +66,5 @@ mod tests {
         create_dirs(&deep, 0o750, None).unwrap();
         let mode = fs::metadata(&deep).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700, "an existing dir keeps its mode");
-    }
-
-    #[test]
-    fn writes_with_the_mode_and_replaces_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("key");
-        write_atomic(&p, b"one", 0o600).unwrap();
-        write_atomic(&p, b"two", 0o600).unwrap();
-        assert_eq!(fs::read(&p).unwrap(), b"two");
-        let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-        assert_eq!(
-            fs::read_dir(dir.path()).unwrap().count(),
-            1,
-            "no temp file left"
-        );
     }
 }

@@ -82,7 +82,7 @@ impl LocalIdentity {
     /// Writes the identity file atomically.
     pub fn save(&self, dir: &DataDir) -> std::io::Result<()> {
         let bytes = serde_json::to_vec_pretty(self).expect("identity serialises");
-        write_atomic(&dir.identity_file(), &bytes, 0o644)
+        write_atomic(&dir.identity_file(), &bytes, 0o600)
     }
 
     /// The Management Address derived from the public key.

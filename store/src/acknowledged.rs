@@ -55,7 +55,7 @@ impl AcknowledgedWrite {
             seq: record.seq,
             hlc: record.hlc,
             tombstone: record.tombstone,
-            value_crc32: crc32(&record.value),
+            value_crc32: crc32fast::hash(&record.value),
         }
     }
 
@@ -64,7 +64,7 @@ impl AcknowledgedWrite {
         record.seq == self.seq
             && record.hlc == self.hlc
             && record.tombstone == self.tombstone
-            && crc32(&record.value) == self.value_crc32
+            && crc32fast::hash(&record.value) == self.value_crc32
     }
 }
 
@@ -96,7 +96,7 @@ impl Acknowledged {
         }
         let body = serde_json::to_vec(&on_disk.acknowledged)
             .map_err(|e| format!("it does not serialise back ({e})"))?;
-        if crc32(&body) != on_disk.crc32 {
+        if crc32fast::hash(&body) != on_disk.crc32 {
             return Err("its checksum does not match its content".into());
         }
         Ok(Some(on_disk.acknowledged))
@@ -108,11 +108,11 @@ impl Acknowledged {
         let on_disk = OnDisk {
             format: FORMAT,
             acknowledged: self.clone(),
-            crc32: crc32(&body),
+            crc32: crc32fast::hash(&body),
         };
         let mut bytes = serde_json::to_vec_pretty(&on_disk).map_err(std::io::Error::other)?;
         bytes.push(b'\n');
-        write_atomic(path, &bytes)
+        write_atomic(path, &bytes, 0o600)
     }
 }
 
@@ -125,9 +125,11 @@ pub(crate) fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp"))
 }
 
-/// Writes `bytes` to `path` so that a crash at any point leaves the old file or the whole new
-/// one: a temp file beside it (mode 0600), fsync, rename, fsync of the directory.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `bytes` to `path` so that a reader, or a crash at any point, sees either the old file
+/// or the complete new one: a temp file beside it ([`temp_path`]) with `mode`, fsync, rename,
+/// fsync of the directory. Every file whose loss or tearing matters is written this way: the
+/// acknowledgement record here, the Machine's identity and key in the daemon.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -138,7 +140,7 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             .write(true)
             .create(true)
             .truncate(true)
-            .mode(0o600)
+            .mode(mode)
             .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
@@ -152,25 +154,26 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     result
 }
 
-/// CRC-32 (IEEE 802.3, as zlib computes it).
-pub(crate) fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn atomic_writes_get_their_mode_and_replace_whole() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("key");
+        write_atomic(&p, b"one", 0o600).unwrap();
+        write_atomic(&p, b"two", 0o600).unwrap();
+        assert_eq!(fs::read(&p).unwrap(), b"two");
+        let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temp file left"
+        );
+    }
 
     fn sample() -> Acknowledged {
         let id = MachineId::generate();
@@ -191,15 +194,9 @@ mod tests {
                     counter: 2,
                 },
                 tombstone: false,
-                value_crc32: crc32(b"v"),
+                value_crc32: crc32fast::hash(b"v"),
             }),
         }
-    }
-
-    #[test]
-    fn crc32_is_the_zlib_one() {
-        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
-        assert_eq!(crc32(b""), 0);
     }
 
     #[test]

@@ -37,6 +37,7 @@ mod store;
 mod sync;
 mod watch;
 
+pub use acknowledged::write_atomic;
 pub use error::StoreError;
 pub use hlc::Hlc;
 pub use key::{Key, KeyPrefix, Owner};
