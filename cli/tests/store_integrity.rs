@@ -489,6 +489,42 @@ services:
         std::thread::sleep(Duration::from_millis(100));
     }
     assert_eq!(m.daemon.pid(), pid, "the daemon was restarted");
+
+    // Lifting a drain mark the full disk will not let go of is refused, never reported done.
+    let ps = json(&run(&lab, &m, &["ps", "--json"]));
+    let id = ps.as_array().unwrap()[0]["id"].as_str().unwrap().to_owned();
+    let drain = format!("/v1/containers/{id}/drain");
+    let marks = || api_request(&m.daemon.socket, "GET", "/v1/drains", "", b"");
+    let (status, _, body) = api_request(
+        &m.daemon.socket,
+        "POST",
+        &drain,
+        "",
+        br#"{"timeout_seconds":0}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let filler = fill(&tmpfs.0);
+    // Writes until the store has met the full disk (one may still land on space sled holds).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while http_get(port, "anything", "/.ployz/health").0 != 503 {
+        assert!(
+            Instant::now() < deadline,
+            "the store never met the full disk"
+        );
+        let _ = set("0.3");
+    }
+    let (status, _, body) = api_request(&m.daemon.socket, "DELETE", &drain, "", b"");
+    assert_eq!(
+        status, 503,
+        "a lift the disk refused was answered {status}: {body}"
+    );
+    assert!(body.contains("cannot write"), "{body}");
+    assert!(marks().2.contains(&id), "{:?}", marks());
+    std::fs::remove_file(&filler).unwrap();
+    health_becomes(port, 200, Duration::from_secs(15));
+    let (status, _, body) = api_request(&m.daemon.socket, "DELETE", &drain, "", b"");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(marks().2.trim(), "[]", "{:?}", marks());
     drop(m);
     drop(tmpfs);
 }

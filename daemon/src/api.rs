@@ -20,6 +20,12 @@ use crate::local_machine::{LocalMachine, MachineError};
 /// An [`ApiError`] with its HTTP status: what every handler of the API fails with.
 pub(crate) struct Failure(StatusCode, ApiError);
 
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.1.message)
+    }
+}
+
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
         (self.0, Json(self.1)).into_response()

@@ -88,7 +88,7 @@ async fn snapshot(
         // Every volume on the engine: a Deploy mounts `external` ones made outside Ployz.
         volumes: d.engine_volumes().await?,
         images: d.images().await?,
-        drains: crate::drain::standing_marks(&machine),
+        drains: crate::drain::standing_marks(&machine).await?,
     }))
 }
 
@@ -165,7 +165,7 @@ async fn start_container(
     // full ID whatever prefix this call named it by.
     if let (Some(store), Ok(container)) = (machine.store(), full.parse::<ployz_core::ContainerId>())
     {
-        lift_drain_mark(&store, &container).await;
+        lift_drain_mark(&store, &container).await?;
     }
     Ok(Json(serde_json::json!({})).into_response())
 }
@@ -192,7 +192,11 @@ async fn remove_container(
     let full = docker(&machine)?.remove(checked_id(&id)?).await?;
     if let (Some(store), Ok(container)) = (machine.store(), full.parse::<ployz_core::ContainerId>())
     {
-        lift_drain_mark(&store, &container).await;
+        // The container is gone either way; a mark left behind is swept as the mark of a
+        // container that no longer exists.
+        if let Err(e) = lift_drain_mark(&store, &container).await {
+            tracing::warn!(container = %id, error = %e, "the removed container's drain mark stays until the sweep");
+        }
     }
     tracing::info!(container = %id, "container removed");
     Ok(Json(serde_json::json!({})).into_response())

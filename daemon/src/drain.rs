@@ -31,7 +31,7 @@ use pingora::services::background::BackgroundService;
 use ployz_core::api::{docker_paths as paths, DrainRequest, DrainResult, ErrorCode};
 use ployz_core::{ContainerId, ContainerRuntimeObservation, DrainMark, PortSpec};
 use ployz_orchestrator::docker::DockerError;
-use ployz_store::{drains, Store};
+use ployz_store::{drains, Store, StoreError};
 
 use crate::api::{failure, not_initialised, Failure};
 use crate::lease::{unix_ms, LeaseCall, MachineLease};
@@ -267,37 +267,38 @@ async fn drain(
 async fn undrain(State(s): State<DrainState>, Path(id): Path<String>) -> Result<Response, Failure> {
     let store = s.machine.store().ok_or_else(not_initialised)?;
     let container = container_id(&id)?;
-    lift_drain_mark(&store, &container).await;
+    lift_drain_mark(&store, &container).await?;
     Ok(Json(serde_json::json!({})).into_response())
 }
 
 async fn list_drains(State(s): State<DrainState>) -> Result<Response, Failure> {
     let store = s.machine.store().ok_or_else(not_initialised)?;
-    let marks = tokio::task::spawn_blocking(move || drains::stored_marks(&store))
-        .await
-        .unwrap_or_default();
+    let marks = crate::api::store_blocking(move || drains::stored_marks(&store)).await?;
     Ok(Json(marks).into_response())
 }
 
 /// Deletes a container's drain mark, if it has one.
-pub(crate) async fn lift_drain_mark(store: &Arc<Store>, container: &ContainerId) {
+pub(crate) async fn lift_drain_mark(
+    store: &Arc<Store>,
+    container: &ContainerId,
+) -> Result<(), Failure> {
     let key = drains::draining_key(store.local(), container);
     let store = store.clone();
-    let _ = tokio::task::spawn_blocking(move || {
+    crate::api::store_blocking(move || {
         let _writes = MARK_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
-        if store.get(&key).ok().flatten().is_some_and(|r| !r.tombstone) {
-            let _ = store.delete(&key);
+        if store.get(&key)?.is_some_and(|r| !r.tombstone) {
+            store.delete(&key)?;
         }
+        Ok::<(), StoreError>(())
     })
-    .await;
+    .await
 }
 
-/// The drain marks standing on this Machine's containers, for the Deploy Snapshot.
-pub(crate) fn standing_marks(machine: &LocalMachine) -> Vec<DrainMark> {
-    machine
-        .store()
-        .map(|s| drains::marks_of(&s, s.local()))
-        .unwrap_or_default()
+/// The drain marks standing on this Machine's containers, for the Deploy Snapshot: a Deploy
+/// that could not see them would take a marked container for up to date.
+pub(crate) async fn standing_marks(machine: &LocalMachine) -> Result<Vec<DrainMark>, Failure> {
+    let store = machine.store().ok_or_else(not_initialised)?;
+    crate::api::store_blocking(move || drains::marks_of(&store, store.local())).await
 }
 
 /// The drain routes, and the list of marks: they need the edge's route controller as well as
@@ -339,9 +340,13 @@ pub async fn sweep(machine: &LocalMachine, lease: &MachineLease) -> usize {
     };
     let marks = {
         let store = store.clone();
-        tokio::task::spawn_blocking(move || drains::marks_of(&store, store.local()))
-            .await
-            .unwrap_or_default()
+        match crate::api::store_blocking(move || drains::marks_of(&store, store.local())).await {
+            Ok(marks) => marks,
+            Err(e) => {
+                tracing::warn!(error = %e, "drain marks: the store cannot be read; the next sweep tries again");
+                return 0;
+            }
+        }
     };
     if marks.is_empty() {
         return 0;

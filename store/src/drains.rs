@@ -72,26 +72,24 @@ pub fn stored_mark(
 }
 
 /// Every mark in the store, of every Machine.
-pub fn stored_marks(store: &Store) -> Vec<DrainMark> {
-    store
-        .scan_live(&KeyPrefix::machine_namespace(DRAINING_NAMESPACE))
-        .unwrap_or_default()
+pub fn stored_marks(store: &Store) -> Result<Vec<DrainMark>, StoreError> {
+    Ok(store
+        .scan_live(&KeyPrefix::machine_namespace(DRAINING_NAMESPACE))?
         .iter()
         .filter_map(mark_of)
-        .collect()
+        .collect())
 }
 
 /// The marks one Machine wrote.
-pub fn marks_of(store: &Store, machine: &MachineId) -> Vec<DrainMark> {
-    store
+pub fn marks_of(store: &Store, machine: &MachineId) -> Result<Vec<DrainMark>, StoreError> {
+    Ok(store
         .scan_live(&KeyPrefix::machine_namespace_of(
             DRAINING_NAMESPACE,
             machine,
-        ))
-        .unwrap_or_default()
+        ))?
         .iter()
         .filter_map(mark_of)
-        .collect()
+        .collect())
 }
 
 #[cfg(test)]
@@ -120,15 +118,15 @@ mod tests {
             .put(&draining_key(store.local(), &legacy), Vec::new())
             .unwrap();
 
-        let mut all = stored_marks(&store);
+        let mut all = stored_marks(&store).unwrap();
         all.sort_by(|x, y| x.container_id.as_str().cmp(y.container_id.as_str()));
         assert_eq!(all.len(), 2);
         assert_eq!(all[0], a);
         assert_eq!(all[1].container_id, legacy);
         assert_eq!(all[1].deadline_ms, 0);
         assert_eq!(all[1].lease_token, None);
-        assert_eq!(marks_of(&store, store.local()).len(), 2);
-        assert!(marks_of(&store, &MachineId::generate()).is_empty());
+        assert_eq!(marks_of(&store, store.local()).unwrap().len(), 2);
+        assert!(marks_of(&store, &MachineId::generate()).unwrap().is_empty());
         assert_eq!(
             stored_mark(&store, store.local(), &a.container_id).unwrap(),
             Some(a.clone())
