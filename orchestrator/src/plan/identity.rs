@@ -1,0 +1,148 @@
+//! Which Service a Requested Service Spec is, and which of its containers are up to date.
+//!
+//! A Service is found by its Service Name among the observed Service Containers: no container
+//! means a new Service ID, one Service ID is that Service, several are Name Ambiguity and refuse
+//! the Deploy. Its mode never changes in place, and it may not claim an Ingress Hostname another
+//! Service publishes.
+
+use std::collections::BTreeSet;
+
+use ployz_core::{
+    ContainerId, ContainerKind, ContainerRuntimeObservation, MachineSnapshot, PortSpec, PullPolicy,
+    ServiceId, ServiceSpec,
+};
+
+use super::{PlanError, PlanOptions};
+
+/// The observed Service Containers named like `spec`'s Service, on every Machine (those observed
+/// down too), in snapshot order.
+pub(super) fn containers_of<'a>(
+    spec: &ServiceSpec,
+    machines: &'a [MachineSnapshot],
+) -> Vec<&'a ContainerRuntimeObservation> {
+    machines
+        .iter()
+        .flat_map(|m| m.containers.iter())
+        .filter(|c| c.kind == ContainerKind::Service && c.service_name == spec.name)
+        .collect()
+}
+
+/// The Service ID of `spec`'s Service: the one its `existing` containers carry, or a new one when
+/// there are none. Several are Name Ambiguity: the Deploy is refused, naming them.
+pub(super) fn service_id(
+    spec: &ServiceSpec,
+    existing: &[&ContainerRuntimeObservation],
+) -> Result<ServiceId, PlanError> {
+    let ids: BTreeSet<&ServiceId> = existing.iter().map(|c| &c.service_id).collect();
+    if ids.len() > 1 {
+        return Err(PlanError::AmbiguousService {
+            name: spec.name.to_string(),
+            ids: ids.iter().map(|i| i.to_string()).collect(),
+        });
+    }
+    Ok(ids
+        .into_iter()
+        .next()
+        .cloned()
+        .unwrap_or_else(ServiceId::generate))
+}
+
+/// Refuses a change of mode (replicated, global): the first existing container that carries a
+/// Resolved Service Spec says which mode the Service runs in.
+pub(super) fn check_mode(
+    spec: &ServiceSpec,
+    existing: &[&ContainerRuntimeObservation],
+) -> Result<(), PlanError> {
+    match existing.iter().find_map(|c| c.spec.as_ref()) {
+        Some(old) if old.mode != spec.mode => Err(PlanError::ModeChange {
+            name: spec.name.to_string(),
+            from: old.mode.as_str(),
+            to: spec.mode.as_str(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a hostname another Service (another name) already publishes.
+pub(super) fn check_hostnames(
+    spec: &ServiceSpec,
+    machines: &[MachineSnapshot],
+) -> Result<(), PlanError> {
+    for port in &spec.ports {
+        let PortSpec::Ingress {
+            hostname: Some(host),
+            ..
+        } = port
+        else {
+            continue;
+        };
+        for c in machines.iter().flat_map(|m| m.containers.iter()) {
+            if c.service_name == spec.name || c.kind != ContainerKind::Service {
+                continue;
+            }
+            let claims = c.spec.as_ref().is_some_and(|s| {
+                s.ports
+                    .iter()
+                    .any(|p| matches!(p, PortSpec::Ingress { hostname: Some(h), .. } if h == host))
+            });
+            if claims {
+                return Err(PlanError::HostnameClaimed {
+                    name: spec.name.to_string(),
+                    hostname: host.clone(),
+                    owner: c.service_name.to_string(),
+                    owner_id: c.service_id.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decides which containers need no replacement, for every Service of one Deploy.
+pub(super) struct Freshness<'a> {
+    /// `--recreate`: nothing is up to date.
+    recreate: bool,
+    /// The containers with a drain mark standing.
+    draining: BTreeSet<&'a ContainerId>,
+}
+
+impl<'a> Freshness<'a> {
+    /// The judge for a Deploy over `machines` with `opts`.
+    pub(super) fn new(machines: &'a [MachineSnapshot], opts: &PlanOptions) -> Freshness<'a> {
+        Freshness {
+            recreate: opts.recreate,
+            draining: machines
+                .iter()
+                .flat_map(|m| m.drains.iter().map(|d| &d.container_id))
+                .collect(),
+        }
+    }
+
+    /// Whether `c` needs no replacement for `spec`: it runs, carries no drain mark, was created
+    /// with the same container configuration, and neither `--recreate` nor `pull_policy: always`
+    /// forces a new one.
+    pub(super) fn is_up_to_date(
+        &self,
+        c: &ContainerRuntimeObservation,
+        spec: &ServiceSpec,
+    ) -> bool {
+        c.is_running()
+            && !self.draining.contains(&c.id)
+            && !self.recreate
+            && spec.container.pull_policy != PullPolicy::Always
+            && c.spec
+                .as_ref()
+                .is_some_and(|old| same_container_config(old, spec))
+    }
+}
+
+/// Whether two specs would create the same container: name, mode, container configuration,
+/// ports and placement. Replicas, dependencies, hooks and update settings shape the Deploy, not
+/// the container, so changing them replaces nothing.
+fn same_container_config(a: &ServiceSpec, b: &ServiceSpec) -> bool {
+    a.name == b.name
+        && a.mode == b.mode
+        && a.container == b.container
+        && a.ports == b.ports
+        && a.machines == b.machines
+}
