@@ -334,6 +334,10 @@ pub struct FailedOperation {
     pub container: Option<ContainerRef>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub logs: Vec<String>,
+    /// Why the failed container could not be stopped: it may still be running (and serving).
+    /// `None` when it was stopped, is gone, or none was created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_error: Option<String>,
 }
 
 /// The narrow compensation a failed replacement attempted.

@@ -19,7 +19,9 @@
 //!   whatever a Deploy that died left behind);
 //! - hook: run the Hook Container to its end; a non-zero exit or a timeout fails the Deploy;
 //! - the first failure stops the Deploy: the Outcome lists the completed prefix, the failed
-//!   operation with the failed container's last log lines, and the unexecuted suffix.
+//!   operation with the failed container's last log lines, and the unexecuted suffix;
+//! - a failed container is stopped and kept for inspection; a stop that fails while it may still
+//!   run is in the Outcome too (`FailedOperation::stop_error`), never dropped.
 //!
 //! `orchestrator/tests/execute.rs` tests these rules against `FakeTarget`, an in-memory target
 //! that keeps containers, their states and drain marks as a Machine's daemon does.
@@ -130,6 +132,8 @@ pub enum Progress<'a> {
 struct Failure {
     reason: String,
     container: Option<ContainerRef>,
+    /// Why the failed `container` could not be stopped, while it may still run.
+    stop_error: Option<String>,
     compensation: Option<Compensation>,
 }
 
@@ -138,7 +142,16 @@ impl Failure {
         Failure {
             reason: reason.into(),
             container: None,
+            stop_error: None,
             compensation: None,
+        }
+    }
+
+    /// The failure of `container`, created by the operation and kept for inspection.
+    fn of_container(reason: impl Into<String>, container: ContainerRef) -> Failure {
+        Failure {
+            container: Some(container),
+            ..Failure::because(reason)
         }
     }
 }
@@ -188,6 +201,7 @@ pub async fn execute<T: DeployTarget>(
                     reason: failure.reason,
                     container: failure.container,
                     logs,
+                    stop_error: failure.stop_error,
                 });
                 outcome.compensation = failure.compensation;
                 outcome.unexecuted = ops[i + 1..].iter().map(|o| (*o).clone()).collect();
@@ -223,19 +237,17 @@ async fn run_operation<T: DeployTarget>(
                 .map_err(Failure::because)?;
             match result.exit_code {
                 Some(0) => Ok(Some(result.container)),
-                Some(code) => Err(Failure {
-                    reason: format!("pre-deploy hook exited with code {code}"),
-                    container: Some(result.container),
-                    compensation: None,
-                }),
-                None => Err(Failure {
-                    reason: format!(
+                Some(code) => Err(Failure::of_container(
+                    format!("pre-deploy hook exited with code {code}"),
+                    result.container,
+                )),
+                None => Err(Failure::of_container(
+                    format!(
                         "pre-deploy hook did not finish within its timeout ({} s)",
                         hook.timeout_ms / 1000
                     ),
-                    container: Some(result.container),
-                    compensation: None,
-                }),
+                    result.container,
+                )),
             }
         }
         Operation::RunContainer {
@@ -346,12 +358,11 @@ async fn undrain_after<T: DeployTarget>(
 ) -> Failure {
     let error = target.undrain_container(machine, container).await.err();
     Failure {
-        reason,
-        container: None,
         compensation: Some(Compensation {
             action: format!("lifted the drain mark of {} ({why})", container.name),
             error,
         }),
+        ..Failure::because(reason)
     }
 }
 
@@ -387,7 +398,8 @@ async fn drain_if_running<T: DeployTarget>(
     Ok(())
 }
 
-/// Runs a new container and watches it; a failed one is stopped and kept for inspection.
+/// Runs a new container and watches it; a failed one is stopped and kept for inspection (a stop
+/// that fails while it may still run is part of the failure).
 async fn run_and_monitor<T: DeployTarget>(
     target: &mut T,
     machine: &MachineId,
@@ -401,14 +413,29 @@ async fn run_and_monitor<T: DeployTarget>(
         .map_err(Failure::because)?;
     let new = container_ref(&created);
     if let Err(reason) = monitor(target, machine, &created, spec, opts).await {
-        let _ = target.stop_container(machine, &new).await;
+        let stop_error = stop_failed(target, machine, &new).await;
         return Err(Failure {
-            reason,
-            container: Some(new),
-            compensation: None,
+            stop_error,
+            ..Failure::of_container(reason, new)
         });
     }
     Ok(new)
+}
+
+/// Stops a container that failed its monitoring. Answers why it could not be stopped when it may
+/// still run: a container that is gone, exited or dead needs no stop, so a stop refused for it
+/// is no news.
+async fn stop_failed<T: DeployTarget>(
+    target: &mut T,
+    machine: &MachineId,
+    container: &ContainerRef,
+) -> Option<String> {
+    let reason = target.stop_container(machine, container).await.err()?;
+    match target.observe_container(machine, container).await {
+        Ok(None) => None,
+        Ok(Some(c)) if matches!(c.state, ContainerState::Exited | ContainerState::Dead) => None,
+        _ => Some(reason),
+    }
 }
 
 /// Watches a new container for the monitor window. With a Healthcheck, healthy ends the wait

@@ -303,6 +303,7 @@ async fn a_failed_container_is_stopped_and_kept_with_its_last_log_lines() {
     assert_eq!(kept.name, "web-0001");
     assert_eq!(target.state_of("web-0001"), Some(ContainerState::Exited));
     assert_eq!(failed.logs, ["listening", "panic: no database"]);
+    assert_eq!(failed.stop_error, None);
     assert_eq!(target.journal(), ["run web-0001", "stop web-0001"]);
 }
 
@@ -664,6 +665,73 @@ async fn health_monitoring_decides_whether_a_new_container_counts() {
                 );
             }
         }
+    }
+}
+
+#[tokio::test]
+async fn a_failed_container_that_could_not_be_stopped_is_reported() {
+    type Setup = fn(&mut FakeTarget);
+    // (case, setup, stop_error, the container's state after)
+    let unhealthy: Setup = |t| {
+        t.behave(
+            "web",
+            Behaviour::looks(vec![Look::Running(Some(ContainerHealth::Unhealthy))]),
+        )
+    };
+    let cases: [(&str, Setup, Option<&str>, Option<ContainerState>); 4] = [
+        (
+            "it is stopped",
+            unhealthy,
+            None,
+            Some(ContainerState::Exited),
+        ),
+        (
+            "its stop is refused while it runs",
+            |t| {
+                t.behave(
+                    "web",
+                    Behaviour::looks(vec![Look::Running(Some(ContainerHealth::Unhealthy))]),
+                );
+                t.fail(Step::Stop, Some("web-0001"), "Docker did not answer");
+            },
+            Some("Docker did not answer"),
+            Some(ContainerState::Running),
+        ),
+        (
+            "its stop is refused but it exited anyway",
+            |t| {
+                t.behave("web", Behaviour::exits_after(0));
+                t.fail(Step::Stop, Some("web-0001"), "Docker did not answer");
+            },
+            None,
+            Some(ContainerState::Exited),
+        ),
+        (
+            "it is gone",
+            |t| t.behave("web", Behaviour::looks(vec![Look::Gone])),
+            None,
+            None,
+        ),
+    ];
+    for (case, setup, stop_error, state) in cases {
+        let (mut target, m) = FakeTarget::with_machine();
+        setup(&mut target);
+        let (outcome, _) = execute_with(
+            &plan_of(vec![run(&m, &checked_spec("web"))]),
+            &mut target,
+            &opts(),
+        )
+        .await;
+        // `ployz deploy --json` prints the Outcome as serde gives it.
+        let json = serde_json::to_value(&outcome).expect("an Outcome is JSON");
+        assert_eq!(
+            json["failed"].get("stop_error").and_then(|e| e.as_str()),
+            stop_error,
+            "{case}"
+        );
+        let failed = outcome.failed.expect(case);
+        assert_eq!(failed.stop_error.as_deref(), stop_error, "{case}");
+        assert_eq!(target.state_of("web-0001"), state, "{case}");
     }
 }
 

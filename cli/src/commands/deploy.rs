@@ -413,7 +413,13 @@ fn print_outcome(outcome: &DeployOutcome, machines: &[MachineSnapshot]) {
             );
             println!("  reason:      {}", f.reason);
             if let Some(c) = &f.container {
-                println!("  kept:        {} (stopped, for inspection)", c.name);
+                match &f.stop_error {
+                    None => println!("  kept:        {} (stopped, for inspection)", c.name),
+                    Some(e) => println!(
+                        "  kept:        {} (NOT stopped: {e}; it may still be running)",
+                        c.name
+                    ),
+                }
             }
             if !f.logs.is_empty() {
                 println!("  last log lines:");
