@@ -17,7 +17,7 @@
 //! - containers that are not running and not kept are removed; Services not attempted are left
 //!   alone, and nothing is pruned.
 //!
-//! [`plan`] runs one step per room, Service by Service:
+//! [`plan`] calls one module per step, Service by Service:
 //! - `identity`: which Service a Requested Service Spec is (its Service ID, its mode, the
 //!   Ingress Hostnames it may claim) and which of its containers are up to date;
 //! - `placement`: how many containers each Machine should run, a pure function of the Deploy
