@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _};
 use clap::Args;
+use ployz_compose::{self as compose, ComposeInput};
 use ployz_core::api::{docker_paths, LeaseAnswer, LeaseHolder, LeaseRequest};
 use ployz_core::{DeployIntent, DeployOutcome, DeployPreview, MachineSnapshot, ServiceName};
-use ployz_orchestrator::compose::{self, ComposeInput};
 use ployz_orchestrator::execute::{execute, ExecuteOptions, Progress};
 use ployz_orchestrator::plan::{plan, PlanOptions};
 use ployz_orchestrator::preview;

@@ -2,10 +2,10 @@
 
 use anyhow::{anyhow, bail};
 use clap::Args;
+use ployz_compose::parse_port;
 use ployz_core::{
     ContainerSpec, DeployIntent, PullPolicy, ServiceMode, ServiceName, ServiceSpec, UpdateConfig,
 };
-use ployz_orchestrator::compose::parse_port;
 
 use crate::GlobalArgs;
 

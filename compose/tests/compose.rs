@@ -3,13 +3,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use ployz_compose::{load, parse_port, ComposeErrors, ComposeInput, ComposeWarning, LoadedProject};
 use ployz_core::{
     ConfigFile, ConfiguredHealthcheck, ContainerSpec, Healthcheck, HostProtocol, IngressProtocol,
     Logging, Mount, PortSpec, PreDeployHook, PullPolicy, Resources, ServiceMode, ServiceSpec,
     Ulimit, UpdateConfig, UpdateOrder, VolumeSpec,
-};
-use ployz_orchestrator::compose::{
-    load, parse_port, ComposeErrors, ComposeInput, ComposeWarning, LoadedProject,
 };
 
 /// Writes `files` (name, content) into a fresh directory.

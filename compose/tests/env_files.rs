@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use ployz_orchestrator::compose::{load, ComposeInput};
+use ployz_compose::{load, ComposeInput};
 
 /// A value no message may ever show.
 const SECRET: &str = "s3cr3t-hunter2-value";

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
+use ployz_compose::{load, ComposeInput};
 use ployz_core::{Healthcheck, Mount, PortSpec, ServiceSpec};
-use ployz_orchestrator::compose::{load, ComposeInput};
 use serde_yaml_ng::Value;
 
 fn reference_config(dir: &Path, files: &[&str], env: &BTreeMap<String, String>) -> Value {

@@ -1,4 +1,4 @@
-//! The Compose loader: Compose files in, Requested Service Specs out.
+//! The Compose loader: Compose files in, Requested Service Specs and warnings out, no Docker.
 //!
 //! [`load`] reads one or more Compose files (merged in order), the project's `.env`, and the
 //! `env_file` and `configs` files they name; interpolates variables; applies profiles; and turns

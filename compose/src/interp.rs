@@ -122,12 +122,56 @@ fn note_undefined(undefined: &mut Vec<String>, name: &str) {
     }
 }
 
+/// A `${...}` reference, `body` being what is between the braces.
 fn braced(
     body: &str,
     lookup: &dyn Fn(&str) -> Option<String>,
     undefined: &mut Vec<String>,
     depth: usize,
 ) -> Result<String, InterpError> {
+    let (name, kind, arg) = substitution(body)?;
+    let value = lookup(name);
+    let empty_or_unset = value.as_deref().is_none_or(str::is_empty);
+    match kind {
+        "" => match value {
+            Some(v) => Ok(v),
+            None => {
+                note_undefined(undefined, name);
+                Ok(String::new())
+            }
+        },
+        ":-" if empty_or_unset => expand(arg, lookup, undefined, depth + 1),
+        "-" if value.is_none() => expand(arg, lookup, undefined, depth + 1),
+        ":-" | "-" => Ok(value.unwrap_or_default()),
+        ":?" | "?" => {
+            let missing = if kind == ":?" {
+                empty_or_unset
+            } else {
+                value.is_none()
+            };
+            if missing {
+                Err(required(
+                    name,
+                    kind,
+                    arg,
+                    value.is_some(),
+                    lookup,
+                    undefined,
+                    depth,
+                ))
+            } else {
+                Ok(value.unwrap_or_default())
+            }
+        }
+        ":+" if !empty_or_unset => expand(arg, lookup, undefined, depth + 1),
+        "+" if value.is_some() => expand(arg, lookup, undefined, depth + 1),
+        _ => Ok(String::new()),
+    }
+}
+
+/// Splits the body of a `${...}` reference into the name, the operator (`""`, `:-`, `:?`, `:+`,
+/// `-`, `?` or `+`) and its argument.
+fn substitution(body: &str) -> Result<(&str, &'static str, &str), InterpError> {
     let name_len = body
         .find(|c: char| !(c == '_' || c.is_ascii_alphanumeric()))
         .unwrap_or(body.len());
@@ -147,75 +191,55 @@ fn braced(
             what: "a '${...}' that does not start with a variable name",
         });
     }
-    let value = lookup(name);
-    let empty_or_unset = value.as_deref().is_none_or(str::is_empty);
-    let (kind, arg) = if op.is_empty() {
-        ("", "")
-    } else if let Some(a) = op.strip_prefix(":-") {
-        (":-", a)
-    } else if let Some(a) = op.strip_prefix(":?") {
-        (":?", a)
-    } else if let Some(a) = op.strip_prefix(":+") {
-        (":+", a)
-    } else if let Some(a) = op.strip_prefix('-') {
-        ("-", a)
-    } else if let Some(a) = op.strip_prefix('?') {
-        ("?", a)
-    } else if let Some(a) = op.strip_prefix('+') {
-        ("+", a)
-    } else {
-        return Err(InterpError {
-            message: format!("'${{{body}}}' is not a valid substitution"),
-            fix: Some(
-                "use ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?message} or ${NAME?message}"
-                    .into(),
-            ),
-            what: "a '${...}' that is not a valid substitution",
-        });
-    };
-    match kind {
-        "" => match value {
-            Some(v) => Ok(v),
-            None => {
-                note_undefined(undefined, name);
-                Ok(String::new())
-            }
-        },
-        ":-" if empty_or_unset => expand(arg, lookup, undefined, depth + 1),
-        "-" if value.is_none() => expand(arg, lookup, undefined, depth + 1),
-        ":-" | "-" => Ok(value.unwrap_or_default()),
-        ":?" | "?" => {
-            let missing = if kind == ":?" {
-                empty_or_unset
-            } else {
-                value.is_none()
-            };
-            if missing {
-                let msg = expand(arg, lookup, undefined, depth + 1)?;
-                let what = if kind == ":?" && value.is_some() {
-                    "is empty"
-                } else {
-                    "is not set"
-                };
-                let message = if msg.is_empty() {
-                    format!("required variable '{name}' {what}")
-                } else {
-                    format!("required variable '{name}' {what}: {msg}")
-                };
-                Err(InterpError {
-                    message,
-                    fix: Some(format!(
-                        "set {name} in the environment or in the project's .env file"
-                    )),
-                    what: "a '${NAME?...}' whose variable is not set",
-                })
-            } else {
-                Ok(value.unwrap_or_default())
-            }
+    if op.is_empty() {
+        return Ok((name, "", ""));
+    }
+    for kind in [":-", ":?", ":+", "-", "?", "+"] {
+        if let Some(arg) = op.strip_prefix(kind) {
+            return Ok((name, kind, arg));
         }
-        ":+" if !empty_or_unset => expand(arg, lookup, undefined, depth + 1),
-        "+" if value.is_some() => expand(arg, lookup, undefined, depth + 1),
-        _ => Ok(String::new()),
+    }
+    Err(InterpError {
+        message: format!("'${{{body}}}' is not a valid substitution"),
+        fix: Some(
+            "use ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?message} or ${NAME?message}"
+                .into(),
+        ),
+        what: "a '${...}' that is not a valid substitution",
+    })
+}
+
+/// The error of a `${NAME:?message}` / `${NAME?message}` whose variable is missing (`is_set`:
+/// set but empty); the message may itself hold references.
+fn required(
+    name: &str,
+    kind: &str,
+    arg: &str,
+    is_set: bool,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    undefined: &mut Vec<String>,
+    depth: usize,
+) -> InterpError {
+    let msg = match expand(arg, lookup, undefined, depth + 1) {
+        Ok(m) => m,
+        Err(e) => return e,
+    };
+    let what = if kind == ":?" && is_set {
+        "is empty"
+    } else {
+        "is not set"
+    };
+    let message = if msg.is_empty() {
+        format!("required variable '{name}' {what}")
+    } else {
+        format!("required variable '{name}' {what}: {msg}")
+    };
+    InterpError {
+        message,
+        fix: Some(format!(
+            "set {name} in the environment or in the project's .env file"
+        )),
+        what: "a '${NAME?...}' whose variable is not set",
     }
 }
 
@@ -305,17 +329,7 @@ pub(crate) fn parse_env_file(
             .map(str::trim_start)
             .unwrap_or(line);
         let Some((key, raw)) = line.split_once('=') else {
-            if !is_plain_name(line) {
-                return Err(EnvFileError {
-                    line: line_no,
-                    message: "this line is not KEY=VALUE, nor a variable name (letters, digits, '_', '.' and '-') to take from the environment".into(),
-                    fix: Some("is this an env file? Lines are KEY=VALUE; '#' starts a comment".into()),
-                });
-            }
-            parsed.lines.push(EnvLine {
-                line: line_no,
-                entry: (line.to_owned(), None),
-            });
+            parsed.lines.push(bare_name(line, line_no)?);
             continue;
         };
         let key = key.trim();
@@ -327,70 +341,9 @@ pub(crate) fn parse_env_file(
             });
         }
         let shown = shown_key(is_plain_name(key).then_some(key));
-        let raw = raw.trim_start();
-        let (value, interpolate_it) = if let Some(body) = raw.strip_prefix('\'') {
-            match body.find('\'') {
-                Some(end) => (body[..end].to_owned(), false),
-                None => {
-                    return Err(EnvFileError {
-                        line: line_no,
-                        message: format!("the value of {shown} opens a ' quote that is not closed"),
-                        fix: None,
-                    })
-                }
-            }
-        } else if let Some(body) = raw.strip_prefix('"') {
-            let mut buf = body.to_owned();
-            loop {
-                if let Some(v) = unescape_double(&buf) {
-                    break (v, true);
-                }
-                if i >= lines.len() {
-                    return Err(EnvFileError {
-                        line: line_no,
-                        message: format!(
-                            "the value of {shown} opens a \" quote that is not closed"
-                        ),
-                        fix: None,
-                    });
-                }
-                buf.push('\n');
-                buf.push_str(lines[i]);
-                i += 1;
-            }
-        } else {
-            let v = match raw.find(" #") {
-                Some(pos) => &raw[..pos],
-                None => raw,
-            };
-            (v.trim_end().to_owned(), true)
-        };
+        let (value, interpolate_it) = raw_value(raw.trim_start(), &shown, &lines, &mut i, line_no)?;
         let value = if interpolate_it {
-            let local = |name: &str| {
-                lookup(name).or_else(|| {
-                    parsed
-                        .lines
-                        .iter()
-                        .rev()
-                        .find(|l| l.entry.0 == name && l.entry.1.is_some())
-                        .and_then(|l| l.entry.1.clone())
-                })
-            };
-            let expanded = interpolate(&value, &local).map_err(|e| EnvFileError {
-                line: line_no,
-                message: format!("the value of {shown} has {}", e.what),
-                fix: Some(
-                    "write '$$' for a literal '$', or quote the value with '...' to keep it as written"
-                        .into(),
-                ),
-            })?;
-            if !expanded.undefined.is_empty() {
-                parsed.unset.push(UnsetReference {
-                    line: line_no,
-                    key: is_plain_name(key).then(|| key.to_owned()),
-                });
-            }
-            expanded.text
+            env_value(&value, key, &shown, line_no, lookup, &mut parsed)?
         } else {
             value
         };
@@ -400,6 +353,103 @@ pub(crate) fn parse_env_file(
         });
     }
     Ok(parsed)
+}
+
+/// A line without `=`: a plain variable name, taken from the environment.
+fn bare_name(line: &str, line_no: usize) -> Result<EnvLine, EnvFileError> {
+    if !is_plain_name(line) {
+        return Err(EnvFileError {
+            line: line_no,
+            message: "this line is not KEY=VALUE, nor a variable name (letters, digits, '_', '.' and '-') to take from the environment".into(),
+            fix: Some("is this an env file? Lines are KEY=VALUE; '#' starts a comment".into()),
+        });
+    }
+    Ok(EnvLine {
+        line: line_no,
+        entry: (line.to_owned(), None),
+    })
+}
+
+/// The value after `=`, and whether it is to be interpolated: single-quoted (literal),
+/// double-quoted (unescaped; it may go on over the next lines, which `i` then skips) or bare
+/// (up to a ` #` comment).
+fn raw_value(
+    raw: &str,
+    shown: &str,
+    lines: &[&str],
+    i: &mut usize,
+    line_no: usize,
+) -> Result<(String, bool), EnvFileError> {
+    if let Some(body) = raw.strip_prefix('\'') {
+        return match body.find('\'') {
+            Some(end) => Ok((body[..end].to_owned(), false)),
+            None => Err(EnvFileError {
+                line: line_no,
+                message: format!("the value of {shown} opens a ' quote that is not closed"),
+                fix: None,
+            }),
+        };
+    }
+    if let Some(body) = raw.strip_prefix('"') {
+        let mut buf = body.to_owned();
+        loop {
+            if let Some(v) = unescape_double(&buf) {
+                return Ok((v, true));
+            }
+            if *i >= lines.len() {
+                return Err(EnvFileError {
+                    line: line_no,
+                    message: format!("the value of {shown} opens a \" quote that is not closed"),
+                    fix: None,
+                });
+            }
+            buf.push('\n');
+            buf.push_str(lines[*i]);
+            *i += 1;
+        }
+    }
+    let v = match raw.find(" #") {
+        Some(pos) => &raw[..pos],
+        None => raw,
+    };
+    Ok((v.trim_end().to_owned(), true))
+}
+
+/// Interpolates a value with `lookup`, then with the entries above it; an unset variable is
+/// noted in `parsed.unset`.
+fn env_value(
+    value: &str,
+    key: &str,
+    shown: &str,
+    line_no: usize,
+    lookup: &dyn Fn(&str) -> Option<String>,
+    parsed: &mut ParsedEnvFile,
+) -> Result<String, EnvFileError> {
+    let local = |name: &str| {
+        lookup(name).or_else(|| {
+            parsed
+                .lines
+                .iter()
+                .rev()
+                .find(|l| l.entry.0 == name && l.entry.1.is_some())
+                .and_then(|l| l.entry.1.clone())
+        })
+    };
+    let expanded = interpolate(value, &local).map_err(|e| EnvFileError {
+        line: line_no,
+        message: format!("the value of {shown} has {}", e.what),
+        fix: Some(
+            "write '$$' for a literal '$', or quote the value with '...' to keep it as written"
+                .into(),
+        ),
+    })?;
+    if !expanded.undefined.is_empty() {
+        parsed.unset.push(UnsetReference {
+            line: line_no,
+            key: is_plain_name(key).then(|| key.to_owned()),
+        });
+    }
+    Ok(expanded.text)
 }
 
 /// The content of a double-quoted value up to its closing quote, unescaped; `None` when the

@@ -1,0 +1,432 @@
+//! The project: reading and merging the files, interpolation, profiles, top-level volumes and
+//! configs, `depends_on` order and Ingress Hostname ownership.
+//!
+//! - [`files`]: one file from disk to a checked, interpolated tree, and the merge of several;
+//! - this module: the merged project's top level, profiles, and each included service handed
+//!   to [`crate::service`];
+//! - [`volumes`], [`configs`]: the top-level `volumes:` and `configs:`;
+//! - [`order`]: `depends_on` checked across the project, and the dependency order.
+
+mod configs;
+mod files;
+mod order;
+mod volumes;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use ployz_core::{PortSpec, ServiceName, ServiceSpec, VolumeSpec};
+
+use crate::service::{self, boolean, suggest, Converted, ServiceCtx};
+use crate::yaml::Node;
+use crate::{ComposeError, ComposeErrors, ComposeInput, Diagnostics, LoadedProject};
+
+use files::{merge_value, project_vars, read_file, record_origins, report_tags};
+
+/// Top-level keys of a Compose file.
+const TOP_LEVEL_KEYS: &[&str] = &[
+    "version", "name", "services", "volumes", "configs", "secrets", "networks", "include",
+];
+
+/// Which file each part of the merged project came from (indexes into the file list).
+#[derive(Debug, Default)]
+pub(crate) struct Origins {
+    top: BTreeMap<String, usize>,
+    sections: BTreeMap<(String, String), usize>,
+    service_keys: BTreeMap<(String, String), usize>,
+}
+
+impl Origins {
+    /// The file of a service's key: the last file that set it, else the last file that named
+    /// the service.
+    pub(crate) fn service_file(&self, service: &str, key: &str) -> usize {
+        self.service_keys
+            .get(&(service.to_owned(), key.to_owned()))
+            .copied()
+            .unwrap_or_else(|| self.section_file("services", service))
+    }
+
+    /// The file of a section's entry (`services.web`): the last file that named it, else the
+    /// last file that set the section.
+    pub(crate) fn section_file(&self, section: &str, name: &str) -> usize {
+        self.sections
+            .get(&(section.to_owned(), name.to_owned()))
+            .or_else(|| self.top.get(section))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// A top-level named volume, converted.
+#[derive(Debug, Clone)]
+pub(crate) struct VolumeDecl {
+    pub spec: VolumeSpec,
+    /// Warnings to show if a Service uses it: (key, message).
+    pub warnings: Vec<(String, String)>,
+    pub file: String,
+}
+
+/// Loads a project: every file read and merged, then every included service converted.
+pub(crate) fn load(input: &ComposeInput) -> Result<LoadedProject, ComposeErrors> {
+    let mut d = Diagnostics::default();
+    let Some(first) = input.files.first() else {
+        return Err(ComposeError {
+            file: "compose.yaml".into(),
+            service: None,
+            key: None,
+            value: None,
+            message: "no Compose file was given".into(),
+            fix: Some("pass one with -f, e.g. -f compose.yaml".into()),
+        }
+        .into());
+    };
+    let dir: PathBuf = match first.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let vars = project_vars(&dir, &input.env, &mut d);
+    let files: Vec<String> = input
+        .files
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect();
+
+    // Read, parse and interpolate each file on its own.
+    let mut docs = Vec::new();
+    let mut fatal = false;
+    for (idx, path) in input.files.iter().enumerate() {
+        match read_file(path, &files[idx], &vars, &mut d) {
+            Some(doc) => docs.push((idx, doc)),
+            None => fatal = true,
+        }
+    }
+    if fatal {
+        return Err(ComposeErrors(d.errors));
+    }
+
+    // Merge in order.
+    let mut root = Node::Map(Vec::new());
+    let mut origins = Origins::default();
+    for (idx, doc) in docs {
+        record_origins(&doc, idx, &mut origins);
+        merge_value(&mut root, doc);
+    }
+    report_tags(&mut root, &mut Vec::new(), &files, &origins, &mut d);
+
+    let project = Project {
+        root: &root,
+        files: &files,
+        origins: &origins,
+        dir: &dir,
+        vars: &vars,
+    };
+    let result = project.convert(input, &mut d);
+    if !d.errors.is_empty() {
+        return Err(ComposeErrors(d.errors));
+    }
+    let (services, volumes) = result.ok_or_else(|| ComposeErrors(d.errors.clone()))?;
+    Ok(LoadedProject {
+        services,
+        volumes,
+        warnings: d.warnings,
+    })
+}
+
+/// The merged project, with what converting it needs.
+struct Project<'a> {
+    root: &'a Node,
+    files: &'a [String],
+    origins: &'a Origins,
+    dir: &'a Path,
+    vars: &'a BTreeMap<String, String>,
+}
+
+/// The services the profiles include, and what is known of the others.
+struct Selection<'n> {
+    /// Included services with a valid name, in file order.
+    enabled: Vec<(ServiceName, &'n Node)>,
+    /// Services left out by their profiles, with those profiles.
+    disabled: BTreeMap<String, Vec<String>>,
+    /// Every service name in the project.
+    all_names: BTreeSet<String>,
+}
+
+/// The included services converted, with their kept dependencies and the volumes they use.
+#[derive(Default)]
+struct ConvertedServices {
+    converted: Vec<Converted>,
+    deps: BTreeMap<String, Vec<String>>,
+    used_volumes: BTreeSet<String>,
+}
+
+impl Project<'_> {
+    /// The file that last set a top-level key.
+    fn top_file(&self, key: &str) -> &str {
+        let idx = self.origins.top.get(key).copied().unwrap_or(0);
+        self.files.get(idx).map(String::as_str).unwrap_or("")
+    }
+
+    /// The file that last named a section's entry.
+    fn section_file(&self, section: &str, name: &str) -> &str {
+        let idx = self.origins.section_file(section, name);
+        self.files.get(idx).map(String::as_str).unwrap_or("")
+    }
+
+    /// The specs of the included services in dependency order, and the Docker Volumes they
+    /// use. `None` when the project cannot be converted (errors are recorded).
+    fn convert(
+        &self,
+        input: &ComposeInput,
+        d: &mut Diagnostics,
+    ) -> Option<(Vec<ServiceSpec>, Vec<VolumeSpec>)> {
+        let Node::Map(top) = self.root else {
+            return None;
+        };
+        for (k, v) in top {
+            self.top_level_key(k, v, d);
+        }
+        let volumes = self.volumes(d);
+        self.check_secrets(d);
+        let services = self.services(d)?;
+        let selection = self.select(services, input, d)?;
+        let done = self.convert_services(&selection, &volumes, d);
+        volumes::used_volume_warnings(&done.used_volumes, &volumes, d);
+        self.check_hostnames(&done.converted, d);
+        let order = self.dependency_order(&done.deps, d)?;
+        let specs = order::in_order(done.converted, &done.deps, order);
+        let volumes = volumes::used_volumes(&done.used_volumes, &volumes, d);
+        Some((specs, volumes))
+    }
+
+    /// The `services:` entries; a project needs at least one.
+    fn services(&self, d: &mut Diagnostics) -> Option<&[(String, Node)]> {
+        match self.root.get("services") {
+            Some(Node::Map(entries)) if !entries.is_empty() => Some(entries.as_slice()),
+            Some(Node::Map(_)) | Some(Node::Null) | None => {
+                d.error(
+                    self.files.first().map(String::as_str).unwrap_or(""),
+                    None,
+                    Some("services"),
+                    None,
+                    "the project has no services",
+                    Some("add services: with at least one service".into()),
+                );
+                None
+            }
+            Some(other) => {
+                d.error(
+                    self.top_file("services"),
+                    None,
+                    Some("services"),
+                    Some(other.short()),
+                    format!("expected a mapping of services, found {}", other.kind()),
+                    None,
+                );
+                None
+            }
+        }
+    }
+
+    /// Names and profiles of every service: which ones the profiles include. `None` when none
+    /// is included because of the profiles.
+    fn select<'n>(
+        &self,
+        services: &'n [(String, Node)],
+        input: &ComposeInput,
+        d: &mut Diagnostics,
+    ) -> Option<Selection<'n>> {
+        let mut s = Selection {
+            enabled: Vec::new(),
+            disabled: BTreeMap::new(),
+            all_names: BTreeSet::new(),
+        };
+        for (name, node) in services {
+            s.all_names.insert(name.clone());
+            let file = self.section_file("services", name);
+            let profiles = match node.get("profiles") {
+                None | Some(Node::Null) => Vec::new(),
+                Some(Node::Seq(items)) => items.iter().filter_map(Node::scalar_text).collect(),
+                Some(other) => {
+                    d.error(
+                        file,
+                        Some(name),
+                        Some("profiles"),
+                        Some(other.short()),
+                        format!("expected a list of profile names, found {}", other.kind()),
+                        None,
+                    );
+                    continue;
+                }
+            };
+            let parsed = match name.parse::<ServiceName>() {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    d.error(file, Some(name), None, None, e.to_string(), None);
+                    None
+                }
+            };
+            let on = profiles.is_empty()
+                || input
+                    .profiles
+                    .iter()
+                    .any(|p| p == "*" || profiles.contains(p));
+            if !on {
+                s.disabled.insert(name.clone(), profiles);
+                continue;
+            }
+            if let Some(n) = parsed {
+                s.enabled.push((n, node));
+            }
+        }
+        if s.enabled.is_empty() && !s.disabled.is_empty() && d.errors.is_empty() {
+            self.all_profiles_off(&s.disabled, d);
+            return None;
+        }
+        Some(s)
+    }
+
+    /// The error for a project whose every service is in a profile that is not enabled.
+    fn all_profiles_off(&self, disabled: &BTreeMap<String, Vec<String>>, d: &mut Diagnostics) {
+        let profiles: BTreeSet<&String> = disabled.values().flatten().collect();
+        d.error(
+            self.top_file("services"),
+            None,
+            Some("profiles"),
+            None,
+            "every service is in a profile that is not enabled",
+            Some(format!(
+                "enable one with -p (profiles: {})",
+                profiles.into_iter().cloned().collect::<Vec<_>>().join(", ")
+            )),
+        );
+    }
+
+    /// Converts each included service, with its dependencies and configs.
+    fn convert_services(
+        &self,
+        s: &Selection<'_>,
+        volumes: &BTreeMap<String, VolumeDecl>,
+        d: &mut Diagnostics,
+    ) -> ConvertedServices {
+        let mut out = ConvertedServices::default();
+        for (name, node) in &s.enabled {
+            let mut ctx = ServiceCtx {
+                name,
+                files: self.files,
+                origins: self.origins,
+                d,
+                dir: self.dir,
+                vars: self.vars,
+                volumes,
+            };
+            let dep_list = match node.get("depends_on") {
+                Some(n) => service::depends_on(&mut ctx, n),
+                None => Vec::new(),
+            };
+            let kept = self.check_deps(&mut ctx, dep_list, &s.all_names, &s.disabled);
+            out.deps.insert(name.to_string(), kept);
+            if let Some(mut c) = service::convert(&mut ctx, node) {
+                self.resolve_configs(&mut ctx, &mut c);
+                out.used_volumes.extend(c.volume_keys.iter().cloned());
+                out.converted.push(c);
+            }
+        }
+        out
+    }
+
+    /// A top-level key other than the sections: `include` is refused, `x-volumes` ignored,
+    /// unknown keys are warnings.
+    fn top_level_key(&self, k: &str, v: &Node, d: &mut Diagnostics) {
+        let file = self.top_file(k);
+        match k {
+            "version" | "name" | "services" | "volumes" | "configs" | "secrets" | "networks" => {}
+            "include" => d.error(
+                file,
+                None,
+                Some(k),
+                Some(v.short()),
+                "include is not supported",
+                Some("pass each file with its own -f instead".into()),
+            ),
+            "x-volumes" => d.warn(
+                file,
+                None,
+                k,
+                "Provisioned Volumes (x-volumes) are not supported yet and are ignored; the volumes are plain Docker Volumes",
+            ),
+            _ if k.starts_with("x-") => {} // x-context and the user's own extensions.
+            _ => {
+                let hint = match suggest(k, TOP_LEVEL_KEYS.iter().copied()) {
+                    Some(s) => format!("; did you mean '{s}'?"),
+                    None => String::new(),
+                };
+                d.warn(file, None, k, format!("unknown top-level key, ignored{hint}"));
+            }
+        }
+    }
+
+    /// External secrets are refused; the rest of `secrets:` is not used yet.
+    fn check_secrets(&self, d: &mut Diagnostics) {
+        let Some(Node::Map(entries)) = self.root.get("secrets") else {
+            return;
+        };
+        for (name, node) in entries {
+            if let Some(ext) = node.get("external") {
+                let external = match ext {
+                    Node::Map(_) => true,
+                    other => boolean(other).unwrap_or(false),
+                };
+                if external {
+                    d.error(
+                        self.section_file("secrets", name),
+                        None,
+                        Some(&format!("secrets.{name}.external")),
+                        Some("true".into()),
+                        "external secrets are not supported",
+                        Some(
+                            "give the secret a file:, or pass its value through the environment"
+                                .into(),
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    /// An Ingress Hostname belongs to one Service: two claiming it is an error.
+    fn check_hostnames(&self, converted: &[Converted], d: &mut Diagnostics) {
+        let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for c in converted {
+            for p in &c.spec.ports {
+                if let PortSpec::Ingress {
+                    hostname: Some(h), ..
+                } = p
+                {
+                    owners
+                        .entry(h.clone())
+                        .or_default()
+                        .insert(c.spec.name.to_string());
+                }
+            }
+        }
+        for (host, services) in owners {
+            if services.len() < 2 {
+                continue;
+            }
+            let names: Vec<String> = services.iter().map(|s| format!("'{s}'")).collect();
+            let first = services.iter().next().cloned().unwrap_or_default();
+            let idx = self.origins.service_file(&first, "x-ports");
+            d.error(
+                self.files.get(idx).map(String::as_str).unwrap_or(""),
+                None,
+                Some("x-ports"),
+                Some(host.clone()),
+                format!(
+                    "the Ingress Hostname '{host}' is claimed by services {}",
+                    names.join(" and ")
+                ),
+                Some("an Ingress Hostname belongs to one Service; keep it on one of them".into()),
+            );
+        }
+    }
+}
