@@ -1527,6 +1527,66 @@ mod tests {
         }
     }
 
+    /// What `plan_response_head` makes of `raw`: the planned head and the out buffer, which
+    /// holds `previous` unless the head was rewritten.
+    fn planned_head(raw: &[u8], close: bool) -> Result<(PlannedHead, String), &'static str> {
+        let mut out = b"previous".to_vec();
+        match plan_response_head(raw, false, close, &mut out) {
+            Ok(head) => Ok((head, String::from_utf8(out).unwrap())),
+            Err(ExchangeError::BadResponse(why)) => Err(why),
+            Err(_) => panic!("a head is only ever refused as a bad response"),
+        }
+    }
+
+    #[test]
+    fn a_response_head_is_rewritten_only_when_the_client_must_see_it_changed() {
+        let raw = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let (head, out) = planned_head(raw, false).unwrap();
+        assert_eq!(head.len, raw.len() - 2);
+        assert!(!head.rewritten && !head.close_client);
+        assert_eq!(out, "previous");
+
+        // The client's connection ends here: the head says so.
+        let (head, out) = planned_head(raw, true).unwrap();
+        assert!(head.rewritten && head.close_client);
+        assert_eq!(
+            out,
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+        );
+
+        // A body that ends with the upstream's connection ends the client's too.
+        let (head, out) = planned_head(b"HTTP/1.0 200 OK\r\n\r\nbody", false).unwrap();
+        assert_eq!(head.plan.framing, Framing::UntilClose);
+        assert!(head.rewritten && head.close_client && !head.plan.reusable);
+        assert_eq!(out, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n");
+
+        // Bare line feeds reach the client as CRLF; an interim head is planned like any other.
+        let (head, out) = planned_head(b"HTTP/1.1 100 Continue\n\nHTTP/1.1 204", false).unwrap();
+        assert_eq!((head.len, head.plan.status), (23, 100));
+        assert!(head.rewritten && !head.close_client);
+        assert_eq!(out, "HTTP/1.1 100 Continue\r\n\r\n");
+    }
+
+    #[test]
+    fn unusable_response_heads_are_refused() {
+        for (raw, why) in [
+            (
+                &b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"[..],
+                "101 without an upgrade request",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nbad field\r\n\r\n",
+                "a malformed response head",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                "conflicting Content-Length fields",
+            ),
+        ] {
+            assert_eq!(planned_head(raw, false).err(), Some(why));
+        }
+    }
+
     #[tokio::test]
     async fn the_pool_keeps_live_connections_and_drops_closed_ones() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
