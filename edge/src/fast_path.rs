@@ -942,7 +942,8 @@ struct Exchanged {
     client_continues: bool,
 }
 
-/// One request and its response over `upstream`.
+/// One request and its response over `upstream`: the request in `buffers.out` is sent, each
+/// interim (1xx) response is passed on as it comes, then the final response's head and body.
 async fn exchange(
     conn: &mut Downstream,
     upstream: &mut TcpStream,
@@ -950,107 +951,181 @@ async fn exchange(
     buffers: &mut Buffers,
     close: bool,
 ) -> Result<Exchanged, ExchangeError> {
-    tokio::time::timeout(IO_TIMEOUT, upstream.write_all(&buffers.out))
+    send_request(upstream, &buffers.out).await?;
+    buffers.resp.clear();
+    // Once an interim response went to the client, a failing upstream can no longer be
+    // answered with 502 or retried.
+    let mut interim_sent = false;
+    let head = loop {
+        let head = read_response_head(
+            conn,
+            upstream,
+            &mut buffers.resp,
+            &mut buffers.out,
+            plan.head,
+            close,
+            interim_sent,
+        )
+        .await?;
+        if !(100..200).contains(&head.plan.status) {
+            break head;
+        }
+        pass_interim(conn, &mut buffers.resp, &buffers.out, &head).await?;
+        interim_sent = true;
+    };
+    let clean = pass_body(
+        conn,
+        upstream,
+        &mut buffers.resp,
+        head.len,
+        &head.plan,
+        head.rewritten,
+        &mut buffers.out,
+    )
+    .await?;
+    Ok(Exchanged {
+        status: head.plan.status,
+        upstream_reusable: clean && head.plan.reusable,
+        client_continues: !head.close_client,
+    })
+}
+
+/// A response head read from the upstream, and how it goes to the client.
+struct PlannedHead {
+    /// The head's length at the start of the response buffer.
+    len: usize,
+    plan: ResponsePlan,
+    /// The client's connection ends with this response: the request asked for it, or the body
+    /// ends when the upstream closes.
+    close_client: bool,
+    /// The head goes to the client as rewritten in the out buffer, not as received.
+    rewritten: bool,
+}
+
+/// Writes the upstream request (head and body) within [`IO_TIMEOUT`]. A failure is
+/// [`ExchangeError::NoResponse`]: nothing came back.
+async fn send_request(upstream: &mut TcpStream, request: &[u8]) -> Result<(), ExchangeError> {
+    tokio::time::timeout(IO_TIMEOUT, upstream.write_all(request))
         .await
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))
         .and_then(|r| r)
-        .map_err(ExchangeError::NoResponse)?;
-    let resp = &mut buffers.resp;
-    resp.clear();
-    let mut interim_sent = false;
-    let no_response = |e: io::Error, interim_sent: bool| {
+        .map_err(ExchangeError::NoResponse)
+}
+
+/// Reads the upstream's next whole response head into `resp` (it is parsed from what is
+/// buffered, and read when that is not enough) and plans it; a head the client gets
+/// rewritten is written to `out`.
+async fn read_response_head(
+    conn: &mut Downstream,
+    upstream: &mut TcpStream,
+    resp: &mut Vec<u8>,
+    out: &mut Vec<u8>,
+    head_request: bool,
+    close: bool,
+    interim_sent: bool,
+) -> Result<PlannedHead, ExchangeError> {
+    let mut scan = crate::connection::HeaderScan::default();
+    let mut scanned = 0;
+    loop {
+        // Parsed once the blank line is in: an upstream trickling its head costs one scan.
+        let complete = scan.feed(&resp[scanned..]).is_some();
+        scanned = resp.len();
+        if complete {
+            return plan_response_head(resp, head_request, close, out);
+        }
+        if resp.len() > MAX_RESPONSE_HEAD {
+            return Err(ExchangeError::BadResponse("a response head over 64 KiB"));
+        }
+        read_more_response(conn, upstream, resp, interim_sent).await?;
+    }
+}
+
+/// Parses the complete response head at the start of `resp` and decides how it reaches the
+/// client: as received, or rewritten into `out` (hop-by-hop fields, bare LF line ends, a
+/// `Connection: close` the upstream did not say).
+fn plan_response_head(
+    resp: &[u8],
+    head_request: bool,
+    close: bool,
+    out: &mut Vec<u8>,
+) -> Result<PlannedHead, ExchangeError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut parsed = httparse::Response::new(&mut fields);
+    let len = match parsed.parse(resp) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) | Err(_) => {
+            return Err(ExchangeError::BadResponse("a malformed response head"))
+        }
+    };
+    let mut plan = response_plan(&parsed, head_request).map_err(ExchangeError::BadResponse)?;
+    // Lines ending in a bare LF reach the client with CRLF.
+    plan.rewrite |= has_bare_lf(&resp[..len]);
+    if plan.status == 101 {
+        return Err(ExchangeError::BadResponse("101 without an upgrade request"));
+    }
+    let close_client = close || plan.framing == Framing::UntilClose;
+    let rewritten = plan.rewrite || (close_client && !plan.says_close);
+    if rewritten {
+        out.clear();
+        write_response_head(out, &parsed, &plan, close_client);
+    }
+    Ok(PlannedHead {
+        len,
+        plan,
+        close_client,
+        rewritten,
+    })
+}
+
+/// Reads more response bytes into `resp` while watching the client: a client that goes away
+/// meanwhile ends the request (and frees its upstream). An upstream that fails or closes has
+/// given no response, unless an interim one already went to the client.
+async fn read_more_response(
+    conn: &mut Downstream,
+    upstream: &mut TcpStream,
+    resp: &mut Vec<u8>,
+    interim_sent: bool,
+) -> Result<(), ExchangeError> {
+    let no_response = |e: io::Error| {
         if interim_sent {
             ExchangeError::Broken(format!("reading the response: {e}"))
         } else {
             ExchangeError::NoResponse(e)
         }
     };
-    loop {
-        // A whole response head: parsed from what is buffered, read when that is not enough.
-        let mut scan = crate::connection::HeaderScan::default();
-        let mut scanned = 0;
-        let (head_len, rplan, close_client) = loop {
-            // Parsed once the blank line is in: an upstream trickling its head costs one scan.
-            let complete = scan.feed(&resp[scanned..]).is_some();
-            scanned = resp.len();
-            if complete {
-                let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-                let mut parsed = httparse::Response::new(&mut fields);
-                match parsed.parse(resp) {
-                    Ok(httparse::Status::Complete(len)) => {
-                        let mut rplan = response_plan(&parsed, plan.head)
-                            .map_err(ExchangeError::BadResponse)?;
-                        // Lines ending in a bare LF reach the client with CRLF.
-                        rplan.rewrite |= has_bare_lf(&resp[..len]);
-                        if rplan.status == 101 {
-                            return Err(ExchangeError::BadResponse(
-                                "101 without an upgrade request",
-                            ));
-                        }
-                        let close_client = close || rplan.framing == Framing::UntilClose;
-                        if rplan.rewrite || (close_client && !rplan.says_close) {
-                            let out = &mut buffers.out;
-                            out.clear();
-                            write_response_head(out, &parsed, &rplan, close_client);
-                        }
-                        break (len, rplan, close_client);
-                    }
-                    Ok(httparse::Status::Partial) | Err(_) => {
-                        return Err(ExchangeError::BadResponse("a malformed response head"))
-                    }
-                }
-            }
-            if resp.len() > MAX_RESPONSE_HEAD {
-                return Err(ExchangeError::BadResponse("a response head over 64 KiB"));
-            }
-            // A client that goes away meanwhile ends the request (and frees its upstream).
-            let n = tokio::select! {
-                biased;
-                n = read_upstream(upstream, resp) => n.map_err(|e| no_response(e, interim_sent))?,
-                () = client_gone(&mut conn.stream, &mut conn.buf, conn.read_limit) => {
-                    return Err(ExchangeError::Broken(
-                        "the client closed its connection before the response".into(),
-                    ));
-                }
-            };
-            if n == 0 {
-                return Err(no_response(
-                    io::ErrorKind::UnexpectedEof.into(),
-                    interim_sent,
-                ));
-            }
-        };
-        let rewritten = rplan.rewrite || (close_client && !rplan.says_close);
-        if (100..200).contains(&rplan.status) {
-            // An interim response: pass it on, then read the final one.
-            let head: &[u8] = if rewritten {
-                &buffers.out
-            } else {
-                &resp[..head_len]
-            };
-            write_client(&mut conn.stream, head)
-                .await
-                .map_err(|e| ExchangeError::Broken(format!("writing to the client: {e}")))?;
-            resp.drain(..head_len);
-            interim_sent = true;
-            continue;
+    let n = tokio::select! {
+        biased;
+        n = read_upstream(upstream, resp) => n.map_err(no_response)?,
+        () = client_gone(&mut conn.stream, &mut conn.buf, conn.read_limit) => {
+            return Err(ExchangeError::Broken(
+                "the client closed its connection before the response".into(),
+            ));
         }
-        let clean = pass_body(
-            conn,
-            upstream,
-            resp,
-            head_len,
-            &rplan,
-            rewritten,
-            &mut buffers.out,
-        )
-        .await?;
-        return Ok(Exchanged {
-            status: rplan.status,
-            upstream_reusable: clean && rplan.reusable,
-            client_continues: !close_client,
-        });
+    };
+    if n == 0 {
+        return Err(no_response(io::ErrorKind::UnexpectedEof.into()));
     }
+    Ok(())
+}
+
+/// Passes an interim (1xx) response head to the client (as received in `resp`, or rewritten
+/// in `out`) and drops it from `resp`, where the final response follows.
+async fn pass_interim(
+    conn: &mut Downstream,
+    resp: &mut Vec<u8>,
+    out: &[u8],
+    head: &PlannedHead,
+) -> Result<(), ExchangeError> {
+    let bytes: &[u8] = if head.rewritten {
+        out
+    } else {
+        &resp[..head.len]
+    };
+    write_client(&mut conn.stream, bytes)
+        .await
+        .map_err(|e| ExchangeError::Broken(format!("writing to the client: {e}")))?;
+    resp.drain(..head.len);
+    Ok(())
 }
 
 /// Passes the response head (raw from `resp`, or rewritten in `out`) and body to the client.
@@ -1449,6 +1524,66 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(bad)
             );
+        }
+    }
+
+    /// What `plan_response_head` makes of `raw`: the planned head and the out buffer, which
+    /// holds `previous` unless the head was rewritten.
+    fn planned_head(raw: &[u8], close: bool) -> Result<(PlannedHead, String), &'static str> {
+        let mut out = b"previous".to_vec();
+        match plan_response_head(raw, false, close, &mut out) {
+            Ok(head) => Ok((head, String::from_utf8(out).unwrap())),
+            Err(ExchangeError::BadResponse(why)) => Err(why),
+            Err(_) => panic!("a head is only ever refused as a bad response"),
+        }
+    }
+
+    #[test]
+    fn a_response_head_is_rewritten_only_when_the_client_must_see_it_changed() {
+        let raw = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let (head, out) = planned_head(raw, false).unwrap();
+        assert_eq!(head.len, raw.len() - 2);
+        assert!(!head.rewritten && !head.close_client);
+        assert_eq!(out, "previous");
+
+        // The client's connection ends here: the head says so.
+        let (head, out) = planned_head(raw, true).unwrap();
+        assert!(head.rewritten && head.close_client);
+        assert_eq!(
+            out,
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+        );
+
+        // A body that ends with the upstream's connection ends the client's too.
+        let (head, out) = planned_head(b"HTTP/1.0 200 OK\r\n\r\nbody", false).unwrap();
+        assert_eq!(head.plan.framing, Framing::UntilClose);
+        assert!(head.rewritten && head.close_client && !head.plan.reusable);
+        assert_eq!(out, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n");
+
+        // Bare line feeds reach the client as CRLF; an interim head is planned like any other.
+        let (head, out) = planned_head(b"HTTP/1.1 100 Continue\n\nHTTP/1.1 204", false).unwrap();
+        assert_eq!((head.len, head.plan.status), (23, 100));
+        assert!(head.rewritten && !head.close_client);
+        assert_eq!(out, "HTTP/1.1 100 Continue\r\n\r\n");
+    }
+
+    #[test]
+    fn unusable_response_heads_are_refused() {
+        for (raw, why) in [
+            (
+                &b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"[..],
+                "101 without an upgrade request",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nbad field\r\n\r\n",
+                "a malformed response head",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                "conflicting Content-Length fields",
+            ),
+        ] {
+            assert_eq!(planned_head(raw, false).err(), Some(why));
         }
     }
 
