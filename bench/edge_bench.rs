@@ -10,8 +10,8 @@ use clap::Parser;
 #[command(name = "edge-bench", about = "The Ployz edge with a fixed route table")]
 struct Args {
     /// HTTP listener, ADDR:PORT.
-    #[arg(long, value_name = "ADDR:PORT")]
-    listen: String,
+    #[arg(long, value_name = "ADDR:PORT", value_parser = ployz_daemon::parse_socket_addr)]
+    listen: std::net::SocketAddr,
     /// A fixed route, HOST=ADDR:PORT[,ADDR:PORT...]. Repeatable.
     #[arg(long = "route", value_name = "HOST=ADDRS", required = true)]
     routes: Vec<String>,
@@ -36,19 +36,13 @@ fn main() -> anyhow::Result<()> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    ployz_daemon::run_edge_alone(
-        &args.listen,
-        routes,
-        ployz_daemon::EdgeAloneOptions {
-            threads,
-            access_log: args.access_log,
-            header_timeout: std::time::Duration::from_secs(15),
-            drain_delay_seconds: 0,
-            shutdown_grace_seconds: 0,
-            upstream_connect_timeout_ms: ployz_daemon::DaemonConfig::default()
-                .upstream_connect_timeout_ms,
-            underscore_headers: ployz_daemon::UnderscoreHeaders::Drop,
-            fast_path: !args.no_fast_path,
-        },
-    )
+    let mut config = ployz_daemon::DaemonConfig {
+        http_listen: args.listen,
+        access_log: args.access_log,
+        ..Default::default()
+    };
+    config.edge.fast_path = !args.no_fast_path;
+    config.shutdown.drain_delay_seconds = 0;
+    config.shutdown.grace_seconds = 0;
+    ployz_daemon::run_edge_alone(&config, routes, threads)
 }

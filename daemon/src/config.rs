@@ -1,13 +1,30 @@
-//! The daemon's configuration: built-in defaults, then an optional TOML file, then flags.
+//! The daemon's configuration: built-in defaults, then an optional TOML file, then flags, all
+//! into one typed [`DaemonConfig`].
 //!
-//! [`DaemonConfig`] is the configuration the daemon actually runs with; [`DaemonConfigFile`] is
-//! the TOML front-end that lowers into it. `configs/daemon.toml` documents every key with its
-//! default, and a test keeps it equal to [`DaemonConfig::default`].
+//! [`DaemonConfig`] is both what the daemon runs with and the shape of the TOML file: the file's
+//! top level holds the Machine's own settings (paths, socket, Docker, logging, listeners) and
+//! each `[section]` is one settings struct of its concern ([`LimitSettings`], [`EdgeSettings`],
+//! [`ShutdownSettings`], [`CertificateSettings`], [`DnsSettings`]). A key's path is its field's
+//! path: `edge.fast_path` is `config.edge.fast_path`. Every field holds its parsed type (a
+//! [`SocketAddr`], an enum), so a bad value is refused while the file is read, naming the key.
+//!
+//! Flags are a second layer over the same keys. The CLI's flag struct serialises each flag it
+//! was given under the key it sets (`#[serde(rename = "limits.header_timeout_seconds")]`; an
+//! absent flag, `None`, sets nothing); [`DaemonConfig::load`] lays that table over the file's
+//! and deserialises the result once, so a flag and a key share one type and one parser.
+//! [`DaemonConfig::validate`] then checks what no single value's type can say (a zero timeout,
+//! two listeners on one port), before anything is bound or written.
+//!
+//! Adding a setting: a field with its doc and its default in the struct of its concern, the
+//! key with its default in `configs/daemon.toml` (a test keeps the two equal), and, if it gets
+//! a flag, one field in the CLI's flags naming the key.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context as _;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer, Serialize};
 
 /// Where the daemon keeps its data unless told otherwise.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/ployz";
@@ -16,14 +33,235 @@ pub const DEFAULT_SOCKET: &str = "/run/ployz/ployz.sock";
 /// The group given access to the socket when it exists.
 pub const DEFAULT_SOCKET_GROUP: &str = "ployz";
 /// The edge's HTTP listener unless told otherwise.
-pub const DEFAULT_HTTP_LISTEN: &str = "0.0.0.0:80";
+pub const DEFAULT_HTTP_LISTEN: SocketAddr = SocketAddr::new(IPV4_ANY, 80);
 /// The edge's HTTPS listener unless told otherwise.
-pub const DEFAULT_HTTPS_LISTEN: &str = "0.0.0.0:443";
+pub const DEFAULT_HTTPS_LISTEN: SocketAddr = SocketAddr::new(IPV4_ANY, 443);
 /// The metrics listener unless told otherwise (loopback: metrics are not public).
-pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:51090";
+pub const DEFAULT_METRICS_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 51090);
+
+const IPV4_ANY: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+
+/// The configuration the daemon runs with, and the shape of its TOML file (every key optional:
+/// what the file leaves out keeps its default; unknown keys are refused).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonConfig {
+    /// Identity, keys and the store live here.
+    pub data_dir: PathBuf,
+    /// The management API's unix socket (mode 0660).
+    pub socket: PathBuf,
+    /// The group that owns the socket, when such a group exists on this system.
+    pub socket_group: String,
+    /// Log line format.
+    pub log_format: LogFormat,
+    /// Where Docker listens (`unix:///path`); `None`: `DOCKER_HOST` or the default socket.
+    pub docker_host: Option<String>,
+    /// The edge's plain-HTTP listener.
+    #[serde(deserialize_with = "socket_addr::one")]
+    pub http_listen: SocketAddr,
+    /// The edge's HTTPS listener.
+    #[serde(deserialize_with = "socket_addr::one")]
+    pub https_listen: SocketAddr,
+    /// Prometheus metrics (`GET /metrics`).
+    #[serde(deserialize_with = "socket_addr::one")]
+    pub metrics_listen: SocketAddr,
+    /// One access-log line per edge request.
+    pub access_log: bool,
+    /// `[limits]`: what one request may hold and how long its header may take.
+    pub limits: LimitSettings,
+    /// `[edge]`: how the edge proxies.
+    pub edge: EdgeSettings,
+    /// `[shutdown]`: how SIGTERM drains the daemon.
+    pub shutdown: ShutdownSettings,
+    /// `[certificates]`: ACME ordering and renewal.
+    pub certificates: CertificateSettings,
+    /// `[dns]`: the internal DNS.
+    pub dns: DnsSettings,
+    /// Start even though the data dir lost acknowledged data (the store, its acknowledgement
+    /// record, the WireGuard key), keeping what is left. A flag only, never in the file: it is
+    /// meant for one start.
+    #[serde(skip)]
+    pub accept_data_loss: bool,
+}
+
+impl Default for DaemonConfig {
+    fn default() -> Self {
+        DaemonConfig {
+            data_dir: DEFAULT_DATA_DIR.into(),
+            socket: DEFAULT_SOCKET.into(),
+            socket_group: DEFAULT_SOCKET_GROUP.into(),
+            log_format: LogFormat::Text,
+            docker_host: None,
+            http_listen: DEFAULT_HTTP_LISTEN,
+            https_listen: DEFAULT_HTTPS_LISTEN,
+            metrics_listen: DEFAULT_METRICS_LISTEN,
+            access_log: true,
+            limits: LimitSettings::default(),
+            edge: EdgeSettings::default(),
+            shutdown: ShutdownSettings::default(),
+            certificates: CertificateSettings::default(),
+            dns: DnsSettings::default(),
+            accept_data_loss: false,
+        }
+    }
+}
+
+/// `[limits]`: what one edge request may hold, and how long a client may take to send its
+/// header (the management API shares the header deadline).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitSettings {
+    /// Header bytes per request before 431.
+    pub max_header_bytes: usize,
+    /// Request target bytes before 414.
+    pub max_uri_bytes: usize,
+    /// Request body bytes before 413; `None` (`0` in the file and the flag): unlimited.
+    #[serde(deserialize_with = "zero_is_unlimited")]
+    pub max_body_bytes: Option<u64>,
+    /// Seconds a client has to send a whole request header (against slowloris); at least 1.
+    pub header_timeout_seconds: u64,
+}
+
+impl Default for LimitSettings {
+    fn default() -> Self {
+        LimitSettings {
+            max_header_bytes: 16 * 1024,
+            max_uri_bytes: 8 * 1024,
+            max_body_bytes: None,
+            header_timeout_seconds: 15,
+        }
+    }
+}
+
+impl LimitSettings {
+    /// How long a client has to send a whole request header.
+    pub fn header_timeout(&self) -> Duration {
+        Duration::from_secs(self.header_timeout_seconds)
+    }
+
+    /// Refuses a header deadline of zero, which would disconnect every client.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.header_timeout_seconds == 0 {
+            anyhow::bail!(
+                "header_timeout_seconds = 0 ([limits] in the config file, or --header-timeout) would disconnect every client: give at least 1 second (default 15)"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `[edge]`: how the edge proxies, for `daemon run` and `daemon edge` alike.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EdgeSettings {
+    /// Milliseconds a connection to an upstream may take; then the edge tries the next Serving
+    /// Container and avoids the silent one for a while. At least 1.
+    pub upstream_connect_timeout_ms: u64,
+    /// Request header fields named with `_`: dropped or passed on.
+    pub underscore_headers: UnderscoreHeaders,
+    /// The edge's HTTP/1 fast path; off: every request goes through Pingora's proxy.
+    pub fast_path: bool,
+}
+
+impl Default for EdgeSettings {
+    fn default() -> Self {
+        EdgeSettings {
+            upstream_connect_timeout_ms: 2000,
+            underscore_headers: UnderscoreHeaders::Drop,
+            fast_path: true,
+        }
+    }
+}
+
+impl EdgeSettings {
+    /// How long a connection to an upstream may take.
+    pub fn upstream_connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.upstream_connect_timeout_ms)
+    }
+
+    /// Refuses an upstream connect timeout of zero, which would fail every connection.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.upstream_connect_timeout_ms == 0 {
+            anyhow::bail!(
+                "upstream_connect_timeout_ms = 0 ([edge] in the config file, or --upstream-connect-timeout-ms) would fail every connection to a Serving Container: give at least 1 (default 2000)"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `[shutdown]`: what SIGTERM does, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownSettings {
+    /// After SIGTERM, seconds the edge keeps serving with its health endpoint answering 503 and
+    /// every HTTP/1 response saying `Connection: close`, so load balancers and clients move
+    /// away before its listeners close.
+    pub drain_delay_seconds: u64,
+    /// After the edge's listeners closed, seconds requests in flight may take; shutdown goes on
+    /// as soon as none is left.
+    pub grace_seconds: u64,
+    /// After the grace period, seconds in-flight work may take before it is cut.
+    pub timeout_seconds: u64,
+}
+
+impl Default for ShutdownSettings {
+    fn default() -> Self {
+        ShutdownSettings {
+            drain_delay_seconds: 5,
+            grace_seconds: 10,
+            timeout_seconds: 5,
+        }
+    }
+}
+
+impl ShutdownSettings {
+    /// How long the edge serves, draining, before its listeners close.
+    pub fn drain_delay(&self) -> Duration {
+        Duration::from_secs(self.drain_delay_seconds)
+    }
+
+    /// How long requests in flight may take once the listeners closed.
+    pub fn grace(&self) -> Duration {
+        Duration::from_secs(self.grace_seconds)
+    }
+}
+
+/// `[certificates]`: ordering and renewing certificates by ACME.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CertificateSettings {
+    /// Order and renew certificates by ACME for Ingress Hostnames published with `https`.
+    pub enabled: bool,
+    /// The DNS server the Cluster DNS Verdict asks; `None`: the system's resolvers.
+    #[serde(deserialize_with = "socket_addr::optional")]
+    pub verdict_resolver: Option<SocketAddr>,
+}
+
+impl Default for CertificateSettings {
+    fn default() -> Self {
+        CertificateSettings {
+            enabled: true,
+            verdict_resolver: None,
+        }
+    }
+}
+
+/// `[dns]`: the internal DNS.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DnsSettings {
+    /// Where it listens.
+    pub listen: DnsListen,
+    /// Where it forwards names outside `.internal`; empty: the nameservers of
+    /// `/etc/resolv.conf`.
+    #[serde(deserialize_with = "socket_addr::list")]
+    pub upstreams: Vec<SocketAddr>,
+}
 
 /// How log lines are written to stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
     /// One human-readable line per event.
@@ -46,7 +284,7 @@ impl std::str::FromStr for LogFormat {
 
 /// What the edge does with request header fields whose names contain `_` (`X_Forwarded_For`):
 /// applications that read `_` and `-` alike could take one for a field the edge writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
 #[serde(rename_all = "snake_case")]
 pub enum UnderscoreHeaders {
     /// Left out of the request the upstream gets (as nginx does by default).
@@ -69,302 +307,477 @@ impl std::str::FromStr for UnderscoreHeaders {
     }
 }
 
-/// The configuration the daemon runs with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DaemonConfig {
-    /// Identity, keys and the store live here.
-    pub data_dir: PathBuf,
-    /// The management API's unix socket (mode 0660).
-    pub socket: PathBuf,
-    /// The group that owns the socket, when such a group exists on this system.
-    pub socket_group: String,
-    /// Log line format.
-    pub log_format: LogFormat,
-    /// Where Docker listens (`unix:///path`); `None`: `DOCKER_HOST` or the default socket.
-    pub docker_host: Option<String>,
-    /// The edge's plain-HTTP listener.
-    pub http_listen: String,
-    /// The edge's HTTPS listener.
-    pub https_listen: String,
-    /// Prometheus metrics (`GET /metrics`).
-    pub metrics_listen: String,
-    /// Header bytes per request before 431.
-    pub max_header_bytes: usize,
-    /// Request target bytes before 414.
-    pub max_uri_bytes: usize,
-    /// Request body bytes before 413; `None`: unlimited.
-    pub max_body_bytes: Option<u64>,
-    /// Seconds a client has to send a whole request header (against slowloris).
-    pub header_timeout_seconds: u64,
-    /// One access-log line per edge request.
-    pub access_log: bool,
-    /// Milliseconds a connection to an upstream may take; then the edge tries the next
-    /// Serving Container and avoids the silent one for a while.
-    pub upstream_connect_timeout_ms: u64,
-    /// Request header fields named with `_`: dropped or passed on.
-    pub underscore_headers: UnderscoreHeaders,
-    /// The edge's HTTP/1 fast path; off: every request goes through Pingora's proxy.
-    pub fast_path: bool,
-    /// After SIGTERM, how long the edge keeps serving with its health endpoint answering 503
-    /// and every HTTP/1 response saying `Connection: close`, so load balancers and clients
-    /// move away before its listeners close.
-    pub drain_delay_seconds: u64,
-    /// After the edge's listeners closed, how long requests in flight may take; shutdown goes
-    /// on as soon as none is left.
-    pub shutdown_grace_seconds: u64,
-    /// After the grace period, how long in-flight work may take before it is cut.
-    pub shutdown_timeout_seconds: u64,
-    /// Order and renew certificates by ACME for Ingress Hostnames published with `https`.
-    pub certificates: bool,
-    /// The DNS server (`ADDR:PORT`) the Cluster DNS Verdict asks; `None`: the system's.
-    pub verdict_resolver: Option<String>,
-    /// Where the internal DNS listens: `gateway` (the Machine Gateway, port 53), `ADDR:PORT`,
-    /// or `off`.
-    pub dns_listen: String,
-    /// Where the internal DNS forwards names outside `.internal`; empty: the nameservers of
-    /// `/etc/resolv.conf`.
-    pub dns_upstreams: Vec<String>,
-    /// Start even though the data dir lost acknowledged data (the store, its acknowledgement
-    /// record, the WireGuard key), keeping what is left. A flag only, never in the file: it
-    /// is meant for one start.
-    pub accept_data_loss: bool,
+/// Where the internal DNS listens: `gateway`, `off` or `ADDR:PORT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum DnsListen {
+    /// The Machine Gateway, port 53 (what containers ask), once this Machine is initialised.
+    #[default]
+    Gateway,
+    /// Nowhere: the internal DNS is off.
+    Off,
+    /// This address.
+    At(SocketAddr),
 }
 
-impl Default for DaemonConfig {
-    fn default() -> Self {
-        DaemonConfig {
-            data_dir: DEFAULT_DATA_DIR.into(),
-            socket: DEFAULT_SOCKET.into(),
-            socket_group: DEFAULT_SOCKET_GROUP.into(),
-            log_format: LogFormat::Text,
-            docker_host: None,
-            http_listen: DEFAULT_HTTP_LISTEN.into(),
-            https_listen: DEFAULT_HTTPS_LISTEN.into(),
-            metrics_listen: DEFAULT_METRICS_LISTEN.into(),
-            max_header_bytes: 16 * 1024,
-            max_uri_bytes: 8 * 1024,
-            max_body_bytes: None,
-            header_timeout_seconds: 15,
-            access_log: true,
-            upstream_connect_timeout_ms: 2000,
-            underscore_headers: UnderscoreHeaders::Drop,
-            fast_path: true,
-            drain_delay_seconds: 5,
-            shutdown_grace_seconds: 10,
-            shutdown_timeout_seconds: 5,
-            certificates: true,
-            verdict_resolver: None,
-            dns_listen: "gateway".into(),
-            dns_upstreams: Vec::new(),
-            accept_data_loss: false,
+impl std::str::FromStr for DnsListen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "gateway" => Ok(DnsListen::Gateway),
+            "off" => Ok(DnsListen::Off),
+            v => v.parse().map(DnsListen::At).map_err(|_| {
+                format!("'{v}' is not `gateway`, `off` or ADDR:PORT (for example 127.0.0.1:5353)")
+            }),
         }
     }
 }
 
-/// The TOML file's shape. Every key is optional; unknown keys are refused.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DaemonConfigFile {
-    pub data_dir: Option<PathBuf>,
-    pub socket: Option<PathBuf>,
-    pub socket_group: Option<String>,
-    pub log_format: Option<LogFormat>,
-    pub docker_host: Option<String>,
-    pub http_listen: Option<String>,
-    pub https_listen: Option<String>,
-    pub metrics_listen: Option<String>,
-    pub access_log: Option<bool>,
-    pub limits: Option<LimitsSection>,
-    pub edge: Option<EdgeSection>,
-    pub shutdown: Option<ShutdownSection>,
-    pub certificates: Option<CertificatesSection>,
-    pub dns: Option<DnsSection>,
+impl std::fmt::Display for DnsListen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DnsListen::Gateway => f.write_str("gateway"),
+            DnsListen::Off => f.write_str("off"),
+            DnsListen::At(addr) => addr.fmt(f),
+        }
+    }
 }
 
-/// `[edge]` in the TOML file.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EdgeSection {
-    pub upstream_connect_timeout_ms: Option<u64>,
-    pub underscore_headers: Option<UnderscoreHeaders>,
-    pub fast_path: Option<bool>,
+impl TryFrom<String> for DnsListen {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
 }
 
-/// `[dns]` in the TOML file.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DnsSection {
-    pub listen: Option<String>,
-    pub upstreams: Option<Vec<String>>,
+impl From<DnsListen> for String {
+    fn from(listen: DnsListen) -> String {
+        listen.to_string()
+    }
 }
 
-/// `[certificates]` in the TOML file.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CertificatesSection {
-    pub enabled: Option<bool>,
-    pub verdict_resolver: Option<String>,
+/// Parses `ADDR:PORT` (`127.0.0.1:53`, `[::1]:53`): the parser of every address setting, in
+/// the file and on the command line (a clap `value_parser`).
+pub fn parse_socket_addr(value: &str) -> Result<SocketAddr, String> {
+    value.parse().map_err(|_| {
+        format!(
+            "'{value}' is not ADDR:PORT (an IP address and a port, for example 127.0.0.1:53 or [::1]:53)"
+        )
+    })
 }
 
-/// `[limits]` in the TOML file.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LimitsSection {
-    pub max_header_bytes: Option<usize>,
-    pub max_uri_bytes: Option<usize>,
-    pub max_body_bytes: Option<u64>,
-    pub header_timeout_seconds: Option<u64>,
-}
+/// Deserialisers of address settings through [`parse_socket_addr`], whose message says what
+/// an address looks like.
+mod socket_addr {
+    use super::*;
+    use serde::de::Error as _;
 
-/// `[shutdown]` in the TOML file.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShutdownSection {
-    pub drain_delay_seconds: Option<u64>,
-    pub grace_seconds: Option<u64>,
-    pub timeout_seconds: Option<u64>,
-}
-
-impl DaemonConfigFile {
-    /// Reads and parses a TOML config file; the error names the file and the bad key.
-    pub fn load(path: &Path) -> anyhow::Result<DaemonConfigFile> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config file {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("config file {} is invalid", path.display()))
+    pub fn one<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+        parse_socket_addr(&String::deserialize(d)?).map_err(D::Error::custom)
     }
 
-    /// Parses TOML text.
-    pub fn parse(text: &str) -> anyhow::Result<DaemonConfigFile> {
-        Ok(toml::from_str(text)?)
+    pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|v| parse_socket_addr(&v).map_err(D::Error::custom))
+            .transpose()
     }
 
-    /// The defaults overridden by what this file sets.
-    pub fn apply_to(self, mut config: DaemonConfig) -> DaemonConfig {
-        if let Some(v) = self.data_dir {
-            config.data_dir = v;
-        }
-        if let Some(v) = self.socket {
-            config.socket = v;
-        }
-        if let Some(v) = self.socket_group {
-            config.socket_group = v;
-        }
-        if let Some(v) = self.log_format {
-            config.log_format = v;
-        }
-        if let Some(v) = self.docker_host {
-            config.docker_host = Some(v);
-        }
-        if let Some(v) = self.http_listen {
-            config.http_listen = v;
-        }
-        if let Some(v) = self.https_listen {
-            config.https_listen = v;
-        }
-        if let Some(v) = self.metrics_listen {
-            config.metrics_listen = v;
-        }
-        if let Some(v) = self.access_log {
-            config.access_log = v;
-        }
-        if let Some(l) = self.limits {
-            if let Some(v) = l.max_header_bytes {
-                config.max_header_bytes = v;
-            }
-            if let Some(v) = l.max_uri_bytes {
-                config.max_uri_bytes = v;
-            }
-            if let Some(v) = l.max_body_bytes {
-                config.max_body_bytes = (v > 0).then_some(v);
-            }
-            if let Some(v) = l.header_timeout_seconds {
-                config.header_timeout_seconds = v;
-            }
-        }
-        if let Some(e) = self.edge {
-            if let Some(v) = e.upstream_connect_timeout_ms {
-                config.upstream_connect_timeout_ms = v;
-            }
-            if let Some(v) = e.underscore_headers {
-                config.underscore_headers = v;
-            }
-            if let Some(v) = e.fast_path {
-                config.fast_path = v;
-            }
-        }
-        if let Some(d) = self.dns {
-            if let Some(v) = d.listen {
-                config.dns_listen = v;
-            }
-            if let Some(v) = d.upstreams {
-                config.dns_upstreams = v;
-            }
-        }
-        if let Some(c) = self.certificates {
-            if let Some(v) = c.enabled {
-                config.certificates = v;
-            }
-            if let Some(v) = c.verdict_resolver {
-                config.verdict_resolver = Some(v);
-            }
-        }
-        if let Some(s) = self.shutdown {
-            if let Some(v) = s.drain_delay_seconds {
-                config.drain_delay_seconds = v;
-            }
-            if let Some(v) = s.grace_seconds {
-                config.shutdown_grace_seconds = v;
-            }
-            if let Some(v) = s.timeout_seconds {
-                config.shutdown_timeout_seconds = v;
-            }
-        }
-        config
+    pub fn list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SocketAddr>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|v| parse_socket_addr(v).map_err(D::Error::custom))
+            .collect()
     }
+}
+
+/// `0` means no limit.
+fn zero_is_unlimited<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Ok(Some(u64::deserialize(d)?).filter(|v| *v > 0))
+}
+
+impl DaemonConfig {
+    /// The configuration from the defaults, then `file` (TOML) if given, then `flags`, checked
+    /// by [`DaemonConfig::validate`]. Nothing is bound or written.
+    ///
+    /// `flags` serialises to a table whose keys are the dotted keys they set
+    /// (`"edge.fast_path"`); a `None` field sets nothing.
+    pub fn load(file: Option<&Path>, flags: &impl Serialize) -> anyhow::Result<DaemonConfig> {
+        let config = DaemonConfig::layered(file, flags)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// [`DaemonConfig::load`] without validation, for a caller that uses only some concerns
+    /// (`daemon edge`) and validates those.
+    pub fn layered(file: Option<&Path>, flags: &impl Serialize) -> anyhow::Result<DaemonConfig> {
+        let mut table = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read config file {}", path.display()))?;
+                text.parse::<toml::Table>()
+                    .with_context(|| format!("config file {} is invalid", path.display()))?
+            }
+            None => toml::Table::new(),
+        };
+        let overlay = flag_table(flags)?;
+        lay_over(&mut table, overlay.clone());
+        from_table(table).map_err(|(key, message)| {
+            let from_flags = key.as_deref().is_some_and(|k| holds(&overlay, k));
+            let at = key.map(|k| format!("{k}: ")).unwrap_or_default();
+            match file {
+                Some(path) if !from_flags => {
+                    anyhow::anyhow!("config file {} is invalid: {at}{message}", path.display())
+                }
+                _ => anyhow::anyhow!("the flags are invalid: {at}{message}"),
+            }
+        })
+    }
+
+    /// Parses the text of a config file over the defaults, and validates the result.
+    pub fn parse(text: &str) -> anyhow::Result<DaemonConfig> {
+        let table = text.parse::<toml::Table>()?;
+        let config = from_table(table).map_err(|(key, message)| match key {
+            Some(k) => anyhow::anyhow!("{k}: {message}"),
+            None => anyhow::anyhow!("{message}"),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what no single value's type can say: each concern's own rules, and that no two
+    /// of the edge's and the metrics listeners take the same port. Run before any side effect.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        self.limits.validate()?;
+        self.edge.validate()?;
+        let listeners = [
+            ("http_listen", self.http_listen),
+            ("https_listen", self.https_listen),
+            ("metrics_listen", self.metrics_listen),
+        ];
+        for (i, (key_a, a)) in listeners.iter().enumerate() {
+            for (key_b, b) in &listeners[i + 1..] {
+                if overlap(*a, *b) {
+                    anyhow::bail!(
+                        "{key_a} {a} and {key_b} {b} take the same port; give each listener its own (--{}, --{})",
+                        key_a.replace('_', "-"),
+                        key_b.replace('_', "-")
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether two TCP listeners would take the same port: same port (not 0, which picks a free
+/// one), and the same address or either one every address.
+fn overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// Deserialises a merged table; the error is the key it concerns (`dns.listen`, when known)
+/// and the message.
+fn from_table(table: toml::Table) -> Result<DaemonConfig, (Option<String>, String)> {
+    serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+        let key = e.path().to_string();
+        let key = (key != ".").then_some(key);
+        // The message alone: toml's own rendering repeats the key on a line of its own.
+        (key, e.into_inner().message().trim_end().to_owned())
+    })
+}
+
+/// The flags as a table of nested keys: `"edge.fast_path" = false` becomes `[edge] fast_path =
+/// false`.
+fn flag_table(flags: &impl Serialize) -> anyhow::Result<toml::Table> {
+    let dotted = match toml::Value::try_from(flags) {
+        Ok(toml::Value::Table(t)) => t,
+        Ok(other) => anyhow::bail!("the flags are not a table of keys: {other}"),
+        Err(e) => anyhow::bail!("the flags do not make config keys: {e}"),
+    };
+    let mut nested = toml::Table::new();
+    for (key, value) in dotted {
+        let mut parts = key.split('.').rev();
+        let mut value = value;
+        let mut first = parts.next().unwrap_or_default();
+        for parent in parts {
+            value = toml::Value::Table(toml::Table::from_iter([(first.to_owned(), value)]));
+            first = parent;
+        }
+        lay_over(
+            &mut nested,
+            toml::Table::from_iter([(first.to_owned(), value)]),
+        );
+    }
+    Ok(nested)
+}
+
+/// Lays `overlay` over `base`: tables merge key by key; any other value replaces.
+fn lay_over(base: &mut toml::Table, overlay: toml::Table) {
+    for (key, value) in overlay {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(below)), toml::Value::Table(above)) => lay_over(below, above),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+/// Whether `table` holds the dotted `key`.
+fn holds(table: &toml::Table, key: &str) -> bool {
+    let mut parts = key.split('.');
+    let Some(first) = parts.next() else {
+        return false;
+    };
+    let mut at = table.get(first);
+    for part in parts {
+        at = at.and_then(|v| v.as_table()).and_then(|t| t.get(part));
+    }
+    at.is_some()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Flags as the CLI gives them: keys renamed to the settings they set.
+    #[derive(Serialize, Default)]
+    struct Flags {
+        #[serde(rename = "http_listen")]
+        http_listen: Option<SocketAddr>,
+        #[serde(rename = "edge.fast_path")]
+        fast_path: Option<bool>,
+        #[serde(rename = "limits.max_body_bytes")]
+        max_body_bytes: Option<u64>,
+        #[serde(rename = "dns.upstreams")]
+        dns_upstreams: Option<Vec<SocketAddr>>,
+        #[serde(rename = "dns.listen")]
+        dns_listen: Option<DnsListen>,
+    }
+
+    fn file(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("daemon.toml");
+        std::fs::write(&path, text).unwrap();
+        (dir, path)
+    }
+
+    fn error(result: anyhow::Result<DaemonConfig>) -> String {
+        format!("{:#}", result.unwrap_err())
+    }
+
     #[test]
     fn the_shipped_example_states_the_defaults() {
         let text = include_str!("../../configs/daemon.toml");
-        let parsed = DaemonConfigFile::parse(text).unwrap();
-        assert_eq!(
-            parsed.apply_to(DaemonConfig::default()),
-            DaemonConfig::default()
-        );
+        assert_eq!(DaemonConfig::parse(text).unwrap(), DaemonConfig::default());
+        DaemonConfig::default().validate().unwrap();
     }
 
     #[test]
     fn unknown_keys_are_refused_by_name() {
-        let err = DaemonConfigFile::parse("data_dri = \"/x\"").unwrap_err();
-        assert!(format!("{err:#}").contains("data_dri"), "{err:#}");
+        let err = error(DaemonConfig::parse("data_dri = \"/x\""));
+        assert!(err.contains("data_dri"), "{err}");
+        let err = error(DaemonConfig::parse("[edge]\nfast_pat = true\n"));
+        assert!(err.contains("edge.fast_pat"), "{err}");
+        let err = error(DaemonConfig::parse("accept_data_loss = true\n"));
+        assert!(err.contains("unknown field `accept_data_loss`"), "{err}");
     }
 
     #[test]
     fn edge_settings_come_from_their_section() {
-        let parsed = DaemonConfigFile::parse(
+        let c = DaemonConfig::parse(
             "[edge]\nupstream_connect_timeout_ms = 500\nunderscore_headers = \"pass\"\nfast_path = false\n",
         )
         .unwrap();
-        let c = parsed.apply_to(DaemonConfig::default());
-        assert_eq!(c.upstream_connect_timeout_ms, 500);
-        assert_eq!(c.underscore_headers, UnderscoreHeaders::Pass);
-        assert!(!c.fast_path);
-        let err = DaemonConfigFile::parse("[edge]\nunderscore_headers = \"keep\"\n").unwrap_err();
-        assert!(format!("{err:#}").contains("keep"), "{err:#}");
+        assert_eq!(
+            c.edge.upstream_connect_timeout(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(c.edge.underscore_headers, UnderscoreHeaders::Pass);
+        assert!(!c.edge.fast_path);
+        let err = error(DaemonConfig::parse(
+            "[edge]\nunderscore_headers = \"keep\"\n",
+        ));
+        assert!(err.starts_with("edge.underscore_headers: "), "{err}");
+        assert!(err.contains("keep"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
     }
 
     #[test]
     fn file_values_override_defaults() {
-        let parsed =
-            DaemonConfigFile::parse("socket = \"/tmp/p.sock\"\n[shutdown]\ngrace_seconds = 7\n")
-                .unwrap();
-        let c = parsed.apply_to(DaemonConfig::default());
+        let c = DaemonConfig::parse(
+            "socket = \"/tmp/p.sock\"\n[shutdown]\ngrace_seconds = 7\n[limits]\nmax_body_bytes = 1024\n",
+        )
+        .unwrap();
         assert_eq!(c.socket, PathBuf::from("/tmp/p.sock"));
-        assert_eq!(c.shutdown_grace_seconds, 7);
+        assert_eq!(c.shutdown.grace(), Duration::from_secs(7));
+        assert_eq!(c.limits.max_body_bytes, Some(1024));
         assert_eq!(c.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert_eq!(c.shutdown.drain_delay_seconds, 5);
+    }
+
+    #[test]
+    fn addresses_are_parsed_at_load_and_a_bad_one_is_named_by_its_key() {
+        let c = DaemonConfig::parse(
+            "http_listen = \"127.0.0.1:8080\"\n[certificates]\nverdict_resolver = \"[::1]:53\"\n[dns]\nlisten = \"127.0.0.1:5353\"\nupstreams = [\"127.0.0.53:53\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.http_listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(
+            c.certificates.verdict_resolver,
+            Some("[::1]:53".parse().unwrap())
+        );
+        assert_eq!(
+            c.dns.listen,
+            DnsListen::At("127.0.0.1:5353".parse().unwrap())
+        );
+        assert_eq!(c.dns.upstreams, vec!["127.0.0.53:53".parse().unwrap()]);
+        assert_eq!(
+            DaemonConfig::parse("[dns]\nlisten = \"off\"\n")
+                .unwrap()
+                .dns
+                .listen,
+            DnsListen::Off
+        );
+
+        for (text, key, value) in [
+            ("https_listen = \"0.0.0.0\"\n", "https_listen", "'0.0.0.0'"),
+            (
+                "[certificates]\nverdict_resolver = \"dns\"\n",
+                "certificates.verdict_resolver",
+                "'dns'",
+            ),
+            (
+                "[dns]\nupstreams = [\"1.1.1.1:53\", \"x\"]\n",
+                "dns.upstreams",
+                "'x'",
+            ),
+            (
+                "[dns]\nlisten = \"everywhere\"\n",
+                "dns.listen",
+                "'everywhere'",
+            ),
+        ] {
+            let err = error(DaemonConfig::parse(text));
+            assert!(err.starts_with(key), "{text}: {err}");
+            assert!(err.contains(value), "{text}: {err}");
+            assert!(err.contains("for example"), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn zero_timeouts_are_refused_naming_the_key_and_the_flag() {
+        let err = error(DaemonConfig::parse(
+            "[limits]\nheader_timeout_seconds = 0\n",
+        ));
+        assert!(err.contains("header_timeout_seconds = 0"), "{err}");
+        assert!(err.contains("--header-timeout"), "{err}");
+        let err = error(DaemonConfig::parse(
+            "[edge]\nupstream_connect_timeout_ms = 0\n",
+        ));
+        assert!(err.contains("upstream_connect_timeout_ms = 0"), "{err}");
+        assert!(err.contains("--upstream-connect-timeout-ms"), "{err}");
+    }
+
+    #[test]
+    fn listeners_on_one_port_are_refused() {
+        let err = error(DaemonConfig::parse("https_listen = \"127.0.0.1:80\"\n"));
+        assert!(
+            err.contains("http_listen 0.0.0.0:80 and https_listen 127.0.0.1:80"),
+            "{err}"
+        );
+        assert!(err.contains("--https-listen"), "{err}");
+        let err = error(DaemonConfig::parse(
+            "http_listen = \"127.0.0.1:9000\"\nmetrics_listen = \"127.0.0.1:9000\"\n",
+        ));
+        assert!(err.contains("metrics_listen"), "{err}");
+        // Different addresses, or port 0 (a free port each), do not collide.
+        DaemonConfig::parse("http_listen = \"127.0.0.1:443\"\nhttps_listen = \"127.0.0.2:443\"\n")
+            .unwrap();
+        DaemonConfig::parse("http_listen = \"127.0.0.1:0\"\nhttps_listen = \"127.0.0.1:0\"\n")
+            .unwrap();
+    }
+
+    #[test]
+    fn flags_override_the_file_and_the_defaults() {
+        let (_dir, path) = file(
+            "http_listen = \"127.0.0.1:8080\"\nmetrics_listen = \"127.0.0.1:9090\"\n[edge]\nfast_path = true\nunderscore_headers = \"pass\"\n[dns]\nupstreams = [\"127.0.0.53:53\"]\n",
+        );
+        let flags = Flags {
+            http_listen: Some("127.0.0.1:8081".parse().unwrap()),
+            fast_path: Some(false),
+            max_body_bytes: Some(0),
+            ..Flags::default()
+        };
+        let c = DaemonConfig::load(Some(&path), &flags).unwrap();
+        assert_eq!(c.http_listen, "127.0.0.1:8081".parse().unwrap());
+        assert_eq!(c.metrics_listen, "127.0.0.1:9090".parse().unwrap());
+        assert!(!c.edge.fast_path);
+        assert_eq!(c.edge.underscore_headers, UnderscoreHeaders::Pass);
+        assert_eq!(c.limits.max_body_bytes, None);
+        assert_eq!(c.dns.upstreams, vec!["127.0.0.53:53".parse().unwrap()]);
+
+        let flags = Flags {
+            dns_upstreams: Some(vec!["127.0.0.1:5300".parse().unwrap()]),
+            dns_listen: Some(DnsListen::Off),
+            max_body_bytes: Some(100),
+            ..Flags::default()
+        };
+        let c = DaemonConfig::load(Some(&path), &flags).unwrap();
+        assert_eq!(c.dns.upstreams, vec!["127.0.0.1:5300".parse().unwrap()]);
+        assert_eq!(c.dns.listen, DnsListen::Off);
+        assert_eq!(c.limits.max_body_bytes, Some(100));
+
+        let c = DaemonConfig::load(None, &Flags::default()).unwrap();
+        assert_eq!(c, DaemonConfig::default());
+    }
+
+    #[test]
+    fn a_bad_file_is_named_with_its_key() {
+        let (_dir, path) = file("[dns]\nlisten = \"everywhere\"\n");
+        let err = error(DaemonConfig::load(Some(&path), &Flags::default()));
+        assert!(
+            err.starts_with(&format!(
+                "config file {} is invalid: dns.listen: 'everywhere'",
+                path.display()
+            )),
+            "{err}"
+        );
+        // A flag replaces the bad value: the file is not read for it.
+        let flags = Flags {
+            dns_listen: Some(DnsListen::Gateway),
+            ..Flags::default()
+        };
+        DaemonConfig::load(Some(&path), &flags).unwrap();
+
+        let (_dir, path) = file("[dns\n");
+        let err = error(DaemonConfig::load(Some(&path), &Flags::default()));
+        assert!(err.contains("is invalid"), "{err}");
+        assert!(err.contains("line 1"), "{err}");
+
+        let err = error(DaemonConfig::load(
+            Some(Path::new("/no/such/daemon.toml")),
+            &Flags::default(),
+        ));
+        assert!(
+            err.contains("cannot read config file /no/such/daemon.toml"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_flag_naming_no_key_is_reported_as_the_flags() {
+        #[derive(Serialize)]
+        struct Misnamed {
+            #[serde(rename = "edge.fastpath")]
+            fast_path: bool,
+        }
+        let err = error(DaemonConfig::layered(None, &Misnamed { fast_path: false }));
+        assert!(
+            err.starts_with("the flags are invalid: edge.fastpath"),
+            "{err}"
+        );
     }
 }

@@ -4,10 +4,10 @@
 //! management API (JSON over HTTP on a unix socket) and the Machine's local identity and store;
 //! the edge, orchestrator, mesh, certificates and DNS join it as services of the same server.
 //!
-//! Lifecycle: [`DaemonConfig`] is resolved (built-in defaults, then a TOML file, then flags), the
-//! socket is bound before anything starts so a second daemon on the same path fails at once, the
-//! server runs until SIGTERM (graceful) or SIGINT (fast), and the store is flushed and the socket
-//! removed on the way out.
+//! Lifecycle: [`DaemonConfig`] is loaded (built-in defaults, then a TOML file, then flags, into
+//! one typed value) and validated, the socket is bound before anything starts so a second
+//! daemon on the same path fails at once, the server runs until SIGTERM (graceful) or SIGINT
+//! (fast), and the store is flushed and the socket removed on the way out.
 
 mod api;
 mod cert_api;
@@ -21,5 +21,8 @@ mod local_machine;
 mod public_addresses;
 mod server;
 
-pub use config::{DaemonConfig, DaemonConfigFile, LogFormat, UnderscoreHeaders};
-pub use server::{parse_route, run, run_edge_alone, EdgeAloneOptions};
+pub use config::{
+    parse_socket_addr, CertificateSettings, DaemonConfig, DnsListen, DnsSettings, EdgeSettings,
+    LimitSettings, LogFormat, ShutdownSettings, UnderscoreHeaders,
+};
+pub use server::{parse_route, run, run_edge_alone};

@@ -52,6 +52,21 @@ pub struct LocalMachine {
     /// Where Docker listens (`unix:///path`); `None`: `DOCKER_HOST` or the default socket.
     docker_host: Option<String>,
     state: Mutex<State>,
+    /// True from the moment this Machine is initialised (at open, when it already was): what
+    /// [`LocalMachine::initialised`] waits for.
+    initialised: tokio::sync::watch::Sender<bool>,
+}
+
+/// What an initialised Machine has, for the tasks that wait for it
+/// ([`LocalMachine::initialised`]).
+#[derive(Clone)]
+pub struct Initialised {
+    /// Its published self-description.
+    pub info: MachineInfo,
+    /// Its store.
+    pub store: Arc<Store>,
+    /// Its Docker.
+    pub docker: MachineDocker,
 }
 
 fn io(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> MachineError {
@@ -151,6 +166,7 @@ impl LocalMachine {
             )?),
             None => None,
         };
+        let (initialised, _) = tokio::sync::watch::channel(identity.is_some());
         Ok(LocalMachine {
             dir,
             docker_host,
@@ -159,6 +175,7 @@ impl LocalMachine {
                 store,
                 docker,
             }),
+            initialised,
         })
     }
 
@@ -187,6 +204,32 @@ impl LocalMachine {
             .expect("machine state poisoned")
             .docker
             .clone()
+    }
+
+    /// Waits until this Machine is initialised (returns at once if it is) and hands over what
+    /// it then has; `None` when `shutdown` comes first. Tasks that can only start on an
+    /// initialised Machine (the internal DNS, the observer, the route publisher, the
+    /// certificate issuer) begin with it.
+    pub async fn initialised(
+        &self,
+        shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Option<Initialised> {
+        let mut initialised = self.initialised.subscribe();
+        tokio::select! {
+            // The sender lives in `self`: the wait ends only when the value turns true.
+            done = initialised.wait_for(|yes| *yes) => done.ok()?,
+            // A dropped shutdown sender means shutdown too.
+            _ = shutdown.wait_for(|stop| *stop) => return None,
+        };
+        let state = self.state.lock().expect("machine state poisoned");
+        match (&state.identity, &state.store, &state.docker) {
+            (Some(identity), Some(store), Some(docker)) => Some(Initialised {
+                info: identity.info(),
+                store: store.clone(),
+                docker: docker.clone(),
+            }),
+            _ => None,
+        }
     }
 
     /// This Machine's published self-description, once initialised.
@@ -272,6 +315,8 @@ impl LocalMachine {
         state.identity = Some(identity);
         state.store = Some(Arc::new(store));
         state.docker = Some(docker);
+        drop(state);
+        self.initialised.send_replace(true);
         Ok(view)
     }
 
@@ -586,6 +631,49 @@ mod tests {
         assert!(err.contains("holds nothing of this Machine"), "{err}");
         let m = LocalMachine::open_with(dd, None, true).unwrap();
         assert_eq!(m.machines().unwrap().values.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn initialised_waits_for_init_and_ends_at_shutdown() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Arc::new(LocalMachine::open_with(DataDir::new(dir.path()), None, false).unwrap());
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let waiting = tokio::spawn({
+            let (m, mut shutdown) = (m.clone(), shutdown.clone());
+            async move { m.initialised(&mut shutdown).await.map(|i| i.info) }
+        });
+        // It waits: the Machine is not initialised and nothing stops.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished());
+
+        let view = m.init(Some("alpha"), Vec::new()).unwrap();
+        let within = std::time::Duration::from_secs(10);
+        let info = tokio::time::timeout(within, waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info, Some(view.info.clone()));
+
+        // Already initialised: at once, also for a new waiter.
+        let mut shutdown_again = shutdown.clone();
+        let now = tokio::time::timeout(within, m.initialised(&mut shutdown_again)).await;
+        assert_eq!(now.unwrap().map(|i| i.info), Some(view.info));
+
+        // Not initialised, shut down: None.
+        let other = tempfile::tempdir().unwrap();
+        let m = Arc::new(LocalMachine::open_with(DataDir::new(other.path()), None, false).unwrap());
+        let waiting = tokio::spawn({
+            let (m, mut shutdown) = (m.clone(), shutdown.clone());
+            async move { m.initialised(&mut shutdown).await.is_none() }
+        });
+        tokio::task::yield_now().await;
+        stop.send_replace(true);
+        assert!(tokio::time::timeout(within, waiting)
+            .await
+            .unwrap()
+            .unwrap());
     }
 
     #[test]

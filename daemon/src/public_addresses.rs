@@ -40,38 +40,25 @@ pub fn detect() -> Vec<IpAddr> {
     found
 }
 
-/// Every address on this Machine's interfaces (`getifaddrs`).
+/// Every address on this Machine's interfaces (`getifaddrs`); none when they cannot be listed.
 pub fn interface_addresses() -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list we walk read-only and free exactly once.
-    unsafe {
-        if libc::getifaddrs(&mut head) != 0 {
-            return out;
+    let interfaces = match nix::ifaddrs::getifaddrs() {
+        Ok(interfaces) => interfaces,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list this Machine's interface addresses");
+            return Vec::new();
         }
-        let mut cur = head;
-        while !cur.is_null() {
-            let addr = (*cur).ifa_addr;
-            if !addr.is_null() {
-                match i32::from((*addr).sa_family) {
-                    libc::AF_INET => {
-                        let sin = &*(addr as *const libc::sockaddr_in);
-                        out.push(IpAddr::from(
-                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-                        ));
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*(addr as *const libc::sockaddr_in6);
-                        out.push(IpAddr::from(sin6.sin6_addr.s6_addr));
-                    }
-                    _ => {}
-                }
+    };
+    interfaces
+        .filter_map(|interface| {
+            let address = interface.address?;
+            if let Some(v4) = address.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                address.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
             }
-            cur = (*cur).ifa_next;
-        }
-        libc::freeifaddrs(head);
-    }
-    out
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -15,36 +15,24 @@ use pingora::services::background::{background_service, BackgroundService};
 use ployz_edge::{CertificateResolver, EdgeMetrics, EdgeProxy, EdgeState, RouteController};
 
 use crate::api;
-use crate::config::{DaemonConfig, LogFormat};
+use crate::config::{DaemonConfig, DnsListen, LogFormat, UnderscoreHeaders};
 use crate::identity::DataDir;
-use crate::local_machine::LocalMachine;
+use crate::local_machine::{Initialised, LocalMachine};
 
 /// Runs the daemon until SIGTERM or SIGINT. Blocks the calling thread; call it outside any async
 /// runtime (Pingora starts its own).
+///
+/// `config` is validated first ([`DaemonConfig::validate`]: [`DaemonConfig::load`] has done it
+/// already, a configuration built by hand has not), before anything is bound or written.
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
+    config.validate()?;
     // Before any file or thread: nothing the daemon creates is open to others by default.
     crate::fsutil::restrict_umask();
     init_logging(config.log_format);
-    if config.header_timeout_seconds == 0 {
-        bail!("header_timeout_seconds = 0 would disconnect every client: give at least 1 second");
-    }
-    let upstream_connect_timeout = connect_timeout(config.upstream_connect_timeout_ms)?;
-    let verdict_resolver = match &config.verdict_resolver {
-        Some(v) => ployz_acme::VerdictResolver::At(v.parse().with_context(|| {
-            format!("verdict_resolver '{v}' is not ADDR:PORT (for example 127.0.0.1:53)")
-        })?),
+    let verdict_resolver = match config.certificates.verdict_resolver {
+        Some(at) => ployz_acme::VerdictResolver::At(at),
         None => ployz_acme::VerdictResolver::System,
     };
-    let dns_listen = dns_listen(&config.dns_listen)?;
-    let dns_upstreams = config
-        .dns_upstreams
-        .iter()
-        .map(|u| {
-            u.parse::<std::net::SocketAddr>().with_context(|| {
-                format!("dns upstream '{u}' is not ADDR:PORT (for example 127.0.0.53:53)")
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
     let signals = listen_for_signals()?;
     let listener = bind_socket(&config.socket, &config.socket_group)?;
     let machine = Arc::new(
@@ -63,7 +51,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         "ployz daemon starting"
     );
 
-    if !config.certificates {
+    if !config.certificates.enabled {
         // Other Machines must not leave hostnames to an issuer that does not run.
         if let Some(store) = machine.store() {
             let key = ployz_store::machines::certificate_issuer_key(store.local());
@@ -77,9 +65,9 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let runtime_dir = config.data_dir.join("run");
     std::fs::create_dir_all(&runtime_dir)
         .with_context(|| format!("cannot create {}", runtime_dir.display()))?;
-    let http_listen = listen_addr("http_listen", &config.http_listen)?;
-    let https_listen = listen_addr("https_listen", &config.https_listen)?;
-    let metrics_listen = listen_addr("metrics_listen", &config.metrics_listen)?;
+    check_listener_free("http_listen", config.http_listen)?;
+    check_listener_free("https_listen", config.https_listen)?;
+    check_listener_free("metrics_listen", config.metrics_listen)?;
     let conf = ServerConf {
         pid_file: runtime_dir.join("ployz.pid").display().to_string(),
         upgrade_sock: runtime_dir.join("upgrade.sock").display().to_string(),
@@ -87,7 +75,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         // The grace period is the edge's (DrainFirst waits for its requests in flight, no
         // longer than needed); Pingora's own would be a fixed sleep on every stop.
         grace_period_seconds: Some(0),
-        graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout_seconds),
+        graceful_shutdown_timeout_seconds: Some(config.shutdown.timeout_seconds),
         ..ServerConf::default()
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
@@ -106,25 +94,15 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             routes.clone(),
             edge_state.clone(),
             metrics.clone(),
-            Some(https_listen.port()),
-            ployz_edge::EdgeLimits {
-                max_header_bytes: config.max_header_bytes,
-                max_uri_bytes: config.max_uri_bytes,
-                max_body_bytes: config.max_body_bytes,
-                access_log: config.access_log,
-                header_timeout: std::time::Duration::from_secs(config.header_timeout_seconds),
-                connect_timeout: upstream_connect_timeout,
-                forward_underscore_headers: config.underscore_headers
-                    == crate::config::UnderscoreHeaders::Pass,
-                fast_path: config.fast_path,
-            },
+            Some(config.https_listen.port()),
+            edge_limits(&config),
         )
         .with_challenges(challenges.clone()),
     );
     let edge_closing = edge.closing();
-    edge.add_tcp(&http_listen.to_string());
+    edge.add_tcp(&config.http_listen.to_string());
     edge.add_tls_with_settings(
-        &https_listen.to_string(),
+        &config.https_listen.to_string(),
         None,
         tls_settings(&certificates)?,
     );
@@ -139,7 +117,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             state: edge_state,
         },
     ));
-    if config.certificates {
+    if config.certificates.enabled {
         server.add_service(background_service(
             "certificate issuer",
             IssuerService {
@@ -155,9 +133,9 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             listener: Mutex::new(Some(listener)),
             machine: machine.clone(),
             routes: routes.clone(),
-            dns: dns_listen.is_some().then(|| dns.clone()),
+            dns: (config.dns.listen != DnsListen::Off).then(|| dns.clone()),
             lease: lease.clone(),
-            header_timeout: std::time::Duration::from_secs(config.header_timeout_seconds),
+            header_timeout: config.limits.header_timeout(),
         },
     ));
     server.add_service(background_service(
@@ -167,21 +145,21 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     server.add_service(background_service(
         "metrics",
         MetricsService {
-            addr: metrics_listen,
+            addr: config.metrics_listen,
             metrics,
             routes: routes.clone(),
             dns: dns_metrics.clone(),
-            header_timeout: std::time::Duration::from_secs(config.header_timeout_seconds),
+            header_timeout: config.limits.header_timeout(),
         },
     ));
-    if let Some(listen) = dns_listen {
+    if config.dns.listen != DnsListen::Off {
         server.add_service(background_service(
             "internal DNS",
             DnsService {
                 machine: machine.clone(),
                 controller: dns,
-                listen,
-                upstreams: dns_upstreams,
+                listen: config.dns.listen,
+                upstreams: config.dns.upstreams.clone(),
                 metrics: dns_metrics,
             },
         ));
@@ -195,9 +173,9 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     server.run(RunArgs {
         shutdown_signal: Box::new(DrainFirst {
             state: edge_state_for_signal,
-            delay: std::time::Duration::from_secs(config.drain_delay_seconds),
+            delay: config.shutdown.drain_delay(),
             edge: edge_closing,
-            grace: std::time::Duration::from_secs(config.shutdown_grace_seconds),
+            grace: config.shutdown.grace(),
             signals: tokio::sync::Mutex::new(signals),
         }),
     });
@@ -208,12 +186,23 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Parses a listener address and checks nothing listens there: Pingora binds with SO_REUSEPORT,
-/// so a live listener on the port would silently share it.
-fn listen_addr(key: &str, value: &str) -> anyhow::Result<std::net::SocketAddr> {
-    let addr: std::net::SocketAddr = value
-        .parse()
-        .with_context(|| format!("{key} '{value}' is not ADDR:PORT (for example 0.0.0.0:443)"))?;
+/// What the edge enforces per request, from the daemon's settings.
+fn edge_limits(config: &DaemonConfig) -> ployz_edge::EdgeLimits {
+    ployz_edge::EdgeLimits {
+        max_header_bytes: config.limits.max_header_bytes,
+        max_uri_bytes: config.limits.max_uri_bytes,
+        max_body_bytes: config.limits.max_body_bytes,
+        access_log: config.access_log,
+        header_timeout: config.limits.header_timeout(),
+        connect_timeout: config.edge.upstream_connect_timeout(),
+        forward_underscore_headers: config.edge.underscore_headers == UnderscoreHeaders::Pass,
+        fast_path: config.edge.fast_path,
+    }
+}
+
+/// Checks nothing listens on a listener's address (the setting `key`): Pingora binds with
+/// SO_REUSEPORT, so a live listener on the port would silently share it.
+fn check_listener_free(key: &str, addr: std::net::SocketAddr) -> anyhow::Result<()> {
     if let Err(e) = std::net::TcpListener::bind(addr) {
         let listener = match key {
             "http_listen" => "the edge's HTTP listener",
@@ -226,7 +215,7 @@ fn listen_addr(key: &str, value: &str) -> anyhow::Result<std::net::SocketAddr> {
             key.replace('_', "-")
         );
     }
-    Ok(addr)
+    Ok(())
 }
 
 /// TLS 1.2 and 1.3 (Pingora's rustls defaults), certificates by SNI from the store's Certificate
@@ -295,14 +284,16 @@ fn bind_socket(path: &Path, group: &str) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// The ID of a group by name, from `/etc/group`.
+/// The ID of a group by name, from the system's group database (NSS: `/etc/group`, LDAP,
+/// systemd's dynamic groups...); `None` when there is no such group or it cannot be looked up.
 fn group_id(name: &str) -> Option<u32> {
-    let groups = std::fs::read_to_string("/etc/group").ok()?;
-    groups.lines().find_map(|line| {
-        let mut fields = line.split(':');
-        (fields.next()? == name).then_some(())?;
-        fields.nth(1)?.parse().ok()
-    })
+    match nix::unistd::Group::from_name(name) {
+        Ok(group) => group.map(|g| g.gid.as_raw()),
+        Err(e) => {
+            tracing::warn!(group = name, error = %e, "cannot look up the socket's group");
+            None
+        }
+    }
 }
 
 /// Serves the management API on the bound socket until shutdown.
@@ -471,16 +462,6 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
     }
 }
 
-/// The upstream connect timeout, refused when zero.
-fn connect_timeout(ms: u64) -> anyhow::Result<std::time::Duration> {
-    if ms == 0 {
-        bail!(
-            "upstream_connect_timeout_ms = 0 ([edge] in the config file, or --upstream-connect-timeout-ms) would fail every connection to a Serving Container: give at least 1 (default 2000)"
-        );
-    }
-    Ok(std::time::Duration::from_millis(ms))
-}
-
 /// Serves `GET /metrics` (Prometheus text format) on the metrics listener.
 struct MetricsService {
     addr: std::net::SocketAddr,
@@ -526,29 +507,12 @@ impl BackgroundService for MetricsService {
     }
 }
 
-/// `dns_listen`: `gateway` (`None` address: the Machine Gateway once known), `off`, or
-/// `ADDR:PORT`.
-#[derive(Debug, Clone, Copy)]
-enum DnsListen {
-    Gateway,
-    At(std::net::SocketAddr),
-}
-
-fn dns_listen(value: &str) -> anyhow::Result<Option<DnsListen>> {
-    match value {
-        "off" => Ok(None),
-        "gateway" => Ok(Some(DnsListen::Gateway)),
-        v => Ok(Some(DnsListen::At(v.parse().with_context(|| {
-            format!("dns listen '{v}' is not `gateway`, `off` or ADDR:PORT (for example 127.0.0.1:5353)")
-        })?))),
-    }
-}
-
 /// The internal DNS: once this Machine is initialised, keeps the answer snapshot current and
 /// serves it on the Machine Gateway (or the configured address).
 struct DnsService {
     machine: Arc<LocalMachine>,
     controller: ployz_dns::DnsController,
+    /// Never [`DnsListen::Off`]: then the service is not started.
     listen: DnsListen,
     upstreams: Vec<std::net::SocketAddr>,
     metrics: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>>,
@@ -557,22 +521,18 @@ struct DnsService {
 #[async_trait]
 impl BackgroundService for DnsService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let (store, info) = loop {
-            if let (Some(s), Some(i)) = (self.machine.store(), self.machine.info()) {
-                break (s, i);
-            }
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
-            }
+        let Some(machine) = self.machine.initialised(&mut shutdown).await else {
+            return;
+        };
+        let (store, info) = (machine.store, machine.info);
+        let listen = match self.listen {
+            DnsListen::Gateway => std::net::SocketAddr::new(info.subnet.gateway().into(), 53),
+            DnsListen::At(a) => a,
+            DnsListen::Off => return,
         };
         let controller = self.controller.clone();
         let (s, id, rx) = (store.clone(), info.id.clone(), shutdown.clone());
         let rebuilding = tokio::spawn(async move { controller.run(s, id, rx).await });
-        let listen = match self.listen {
-            DnsListen::Gateway => std::net::SocketAddr::new(info.subnet.gateway().into(), 53),
-            DnsListen::At(a) => a,
-        };
         let upstreams = if self.upstreams.is_empty() {
             ployz_dns::upstreams_from_resolv_conf("/etc/resolv.conf".as_ref(), &[listen])
                 .unwrap_or_else(|e| {
@@ -629,16 +589,10 @@ struct ObserverService {
 #[async_trait]
 impl BackgroundService for ObserverService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let (docker, store) = loop {
-            if let (Some(d), Some(s)) = (self.machine.docker(), self.machine.store()) {
-                break (d, s);
-            }
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
-            }
+        let Some(machine) = self.machine.initialised(&mut shutdown).await else {
+            return;
         };
-        ployz_orchestrator::observer::run(docker, store, shutdown).await;
+        ployz_orchestrator::observer::run(machine.docker, machine.store, shutdown).await;
     }
 }
 
@@ -655,17 +609,9 @@ struct RouteService {
 #[async_trait]
 impl BackgroundService for RouteService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let store = loop {
-            if let Some(s) = self.machine.store() {
-                break s;
-            }
-            tokio::select! {
-                _ = shutdown.changed() => {
-                    self.state.set_draining();
-                    return;
-                }
-                _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
-            }
+        let Some(Initialised { store, .. }) = self.machine.initialised(&mut shutdown).await else {
+            self.state.set_draining();
+            return;
         };
         self.state.set_participating(store.local().as_str());
         // Health answers 503 while the store cannot write.
@@ -692,14 +638,8 @@ struct IssuerService {
 #[async_trait]
 impl BackgroundService for IssuerService {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let store = loop {
-            if let Some(s) = self.machine.store() {
-                break s;
-            }
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
-            }
+        let Some(Initialised { store, .. }) = self.machine.initialised(&mut shutdown).await else {
+            return;
         };
         let mut config = ployz_acme::IssuerConfig::new(store.local().clone());
         config.verdict_resolver = self.verdict_resolver;
@@ -728,43 +668,21 @@ pub fn parse_route(r: &str) -> anyhow::Result<(String, Vec<std::net::SocketAddr>
     Ok((host.to_owned(), addrs))
 }
 
-/// How `run_edge_alone` runs the edge.
-#[derive(Debug, Clone, Copy)]
-pub struct EdgeAloneOptions {
-    pub threads: usize,
-    pub access_log: bool,
-    pub header_timeout: std::time::Duration,
-    /// After SIGTERM, how long the edge serves with `Connection: close` before its listener
-    /// closes.
-    pub drain_delay_seconds: u64,
-    /// After the listener closed, how long in-flight requests may take.
-    pub shutdown_grace_seconds: u64,
-    pub upstream_connect_timeout_ms: u64,
-    pub underscore_headers: crate::config::UnderscoreHeaders,
-    pub fast_path: bool,
-}
-
 /// Runs the edge alone, with fixed routes and no Machine, store or API: for side-by-side
 /// benchmarks and for debugging the proxy in isolation. Blocks until SIGTERM or SIGINT.
+///
+/// Of `config` it uses `http_listen`, `access_log`, `[limits]`, `[edge]` and the drain delay and
+/// grace period of `[shutdown]`, and validates those; `threads` Pingora worker threads serve.
 pub fn run_edge_alone(
-    http_listen: &str,
+    config: &DaemonConfig,
     routes: Vec<(String, Vec<std::net::SocketAddr>)>,
-    options: EdgeAloneOptions,
+    threads: usize,
 ) -> anyhow::Result<()> {
-    let EdgeAloneOptions {
-        threads,
-        access_log,
-        header_timeout,
-        drain_delay_seconds,
-        shutdown_grace_seconds,
-        upstream_connect_timeout_ms,
-        underscore_headers,
-        fast_path,
-    } = options;
-    let upstream_connect_timeout = connect_timeout(upstream_connect_timeout_ms)?;
+    config.limits.validate()?;
+    config.edge.validate()?;
     init_logging(LogFormat::Text);
     let signals = listen_for_signals()?;
-    let listen = listen_addr("http_listen", http_listen)?;
+    check_listener_free("http_listen", config.http_listen)?;
     // Pingora writes its pid file only when it daemonizes, and uses the upgrade socket only on
     // SIGQUIT; the edge alone does neither, so the paths are named but nothing is created.
     let runtime_base = std::env::temp_dir().join(format!("ployz-edge-{}", std::process::id()));
@@ -790,26 +708,18 @@ pub fn run_edge_alone(
             state.clone(),
             Arc::new(EdgeMetrics::default()),
             None,
-            ployz_edge::EdgeLimits {
-                access_log,
-                header_timeout,
-                connect_timeout: upstream_connect_timeout,
-                forward_underscore_headers: underscore_headers
-                    == crate::config::UnderscoreHeaders::Pass,
-                fast_path,
-                ..Default::default()
-            },
+            edge_limits(config),
         ),
     );
     let edge_closing = edge.closing();
-    edge.add_tcp(&listen.to_string());
+    edge.add_tcp(&config.http_listen.to_string());
     server.add_service(edge);
     server.run(RunArgs {
         shutdown_signal: Box::new(DrainFirst {
             state,
-            delay: std::time::Duration::from_secs(drain_delay_seconds),
+            delay: config.shutdown.drain_delay(),
             edge: edge_closing,
-            grace: std::time::Duration::from_secs(shutdown_grace_seconds),
+            grace: config.shutdown.grace(),
             signals: tokio::sync::Mutex::new(signals),
         }),
     });
@@ -843,7 +753,7 @@ mod tests {
     }
 
     #[test]
-    fn group_ids_come_from_etc_group() {
+    fn group_ids_come_from_the_group_database() {
         assert_eq!(group_id("root"), Some(0));
         assert_eq!(group_id("no-such-group-here"), None);
     }

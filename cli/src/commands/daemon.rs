@@ -1,9 +1,18 @@
-//! `ployz daemon run`.
+//! `ployz daemon run`, and the hidden `ployz daemon edge`.
+//!
+//! The flags are the top layer of the daemon's configuration (`ployz_daemon::DaemonConfig`):
+//! each is serialised under the config key it sets (`#[serde(rename =
+//! "limits.header_timeout_seconds")]`), an absent one (`None`) sets nothing, and
+//! `DaemonConfig::load` lays them over the config file's keys. A `--no-X` flag sets its key to
+//! `false` ([`off_if_given`]). Values are parsed here by the daemon's own parsers, so a bad one
+//! is refused naming the flag.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use ployz_daemon::{DaemonConfig, DaemonConfigFile, LogFormat, UnderscoreHeaders};
+use ployz_daemon::{parse_socket_addr, DaemonConfig, DnsListen, LogFormat, UnderscoreHeaders};
+use serde::{Serialize, Serializer};
 
 #[derive(Debug, Subcommand)]
 pub enum DaemonCommand {
@@ -14,67 +23,72 @@ pub enum DaemonCommand {
     Edge(EdgeArgs),
 }
 
-#[derive(Debug, Args)]
+/// A `--no-X` flag: its key set to `false` when given, nothing otherwise.
+fn off_if_given<S: Serializer>(given: &bool, serializer: S) -> Result<S::Ok, S::Error> {
+    if *given {
+        serializer.serialize_bool(false)
+    } else {
+        serializer.serialize_none()
+    }
+}
+
+#[derive(Debug, Args, Serialize)]
 pub struct EdgeArgs {
     /// HTTP listener, ADDR:PORT.
-    #[arg(long, value_name = "ADDR:PORT")]
-    http_listen: String,
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr)]
+    http_listen: SocketAddr,
     /// A fixed route, HOST=ADDR:PORT[,ADDR:PORT...]. Repeatable.
     #[arg(long = "route", value_name = "HOST=ADDRS", required = true)]
+    #[serde(skip)]
     routes: Vec<String>,
     /// Worker threads [default: the number of CPUs].
     #[arg(long)]
+    #[serde(skip)]
     threads: Option<usize>,
     /// Do not write an access-log line per request.
     #[arg(long)]
+    #[serde(rename = "access_log", serialize_with = "off_if_given")]
     no_access_log: bool,
     /// Seconds a client has to send a whole request header.
     #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    #[serde(rename = "limits.header_timeout_seconds")]
     header_timeout: u64,
     /// After SIGTERM, seconds of serving with `Connection: close` before the listener closes.
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    #[serde(rename = "shutdown.drain_delay_seconds")]
     drain_delay: u64,
     /// After the listener closed, seconds in-flight requests may take.
     #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    #[serde(rename = "shutdown.grace_seconds")]
     shutdown_grace: u64,
     #[command(flatten)]
+    #[serde(flatten)]
     proxying: ProxyingArgs,
 }
 
-/// How the edge proxies, for `daemon run` and `daemon edge` alike.
-#[derive(Debug, Args)]
+/// How the edge proxies (`[edge]`), for `daemon run` and `daemon edge` alike.
+#[derive(Debug, Args, Serialize)]
 pub struct ProxyingArgs {
     /// Milliseconds a connection to an upstream may take before the next one is tried
     /// [default: 2000].
     #[arg(long, value_name = "MS")]
+    #[serde(rename = "edge.upstream_connect_timeout_ms")]
     upstream_connect_timeout_ms: Option<u64>,
     /// Request header fields named with `_`: drop (as nginx does) or pass [default: drop].
     #[arg(long, value_name = "POLICY")]
+    #[serde(rename = "edge.underscore_headers")]
     underscore_headers: Option<UnderscoreHeaders>,
     /// Send every request through Pingora's proxy instead of the HTTP/1 fast path.
     #[arg(long)]
+    #[serde(rename = "edge.fast_path", serialize_with = "off_if_given")]
     no_fast_path: bool,
 }
 
-impl ProxyingArgs {
-    /// The settings these flags override.
-    fn apply_to(&self, config: &mut DaemonConfig) {
-        if let Some(v) = self.upstream_connect_timeout_ms {
-            config.upstream_connect_timeout_ms = v;
-        }
-        if let Some(v) = self.underscore_headers {
-            config.underscore_headers = v;
-        }
-        if self.no_fast_path {
-            config.fast_path = false;
-        }
-    }
-}
-
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Serialize)]
 pub struct RunArgs {
     /// A TOML config file (see configs/daemon.toml); flags override what it sets.
     #[arg(long, value_name = "FILE", env = "PLOYZ_DAEMON_CONFIG")]
+    #[serde(skip)]
     config: Option<PathBuf>,
     /// Where identity, keys and the store live [default: /var/lib/ployz].
     #[arg(long, value_name = "DIR")]
@@ -87,50 +101,60 @@ pub struct RunArgs {
     #[arg(long, value_name = "URL")]
     docker_host: Option<String>,
     /// The edge's HTTP listener, ADDR:PORT [default: 0.0.0.0:80].
-    #[arg(long, value_name = "ADDR:PORT")]
-    http_listen: Option<String>,
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr)]
+    http_listen: Option<SocketAddr>,
     /// The edge's HTTPS listener, ADDR:PORT [default: 0.0.0.0:443].
-    #[arg(long, value_name = "ADDR:PORT")]
-    https_listen: Option<String>,
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr)]
+    https_listen: Option<SocketAddr>,
     /// Prometheus metrics listener, ADDR:PORT [default: 127.0.0.1:51090].
-    #[arg(long, value_name = "ADDR:PORT")]
-    metrics_listen: Option<String>,
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr)]
+    metrics_listen: Option<SocketAddr>,
     /// Do not write an access-log line per edge request.
     #[arg(long)]
+    #[serde(rename = "access_log", serialize_with = "off_if_given")]
     no_access_log: bool,
     /// Largest request body the edge accepts, bytes (0: no limit) [default: 0].
     #[arg(long, value_name = "BYTES")]
+    #[serde(rename = "limits.max_body_bytes")]
     max_body_bytes: Option<u64>,
     /// Seconds a client has to send a whole request header, from connect [default: 15].
     #[arg(long, value_name = "SECONDS")]
+    #[serde(rename = "limits.header_timeout_seconds")]
     header_timeout: Option<u64>,
     /// After SIGTERM, seconds of serving with health 503 before the listeners close [default: 5].
     #[arg(long, value_name = "SECONDS")]
+    #[serde(rename = "shutdown.drain_delay_seconds")]
     drain_delay: Option<u64>,
     /// Where the internal DNS listens: gateway (the Machine Gateway:53), ADDR:PORT or off
     /// [default: gateway].
     #[arg(long, value_name = "ADDR:PORT")]
-    dns_listen: Option<String>,
+    #[serde(rename = "dns.listen")]
+    dns_listen: Option<DnsListen>,
     /// Where the internal DNS forwards other names, ADDR:PORT (repeatable) [default: the
     /// nameservers of /etc/resolv.conf].
-    #[arg(long = "dns-upstream", value_name = "ADDR:PORT")]
-    dns_upstreams: Vec<String>,
+    #[arg(long = "dns-upstream", value_name = "ADDR:PORT", value_parser = parse_socket_addr)]
+    #[serde(rename = "dns.upstreams")]
+    dns_upstreams: Option<Vec<SocketAddr>>,
     /// Do not order certificates by ACME (imported Certificate Material is still served).
     #[arg(long)]
+    #[serde(rename = "certificates.enabled", serialize_with = "off_if_given")]
     no_certificates: bool,
     /// The DNS server the Cluster DNS Verdict asks, ADDR:PORT [default: the system's].
-    #[arg(long, value_name = "ADDR:PORT")]
-    verdict_resolver: Option<String>,
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr)]
+    #[serde(rename = "certificates.verdict_resolver")]
+    verdict_resolver: Option<SocketAddr>,
     /// Log lines as `text` or `json` [default: text].
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<LogFormat>,
     #[command(flatten)]
+    #[serde(flatten)]
     proxying: ProxyingArgs,
     /// Start even though the data dir lost data this Machine acknowledged (a damaged, deleted
     /// or older store, or a missing WireGuard key): keep what is left, move what cannot be read
     /// aside, make a new key pair if the key is gone. For one start, after the daemon refused
     /// and said what is missing.
     #[arg(long)]
+    #[serde(skip)]
     accept_data_loss: bool,
 }
 
@@ -139,60 +163,9 @@ pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
         DaemonCommand::Run(args) => *args,
         DaemonCommand::Edge(args) => return edge(args),
     };
-    let file = match &args.config {
-        Some(path) => DaemonConfigFile::load(path)?,
-        None => DaemonConfigFile::default(),
-    };
-    let mut config = file.apply_to(DaemonConfig::default());
-    if let Some(v) = args.data_dir {
-        config.data_dir = v;
-    }
-    if let Some(v) = args.socket {
-        config.socket = v;
-    }
-    if let Some(v) = args.docker_host {
-        config.docker_host = Some(v);
-    }
-    if let Some(v) = args.http_listen {
-        config.http_listen = v;
-    }
-    if let Some(v) = args.https_listen {
-        config.https_listen = v;
-    }
-    if let Some(v) = args.metrics_listen {
-        config.metrics_listen = v;
-    }
-    if args.no_access_log {
-        config.access_log = false;
-    }
-    if let Some(v) = args.max_body_bytes {
-        config.max_body_bytes = (v > 0).then_some(v);
-    }
-    if let Some(v) = args.header_timeout {
-        config.header_timeout_seconds = v;
-    }
-    if let Some(v) = args.drain_delay {
-        config.drain_delay_seconds = v;
-    }
-    if let Some(v) = args.dns_listen {
-        config.dns_listen = v;
-    }
-    if !args.dns_upstreams.is_empty() {
-        config.dns_upstreams = args.dns_upstreams;
-    }
-    if args.no_certificates {
-        config.certificates = false;
-    }
-    if let Some(v) = args.verdict_resolver {
-        config.verdict_resolver = Some(v);
-    }
-    if let Some(v) = args.log_format {
-        config.log_format = v;
-    }
-    args.proxying.apply_to(&mut config);
-    if args.accept_data_loss {
-        config.accept_data_loss = true;
-    }
+    let mut config = DaemonConfig::load(args.config.as_deref(), &args)?;
+    // A flag only, for one start: never in the file.
+    config.accept_data_loss = args.accept_data_loss;
     ployz_daemon::run(config)
 }
 
@@ -205,23 +178,151 @@ fn edge(args: EdgeArgs) -> anyhow::Result<()> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
-    if args.header_timeout == 0 {
-        anyhow::bail!("--header-timeout 0 would disconnect every client: give at least 1 second");
+    // The edge alone reads no file: its flags over the defaults, validated by run_edge_alone.
+    let config = DaemonConfig::layered(None, &args)?;
+    ployz_daemon::run_edge_alone(&config, routes, threads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        daemon: DaemonCommand,
     }
-    let mut proxying = DaemonConfig::default();
-    args.proxying.apply_to(&mut proxying);
-    ployz_daemon::run_edge_alone(
-        &args.http_listen,
-        routes,
-        ployz_daemon::EdgeAloneOptions {
-            threads,
-            access_log: !args.no_access_log,
-            header_timeout: std::time::Duration::from_secs(args.header_timeout),
-            drain_delay_seconds: args.drain_delay,
-            shutdown_grace_seconds: args.shutdown_grace,
-            upstream_connect_timeout_ms: proxying.upstream_connect_timeout_ms,
-            underscore_headers: proxying.underscore_headers,
-            fast_path: proxying.fast_path,
-        },
-    )
+
+    fn run_args(args: &[&str]) -> RunArgs {
+        match Cli::try_parse_from(["ployz", "run"].iter().chain(args)) {
+            Ok(Cli {
+                daemon: DaemonCommand::Run(args),
+            }) => *args,
+            Ok(_) => panic!("not daemon run"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn every_flag_sets_its_key() {
+        let args = run_args(&[
+            "--data-dir=/d",
+            "--socket=/s.sock",
+            "--docker-host=unix:///docker.sock",
+            "--http-listen=127.0.0.1:1080",
+            "--https-listen=127.0.0.1:1443",
+            "--metrics-listen=127.0.0.1:1090",
+            "--no-access-log",
+            "--max-body-bytes=100",
+            "--header-timeout=3",
+            "--drain-delay=2",
+            "--dns-listen=127.0.0.1:5353",
+            "--dns-upstream=127.0.0.53:53",
+            "--dns-upstream=[::1]:53",
+            "--no-certificates",
+            "--verdict-resolver=127.0.0.1:53",
+            "--log-format=json",
+            "--upstream-connect-timeout-ms=300",
+            "--underscore-headers=pass",
+            "--no-fast-path",
+        ]);
+        let c = DaemonConfig::load(None, &args).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/d"));
+        assert_eq!(c.socket, PathBuf::from("/s.sock"));
+        assert_eq!(c.docker_host.as_deref(), Some("unix:///docker.sock"));
+        assert_eq!(c.http_listen, "127.0.0.1:1080".parse().unwrap());
+        assert_eq!(c.https_listen, "127.0.0.1:1443".parse().unwrap());
+        assert_eq!(c.metrics_listen, "127.0.0.1:1090".parse().unwrap());
+        assert!(!c.access_log);
+        assert_eq!(c.limits.max_body_bytes, Some(100));
+        assert_eq!(c.limits.header_timeout_seconds, 3);
+        assert_eq!(c.shutdown.drain_delay_seconds, 2);
+        assert_eq!(
+            c.dns.listen,
+            DnsListen::At("127.0.0.1:5353".parse().unwrap())
+        );
+        assert_eq!(
+            c.dns.upstreams,
+            vec![
+                "127.0.0.53:53".parse().unwrap(),
+                "[::1]:53".parse().unwrap()
+            ]
+        );
+        assert!(!c.certificates.enabled);
+        assert_eq!(
+            c.certificates.verdict_resolver,
+            Some("127.0.0.1:53".parse().unwrap())
+        );
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.edge.upstream_connect_timeout_ms, 300);
+        assert_eq!(c.edge.underscore_headers, UnderscoreHeaders::Pass);
+        assert!(!c.edge.fast_path);
+    }
+
+    #[test]
+    fn absent_flags_leave_the_file_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("daemon.toml");
+        std::fs::write(
+            &file,
+            "access_log = false
+[certificates]
+enabled = false
+[edge]
+fast_path = false
+[dns]
+upstreams = [\"127.0.0.1:53\"]
+",
+        )
+        .unwrap();
+        let c = DaemonConfig::load(Some(&file), &run_args(&[])).unwrap();
+        assert!(!c.access_log && !c.certificates.enabled && !c.edge.fast_path);
+        assert_eq!(c.dns.upstreams, vec!["127.0.0.1:53".parse().unwrap()]);
+        let c = DaemonConfig::load(None, &run_args(&[])).unwrap();
+        assert_eq!(c, DaemonConfig::default());
+    }
+
+    #[test]
+    fn a_bad_address_is_refused_naming_the_flag() {
+        for flag in [
+            "--http-listen",
+            "--dns-upstream",
+            "--verdict-resolver",
+            "--dns-listen",
+        ] {
+            let err = match Cli::try_parse_from(["ployz", "run", flag, "nowhere"]) {
+                Ok(_) => panic!("{flag} nowhere was taken"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains(flag), "{err}");
+            assert!(err.contains("'nowhere' is not"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_edge_alone_takes_its_own_defaults() {
+        let args = match Cli::try_parse_from([
+            "ployz",
+            "edge",
+            "--http-listen",
+            "127.0.0.1:1080",
+            "--route",
+            "a.test=127.0.0.1:9",
+            "--no-fast-path",
+        ]) {
+            Ok(Cli {
+                daemon: DaemonCommand::Edge(args),
+            }) => args,
+            Ok(_) => panic!("not daemon edge"),
+            Err(e) => panic!("{e}"),
+        };
+        let c = DaemonConfig::layered(None, &args).unwrap();
+        assert_eq!(c.http_listen, "127.0.0.1:1080".parse().unwrap());
+        assert_eq!(c.shutdown.drain_delay_seconds, 0);
+        assert_eq!(c.shutdown.grace_seconds, 0);
+        assert_eq!(c.limits.header_timeout_seconds, 15);
+        assert!(c.access_log);
+        assert!(!c.edge.fast_path);
+    }
 }
