@@ -8,10 +8,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use ployz_acme::layout;
 use ployz_core::api::{paths, ErrorCode, ImportCertificateRequest, SetCertificatePolicyRequest};
 use ployz_core::{CertificateMaterial, CertificatePolicy, CertificateSummary};
-use ployz_edge::certificates::{certificate_key, CERTIFICATES_NAMESPACE};
+use ployz_store::certificates::{
+    certificate_key, clear_policy, policy_key, stored_statuses, write_policy,
+    CERTIFICATES_NAMESPACE,
+};
 use ployz_store::KeyPrefix;
 
 use crate::api::{failure, not_initialised, store_blocking, Failure};
@@ -94,7 +96,7 @@ const WITHHELD: &str = "(withheld)";
 
 async fn get_policy(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
     let store = store(&machine)?;
-    let policy = match store.get(&layout::policy_key()).map_err(unavailable)? {
+    let policy = match store.get(&policy_key()).map_err(unavailable)? {
         Some(r) => match r.live_value() {
             Some(v) => serde_json::from_slice::<CertificatePolicy>(v).map_err(unavailable)?,
             None => CertificatePolicy::default(),
@@ -132,7 +134,7 @@ async fn set_policy(
     let base = if req.reset {
         CertificatePolicy::default()
     } else {
-        match store.get(&layout::policy_key()).map_err(unavailable)? {
+        match store.get(&policy_key()).map_err(unavailable)? {
             Some(r) => match r.live_value() {
                 // A stored policy this daemon cannot read is not silently replaced by defaults.
                 Some(v) => serde_json::from_slice(v).map_err(|e| {
@@ -158,7 +160,7 @@ async fn set_policy(
         )
     })?;
     let to_store = policy.clone();
-    store_blocking(move || layout::write_policy(&store, &to_store)).await?;
+    store_blocking(move || write_policy(&store, &to_store)).await?;
     tracing::info!(
         directory = policy.directory_url(),
         "certificate policy changed"
@@ -168,14 +170,14 @@ async fn set_policy(
 
 async fn reset_policy(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
     let store = store(&machine)?;
-    store_blocking(move || layout::clear_policy(&store)).await?;
+    store_blocking(move || clear_policy(&store)).await?;
     tracing::info!("certificate policy reset to the defaults");
     Ok(Json(CertificatePolicy::default()).into_response())
 }
 
 async fn statuses(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
     let store = store(&machine)?;
-    Ok(Json(layout::stored_statuses(&store)).into_response())
+    Ok(Json(stored_statuses(&store)).into_response())
 }
 
 /// The certificate routes.
