@@ -106,26 +106,6 @@ async fn get_policy(State(machine): State<Arc<LocalMachine>>) -> Result<Response
     Ok(Json(shown(policy)).into_response())
 }
 
-/// Every field the request sets replaces the stored one.
-fn merged(mut base: CertificatePolicy, new: CertificatePolicy) -> CertificatePolicy {
-    macro_rules! take {
-        ($($f:ident),*) => { $( if new.$f.is_some() { base.$f = new.$f; } )* };
-    }
-    take!(
-        directory_url,
-        ca_bundle_pem,
-        eab_key_id,
-        eab_hmac_key,
-        key_type,
-        renewal_fraction,
-        backoff_min_secs,
-        backoff_max_secs,
-        probe_timeout_ms,
-        challenge
-    );
-    base
-}
-
 async fn set_policy(
     State(machine): State<Arc<LocalMachine>>,
     Json(req): Json<SetCertificatePolicyRequest>,
@@ -150,7 +130,7 @@ async fn set_policy(
             None => CertificatePolicy::default(),
         }
     };
-    let policy = merged(base, req.policy);
+    let policy = base.merged_with(req.policy);
     policy.validate().map_err(|e| {
         failure(
             StatusCode::BAD_REQUEST,
