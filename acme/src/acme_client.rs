@@ -12,10 +12,9 @@ use instant_acme::{
     Account, AccountCredentials, BodyWrapper, ExternalAccountKey, HttpClient, NewAccount,
 };
 use ployz_core::{CertificateKeyType, CertificatePolicy};
+use ployz_store::certificates::{account_key, StoredAccount};
 use ployz_store::Store;
 use rustls::pki_types::CertificateDer;
-
-use crate::layout::{account_key, StoredAccount};
 
 /// How long connecting to the directory may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

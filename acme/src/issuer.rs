@@ -30,14 +30,13 @@ use ployz_store::{KeyPrefix, Store};
 use tokio::sync::watch;
 
 use crate::acme_client::{describe, is_account_missing, key_and_csr, Accounts};
-use crate::layout::{
-    certificate_key, challenge_key, status_key, statuses_of, stored_materials, stored_policy,
-    CERTIFICATES_NAMESPACE, CHALLENGES_NAMESPACE, POLICY_NAMESPACE,
-};
 use crate::rendezvous::{issuer_for, participating_machines};
 use crate::verdict::{VerdictProbe, VerdictResolver};
 use crate::wanted::{assess, ingress_https_hostnames, renewal_point, Need};
-use ployz_store::certificates::{is_valid_token, ChallengeRecord};
+use ployz_store::certificates::{
+    certificate_key, challenge_key, is_valid_token, status_key, statuses_of, stored_materials,
+    stored_policy, ChallengeRecord, CERTIFICATES_NAMESPACE, CHALLENGES_NAMESPACE, POLICY_NAMESPACE,
+};
 
 /// The time source of the issuer's decisions (renewal points, status times). Sleeping uses the
 /// runtime's timer; the clock only says what time it is.

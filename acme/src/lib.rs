@@ -14,14 +14,14 @@
 //! answers `GET /.well-known/acme-challenge/TOKEN` from it. Because the record replicates, it does not matter which Machine the
 //! authority's validation request reaches.
 //!
-//! Store layout (all keys in [`layout`]):
+//! Store layout (all keys in `ployz_store::certificates`):
 //!
 //! | record | key | value |
 //! |---|---|---|
 //! | Certificate Material | `Key::cluster("certificates", hostname)` | [`ployz_core::CertificateMaterial`] |
 //! | Certificate Policy | `Key::cluster("certificate-policy", "policy")` | [`ployz_core::CertificatePolicy`] |
 //! | HTTP-01 challenge | `Key::cluster("acme-challenges", token)` | [`ChallengeRecord`] |
-//! | ACME account | `Key::cluster("acme-accounts", sha256(directory URL))` | [`layout::StoredAccount`] |
+//! | ACME account | `Key::cluster("acme-accounts", sha256(directory URL))` | `ployz_store::certificates::StoredAccount` |
 //! | certificate status | `Key::machine(issuer, "certificate-status", hostname)` | [`ployz_core::CertificateStatus`] |
 //!
 //! **Architecture Invariant:** no private key (certificate key, account key, EAB HMAC key) ever
@@ -31,7 +31,6 @@
 
 mod acme_client;
 pub mod issuer;
-pub mod layout;
 pub mod rendezvous;
 pub mod verdict;
 pub mod wanted;

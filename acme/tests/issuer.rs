@@ -6,7 +6,6 @@ use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use ployz_acme::layout::{status_key, statuses_of, write_policy};
 use ployz_acme::rendezvous::issuer_for;
 use ployz_acme::{CertificateIssuer, IssuerConfig};
 use ployz_core::api::MachineInfo;
@@ -15,6 +14,7 @@ use ployz_core::{
     ContainerRuntimeObservation, ContainerState, IngressProtocol, LocalMachinePhase, MachineId,
     ManagementAddress, PortSpec,
 };
+use ployz_store::certificates::{status_key, statuses_of, write_policy};
 use ployz_store::machines::machine_key;
 use ployz_store::observations::container_key;
 use ployz_store::{Hlc, Record, Store};

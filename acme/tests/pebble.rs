@@ -14,17 +14,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ployz_acme::layout::{
-    account_key, certificate_key, challenge_key, status_key, stored_material, write_policy,
-    CHALLENGES_NAMESPACE,
-};
 use ployz_acme::{CertificateIssuer, IssuerConfig, PublicAddressSource, VerdictResolver};
 use ployz_core::{
     CertificateKeyType, CertificateMaterial, CertificatePolicy, CertificateState,
     CertificateStatus, ClusterDnsVerdict, ContainerKind, ContainerRuntimeObservation,
     ContainerState, MachineId,
 };
-use ployz_store::certificates::token_from_path;
+use ployz_store::certificates::{
+    account_key, certificate_key, challenge_key, status_key, stored_material, token_from_path,
+    write_policy, CHALLENGES_NAMESPACE,
+};
 use ployz_store::observations::container_key;
 use ployz_store::{KeyPrefix, Store};
 use rustls::client::danger::ServerCertVerifier;
@@ -648,7 +647,7 @@ async fn a_refused_policy_orders_nothing_and_says_why() {
     // Written raw, as a record replicated from elsewhere would arrive.
     store
         .put(
-            &ployz_acme::layout::policy_key(),
+            &ployz_store::certificates::policy_key(),
             serde_json::to_vec(&refused).unwrap(),
         )
         .unwrap();

@@ -28,8 +28,8 @@ pub mod paths {
     /// [`super::SetCertificatePolicyRequest`]: the policy now in force; `DELETE`: back to the
     /// built-in defaults.
     pub const CERTIFICATE_POLICY: &str = "/v1/certificates/policy";
-    /// `GET ?name=NAME&type=A`: what this Machine's internal DNS would answer (a
-    /// `ployz_dns::LookupAnswer`).
+    /// `GET ?name=NAME&type=A`: what this Machine's internal DNS would answer, a
+    /// [`super::LookupAnswer`].
     pub const DNS_LOOKUP: &str = "/v1/dns/lookup";
     /// `GET`: [`crate::CertificateStatus`]es, one per hostname (the newest of any issuer's).
     pub const CERTIFICATE_STATUS: &str = "/v1/certificates/status";
@@ -353,4 +353,284 @@ pub enum LeaseAnswer {
     Held { holder: LeaseHolder },
     /// No one holds it, but calls made without a lease are still changing the Machine.
     Busy { operations: usize },
+}
+
+/// A DNS record type (QTYPE), written as its mnemonic (`A`, `AAAA`, `ANY`...) or `TYPE<n>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct QueryType(pub u16);
+
+/// The mnemonics [`QueryType`] reads and writes, with their codes.
+const QUERY_TYPE_MNEMONICS: [(&str, u16); 12] = [
+    ("A", 1),
+    ("NS", 2),
+    ("CNAME", 5),
+    ("SOA", 6),
+    ("PTR", 12),
+    ("HINFO", 13),
+    ("MX", 15),
+    ("TXT", 16),
+    ("AAAA", 28),
+    ("SRV", 33),
+    ("HTTPS", 65),
+    ("ANY", 255),
+];
+
+impl QueryType {
+    /// An IPv4 address record.
+    pub const A: QueryType = QueryType(1);
+    /// An IPv6 address record.
+    pub const AAAA: QueryType = QueryType(28);
+    /// The zone's start of authority.
+    pub const SOA: QueryType = QueryType(6);
+    /// Anything (answered minimally, RFC 8482).
+    pub const ANY: QueryType = QueryType(255);
+}
+
+/// A text that names no record type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not a DNS record type; use a mnemonic such as A, AAAA or ANY, or TYPE<number>")]
+pub struct QueryTypeError(String);
+
+impl std::str::FromStr for QueryType {
+    type Err = QueryTypeError;
+    fn from_str(s: &str) -> Result<QueryType, QueryTypeError> {
+        let upper = s.trim().to_ascii_uppercase();
+        if let Some((_, code)) = QUERY_TYPE_MNEMONICS.iter().find(|(m, _)| *m == upper) {
+            return Ok(QueryType(*code));
+        }
+        upper
+            .strip_prefix("TYPE")
+            .and_then(|n| n.parse().ok())
+            .map(QueryType)
+            .ok_or_else(|| QueryTypeError(s.to_owned()))
+    }
+}
+
+impl std::fmt::Display for QueryType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match QUERY_TYPE_MNEMONICS
+            .iter()
+            .find(|(_, code)| *code == self.0)
+        {
+            Some((m, _)) => f.write_str(m),
+            None => write!(f, "TYPE{}", self.0),
+        }
+    }
+}
+
+impl TryFrom<String> for QueryType {
+    type Error = QueryTypeError;
+    fn try_from(s: String) -> Result<QueryType, QueryTypeError> {
+        s.parse()
+    }
+}
+
+impl From<QueryType> for String {
+    fn from(t: QueryType) -> String {
+        t.to_string()
+    }
+}
+
+/// A DNS response code, as the internal DNS sends it and as [`LookupAnswer`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Rcode {
+    /// No error (also the code of an empty "no data" answer).
+    NoError,
+    /// The query was malformed.
+    FormErr,
+    /// The server failed: for a forwarded name, no upstream answered usefully.
+    ServFail,
+    /// The `.internal` name does not exist.
+    NxDomain,
+    /// The query's opcode is not supported.
+    NotImp,
+    /// The server will not answer: a source outside the allowed networks, or a name this server
+    /// neither owns nor forwards.
+    Refused,
+    /// The query's EDNS version is not supported (extended code 16).
+    BadVers,
+}
+
+impl Rcode {
+    /// Every code, in the order metrics render them.
+    pub const ALL: [Rcode; 7] = [
+        Rcode::NoError,
+        Rcode::FormErr,
+        Rcode::ServFail,
+        Rcode::NxDomain,
+        Rcode::NotImp,
+        Rcode::Refused,
+        Rcode::BadVers,
+    ];
+
+    /// The code's mnemonic as RFCs and `dig` spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rcode::NoError => "NOERROR",
+            Rcode::FormErr => "FORMERR",
+            Rcode::ServFail => "SERVFAIL",
+            Rcode::NxDomain => "NXDOMAIN",
+            Rcode::NotImp => "NOTIMP",
+            Rcode::Refused => "REFUSED",
+            Rcode::BadVers => "BADVERS",
+        }
+    }
+
+    /// The 12-bit code.
+    pub fn code(self) -> u16 {
+        match self {
+            Rcode::NoError => 0,
+            Rcode::FormErr => 1,
+            Rcode::ServFail => 2,
+            Rcode::NxDomain => 3,
+            Rcode::NotImp => 4,
+            Rcode::Refused => 5,
+            Rcode::BadVers => 16,
+        }
+    }
+
+    /// The response code of a 12-bit code; `None` for codes the internal DNS does not name.
+    pub fn from_code(code: u16) -> Option<Rcode> {
+        Rcode::ALL.into_iter().find(|r| r.code() == code)
+    }
+}
+
+/// How an Internal DNS Answer orders its addresses, chosen by the name's first label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DnsSelector {
+    /// `rr.<name>` and plain `<name>`: every address, shuffled anew for each query.
+    RoundRobin,
+    /// `nearest.<name>`, the Nearest DNS Selector: addresses inside the observing Machine's
+    /// subnet first, then the others, each group shuffled. Subnet locality, not latency.
+    Nearest,
+}
+
+impl DnsSelector {
+    /// The prefix label that selects it.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            DnsSelector::RoundRobin => "rr",
+            DnsSelector::Nearest => "nearest",
+        }
+    }
+}
+
+/// Who answers a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerKind {
+    /// An `.internal` name this Machine holds: an Internal DNS Answer.
+    Internal,
+    /// A name outside `.internal`: the upstream resolvers answer it.
+    Forwarded,
+    /// An `.internal` name this Machine does not hold (NXDOMAIN), or not a name at all.
+    Unknown,
+}
+
+/// `GET` [`paths::DNS_LOOKUP`]: what the DNS server of one Machine would answer for a name, as
+/// of one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LookupAnswer {
+    /// The name asked, lowercase, with its trailing dot.
+    pub name: String,
+    /// The record type asked.
+    pub qtype: QueryType,
+    /// Who answers it.
+    pub kind: AnswerKind,
+    /// The response code; absent for forwarded names (the upstream decides).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rcode: Option<Rcode>,
+    /// How the server orders the addresses; absent when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<DnsSelector>,
+    /// The A records, those in the observing Machine's subnet first, each group in address
+    /// order (the server shuffles them per query as `selector` says).
+    pub addresses: Vec<std::net::Ipv4Addr>,
+    /// How many of `addresses`, from the front, lie in the observing Machine's subnet.
+    pub local_addresses: usize,
+    /// The generation of the snapshot that answered.
+    pub generation: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dns_lookup_answer_keeps_its_json_shape() {
+        let text = r#"{"name":"nearest.web.internal.","qtype":"A","kind":"internal","rcode":"NOERROR","selector":"nearest","addresses":["10.210.1.2","10.210.0.2"],"local_addresses":1,"generation":7}"#;
+        let answer: LookupAnswer = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            answer,
+            LookupAnswer {
+                name: "nearest.web.internal.".into(),
+                qtype: QueryType::A,
+                kind: AnswerKind::Internal,
+                rcode: Some(Rcode::NoError),
+                selector: Some(DnsSelector::Nearest),
+                addresses: vec![
+                    std::net::Ipv4Addr::new(10, 210, 1, 2),
+                    std::net::Ipv4Addr::new(10, 210, 0, 2)
+                ],
+                local_addresses: 1,
+                generation: 7,
+            }
+        );
+        assert_eq!(serde_json::to_string(&answer).unwrap(), text);
+        // A forwarded name carries neither rcode nor selector; other words round-trip too.
+        let text = r#"{"name":"example.com.","qtype":"TYPE65534","kind":"forwarded","addresses":[],"local_addresses":0,"generation":1}"#;
+        let answer: LookupAnswer = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            (answer.qtype, answer.kind, answer.rcode, answer.selector),
+            (QueryType(65534), AnswerKind::Forwarded, None, None)
+        );
+        assert_eq!(serde_json::to_string(&answer).unwrap(), text);
+        for (rcode, word) in [
+            (Rcode::FormErr, "\"FORMERR\""),
+            (Rcode::ServFail, "\"SERVFAIL\""),
+            (Rcode::NxDomain, "\"NXDOMAIN\""),
+            (Rcode::NotImp, "\"NOTIMP\""),
+            (Rcode::Refused, "\"REFUSED\""),
+            (Rcode::BadVers, "\"BADVERS\""),
+        ] {
+            assert_eq!(serde_json::to_string(&rcode).unwrap(), word);
+            assert_eq!(format!("\"{}\"", rcode.as_str()), word);
+        }
+        assert_eq!(
+            serde_json::to_string(&DnsSelector::RoundRobin).unwrap(),
+            "\"round_robin\""
+        );
+        assert_eq!(
+            serde_json::to_string(&AnswerKind::Unknown).unwrap(),
+            "\"unknown\""
+        );
+        assert!(serde_json::from_str::<QueryType>("\"BOGUS\"").is_err());
+    }
+
+    #[test]
+    fn query_types_parse_and_print() {
+        assert_eq!("aaaa".parse::<QueryType>().unwrap(), QueryType::AAAA);
+        assert_eq!(" any ".parse::<QueryType>().unwrap(), QueryType::ANY);
+        assert_eq!("TYPE65534".parse::<QueryType>().unwrap(), QueryType(65534));
+        assert_eq!("type6".parse::<QueryType>().unwrap(), QueryType::SOA);
+        assert_eq!(QueryType(65534).to_string(), "TYPE65534");
+        assert_eq!(QueryType::ANY.to_string(), "ANY");
+        assert_eq!(
+            "BOGUS".parse::<QueryType>().unwrap_err().to_string(),
+            "'BOGUS' is not a DNS record type; use a mnemonic such as A, AAAA or ANY, or TYPE<number>"
+        );
+        assert!("TYPE65536".parse::<QueryType>().is_err());
+    }
+
+    #[test]
+    fn rcodes_map_to_and_from_their_codes() {
+        for r in Rcode::ALL {
+            assert_eq!(Rcode::from_code(r.code()), Some(r));
+        }
+        assert_eq!(Rcode::from_code(16), Some(Rcode::BadVers));
+        assert_eq!(Rcode::from_code(6), None);
+    }
 }

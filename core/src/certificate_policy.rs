@@ -19,6 +19,7 @@ use std::net::IpAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
+use rustls_pki_types::pem::{self, PemObject, SectionKind};
 use serde::{Deserialize, Serialize};
 
 use crate::MachineId;
@@ -296,7 +297,7 @@ impl CertificatePolicy {
                 missing: "eab_key_id",
             }),
             (Some(kid), Some(hmac)) => {
-                let hmac_key = decode_base64(hmac.trim(), Alphabet::UrlOrStandard)
+                let hmac_key = decode_hmac_key(hmac.trim())
                     .map_err(|detail| PolicyError::EabHmacNotBase64 { detail })?;
                 if hmac_key.is_empty() {
                     return Err(PolicyError::EabHmacNotBase64 {
@@ -318,6 +319,37 @@ impl CertificatePolicy {
             Some(pem) => {
                 pem_certificates(pem).map_err(|detail| PolicyError::CaBundleNotPem { detail })
             }
+        }
+    }
+
+    /// This policy with every field `changes` sets replacing its own: what changing the
+    /// Certificate Policy field by field does (`ployz cert policy set`). A field `changes`
+    /// leaves unset keeps this policy's value; nothing is validated here.
+    pub fn merged_with(self, changes: CertificatePolicy) -> CertificatePolicy {
+        // Destructured whole, so that a new field cannot be forgotten here.
+        let CertificatePolicy {
+            directory_url,
+            ca_bundle_pem,
+            eab_key_id,
+            eab_hmac_key,
+            key_type,
+            renewal_fraction,
+            backoff_min_secs,
+            backoff_max_secs,
+            probe_timeout_ms,
+            challenge,
+        } = changes;
+        CertificatePolicy {
+            directory_url: directory_url.or(self.directory_url),
+            ca_bundle_pem: ca_bundle_pem.or(self.ca_bundle_pem),
+            eab_key_id: eab_key_id.or(self.eab_key_id),
+            eab_hmac_key: eab_hmac_key.or(self.eab_hmac_key),
+            key_type: key_type.or(self.key_type),
+            renewal_fraction: renewal_fraction.or(self.renewal_fraction),
+            backoff_min_secs: backoff_min_secs.or(self.backoff_min_secs),
+            backoff_max_secs: backoff_max_secs.or(self.backoff_max_secs),
+            probe_timeout_ms: probe_timeout_ms.or(self.probe_timeout_ms),
+            challenge: challenge.or(self.challenge),
         }
     }
 
@@ -370,153 +402,193 @@ impl CertificatePolicy {
     }
 }
 
-/// Checks that `url` is an absolute http(s) URL with a host.
-fn check_http_url(url: &str) -> Result<(), String> {
-    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+/// Checks that `text` is an absolute http(s) URL with a host, as an HTTP client can request it.
+///
+/// The `url` crate parses it; on top of what it accepts, the directory URL must be spelled out
+/// in full (`https://` or `http://`, then a host), carry no credentials, no port 0, and only
+/// ASCII without whitespace, so that what is validated is what the ACME client requests (the
+/// crate would silently drop a tab, percent-encode a space or read `https:///dir` as host `dir`).
+fn check_http_url(text: &str) -> Result<(), String> {
+    if text.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("it contains whitespace".into());
     }
-    let lower = url.to_ascii_lowercase();
-    let rest = if let Some(r) = lower.strip_prefix("https://") {
-        r
-    } else if let Some(r) = lower.strip_prefix("http://") {
-        r
-    } else {
+    if !text.is_ascii() || text.contains('\\') {
+        return Err(
+            "it contains characters a URL cannot carry as written (non-ASCII or '\\'); percent-encode them, and give an international host name in its xn-- form"
+                .into(),
+        );
+    }
+    let lower = text.to_ascii_lowercase();
+    let Some(rest) = lower
+        .strip_prefix("https://")
+        .or_else(|| lower.strip_prefix("http://"))
+    else {
         return Err("it must start with https:// or http://".into());
     };
+    // The authority as written: everything up to the path, query or fragment.
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.is_empty() {
+        return Err("it has no host".into());
+    }
+    // Even an empty user name (`https://@host`) is refused: the URL is used as written.
     if authority.contains('@') {
         return Err("it must not carry credentials".into());
     }
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (h, after) = v6
-            .split_once(']')
-            .ok_or_else(|| "an IPv6 host lacks its closing ']'".to_owned())?;
-        if h.parse::<std::net::Ipv6Addr>().is_err() {
-            return Err(format!("'{h}' is not an IPv6 address"));
+    let url = url::Url::parse(text).map_err(|e| match e {
+        url::ParseError::EmptyHost => "it has no host".to_owned(),
+        url::ParseError::InvalidPort => {
+            let port = authority.rsplit_once(':').map_or("", |(_, p)| p);
+            format!("port '{port}' is not a number from 1 to 65535")
         }
-        match after.strip_prefix(':') {
-            Some(p) => (h, Some(p)),
-            None if after.is_empty() => (h, None),
-            None => return Err("text follows the IPv6 host".into()),
+        url::ParseError::InvalidIpv6Address => {
+            "its IPv6 host is not an IPv6 address in brackets".to_owned()
         }
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        }
-    };
-    if host.is_empty() {
-        return Err("it has no host".into());
+        other => format!("it does not parse as a URL: {other}"),
+    })?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("it must not carry credentials".into());
     }
-    if !authority.starts_with('[')
-        && !host
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-    {
-        return Err(format!(
-            "host '{host}' has characters a host name cannot have"
-        ));
-    }
-    if let Some(p) = port {
-        match p.parse::<u16>() {
-            Ok(n) if n > 0 => {}
-            _ => return Err(format!("port '{p}' is not a number from 1 to 65535")),
+    match url.host() {
+        None => return Err("it has no host".into()),
+        Some(url::Host::Domain(host)) => {
+            if !host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+            {
+                return Err(format!(
+                    "host '{host}' has characters a host name cannot have"
+                ));
+            }
         }
+        Some(url::Host::Ipv4(_) | url::Host::Ipv6(_)) => {}
+    }
+    if url.port() == Some(0) {
+        return Err("port '0' is not a number from 1 to 65535".into());
     }
     Ok(())
 }
 
-#[derive(Clone, Copy)]
-enum Alphabet {
-    /// base64url or standard base64, padded or not (what CAs hand out varies).
-    UrlOrStandard,
-    /// Standard base64 as PEM carries it.
-    Standard,
+/// Decodes an external account binding's HMAC key: base64url or standard base64, padded or
+/// not (what CAs hand out varies), the two alphabets possibly mixed. Errors say where decoding
+/// failed, never echoing the key.
+fn decode_hmac_key(text: &str) -> Result<Vec<u8>, String> {
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    use base64::Engine as _;
+
+    /// base64url as padded or unpadded as a CA gave it (but a padded key padded exactly);
+    /// bits after the last byte are ignored, as CAs do not always zero them.
+    const fn lenient(padding: DecodePaddingMode) -> GeneralPurpose {
+        GeneralPurpose::new(
+            &base64::alphabet::URL_SAFE,
+            GeneralPurposeConfig::new()
+                .with_decode_padding_mode(padding)
+                .with_decode_allow_trailing_bits(true),
+        )
+    }
+    const PADDED: GeneralPurpose = lenient(DecodePaddingMode::RequireCanonical);
+    const UNPADDED: GeneralPurpose = lenient(DecodePaddingMode::RequireNone);
+    // The standard alphabet differs from base64url in two characters only.
+    let url_safe: String = text
+        .chars()
+        .map(|c| match c {
+            '+' => '-',
+            '/' => '_',
+            c => c,
+        })
+        .collect();
+    let engine = if text.ends_with('=') {
+        &PADDED
+    } else {
+        &UNPADDED
+    };
+    engine.decode(url_safe).map_err(|e| base64_error(text, e))
 }
 
-/// Decodes base64; errors say where, never echoing the input.
-fn decode_base64(s: &str, alphabet: Alphabet) -> Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let mut acc: u32 = 0;
-    let mut bits = 0u32;
-    let mut padding = 0usize;
-    let mut count = 0usize;
-    for (i, c) in s.chars().enumerate() {
-        let v = match c {
-            'A'..='Z' => c as u32 - 'A' as u32,
-            'a'..='z' => c as u32 - 'a' as u32 + 26,
-            '0'..='9' => c as u32 - '0' as u32 + 52,
-            '-' | '_' if matches!(alphabet, Alphabet::UrlOrStandard) => {
-                if c == '-' {
-                    62
-                } else {
-                    63
-                }
-            }
-            '+' => 62,
-            '/' => 63,
-            '=' => {
-                padding += 1;
-                continue;
-            }
-            _ => return Err(format!("character {} is not a base64 character", i + 1)),
-        };
-        if padding > 0 {
-            return Err(format!("character {} follows '=' padding", i + 1));
+/// Describes a base64 decoding error by position, never by the bytes of the input.
+fn base64_error(text: &str, error: base64::DecodeError) -> String {
+    // The crate reports byte offsets; users count characters (the one holding the byte).
+    let character = |offset: usize| {
+        text.char_indices()
+            .take_while(|(start, _)| *start <= offset)
+            .count()
+    };
+    match error {
+        base64::DecodeError::InvalidByte(offset, b'=') => {
+            format!(
+                "character {} is '=' padding before the end",
+                character(offset)
+            )
         }
-        count += 1;
-        acc = (acc << 6) | v;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
+        base64::DecodeError::InvalidByte(offset, _) => {
+            format!("character {} is not a base64 character", character(offset))
+        }
+        base64::DecodeError::InvalidLength(_) => {
+            "its length is not a possible base64 length".into()
+        }
+        base64::DecodeError::InvalidPadding => "its '=' padding is wrong".into(),
+        base64::DecodeError::InvalidLastSymbol(offset, _) => {
+            format!(
+                "character {} is not a possible last character",
+                character(offset)
+            )
         }
     }
-    if count % 4 == 1 {
-        return Err("its length is not a possible base64 length".into());
-    }
-    if padding > 2 || (padding > 0 && (count + padding) % 4 != 0) {
-        return Err("its '=' padding is wrong".into());
-    }
-    Ok(out)
 }
 
-/// The DER bodies of the `CERTIFICATE` blocks of a PEM text, refusing anything else but
-/// whitespace and explanatory text outside the blocks.
+/// The PEM word of a section kind, as its BEGIN line spells it.
+fn section_label(kind: SectionKind) -> &'static str {
+    match kind {
+        SectionKind::Certificate => "CERTIFICATE",
+        SectionKind::PublicKey => "PUBLIC KEY",
+        SectionKind::RsaPrivateKey => "RSA PRIVATE KEY",
+        SectionKind::PrivateKey => "PRIVATE KEY",
+        SectionKind::EcPrivateKey => "EC PRIVATE KEY",
+        SectionKind::Crl => "X509 CRL",
+        SectionKind::Csr => "CERTIFICATE REQUEST",
+        SectionKind::EchConfigList => "ECHCONFIG",
+        _ => "non-certificate",
+    }
+}
+
+/// The DER bodies of the `CERTIFICATE` blocks of a PEM text, refusing any other block (a key
+/// pasted by mistake, say); text outside the blocks is ignored.
 fn pem_certificates(pem: &str) -> Result<Vec<Vec<u8>>, String> {
-    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
-    const END: &str = "-----END CERTIFICATE-----";
     let mut out = Vec::new();
-    let mut rest = pem;
-    while let Some(start) = rest.find("-----BEGIN ") {
-        let after = &rest[start..];
-        if !after.starts_with(BEGIN) {
-            let label: String = after.chars().take(40).take_while(|c| *c != '\n').collect();
+    for section in <(SectionKind, Vec<u8>)>::pem_slice_iter(pem.as_bytes()) {
+        let n = out.len() + 1;
+        let (kind, der) = section.map_err(|e| match e {
+            pem::Error::MissingSectionEnd { end_marker } if end_marker == b"CERTIFICATE" => {
+                format!("certificate {n} has no END line")
+            }
+            pem::Error::MissingSectionEnd { .. } => format!("block {n} has no END line"),
+            pem::Error::IllegalSectionStart { .. } => {
+                format!("block {n} has a BEGIN line that does not end in '-----'")
+            }
+            pem::Error::Base64Decode(detail) => {
+                format!("block {n}: its body is not base64 ({detail})")
+            }
+            other => format!("block {n}: {other}"),
+        })?;
+        if kind != SectionKind::Certificate {
             return Err(format!(
-                "block {} is '{label}', not a certificate",
-                out.len() + 1
+                "block {n} is '-----BEGIN {}-----', not a certificate",
+                section_label(kind)
             ));
         }
-        let body_start = start + BEGIN.len();
-        let end = rest[body_start..]
-            .find(END)
-            .ok_or_else(|| format!("certificate {} has no END line", out.len() + 1))?;
-        let body: String = rest[body_start..body_start + end]
-            .chars()
-            .filter(|c| !c.is_whitespace())
-            .collect();
-        let der = decode_base64(&body, Alphabet::Standard)
-            .map_err(|e| format!("certificate {}: {e}", out.len() + 1))?;
         // A certificate is a DER SEQUENCE.
         if der.len() < 16 || der[0] != 0x30 {
-            return Err(format!(
-                "certificate {} does not hold a DER certificate",
-                out.len() + 1
-            ));
+            return Err(format!("certificate {n} does not hold a DER certificate"));
         }
         out.push(der);
-        rest = &rest[body_start + end + END.len()..];
+    }
+    // Blocks of a kind the PEM reader does not know (`TRUSTED CERTIFICATE`, say) are skipped
+    // by it; they are refused here all the same.
+    let blocks = pem.lines().filter(|l| l.starts_with("-----BEGIN ")).count();
+    if blocks > out.len() {
+        return Err(format!(
+            "{} block(s) are not '-----BEGIN CERTIFICATE-----' blocks",
+            blocks - out.len()
+        ));
     }
     if out.is_empty() {
         return Err("no '-----BEGIN CERTIFICATE-----' block found".into());
@@ -885,7 +957,7 @@ mod tests {
             ),
             ..Default::default()
         });
-        assert!(m.contains("certificate 1: character 1"), "{m}");
+        assert!(m.contains("block 1: its body is not base64"), "{m}");
         let m = err(CertificatePolicy {
             ca_bundle_pem: Some("-----BEGIN CERTIFICATE-----\nMIIB\n".into()),
             ..Default::default()
@@ -894,26 +966,175 @@ mod tests {
     }
 
     #[test]
-    fn base64_decodes_both_alphabets_with_or_without_padding() {
-        assert_eq!(
-            decode_base64("aGk", Alphabet::UrlOrStandard).unwrap(),
-            b"hi"
+    fn hmac_keys_decode_in_both_alphabets_with_or_without_padding() {
+        assert_eq!(decode_hmac_key("aGk").unwrap(), b"hi");
+        assert_eq!(decode_hmac_key("aGk=").unwrap(), b"hi");
+        assert_eq!(decode_hmac_key("aA==").unwrap(), b"h");
+        assert_eq!(decode_hmac_key("aA").unwrap(), b"h");
+        assert_eq!(decode_hmac_key("-_-_").unwrap(), [0xfb, 0xff, 0xbf]);
+        assert_eq!(decode_hmac_key("+/+/").unwrap(), [0xfb, 0xff, 0xbf]);
+        // The alphabets mixed, as a hand-edited key may be.
+        assert_eq!(decode_hmac_key("-/+_").unwrap(), [0xfb, 0xff, 0xbf]);
+        // Bits after the last byte need not be zero.
+        assert_eq!(decode_hmac_key("aGl").unwrap(), b"hi");
+        assert_eq!(decode_hmac_key("").unwrap(), b"");
+    }
+
+    #[test]
+    fn hmac_key_errors_say_where_never_what() {
+        for (key, why) in [
+            ("not*base64secret", "character 4 is not a base64 character"),
+            ("ab cd", "character 3 is not a base64 character"),
+            ("abcé", "character 4 is not a base64 character"),
+            ("aG=k", "character 3 is '=' padding before the end"),
+            ("aA==aGk=", "character 3 is '=' padding before the end"),
+            ("a", "its length is not a possible base64 length"),
+            ("abcde", "its length is not a possible base64 length"),
+            ("aGk==", "padding"),
+            ("aA=", "padding"),
+            ("==", "padding"),
+        ] {
+            let e = decode_hmac_key(key).expect_err(key);
+            assert!(e.contains(why), "{key:?}: {e}");
+            assert!(!e.contains("secret"), "{key:?}: the key leaked: {e}");
+        }
+    }
+
+    #[test]
+    fn directory_url_edge_cases() {
+        for (url, why) in [
+            (
+                "HTTPS:ca.example/dir",
+                "must start with https:// or http://",
+            ),
+            ("https://", "no host"),
+            ("https://?x", "no host"),
+            ("https://:443/dir", "no host"),
+            ("https://ca.example:0/dir", "port '0'"),
+            ("https://ca.example:x/dir", "port 'x'"),
+            ("https://[::1/dir", "IPv6"),
+            ("https://[::g]/dir", "IPv6"),
+            ("https://ca!example/dir", "host 'ca!example'"),
+            ("https://ca\texample/dir", "whitespace"),
+            ("https://bücher.example/dir", "non-ASCII"),
+            ("https://ca.example/dïr", "non-ASCII"),
+            ("https://\\ca.example/dir", "'\\'"),
+            ("https://@ca.example/dir", "credentials"),
+            ("https://user@ca.example/dir", "credentials"),
+        ] {
+            let e = check_http_url(url).expect_err(url);
+            assert!(e.contains(why), "{url}: {e}");
+        }
+        for ok in [
+            "HTTPS://CA.Example/Dir",
+            "https://ca.example",
+            "https://ca_1.example:443/dir#x",
+            "http://10.0.0.1/dir",
+            "https://[2001:db8::1]/dir",
+            "https://xn--bcher-kva.example/dir",
+            "https://ca.example/dir%20x",
+        ] {
+            check_http_url(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+    }
+
+    #[test]
+    fn ca_bundle_blocks_other_than_certificates_are_refused() {
+        let der = {
+            let mut d = vec![0x30, 0x82, 0x01, 0x00];
+            d.extend([0u8; 20]);
+            d
+        };
+        use base64::Engine as _;
+        let body = base64::engine::general_purpose::STANDARD.encode(&der);
+        let cert = format!("-----BEGIN CERTIFICATE-----\n{body}\n-----END CERTIFICATE-----\n");
+        assert_eq!(pem_certificates(&cert).unwrap(), vec![der.clone()]);
+        // Explanatory text around blocks, CRLF line ends and two certificates.
+        let two = format!(
+            "Issuer: test CA\r\n{}\r\nmore text\n{cert}",
+            cert.replace('\n', "\r\n")
         );
         assert_eq!(
-            decode_base64("aGk=", Alphabet::UrlOrStandard).unwrap(),
-            b"hi"
+            pem_certificates(&two).unwrap(),
+            vec![der.clone(), der.clone()]
         );
+        for (pem, why) in [
+            (
+                format!("{cert}-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"),
+                "block 2 is '-----BEGIN EC PRIVATE KEY-----', not a certificate",
+            ),
+            (
+                format!("{cert}-----BEGIN TRUSTED CERTIFICATE-----\n{body}\n-----END TRUSTED CERTIFICATE-----\n"),
+                "1 block(s) are not '-----BEGIN CERTIFICATE-----' blocks",
+            ),
+            (
+                "-----BEGIN CERTIFICATE-----\nMIIBAAAA\n-----END CERTIFICATE-----\n".to_owned(),
+                "certificate 1 does not hold a DER certificate",
+            ),
+            (
+                "-----BEGIN CERTIFICATE\nAAAA\n-----END CERTIFICATE-----\n".to_owned(),
+                "block 1 has a BEGIN line",
+            ),
+            (
+                format!("{cert}-----BEGIN PRIVATE KEY-----\nAAAA\n"),
+                "block 2 has no END line",
+            ),
+        ] {
+            let e = pem_certificates(&pem).expect_err(why);
+            assert!(e.contains(why), "{why}: {e}");
+        }
+    }
+
+    #[test]
+    fn merging_replaces_exactly_the_fields_the_changes_set() {
+        let stored = CertificatePolicy {
+            directory_url: Some("https://ca.example/dir".into()),
+            ca_bundle_pem: Some("pem".into()),
+            eab_key_id: Some("kid".into()),
+            eab_hmac_key: Some("aGk".into()),
+            key_type: Some(CertificateKeyType::Rsa2048),
+            renewal_fraction: Some(0.5),
+            backoff_min_secs: Some(10),
+            backoff_max_secs: Some(100),
+            probe_timeout_ms: Some(1000),
+            challenge: Some("http-01".into()),
+        };
+        // No change keeps everything.
         assert_eq!(
-            decode_base64("-_-_", Alphabet::UrlOrStandard).unwrap(),
-            [0xfb, 0xff, 0xbf]
+            stored.clone().merged_with(CertificatePolicy::default()),
+            stored
         );
+        // Every field changed takes every change.
+        let changes = CertificatePolicy {
+            directory_url: Some("https://other.example/dir".into()),
+            ca_bundle_pem: Some("other pem".into()),
+            eab_key_id: Some("kid-2".into()),
+            eab_hmac_key: Some("aGl".into()),
+            key_type: Some(CertificateKeyType::EcdsaP256),
+            renewal_fraction: Some(0.75),
+            backoff_min_secs: Some(20),
+            backoff_max_secs: Some(200),
+            probe_timeout_ms: Some(2000),
+            challenge: Some("HTTP-01".into()),
+        };
+        assert_eq!(stored.clone().merged_with(changes.clone()), changes);
+        // One field changed takes that one only.
+        let merged = stored.clone().merged_with(CertificatePolicy {
+            backoff_max_secs: Some(300),
+            ..Default::default()
+        });
         assert_eq!(
-            decode_base64("+/+/", Alphabet::Standard).unwrap(),
-            [0xfb, 0xff, 0xbf]
+            merged,
+            CertificatePolicy {
+                backoff_max_secs: Some(300),
+                ..stored.clone()
+            }
         );
-        assert!(decode_base64("-_", Alphabet::Standard).is_err());
-        assert!(decode_base64("aGk==", Alphabet::UrlOrStandard).is_err());
-        assert!(decode_base64("aG=k", Alphabet::UrlOrStandard).is_err());
+        // Onto the defaults, the changes are the policy.
+        assert_eq!(
+            CertificatePolicy::default().merged_with(changes.clone()),
+            changes
+        );
     }
 
     #[test]

@@ -344,7 +344,7 @@ async fn dns_lookup(
             Some("run `ployz machine init` first"),
         ));
     }
-    let qtype: ployz_dns::QueryType = q.qtype.as_deref().unwrap_or("A").parse().map_err(|e| {
+    let qtype: api::QueryType = q.qtype.as_deref().unwrap_or("A").parse().map_err(|e| {
         failure(
             StatusCode::BAD_REQUEST,
             ErrorCode::InvalidArgument,

@@ -8,10 +8,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use ployz_acme::layout;
 use ployz_core::api::{paths, ErrorCode, ImportCertificateRequest, SetCertificatePolicyRequest};
 use ployz_core::{CertificateMaterial, CertificatePolicy, CertificateSummary};
-use ployz_edge::certificates::{certificate_key, CERTIFICATES_NAMESPACE};
+use ployz_store::certificates::{
+    certificate_key, clear_policy, policy_key, stored_statuses, write_policy,
+    CERTIFICATES_NAMESPACE,
+};
 use ployz_store::KeyPrefix;
 
 use crate::api::{failure, not_initialised, store_blocking, Failure};
@@ -94,7 +96,7 @@ const WITHHELD: &str = "(withheld)";
 
 async fn get_policy(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
     let store = store(&machine)?;
-    let policy = match store.get(&layout::policy_key()).map_err(unavailable)? {
+    let policy = match store.get(&policy_key()).map_err(unavailable)? {
         Some(r) => match r.live_value() {
             Some(v) => serde_json::from_slice::<CertificatePolicy>(v).map_err(unavailable)?,
             None => CertificatePolicy::default(),
@@ -102,26 +104,6 @@ async fn get_policy(State(machine): State<Arc<LocalMachine>>) -> Result<Response
         None => CertificatePolicy::default(),
     };
     Ok(Json(shown(policy)).into_response())
-}
-
-/// Every field the request sets replaces the stored one.
-fn merged(mut base: CertificatePolicy, new: CertificatePolicy) -> CertificatePolicy {
-    macro_rules! take {
-        ($($f:ident),*) => { $( if new.$f.is_some() { base.$f = new.$f; } )* };
-    }
-    take!(
-        directory_url,
-        ca_bundle_pem,
-        eab_key_id,
-        eab_hmac_key,
-        key_type,
-        renewal_fraction,
-        backoff_min_secs,
-        backoff_max_secs,
-        probe_timeout_ms,
-        challenge
-    );
-    base
 }
 
 async fn set_policy(
@@ -132,7 +114,7 @@ async fn set_policy(
     let base = if req.reset {
         CertificatePolicy::default()
     } else {
-        match store.get(&layout::policy_key()).map_err(unavailable)? {
+        match store.get(&policy_key()).map_err(unavailable)? {
             Some(r) => match r.live_value() {
                 // A stored policy this daemon cannot read is not silently replaced by defaults.
                 Some(v) => serde_json::from_slice(v).map_err(|e| {
@@ -148,7 +130,7 @@ async fn set_policy(
             None => CertificatePolicy::default(),
         }
     };
-    let policy = merged(base, req.policy);
+    let policy = base.merged_with(req.policy);
     policy.validate().map_err(|e| {
         failure(
             StatusCode::BAD_REQUEST,
@@ -158,7 +140,7 @@ async fn set_policy(
         )
     })?;
     let to_store = policy.clone();
-    store_blocking(move || layout::write_policy(&store, &to_store)).await?;
+    store_blocking(move || write_policy(&store, &to_store)).await?;
     tracing::info!(
         directory = policy.directory_url(),
         "certificate policy changed"
@@ -168,14 +150,14 @@ async fn set_policy(
 
 async fn reset_policy(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
     let store = store(&machine)?;
-    store_blocking(move || layout::clear_policy(&store)).await?;
+    store_blocking(move || clear_policy(&store)).await?;
     tracing::info!("certificate policy reset to the defaults");
     Ok(Json(CertificatePolicy::default()).into_response())
 }
 
 async fn statuses(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
     let store = store(&machine)?;
-    Ok(Json(layout::stored_statuses(&store)).into_response())
+    Ok(Json(stored_statuses(&store)).into_response())
 }
 
 /// The certificate routes.

@@ -3,40 +3,19 @@
 
 use std::net::Ipv4Addr;
 
+use ployz_core::api::DnsSelector;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use serde::{Deserialize, Serialize};
 
 use crate::metrics::QuerySource;
 use crate::snapshot::{AddressSet, DnsSnapshot, ZONE};
 use crate::wire::{self, rtype, Malformed, Query, Rcode, Section, CLASS_IN, MAX_WIRE_NAME};
 
-/// How an Internal DNS Answer orders its addresses, chosen by the name's first label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Selector {
-    /// `rr.<name>` and plain `<name>`: every address, shuffled anew for each query.
-    RoundRobin,
-    /// `nearest.<name>`, the Nearest DNS Selector: addresses inside the observing Machine's
-    /// subnet first, then the others, each group shuffled. Subnet locality, not latency.
-    Nearest,
-}
-
-impl Selector {
-    /// The prefix label that selects it.
-    pub fn prefix(self) -> &'static str {
-        match self {
-            Selector::RoundRobin => "rr",
-            Selector::Nearest => "nearest",
-        }
-    }
-}
-
 /// Splits a selector prefix off a lowercase name. A prefix alone before the zone (`rr.internal`)
 /// is a plain name: a Service may be called `rr`.
-pub(crate) fn split_selector(name: &[u8]) -> (Selector, &[u8]) {
-    for selector in [Selector::RoundRobin, Selector::Nearest] {
+pub(crate) fn split_selector(name: &[u8]) -> (DnsSelector, &[u8]) {
+    for selector in [DnsSelector::RoundRobin, DnsSelector::Nearest] {
         let prefix = selector.prefix().as_bytes();
         if let Some(rest) = name.strip_prefix(prefix).and_then(|r| r.strip_prefix(b".")) {
             if rest != ZONE.as_bytes() {
@@ -44,7 +23,7 @@ pub(crate) fn split_selector(name: &[u8]) -> (Selector, &[u8]) {
             }
         }
     }
-    (Selector::RoundRobin, name)
+    (DnsSelector::RoundRobin, name)
 }
 
 /// Whether a lowercase dotted name lies in the `internal.` zone.
@@ -74,7 +53,7 @@ pub(crate) enum Resolution<'s> {
     /// A name with addresses, asked for A (or ANY).
     Addresses {
         set: &'s AddressSet,
-        selector: Selector,
+        selector: DnsSelector,
     },
     /// A name that exists, asked for a type it has no records of.
     NoData,
@@ -104,7 +83,7 @@ pub(crate) fn resolve<'s>(
             (rtype::SOA | rtype::ANY, _) => Resolution::ApexSoa,
             (_, Some(set)) if wants_a && !set.is_empty() => Resolution::Addresses {
                 set,
-                selector: Selector::RoundRobin,
+                selector: DnsSelector::RoundRobin,
             },
             _ => Resolution::NoData,
         };
@@ -120,15 +99,15 @@ pub(crate) fn resolve<'s>(
 /// Writes `set`'s addresses into `out` in the order `selector` asks for.
 pub(crate) fn order(
     set: &AddressSet,
-    selector: Selector,
+    selector: DnsSelector,
     rng: &mut impl Rng,
     out: &mut Vec<Ipv4Addr>,
 ) {
     out.clear();
     out.extend_from_slice(set.addrs());
     match selector {
-        Selector::RoundRobin => out.shuffle(rng),
-        Selector::Nearest => {
+        DnsSelector::RoundRobin => out.shuffle(rng),
+        DnsSelector::Nearest => {
             let (local, other) = out.split_at_mut(set.local());
             local.shuffle(rng);
             other.shuffle(rng);
@@ -374,23 +353,23 @@ mod tests {
     fn selectors_are_prefix_labels() {
         assert_eq!(
             split_selector(b"rr.web.internal"),
-            (Selector::RoundRobin, &b"web.internal"[..])
+            (DnsSelector::RoundRobin, &b"web.internal"[..])
         );
         assert_eq!(
             split_selector(b"nearest.web.internal"),
-            (Selector::Nearest, &b"web.internal"[..])
+            (DnsSelector::Nearest, &b"web.internal"[..])
         );
         assert_eq!(
             split_selector(b"web.internal"),
-            (Selector::RoundRobin, &b"web.internal"[..])
+            (DnsSelector::RoundRobin, &b"web.internal"[..])
         );
         assert_eq!(
             split_selector(b"rr.internal"),
-            (Selector::RoundRobin, &b"rr.internal"[..])
+            (DnsSelector::RoundRobin, &b"rr.internal"[..])
         );
         assert_eq!(
             split_selector(b"rrweb.internal"),
-            (Selector::RoundRobin, &b"rrweb.internal"[..])
+            (DnsSelector::RoundRobin, &b"rrweb.internal"[..])
         );
     }
 
@@ -458,11 +437,11 @@ mod tests {
         let mut firsts = std::collections::HashSet::new();
         let mut rr_firsts = std::collections::HashSet::new();
         for _ in 0..200 {
-            order(set, Selector::Nearest, &mut rng, &mut out);
+            order(set, DnsSelector::Nearest, &mut rng, &mut out);
             assert!(out[..3].iter().all(|a| a.octets()[2] == 5), "{out:?}");
             assert!(out[3..].iter().all(|a| a.octets()[2] == 1), "{out:?}");
             firsts.insert(out[0]);
-            order(set, Selector::RoundRobin, &mut rng, &mut out);
+            order(set, DnsSelector::RoundRobin, &mut rng, &mut out);
             rr_firsts.insert(out[0]);
             assert_eq!(out.len(), 5);
         }
@@ -673,8 +652,8 @@ mod tests {
                 let packet = q.to_vec().unwrap();
                 let mut out = Vec::new();
                 let v = respond(&s, &packet, OPEN, Transport::Udp, &mut out, &mut Scratch::new());
-                let expected = crate::lookup(&s, &name, crate::QueryType(u16::from(qtype)));
-                if expected.kind == crate::AnswerKind::Forwarded {
+                let expected = crate::lookup(&s, &name, ployz_core::api::QueryType(u16::from(qtype)));
+                if expected.kind == ployz_core::api::AnswerKind::Forwarded {
                     prop_assert_eq!(v.action, Action::Forward);
                     return Ok(());
                 }

@@ -142,7 +142,7 @@ impl Forwarder {
 /// this upstream could not help.
 fn usable(reply: &[u8]) -> bool {
     !matches!(
-        Rcode::from_header(wire::header_rcode(reply)),
+        Rcode::from_code(u16::from(wire::header_rcode(reply))),
         Some(Rcode::ServFail | Rcode::Refused)
     )
 }

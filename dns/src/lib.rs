@@ -22,7 +22,8 @@
 //! - [`DnsSnapshot`]: the immutable answer table, built by a pure function from observations
 //!   and Machine records ([`DnsSnapshot::build`]) or from a zone file
 //!   ([`DnsSnapshot::from_zone`]);
-//! - [`lookup`]: what the server would answer, as serialisable data for the CLI;
+//! - [`lookup`]: what the server would answer, as the management API's
+//!   [`LookupAnswer`](ployz_core::api::LookupAnswer) for the CLI;
 //! - [`DnsController`]: rebuilds and publishes the snapshot when the store changes;
 //! - [`DnsServer`]: UDP and TCP sockets answering from the published snapshot, refusing
 //!   sources outside [`AllowedSources`], forwarding the rest, counting in [`DnsMetrics`].
@@ -85,13 +86,12 @@ mod wire;
 mod zone;
 
 pub use acl::{AllowedSources, IpNet};
-pub use answer::Selector;
 pub use controller::DnsController;
 pub use error::DnsError;
 pub use forward::{exclude_own_addresses, parse_resolv_conf, upstreams_from_resolv_conf};
-pub use lookup::{lookup, AnswerKind, LookupAnswer, QueryType, QueryTypeError};
+pub use lookup::lookup;
 pub use metrics::{DnsMetrics, QuerySource};
 pub use server::{check_port_free, DnsServer, DnsServerConfig};
 pub use snapshot::{DnsSnapshot, MACHINE_LABEL, ZONE};
-pub use wire::{Rcode, CLASSIC_UDP_PAYLOAD, MAX_UDP_PAYLOAD};
+pub use wire::{CLASSIC_UDP_PAYLOAD, MAX_UDP_PAYLOAD};
 pub use zone::{parse_zone, ZoneError};

@@ -1,124 +1,12 @@
 //! "What would this Machine answer?": the same resolution the server does, as data the
-//! management API can carry to the CLI.
+//! management API can carry to the CLI (a [`LookupAnswer`], defined with the API's other wire
+//! types in `ployz_core::api`).
 
-use std::fmt;
-use std::net::Ipv4Addr;
-use std::str::FromStr;
+use ployz_core::api::{AnswerKind, LookupAnswer, QueryType, Rcode};
 
-use serde::{Deserialize, Serialize};
-
-use crate::answer::{resolve, Resolution, Selector};
+use crate::answer::{resolve, Resolution};
 use crate::snapshot::DnsSnapshot;
-use crate::wire::{rtype, Rcode, CLASS_IN};
-
-/// A DNS record type (QTYPE), written as its mnemonic (`A`, `AAAA`, `ANY`...) or `TYPE<n>`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct QueryType(pub u16);
-
-const MNEMONICS: [(&str, u16); 12] = [
-    ("A", 1),
-    ("NS", 2),
-    ("CNAME", 5),
-    ("SOA", 6),
-    ("PTR", 12),
-    ("HINFO", 13),
-    ("MX", 15),
-    ("TXT", 16),
-    ("AAAA", 28),
-    ("SRV", 33),
-    ("HTTPS", 65),
-    ("ANY", 255),
-];
-
-impl QueryType {
-    /// An IPv4 address record.
-    pub const A: QueryType = QueryType(rtype::A);
-    /// An IPv6 address record.
-    pub const AAAA: QueryType = QueryType(28);
-    /// The zone's start of authority.
-    pub const SOA: QueryType = QueryType(rtype::SOA);
-    /// Anything (answered minimally, RFC 8482).
-    pub const ANY: QueryType = QueryType(rtype::ANY);
-}
-
-/// A text that names no record type.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("'{0}' is not a DNS record type; use a mnemonic such as A, AAAA or ANY, or TYPE<number>")]
-pub struct QueryTypeError(String);
-
-impl FromStr for QueryType {
-    type Err = QueryTypeError;
-    fn from_str(s: &str) -> Result<QueryType, QueryTypeError> {
-        let upper = s.trim().to_ascii_uppercase();
-        if let Some((_, code)) = MNEMONICS.iter().find(|(m, _)| *m == upper) {
-            return Ok(QueryType(*code));
-        }
-        upper
-            .strip_prefix("TYPE")
-            .and_then(|n| n.parse().ok())
-            .map(QueryType)
-            .ok_or_else(|| QueryTypeError(s.to_owned()))
-    }
-}
-
-impl fmt::Display for QueryType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match MNEMONICS.iter().find(|(_, code)| *code == self.0) {
-            Some((m, _)) => f.write_str(m),
-            None => write!(f, "TYPE{}", self.0),
-        }
-    }
-}
-
-impl TryFrom<String> for QueryType {
-    type Error = QueryTypeError;
-    fn try_from(s: String) -> Result<QueryType, QueryTypeError> {
-        s.parse()
-    }
-}
-
-impl From<QueryType> for String {
-    fn from(t: QueryType) -> String {
-        t.to_string()
-    }
-}
-
-/// Who answers a name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AnswerKind {
-    /// An `.internal` name this Machine holds: an Internal DNS Answer.
-    Internal,
-    /// A name outside `.internal`: the upstream resolvers answer it.
-    Forwarded,
-    /// An `.internal` name this Machine does not hold (NXDOMAIN), or not a name at all.
-    Unknown,
-}
-
-/// What the DNS server of one Machine would answer for a name, as of one snapshot.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LookupAnswer {
-    /// The name asked, lowercase, with its trailing dot.
-    pub name: String,
-    /// The record type asked.
-    pub qtype: QueryType,
-    /// Who answers it.
-    pub kind: AnswerKind,
-    /// The response code; absent for forwarded names (the upstream decides).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rcode: Option<Rcode>,
-    /// How the server orders the addresses; absent when there are none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selector: Option<Selector>,
-    /// The A records, those in the observing Machine's subnet first, each group in address
-    /// order (the server shuffles them per query as `selector` says).
-    pub addresses: Vec<Ipv4Addr>,
-    /// How many of `addresses`, from the front, lie in the observing Machine's subnet.
-    pub local_addresses: usize,
-    /// The generation of the snapshot that answered.
-    pub generation: u64,
-}
+use crate::wire::CLASS_IN;
 
 /// Longest name in text, without the trailing dot (RFC 1035 §2.3.4).
 const MAX_TEXT_NAME: usize = 253;
@@ -171,6 +59,10 @@ pub fn lookup(snapshot: &DnsSnapshot, name: &str, qtype: QueryType) -> LookupAns
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+
+    use ployz_core::api::DnsSelector;
+
     use super::*;
 
     fn table() -> DnsSnapshot {
@@ -196,7 +88,7 @@ mod tests {
         assert_eq!(a.name, "nearest.web.internal.");
         assert_eq!(a.kind, AnswerKind::Internal);
         assert_eq!(a.rcode, Some(Rcode::NoError));
-        assert_eq!(a.selector, Some(Selector::Nearest));
+        assert_eq!(a.selector, Some(DnsSelector::Nearest));
         assert_eq!(
             a.addresses,
             vec![Ipv4Addr::new(10, 210, 1, 2), Ipv4Addr::new(10, 210, 0, 2)]
@@ -231,6 +123,14 @@ mod tests {
     }
 
     #[test]
+    fn the_api_query_types_are_the_wire_codes() {
+        use crate::wire::rtype;
+        assert_eq!(QueryType::A.0, rtype::A);
+        assert_eq!(QueryType::SOA.0, rtype::SOA);
+        assert_eq!(QueryType::ANY.0, rtype::ANY);
+    }
+
+    #[test]
     fn round_trips_through_json() {
         let a = lookup(&table(), "web.internal", QueryType::A);
         let json = serde_json::to_string(&a).unwrap();
@@ -240,14 +140,5 @@ mod tests {
         assert!(json.contains("\"selector\":\"round_robin\""), "{json}");
         let back: LookupAnswer = serde_json::from_str(&json).unwrap();
         assert_eq!(back, a);
-    }
-
-    #[test]
-    fn query_types_parse_and_print() {
-        assert_eq!("aaaa".parse::<QueryType>().unwrap(), QueryType::AAAA);
-        assert_eq!("TYPE65534".parse::<QueryType>().unwrap(), QueryType(65534));
-        assert_eq!(QueryType(65534).to_string(), "TYPE65534");
-        assert_eq!(QueryType::ANY.to_string(), "ANY");
-        assert!("BOGUS".parse::<QueryType>().is_err());
     }
 }

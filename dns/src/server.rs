@@ -126,7 +126,7 @@ impl Shared {
         if truncated {
             self.metrics.truncated();
         }
-        match Rcode::from_header(wire::header_rcode(reply)) {
+        match Rcode::from_code(u16::from(wire::header_rcode(reply))) {
             Some(rcode) => self.metrics.response(rcode),
             None => self.metrics.response_other(),
         }

@@ -6,7 +6,9 @@
 
 use std::net::Ipv4Addr;
 
-use serde::{Deserialize, Serialize};
+/// The response codes this server sends: the management API's, so that a lookup reports what
+/// the server would send.
+pub(crate) use ployz_core::api::Rcode;
 
 /// Length of the fixed DNS header.
 pub(crate) const HEADER_LEN: usize = 12;
@@ -47,73 +49,6 @@ const ARCOUNT: usize = 10;
 
 /// A compression pointer to the question name, which always starts right after the header.
 pub(crate) const QNAME_POINTER: u16 = 0xC000 | HEADER_LEN as u16;
-
-/// A DNS response code, as this server sends it and as [`crate::LookupAnswer`] reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Rcode {
-    /// No error (also the code of an empty "no data" answer).
-    NoError,
-    /// The query was malformed.
-    FormErr,
-    /// The server failed: for a forwarded name, no upstream answered usefully.
-    ServFail,
-    /// The `.internal` name does not exist.
-    NxDomain,
-    /// The query's opcode is not supported.
-    NotImp,
-    /// The server will not answer: a source outside the allowed networks, or a name this server
-    /// neither owns nor forwards.
-    Refused,
-    /// The query's EDNS version is not supported (extended code 16).
-    BadVers,
-}
-
-impl Rcode {
-    /// Every code, in the order metrics render them.
-    pub const ALL: [Rcode; 7] = [
-        Rcode::NoError,
-        Rcode::FormErr,
-        Rcode::ServFail,
-        Rcode::NxDomain,
-        Rcode::NotImp,
-        Rcode::Refused,
-        Rcode::BadVers,
-    ];
-
-    /// The code's mnemonic as RFCs and `dig` spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Rcode::NoError => "NOERROR",
-            Rcode::FormErr => "FORMERR",
-            Rcode::ServFail => "SERVFAIL",
-            Rcode::NxDomain => "NXDOMAIN",
-            Rcode::NotImp => "NOTIMP",
-            Rcode::Refused => "REFUSED",
-            Rcode::BadVers => "BADVERS",
-        }
-    }
-
-    /// The 12-bit code.
-    pub fn code(self) -> u16 {
-        match self {
-            Rcode::NoError => 0,
-            Rcode::FormErr => 1,
-            Rcode::ServFail => 2,
-            Rcode::NxDomain => 3,
-            Rcode::NotImp => 4,
-            Rcode::Refused => 5,
-            Rcode::BadVers => 16,
-        }
-    }
-
-    /// The code a response header (4 bits) carries; `None` for codes this server does not name.
-    pub(crate) fn from_header(code: u8) -> Option<Rcode> {
-        Rcode::ALL
-            .into_iter()
-            .find(|r| r.code() == u16::from(code & 0x0f))
-    }
-}
 
 /// What a query's OPT record told us.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,14 +16,14 @@ use hickory_resolver::config::{
 };
 use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::TokioResolver;
-use ployz_core::api::MachineInfo;
+use ployz_core::api::{AnswerKind, MachineInfo, QueryType, Rcode};
 use ployz_core::{
     ContainerHealth, ContainerKind, ContainerRuntimeObservation, ContainerState, LocalMachinePhase,
     MachineId, ManagementAddress, ServiceId,
 };
 use ployz_dns::{
-    lookup, AllowedSources, AnswerKind, DnsController, DnsError, DnsMetrics, DnsServer,
-    DnsServerConfig, QuerySource, QueryType, Rcode,
+    lookup, AllowedSources, DnsController, DnsError, DnsMetrics, DnsServer, DnsServerConfig,
+    QuerySource,
 };
 use ployz_store::machines::machine_key;
 use ployz_store::observations::container_key;

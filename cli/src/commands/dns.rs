@@ -1,8 +1,7 @@
 //! `ployz dns`: what a Machine's internal DNS would answer.
 
 use clap::Subcommand;
-use ployz_core::api::paths;
-use ployz_dns::{AnswerKind, LookupAnswer};
+use ployz_core::api::{paths, AnswerKind, LookupAnswer, QueryType};
 
 use crate::output::print_json;
 use crate::GlobalArgs;
@@ -40,7 +39,7 @@ pub async fn run(global: &GlobalArgs, cmd: DnsCommand) -> anyhow::Result<()> {
     let DnsCommand::Lookup { name, qtype, json } = cmd;
     // Refuse a bad type before reaching anything.
     qtype
-        .parse::<ployz_dns::QueryType>()
+        .parse::<QueryType>()
         .map_err(|e| anyhow::anyhow!("--type: {e}"))?;
     let mut client = super::connect(global).await?;
     let answer: LookupAnswer = client
