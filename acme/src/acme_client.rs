@@ -178,11 +178,8 @@ impl Accounts {
                     credentials: serde_json::to_value(&creds)
                         .map_err(|e| format!("ACME account credentials do not serialise: {e}"))?,
                 };
-                store
-                    .put(
-                        &key,
-                        serde_json::to_vec(&record).expect("an account record serialises"),
-                    )
+                let value = serde_json::to_vec(&record).expect("an account record serialises");
+                crate::issuer::blocking(|| store.put(&key, value))
                     .map_err(|e| format!("saving the ACME account failed: {e}"))?;
                 tracing::info!(directory = %wanted.directory_url, "registered an ACME account");
                 account

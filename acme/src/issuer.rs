@@ -11,9 +11,16 @@
 //!
 //! Failures back off exponentially between the policy's bounds; the next attempt time is in the
 //! status record (and survives a restart of the daemon, which reads it back).
+//!
+//! A store that cannot be read skips the pass: the status records, the backoff and everything
+//! else stay as they are (a pass that took an unreadable store for an empty one would delete the
+//! status records, or order anew every certificate), the failure is counted
+//! ([`IssuerCounters`]) and logged once per streak, and the pass is tried again soon. Store
+//! writes flush to disk: they run through [`blocking`], off the runtime's worker threads.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -26,7 +33,7 @@ use ployz_core::{
 };
 use ployz_store::machines::MACHINES_NAMESPACE;
 use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
-use ployz_store::{KeyPrefix, Store};
+use ployz_store::{KeyPrefix, Store, StoreError};
 use tokio::sync::watch;
 
 use crate::acme_client::{describe, is_account_missing, key_and_csr, Accounts};
@@ -34,8 +41,9 @@ use crate::rendezvous::{issuer_for, participating_machines};
 use crate::verdict::{VerdictProbe, VerdictResolver};
 use crate::wanted::{assess, ingress_https_hostnames, renewal_point, Need};
 use ployz_store::certificates::{
-    certificate_key, challenge_key, is_valid_token, status_key, statuses_of, stored_materials,
-    stored_policy, ChallengeRecord, CERTIFICATES_NAMESPACE, CHALLENGES_NAMESPACE, POLICY_NAMESPACE,
+    certificate_key, challenge_key, is_valid_token, status_key, statuses_of, stored_policy,
+    ChallengeRecord, CERTIFICATES_NAMESPACE, CHALLENGES_NAMESPACE, POLICY_NAMESPACE,
+    STATUS_NAMESPACE,
 };
 
 /// The time source of the issuer's decisions (renewal points, status times). Sleeping uses the
@@ -115,6 +123,57 @@ impl std::fmt::Debug for PublicAddressSource {
     }
 }
 
+/// How long after a pass the store could not be read for the next one is tried.
+const RETRY_AFTER_READ_FAILURE: Duration = Duration::from_secs(5);
+
+/// Runs `f`, a store call that may wait for the disk (a write flushes before it returns),
+/// without holding up the other tasks of the runtime: in `block_in_place` on a multi-threaded
+/// runtime (the daemon's), inline on a current-thread one (where `block_in_place` cannot run,
+/// and nothing else shares the thread's tasks but the caller's own).
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+/// The failures the issuer lives through, counted (for metrics). Clones share the counts: keep
+/// one from [`IssuerConfig::counters`] before handing the config to [`CertificateIssuer::run`].
+#[derive(Debug, Clone, Default)]
+pub struct IssuerCounters(Arc<Counts>);
+
+#[derive(Debug, Default)]
+struct Counts {
+    store_read_failures: AtomicU64,
+    store_write_failures: AtomicU64,
+    wrong_machine: AtomicU64,
+}
+
+impl IssuerCounters {
+    /// Passes skipped because the store could not be read (each left every status record,
+    /// backoff and certificate as it was).
+    pub fn store_read_failures(&self) -> u64 {
+        self.0.store_read_failures.load(Ordering::Relaxed)
+    }
+
+    /// Store writes (status records, challenge records, material, presence) that failed.
+    pub fn store_write_failures(&self) -> u64 {
+        self.0.store_write_failures.load(Ordering::Relaxed)
+    }
+
+    /// Starts of [`CertificateIssuer::run`] whose [`IssuerConfig::machine_id`] was not the
+    /// store's Machine (the issuer ran as the store's Machine instead).
+    pub fn wrong_machine(&self) -> u64 {
+        self.0.wrong_machine.load(Ordering::Relaxed)
+    }
+
+    fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// What the daemon gives the issuer.
 #[derive(Debug, Clone)]
 pub struct IssuerConfig {
@@ -135,6 +194,8 @@ pub struct IssuerConfig {
     pub poll_timeout: Duration,
     /// How long a challenge record is served.
     pub challenge_ttl: Duration,
+    /// The failures the issuer lives through.
+    pub counters: IssuerCounters,
 }
 
 impl IssuerConfig {
@@ -150,6 +211,7 @@ impl IssuerConfig {
             order_timeout: Duration::from_secs(300),
             poll_timeout: Duration::from_secs(120),
             challenge_ttl: Duration::from_secs(3600),
+            counters: IssuerCounters::default(),
         }
     }
 }
@@ -190,6 +252,8 @@ pub struct CertificateIssuer {
     /// The policy of the previous pass: a changed policy (someone fixed something) ends every
     /// backoff.
     last_policy: Option<CertificatePolicy>,
+    /// The previous pass could not read the store (its failure was logged).
+    unreadable: bool,
 }
 
 impl std::fmt::Debug for CertificateIssuer {
@@ -216,24 +280,41 @@ impl CertificateIssuer {
             last_issued_ms: HashMap::new(),
             probe: None,
             last_policy: None,
+            unreadable: false,
         }
+    }
+
+    /// The failures this issuer lived through.
+    pub fn counters(&self) -> &IssuerCounters {
+        &self.config.counters
     }
 
     /// Runs the issuer on `store` until `shutdown` turns true (or its sender is dropped). An
     /// order in flight is abandoned at shutdown; its challenge records expire.
     ///
-    /// # Panics
-    /// If `config.machine_id` is not the store's local Machine.
-    pub async fn run(store: Arc<Store>, config: IssuerConfig, mut shutdown: watch::Receiver<bool>) {
-        assert_eq!(
-            store.local(),
-            &config.machine_id,
-            "the issuer writes machine-owned status records: its Machine must be the store's"
-        );
+    /// The issuer writes machine-owned status records, so it issues as the store's Machine: a
+    /// `config.machine_id` naming another is logged, counted
+    /// ([`IssuerCounters::wrong_machine`]) and replaced by the store's.
+    pub async fn run(
+        store: Arc<Store>,
+        mut config: IssuerConfig,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        if store.local() != &config.machine_id {
+            IssuerCounters::count(&config.counters.0.wrong_machine);
+            tracing::error!(
+                configured = %config.machine_id,
+                store = %store.local(),
+                "the certificate issuer was configured for another Machine than its store's; it \
+                 writes machine-owned status records, so it issues as the store's Machine"
+            );
+            config.machine_id = store.local().clone();
+        }
         // Other Machines count this one among the issuers only while this record lives.
         let presence = ployz_store::machines::certificate_issuer_key(store.local());
         if !matches!(store.get(&presence), Ok(Some(r)) if r.live_value().is_some()) {
-            if let Err(e) = store.put(&presence, Vec::new()) {
+            if let Err(e) = blocking(|| store.put(&presence, Vec::new())) {
+                IssuerCounters::count(&config.counters.0.store_write_failures);
                 tracing::warn!(error = %e, "cannot record this Machine as a certificate issuer");
             }
         }
@@ -294,24 +375,40 @@ impl CertificateIssuer {
         let local = self.config.machine_id.clone();
         let now_ms = self.now_ms();
         let now = now_ms.div_euclid(1000);
-        sweep_expired_challenges(store, now);
+        self.sweep_expired_challenges(store, now);
 
-        let hostnames = ingress_https_hostnames(&stored_observations(store));
-        let participants = participating_machines(store, &local);
-        let mine: BTreeSet<String> = hostnames
-            .into_iter()
-            .filter(|h| issuer_for(h, &participants) == Some(&local))
-            .collect();
-        let mut statuses = statuses_of(store, &local);
+        let PassInputs {
+            mine,
+            mut statuses,
+            materials,
+        } = match read_pass_inputs(store, &local) {
+            Ok(inputs) => inputs,
+            Err(e) => {
+                IssuerCounters::count(&self.config.counters.0.store_read_failures);
+                if !self.unreadable {
+                    tracing::warn!(
+                        error = %e,
+                        retry_in_s = RETRY_AFTER_READ_FAILURE.as_secs(),
+                        "certificate pass skipped: the store cannot be read; status records and \
+                         certificates stay as they are"
+                    );
+                    self.unreadable = true;
+                }
+                return RETRY_AFTER_READ_FAILURE.min(self.config.max_sleep);
+            }
+        };
+        if std::mem::take(&mut self.unreadable) {
+            tracing::info!("certificate passes resumed: the store reads again");
+        }
         for h in statuses.keys().filter(|h| !mine.contains(*h)) {
-            if let Err(e) = store.delete(&status_key(&local, h)) {
+            if let Err(e) = blocking(|| store.delete(&status_key(&local, h))) {
+                IssuerCounters::count(&self.config.counters.0.store_write_failures);
                 tracing::warn!(hostname = %h, error = %e, "removing a certificate status failed");
             }
         }
         statuses.retain(|h, _| mine.contains(h));
         self.backoff.retain(|h, _| mine.contains(h));
         self.last_issued_ms.retain(|h, _| mine.contains(h));
-        let materials = stored_materials(store);
 
         let policy = match stored_policy(store) {
             Ok(p) => p,
@@ -332,7 +429,7 @@ impl CertificateIssuer {
                         verdict: None,
                         updated_at: now,
                     };
-                    write_status(store, statuses.get(h), status);
+                    write_status(&self.config.counters, store, statuses.get(h), status);
                 }
                 if !mine.is_empty() {
                     tracing::warn!(error = %message, "certificate issuance held: the Certificate Policy is refused");
@@ -365,7 +462,7 @@ impl CertificateIssuer {
                 verdict: held.and_then(|s| s.verdict.clone()),
                 updated_at: now,
             };
-            write_status(store, held, status);
+            write_status(&self.config.counters, store, held, status);
         }
         for (h, need) in &assessment.wanted {
             let held = statuses.get(h);
@@ -389,7 +486,7 @@ impl CertificateIssuer {
                     verdict: held.and_then(|s| s.verdict.clone()),
                     updated_at: now,
                 };
-                write_status(store, held, status);
+                write_status(&self.config.counters, store, held, status);
             }
         }
 
@@ -430,6 +527,25 @@ impl CertificateIssuer {
             .min(self.config.max_sleep);
         // Never spin, whatever the clock says.
         wait.max(Duration::from_millis(200))
+    }
+
+    /// Removes challenge records whose time is up (left by an abandoned order, on any Machine).
+    /// A store that cannot be read is left for the pass to report.
+    fn sweep_expired_challenges(&self, store: &Store, now: i64) {
+        let Ok(records) = store.scan_live(&KeyPrefix::cluster_namespace(CHALLENGES_NAMESPACE))
+        else {
+            return;
+        };
+        for r in records {
+            let expired = serde_json::from_slice::<ChallengeRecord>(&r.value)
+                .map_or(true, |c| c.expires_at <= now);
+            if expired {
+                if let Err(e) = blocking(|| store.delete(&r.key)) {
+                    IssuerCounters::count(&self.config.counters.0.store_write_failures);
+                    tracing::warn!(key = %r.key, error = %e, "removing an expired challenge record failed");
+                }
+            }
+        }
     }
 
     fn probe(&mut self, policy: &CertificatePolicy) -> Result<Arc<VerdictProbe>, String> {
@@ -488,7 +604,7 @@ impl CertificateIssuer {
                 verdict: Some(verdict),
                 updated_at: started,
             };
-            write_status(store, held, status);
+            write_status(&self.config.counters, store, held, status);
             return;
         }
         if let ClusterDnsVerdict::Unknown { reason } = &verdict {
@@ -507,7 +623,7 @@ impl CertificateIssuer {
             verdict: Some(verdict.clone()),
             updated_at: started,
         };
-        write_status(store, held, ordering.clone());
+        write_status(&self.config.counters, store, held, ordering.clone());
         tracing::info!(hostname, ?need, "ordering a certificate");
 
         let outcome = match tokio::time::timeout(
@@ -523,13 +639,13 @@ impl CertificateIssuer {
             )),
         };
         let stored = outcome.and_then(|material| {
-            store
-                .put(
-                    &certificate_key(hostname),
-                    serde_json::to_vec(&material).expect("material serialises"),
-                )
+            let value = serde_json::to_vec(&material).expect("material serialises");
+            blocking(|| store.put(&certificate_key(hostname), value))
                 .map(|_| material)
-                .map_err(|e| format!("storing the Certificate Material failed: {e}"))
+                .map_err(|e| {
+                    IssuerCounters::count(&self.config.counters.0.store_write_failures);
+                    format!("storing the Certificate Material failed: {e}")
+                })
         });
         let now_ms = self.now_ms();
         let now = now_ms.div_euclid(1000);
@@ -559,7 +675,7 @@ impl CertificateIssuer {
                     verdict: Some(verdict),
                     updated_at: now,
                 };
-                write_status(store, Some(&ordering), status);
+                write_status(&self.config.counters, store, Some(&ordering), status);
             }
             Err(error) => {
                 let failures = failures + 1;
@@ -586,7 +702,7 @@ impl CertificateIssuer {
                     verdict: Some(verdict),
                     updated_at: now,
                 };
-                write_status(store, Some(&ordering), status);
+                write_status(&self.config.counters, store, Some(&ordering), status);
             }
         }
     }
@@ -605,7 +721,7 @@ impl CertificateIssuer {
                 message,
             }) => {
                 tracing::info!(%message, "the ACME account is gone; registering a new one");
-                self.accounts.forget(store, policy);
+                blocking(|| self.accounts.forget(store, policy));
                 let account = self.accounts.account(store, policy).await?;
                 order_once(&account, store, policy, hostname, &self.config)
                     .await
@@ -614,6 +730,47 @@ impl CertificateIssuer {
             other => other.map_err(|f| f.message),
         }
     }
+}
+
+/// What a pass reads from the store before it decides anything.
+struct PassInputs {
+    /// The hostnames this Machine issues.
+    mine: BTreeSet<String>,
+    /// This Machine's status records, by hostname.
+    statuses: BTreeMap<String, CertificateStatus>,
+    /// The stored Certificate Material, by hostname.
+    materials: BTreeMap<String, CertificateMaterial>,
+}
+
+/// Reads what a pass needs; any read the store refuses is an error, never an empty answer (no
+/// hostname would be this Machine's, and every status record would be deleted; no material
+/// would be stored, and every certificate ordered anew). Records that do not decode are
+/// skipped.
+fn read_pass_inputs(store: &Store, local: &MachineId) -> Result<PassInputs, StoreError> {
+    let hostnames = ingress_https_hostnames(&stored_observations(store)?);
+    let participants = participating_machines(store, local)?;
+    let mine = hostnames
+        .into_iter()
+        .filter(|h| issuer_for(h, &participants) == Some(local))
+        .collect();
+    // As `statuses_of` and `stored_materials` read them, with the store's refusal kept.
+    let statuses = store
+        .scan_live(&KeyPrefix::machine_namespace_of(STATUS_NAMESPACE, local))?
+        .into_iter()
+        .filter_map(|r| serde_json::from_slice::<CertificateStatus>(&r.value).ok())
+        .map(|s| (s.hostname.clone(), s))
+        .collect();
+    let materials = store
+        .scan_live(&KeyPrefix::cluster_namespace(CERTIFICATES_NAMESPACE))?
+        .into_iter()
+        .filter_map(|r| serde_json::from_slice::<CertificateMaterial>(&r.value).ok())
+        .map(|m| (m.hostname.clone(), m))
+        .collect();
+    Ok(PassInputs {
+        mine,
+        statuses,
+        materials,
+    })
 }
 
 fn need_not_after(need: &Need, material: Option<&CertificateMaterial>) -> Option<i64> {
@@ -635,7 +792,12 @@ fn status_of(store: &Store, local: &MachineId, hostname: &str) -> Option<Certifi
 
 /// Writes `status` unless it says what `held` already says (ignoring the write time), so an
 /// idle issuer does not churn the store.
-fn write_status(store: &Store, held: Option<&CertificateStatus>, status: CertificateStatus) {
+fn write_status(
+    counters: &IssuerCounters,
+    store: &Store,
+    held: Option<&CertificateStatus>,
+    status: CertificateStatus,
+) {
     if let Some(h) = held {
         let mut same = h.clone();
         same.updated_at = status.updated_at;
@@ -644,25 +806,10 @@ fn write_status(store: &Store, held: Option<&CertificateStatus>, status: Certifi
         }
     }
     let key = status_key(&status.issuer, &status.hostname);
-    if let Err(e) = store.put(
-        &key,
-        serde_json::to_vec(&status).expect("status serialises"),
-    ) {
+    let value = serde_json::to_vec(&status).expect("status serialises");
+    if let Err(e) = blocking(|| store.put(&key, value)) {
+        IssuerCounters::count(&counters.0.store_write_failures);
         tracing::warn!(hostname = %status.hostname, error = %e, "writing a certificate status failed");
-    }
-}
-
-/// Removes challenge records whose time is up (left by an abandoned order, on any Machine).
-fn sweep_expired_challenges(store: &Store, now: i64) {
-    for r in store
-        .scan_live(&KeyPrefix::cluster_namespace(CHALLENGES_NAMESPACE))
-        .unwrap_or_default()
-    {
-        let expired = serde_json::from_slice::<ChallengeRecord>(&r.value)
-            .map_or(true, |c| c.expires_at <= now);
-        if expired {
-            let _ = store.delete(&r.key);
-        }
     }
 }
 
@@ -734,12 +881,11 @@ async fn order_once(
                     expires_at,
                 };
                 // Durable (flushed) before the authority is told to look.
-                store
-                    .put(
-                        &challenge_key(&record.token),
-                        serde_json::to_vec(&record).expect("challenge serialises"),
-                    )
-                    .map_err(|e| failure(format!("storing the challenge failed: {e}")))?;
+                let value = serde_json::to_vec(&record).expect("challenge serialises");
+                blocking(|| store.put(&challenge_key(&record.token), value)).map_err(|e| {
+                    IssuerCounters::count(&config.counters.0.store_write_failures);
+                    failure(format!("storing the challenge failed: {e}"))
+                })?;
                 tokens.push(record.token);
                 challenge
                     .set_ready()
@@ -793,7 +939,8 @@ async fn order_once(
     }
     .await;
     for token in &tokens {
-        if let Err(e) = store.delete(&challenge_key(token)) {
+        if let Err(e) = blocking(|| store.delete(&challenge_key(token))) {
+            IssuerCounters::count(&config.counters.0.store_write_failures);
             tracing::warn!(error = %e, "removing a challenge record failed");
         }
     }
@@ -826,6 +973,104 @@ mod tests {
         assert!(verdict_recheck_delay(30, min, max) <= Duration::from_secs(900));
         let long_min = Duration::from_secs(1800);
         assert_eq!(verdict_recheck_delay(30, long_min, max), long_min);
+    }
+
+    fn observation(machine: &MachineId, hostname: &str) -> ployz_core::ContainerRuntimeObservation {
+        let mut spec: ployz_core::ServiceSpec = serde_json::from_value(serde_json::json!({
+            "name": "web",
+            "container": { "image": "busybox" },
+        }))
+        .unwrap();
+        spec.ports = vec![ployz_core::PortSpec::Ingress {
+            hostname: Some(hostname.to_owned()),
+            published: None,
+            container_port: 8080,
+            protocol: ployz_core::IngressProtocol::Https,
+        }];
+        ployz_core::ContainerRuntimeObservation {
+            id: MachineId::generate().as_str().parse().unwrap(),
+            name: "web-abcd".into(),
+            machine_id: machine.clone(),
+            service_id: ployz_core::ServiceId::generate(),
+            service_name: "web".parse().unwrap(),
+            kind: ployz_core::ContainerKind::Service,
+            state: ployz_core::ContainerState::Running,
+            health: None,
+            restart_count: 0,
+            address: None,
+            image: "busybox".into(),
+            created_at: 0,
+            spec: Some(spec),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_store_that_cannot_be_read_leaves_the_status_records() {
+        let store = Store::temporary(MachineId::generate()).unwrap();
+        let local = store.local().clone();
+        let o = observation(&local, "keep.example.test");
+        store
+            .put(
+                &ployz_store::observations::container_key(&o),
+                serde_json::to_vec(&o).unwrap(),
+            )
+            .unwrap();
+        let held = CertificateStatus {
+            hostname: "keep.example.test".into(),
+            state: CertificateState::Failed,
+            not_after: None,
+            renew_at: None,
+            issuer: local.clone(),
+            last_error: Some("the authority did not answer".into()),
+            consecutive_failures: 2,
+            last_attempt_at: Some(1),
+            next_attempt_at: Some(2),
+            verdict: None,
+            updated_at: 1,
+        };
+        store
+            .put(
+                &status_key(&local, &held.hostname),
+                serde_json::to_vec(&held).unwrap(),
+            )
+            .unwrap();
+        let config = IssuerConfig::new(local.clone());
+        let counters = config.counters.clone();
+        let mut issuer = CertificateIssuer::new(config);
+
+        // The observations, then the Machine records, cannot be read: no pass happens (no
+        // order: the default policy names a public authority), and the status stays.
+        for (n, namespace) in [CONTAINERS_NAMESPACE, MACHINES_NAMESPACE]
+            .into_iter()
+            .enumerate()
+        {
+            store.fail_reads_under(
+                &KeyPrefix::machine_namespace(namespace),
+                "injected read failure",
+            );
+            let wait = issuer.pass(&store).await;
+            assert_eq!(wait, RETRY_AFTER_READ_FAILURE);
+            assert_eq!(counters.store_read_failures(), n as u64 + 1);
+            store.fail_reads(None);
+            assert_eq!(
+                statuses_of(&store, &local).get("keep.example.test"),
+                Some(&held),
+                "after a pass that could not read {namespace}"
+            );
+        }
+        assert_eq!(counters.store_write_failures(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_issuer_configured_for_another_machine_issues_as_the_stores() {
+        let store = Arc::new(Store::temporary(MachineId::generate()).unwrap());
+        let config = IssuerConfig::new(MachineId::generate());
+        let counters = config.counters.clone();
+        let (_stop, shutdown) = watch::channel(true);
+        CertificateIssuer::run(store.clone(), config, shutdown).await;
+        assert_eq!(counters.wrong_machine(), 1);
+        let presence = ployz_store::machines::certificate_issuer_key(store.local());
+        assert!(store.get(&presence).unwrap().is_some_and(|r| !r.tombstone));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use ployz_core::{LocalMachinePhase, MachineId};
 use ployz_store::machines::{certificate_issuers, stored_machines};
-use ployz_store::Store;
+use ployz_store::{Store, StoreError};
 
 /// The weight of `machine` for `hostname`: the first 8 bytes of SHA-256(machine ID, 0, hostname).
 pub fn weight(machine: &MachineId, hostname: &str) -> u64 {
@@ -37,9 +37,14 @@ pub fn issuer_for<'a>(
 /// the caller), plus `local` when it has not published a description yet (a Machine alone, or a
 /// test). A Machine whose own record says it is joining or resetting does not issue, nor does
 /// one started with `--no-certificates`: otherwise the hostnames it wins would never be ordered.
-pub fn participating_machines(store: &Store, local: &MachineId) -> BTreeSet<MachineId> {
-    let machines = stored_machines(store);
-    let issuers = certificate_issuers(store);
+/// A store that cannot be read is an error (taken for "no Machine but this one", every hostname
+/// would be this Machine's).
+pub fn participating_machines(
+    store: &Store,
+    local: &MachineId,
+) -> Result<BTreeSet<MachineId>, StoreError> {
+    let machines = stored_machines(store)?;
+    let issuers = certificate_issuers(store)?;
     let mut out: BTreeSet<MachineId> = machines
         .iter()
         .filter(|m| m.phase == LocalMachinePhase::Participating)
@@ -49,7 +54,7 @@ pub fn participating_machines(store: &Store, local: &MachineId) -> BTreeSet<Mach
     if !machines.iter().any(|m| &m.id == local) {
         out.insert(local.clone());
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -139,7 +144,7 @@ mod tests {
         let store = Store::temporary(local.clone()).unwrap();
         // Alone and unpublished: the local Machine issues.
         assert_eq!(
-            participating_machines(&store, &local),
+            participating_machines(&store, &local).unwrap(),
             BTreeSet::from([local.clone()])
         );
         let info = |id: &MachineId, phase: LocalMachinePhase| MachineInfo {
@@ -157,7 +162,7 @@ mod tests {
             )
             .unwrap();
         // Its own record says joining: it does not issue.
-        assert!(participating_machines(&store, &local).is_empty());
+        assert!(participating_machines(&store, &local).unwrap().is_empty());
         store
             .put(
                 &machine_key(&local),
@@ -165,7 +170,7 @@ mod tests {
             )
             .unwrap();
         assert_eq!(
-            participating_machines(&store, &local),
+            participating_machines(&store, &local).unwrap(),
             BTreeSet::from([local.clone()])
         );
         // Another participating Machine counts only while its daemon runs the issuer.
@@ -180,7 +185,7 @@ mod tests {
             .merge(&peer.scan(&ployz_store::KeyPrefix::everything()).unwrap())
             .unwrap();
         assert_eq!(
-            participating_machines(&store, &local),
+            participating_machines(&store, &local).unwrap(),
             BTreeSet::from([local.clone()])
         );
         peer.put(&certificate_issuer_key(&other), Vec::new())
@@ -189,7 +194,7 @@ mod tests {
             .merge(&peer.scan(&ployz_store::KeyPrefix::everything()).unwrap())
             .unwrap();
         assert_eq!(
-            participating_machines(&store, &local),
+            participating_machines(&store, &local).unwrap(),
             BTreeSet::from([local.clone(), other.clone()])
         );
         peer.delete(&certificate_issuer_key(&other)).unwrap();
@@ -197,7 +202,7 @@ mod tests {
             .merge(&peer.scan(&ployz_store::KeyPrefix::everything()).unwrap())
             .unwrap();
         assert_eq!(
-            participating_machines(&store, &local),
+            participating_machines(&store, &local).unwrap(),
             BTreeSet::from([local.clone()])
         );
     }

@@ -98,11 +98,9 @@ async fn list_containers(State(machine): State<Arc<LocalMachine>>) -> Result<Res
 
 async fn stored_containers(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
     let store = machine.store().ok_or_else(not_initialised)?;
-    let list = tokio::task::spawn_blocking(move || {
-        ployz_orchestrator::observer::stored_observations(&store)
-    })
-    .await
-    .unwrap_or_default();
+    let list =
+        crate::api::store_blocking(move || ployz_store::observations::stored_observations(&store))
+            .await?;
     Ok(Json(list).into_response())
 }
 

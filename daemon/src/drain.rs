@@ -5,9 +5,10 @@
 //! A drain (`POST /v1/containers/{id}/drain`) writes a [`DrainMark`] naming its setter (the lease
 //! token and holder the lease's guard admitted the call with) and a deadline: the drain's own
 //! wait, then the container's stop grace period and [`HANDOFF`] for the setter to stop it. It
-//! then waits for this Machine's edge to publish a table without the container and for the
-//! requests in flight to it to finish. A drain whose caller goes away before it completes lifts
-//! its mark at once.
+//! then has this Machine's edge drain the container ([`ployz_edge::RouteController::drain`]):
+//! wait for a published table without it (whose hostnames other Serving Containers serve keep an
+//! upstream), then for the requests in flight to it to finish. A drain whose caller goes away
+//! before it completes, or that fails, lifts its mark at once.
 //!
 //! The [`Sweeper`] lifts the marks that should not stand, at start, every [`SWEEP_EVERY`] and
 //! when a holder releases the lease (and every grant of the lease runs [`sweep`] before it is
@@ -29,7 +30,7 @@ use axum::{Extension, Json, Router};
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 use ployz_core::api::{docker_paths as paths, DrainRequest, DrainResult, ErrorCode};
-use ployz_core::{ContainerId, ContainerRuntimeObservation, DrainMark, PortSpec};
+use ployz_core::{ContainerId, ContainerRuntimeObservation, DrainMark};
 use ployz_orchestrator::docker::DockerError;
 use ployz_store::{drains, Store, StoreError};
 
@@ -199,48 +200,32 @@ async fn drain(
         mark: Some(mark),
     };
 
-    // Hostnames another Serving Container still serves must keep an upstream meanwhile.
-    let hostnames: Vec<String> = container
-        .spec
-        .iter()
-        .flat_map(|spec| spec.ports.iter())
-        .filter_map(|p| match p {
-            PortSpec::Ingress {
-                hostname: Some(h), ..
-            } => Some(h.to_ascii_lowercase()),
-            _ => None,
-        })
-        .collect();
-    let others: Vec<String> = {
-        let observations = ployz_orchestrator::observer::stored_observations(&store);
-        hostnames
-            .into_iter()
-            .filter(|h| {
-                observations.iter().any(|o| {
-                    o.id != container.id
-                        && o.is_serving()
-                        && o.spec.as_ref().is_some_and(|spec| {
-                            spec.ports.iter().any(|p| matches!(p, PortSpec::Ingress { hostname: Some(x), .. } if x.eq_ignore_ascii_case(h)))
-                        })
-                })
-            })
-            .collect()
+    // Hostnames another Serving Container still serves must keep an upstream meanwhile. A store
+    // that cannot be read fails the drain (and lifts its mark): it cannot say which they are.
+    let observations = {
+        let store = store.clone();
+        crate::api::store_blocking(move || ployz_store::observations::stored_observations(&store))
+            .await?
     };
-    let publish_deadline = started + PUBLISH_WAIT;
-    loop {
-        let table = s.routes.table().load();
-        let ready = !table.routes_to(&container.id) && others.iter().all(|h| table.has_upstream(h));
-        if ready || tokio::time::Instant::now() >= publish_deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+    let keep_served = ployz_edge::hostnames_served_by_others(&container, &observations);
+    let drained = s
+        .routes
+        .drain(
+            &container.id,
+            &keep_served,
+            started + PUBLISH_WAIT,
+            started + timeout,
+        )
+        .await;
+    if !drained.unrouted {
+        tracing::warn!(
+            container = %container.name,
+            publish_wait_s = PUBLISH_WAIT.as_secs(),
+            "the edge did not publish a table without the drained container (and with every \
+             hostname others serve) in time; waiting for its requests in flight anyway"
+        );
     }
-    let drain_deadline = started + timeout;
-    let mut left = s.routes.in_flight(&container.id);
-    while left > 0 && tokio::time::Instant::now() < drain_deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        left = s.routes.in_flight(&container.id);
-    }
+    let left = drained.in_flight_left;
     if unleased {
         // A call without a lease has no holder whose going away lifts the mark: from here it
         // stands only for the stop that should follow, then the sweeper lifts it.

@@ -1,33 +1,54 @@
 //! The RouteController: rebuilds the route table when container observations or drain marks
-//! change, and answers the questions a drain asks ("does the edge still route to it? how many
-//! requests are in flight to it?").
+//! change, and carries out the edge's side of a drain ([`RouteController::drain`]): wait until
+//! the published table no longer routes to the container while the hostnames others serve keep
+//! an upstream, then until this edge has no request in flight to it.
+//!
+//! A store that cannot be read leaves the published table as it is: the failure is counted
+//! ([`RouteController::rebuild_failures`]), logged once per streak, and the rebuild tried again.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use ployz_core::ContainerId;
-pub use ployz_store::drains::{draining_containers, draining_key, DRAINING_NAMESPACE};
+use ployz_core::{ContainerId, ContainerRuntimeObservation, PortSpec};
+use ployz_store::drains::{draining_containers, DRAINING_NAMESPACE};
 use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
-use ployz_store::{KeyPrefix, Store};
-use tokio::sync::watch;
+use ployz_store::{KeyPrefix, Store, StoreError};
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 
-use crate::route_table::{Fingerprint, InFlightCounters, RouteTable};
+use crate::route_table::{Fingerprint, InFlight, InFlightCounters, RouteTable};
+
+/// How long after a failed rebuild (the store could not be read) the next one is tried, when no
+/// change to the store comes first.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
-struct Counters(Mutex<HashMap<ContainerId, Arc<AtomicUsize>>>);
+struct Counters(Mutex<HashMap<ContainerId, Arc<InFlight>>>);
+
+impl Counters {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ContainerId, Arc<InFlight>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 impl InFlightCounters for Counters {
-    fn counter(&self, container: &ContainerId) -> Arc<AtomicUsize> {
-        self.0
-            .lock()
-            .expect("counters lock")
-            .entry(container.clone())
-            .or_default()
-            .clone()
+    fn counter(&self, container: &ContainerId) -> Arc<InFlight> {
+        self.lock().entry(container.clone()).or_default().clone()
     }
+}
+
+/// What [`RouteController::drain`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    /// Whether the published table stopped routing to the container (with every hostname to
+    /// keep served) before the publish deadline.
+    pub unrouted: bool,
+    /// Requests this edge still had in flight to the container when the drain returned (0
+    /// unless the deadline came first).
+    pub in_flight_left: usize,
 }
 
 /// Owns the published [`RouteTable`] and the per-container in-flight counters.
@@ -35,6 +56,10 @@ impl InFlightCounters for Counters {
 pub struct RouteController {
     table: Arc<ArcSwap<RouteTable>>,
     counters: Arc<Counters>,
+    /// Signalled on every publish.
+    published: Arc<Notify>,
+    /// Rebuilds that failed because the store could not be read.
+    rebuild_failures: Arc<AtomicU64>,
 }
 
 impl RouteController {
@@ -57,19 +82,32 @@ impl RouteController {
 
     /// Requests this edge has in flight to `container`.
     pub fn in_flight(&self, container: &ContainerId) -> usize {
-        self.counters
-            .0
-            .lock()
-            .expect("counters lock")
-            .get(container)
-            .map_or(0, |c| c.load(Ordering::SeqCst))
+        self.counters.lock().get(container).map_or(0, |c| c.get())
+    }
+
+    /// How many rebuilds failed because the store could not be read (each left the published
+    /// table as it was).
+    pub fn rebuild_failures(&self) -> u64 {
+        self.rebuild_failures.load(Ordering::Relaxed)
     }
 
     /// Rebuilds from the store and publishes if anything changed. Returns the new generation
-    /// when it published.
-    pub fn rebuild(&self, store: &Store, last: &mut Fingerprint) -> Option<u64> {
-        let observations = stored_observations(store);
-        let draining = draining_containers(store);
+    /// when it published. When the store cannot be read, the published table stays as it is,
+    /// the failure is counted ([`RouteController::rebuild_failures`]) and returned.
+    pub fn rebuild(
+        &self,
+        store: &Store,
+        last: &mut Fingerprint,
+    ) -> Result<Option<u64>, StoreError> {
+        let read = stored_observations(store)
+            .and_then(|observations| Ok((observations, draining_containers(store)?)));
+        let (observations, draining) = match read {
+            Ok(read) => read,
+            Err(e) => {
+                self.rebuild_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
         let generation = self.table.load().generation() + 1;
         let table = RouteTable::build(
             &observations,
@@ -82,48 +120,400 @@ impl RouteController {
         {
             let live: HashSet<&ContainerId> = observations.iter().map(|o| &o.id).collect();
             self.counters
-                .0
                 .lock()
-                .expect("counters lock")
-                .retain(|id, c| live.contains(id) || c.load(Ordering::Relaxed) > 0);
+                .retain(|id, c| live.contains(id) || c.get() > 0);
         }
         let fp = table.fingerprint();
         if &fp == last {
-            return None;
+            return Ok(None);
         }
         *last = fp;
         self.table.store(Arc::new(table));
-        Some(generation)
+        self.published.notify_waiters();
+        Ok(Some(generation))
     }
 
     /// Keeps the table current until `shutdown` turns true: a rebuild at start and after every
-    /// change to container observations or drain marks.
+    /// change to container observations or drain marks, and again shortly after a rebuild the
+    /// store could not be read for (the table published before stays meanwhile).
     pub async fn run(&self, store: Arc<Store>, mut shutdown: watch::Receiver<bool>) {
         let mut containers = store.watch(KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE));
         let mut drains = store.watch(KeyPrefix::machine_namespace(DRAINING_NAMESPACE));
         let mut last = Fingerprint::new();
+        let mut failing = false;
         loop {
             let s = store.clone();
             let this = self.clone();
             let mut fp = std::mem::take(&mut last);
-            let (fp, published) = tokio::task::spawn_blocking(move || {
-                let g = this.rebuild(&s, &mut fp);
-                (fp, g)
+            let rebuilt = tokio::task::spawn_blocking(move || {
+                let r = this.rebuild(&s, &mut fp);
+                (fp, r)
             })
-            .await
-            .unwrap_or_default();
-            last = fp;
-            if let Some(generation) = published {
-                let t = self.table.load();
-                tracing::info!(generation, hostnames = t.len(), "route table published");
+            .await;
+            let outcome = match rebuilt {
+                Ok((fp, outcome)) => {
+                    last = fp;
+                    outcome.map_err(|e| e.to_string())
+                }
+                Err(e) => Err(format!("the rebuild task failed: {e}")),
+            };
+            match outcome {
+                Ok(published) => {
+                    if failing {
+                        tracing::info!("route table rebuilt again: the store reads again");
+                        failing = false;
+                    }
+                    if let Some(generation) = published {
+                        let t = self.table.load();
+                        tracing::info!(generation, hostnames = t.len(), "route table published");
+                    }
+                }
+                Err(reason) => {
+                    if !failing {
+                        let t = self.table.load();
+                        tracing::warn!(
+                            error = %reason,
+                            generation = t.generation(),
+                            hostnames = t.len(),
+                            "route table not rebuilt: the store cannot be read; the published \
+                             table stays until a rebuild succeeds"
+                        );
+                        failing = true;
+                    }
+                }
             }
+            let retry = async {
+                if failing {
+                    tokio::time::sleep(RETRY_AFTER_FAILURE).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 _ = shutdown.changed() => return,
                 event = containers.next() => if event.is_none() { return },
                 event = drains.next() => if event.is_none() { return },
+                _ = retry => {}
             }
             // Coalesce a burst of changes into one rebuild.
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+    }
+
+    /// The edge's side of draining `container` (already marked draining in the store):
+    ///
+    /// 1. waits until the published table no longer routes to it while every hostname in
+    ///    `keep_served` still has an upstream, or until `publish_by`;
+    /// 2. then waits until this edge has no request in flight to it, or until `deadline`.
+    ///
+    /// Both waits are woken by what they wait for (a publish, the last request in flight
+    /// ending); nothing polls.
+    pub async fn drain(
+        &self,
+        container: &ContainerId,
+        keep_served: &[String],
+        publish_by: Instant,
+        deadline: Instant,
+    ) -> Drained {
+        let unrouted = loop {
+            // Registered before the table is looked at: a publish after the look wakes it.
+            let published = self.published.notified();
+            let table = self.table.load();
+            if !table.routes_to(container) && keep_served.iter().all(|h| table.has_upstream(h)) {
+                break true;
+            }
+            if tokio::time::timeout_at(publish_by, published)
+                .await
+                .is_err()
+            {
+                break false;
+            }
+        };
+        let counter = self.counters.counter(container);
+        let in_flight_left = counter.wait_for_zero(deadline).await;
+        Drained {
+            unrouted,
+            in_flight_left,
+        }
+    }
+}
+
+/// The Ingress Hostnames of `container` (lowercase) that another Serving Container among
+/// `observations` also serves: a drain of `container` keeps them routed
+/// ([`RouteController::drain`]'s `keep_served`).
+pub fn hostnames_served_by_others(
+    container: &ContainerRuntimeObservation,
+    observations: &[ContainerRuntimeObservation],
+) -> Vec<String> {
+    let serves = |o: &ContainerRuntimeObservation, host: &str| {
+        o.spec.as_ref().is_some_and(|spec| {
+            spec.ports.iter().any(|p| {
+                matches!(p, PortSpec::Ingress { hostname: Some(x), .. } if x.eq_ignore_ascii_case(host))
+            })
+        })
+    };
+    container
+        .spec
+        .iter()
+        .flat_map(|spec| spec.ports.iter())
+        .filter_map(|p| match p {
+            PortSpec::Ingress {
+                hostname: Some(h), ..
+            } => Some(h.to_ascii_lowercase()),
+            _ => None,
+        })
+        .filter(|h| {
+            observations
+                .iter()
+                .any(|o| o.id != container.id && o.is_serving() && serves(o, h))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ployz_core::{
+        ContainerKind, ContainerSpec, ContainerState, DrainMark, IngressProtocol, MachineId,
+        ServiceId, ServiceMode, ServiceSpec,
+    };
+    use ployz_store::observations::container_key;
+
+    /// Far enough that a drain returning means it was woken, not timed out.
+    const FAR: Duration = Duration::from_secs(3600);
+    /// The longest a woken drain may take to return before the test fails.
+    const WAKE: Duration = Duration::from_secs(30);
+
+    fn obs(machine: &MachineId, n: u8, host: &str) -> ContainerRuntimeObservation {
+        ContainerRuntimeObservation {
+            id: format!("{n:064x}").parse().unwrap(),
+            name: format!("web-{n}"),
+            machine_id: machine.clone(),
+            service_id: ServiceId::generate(),
+            service_name: "web".parse().unwrap(),
+            kind: ContainerKind::Service,
+            state: ContainerState::Running,
+            health: None,
+            restart_count: 0,
+            address: Some(std::net::Ipv4Addr::new(10, 210, 0, n)),
+            image: "app".into(),
+            created_at: 0,
+            spec: Some(ServiceSpec {
+                name: "web".parse().unwrap(),
+                mode: ServiceMode::Replicated,
+                replicas: 1,
+                container: ContainerSpec::default(),
+                ports: vec![PortSpec::Ingress {
+                    hostname: Some(host.into()),
+                    published: None,
+                    container_port: 80,
+                    protocol: IngressProtocol::Http,
+                }],
+                machines: vec![],
+                update: Default::default(),
+                pre_deploy: None,
+                depends_on: vec![],
+            }),
+        }
+    }
+
+    fn observe(store: &Store, o: &ContainerRuntimeObservation) {
+        store
+            .put(&container_key(o), serde_json::to_vec(o).unwrap())
+            .unwrap();
+    }
+
+    fn mark(store: &Store, container: &ContainerId) {
+        ployz_store::drains::put_mark(
+            store,
+            &DrainMark {
+                container_id: container.clone(),
+                machine_id: store.local().clone(),
+                lease_token: None,
+                set_by: "a test".into(),
+                set_at_ms: 0,
+                deadline_ms: u64::MAX,
+            },
+        )
+        .unwrap();
+    }
+
+    /// A store with two containers serving `app.test`, and a controller publishing them.
+    fn two_upstreams() -> (
+        Store,
+        RouteController,
+        Fingerprint,
+        ContainerRuntimeObservation,
+        ContainerRuntimeObservation,
+    ) {
+        let store = Store::temporary(MachineId::generate()).unwrap();
+        let (a, b) = (
+            obs(store.local(), 2, "app.test"),
+            obs(store.local(), 3, "app.test"),
+        );
+        observe(&store, &a);
+        observe(&store, &b);
+        let routes = RouteController::new();
+        let mut fp = Fingerprint::new();
+        assert_eq!(routes.rebuild(&store, &mut fp).unwrap(), Some(1));
+        (store, routes, fp, a, b)
+    }
+
+    #[test]
+    fn a_store_that_cannot_be_read_leaves_the_published_table() {
+        let (store, routes, mut fp, a, b) = two_upstreams();
+        store.fail_reads(Some("injected read failure"));
+        mark(&store, &a.id);
+        let e = routes.rebuild(&store, &mut fp).unwrap_err();
+        assert!(e.to_string().contains("injected read failure"), "{e}");
+        assert_eq!(routes.rebuild_failures(), 1);
+        let table = routes.table().load();
+        assert_eq!(table.generation(), 1);
+        assert!(table.routes_to(&a.id) && table.routes_to(&b.id));
+
+        // Once the store reads again, the next rebuild catches up.
+        store.fail_reads(None);
+        assert_eq!(routes.rebuild(&store, &mut fp).unwrap(), Some(2));
+        assert!(!routes.table().load().routes_to(&a.id));
+        assert_eq!(routes.rebuild_failures(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_drain_returns_once_the_table_drops_the_container_and_its_requests_end() {
+        let (store, routes, mut fp, a, _b) = two_upstreams();
+        // A request in flight to `a`, taken from the published table as the request path does.
+        let held = routes
+            .table()
+            .load()
+            .match_host(b"app.test")
+            .unwrap()
+            .upstreams[0]
+            .in_flight
+            .clone();
+        held.acquire();
+        assert_eq!(routes.in_flight(&a.id), 1);
+
+        let start = Instant::now();
+        let drain = tokio::spawn({
+            let (routes, id) = (routes.clone(), a.id.clone());
+            async move {
+                routes
+                    .drain(&id, &["app.test".to_owned()], start + FAR, start + FAR)
+                    .await
+            }
+        });
+        // The mark is published; the drain then waits for the request in flight.
+        mark(&store, &a.id);
+        assert_eq!(routes.rebuild(&store, &mut fp).unwrap(), Some(2));
+        tokio::task::yield_now().await;
+        assert!(!drain.is_finished(), "a request is still in flight");
+        held.release();
+        let drained = tokio::time::timeout(WAKE, drain)
+            .await
+            .expect("the drain is woken by the last request ending, not by a poll")
+            .unwrap();
+        assert_eq!(
+            drained,
+            Drained {
+                unrouted: true,
+                in_flight_left: 0
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn a_drain_waits_for_a_publish_without_polling() {
+        let (store, routes, mut fp, a, _b) = two_upstreams();
+        let start = Instant::now();
+        let drain = tokio::spawn({
+            let (routes, id) = (routes.clone(), a.id.clone());
+            async move {
+                routes
+                    .drain(&id, &["app.test".to_owned()], start + FAR, start + FAR)
+                    .await
+            }
+        });
+        tokio::task::yield_now().await;
+        assert!(
+            !drain.is_finished(),
+            "the table still routes to the container"
+        );
+        mark(&store, &a.id);
+        routes.rebuild(&store, &mut fp).unwrap();
+        let drained = tokio::time::timeout(WAKE, drain)
+            .await
+            .expect("the drain is woken by the publish, not by a poll")
+            .unwrap();
+        assert!(drained.unrouted);
+        assert_eq!(drained.in_flight_left, 0);
+    }
+
+    #[tokio::test]
+    async fn a_drain_returns_at_its_deadline_with_the_requests_left() {
+        let (store, routes, mut fp, a, _b) = two_upstreams();
+        let counter = routes.counters.counter(&a.id);
+        counter.acquire();
+        counter.acquire();
+        mark(&store, &a.id);
+        routes.rebuild(&store, &mut fp).unwrap();
+        let start = Instant::now();
+        let drained = routes
+            .drain(
+                &a.id,
+                &["app.test".to_owned()],
+                start + FAR,
+                start + Duration::from_millis(20),
+            )
+            .await;
+        assert_eq!(
+            drained,
+            Drained {
+                unrouted: true,
+                in_flight_left: 2
+            }
+        );
+        counter.release();
+        counter.release();
+        assert_eq!(routes.in_flight(&a.id), 0);
+    }
+
+    #[tokio::test]
+    async fn a_drain_that_would_leave_a_hostname_without_upstream_waits_until_its_publish_deadline()
+    {
+        let (store, routes, mut fp, a, b) = two_upstreams();
+        // Both marked: `app.test` would have no upstream left.
+        mark(&store, &a.id);
+        mark(&store, &b.id);
+        routes.rebuild(&store, &mut fp).unwrap();
+        let start = Instant::now();
+        let drained = routes
+            .drain(
+                &a.id,
+                &["app.test".to_owned()],
+                start + Duration::from_millis(20),
+                start + FAR,
+            )
+            .await;
+        assert_eq!(
+            drained,
+            Drained {
+                unrouted: false,
+                in_flight_left: 0
+            }
+        );
+    }
+
+    #[test]
+    fn the_hostnames_to_keep_are_those_another_serving_container_serves() {
+        let m = MachineId::generate();
+        let a = obs(&m, 2, "App.Test");
+        let b = obs(&m, 3, "app.test");
+        let c = obs(&m, 4, "only-c.test");
+        let mut stopped = obs(&m, 5, "only-c.test");
+        stopped.state = ContainerState::Exited;
+        let all = [a.clone(), b.clone(), c.clone(), stopped];
+        assert_eq!(hostnames_served_by_others(&a, &all), ["app.test"]);
+        assert!(hostnames_served_by_others(&c, &all).is_empty());
+        assert!(hostnames_served_by_others(&a, std::slice::from_ref(&a)).is_empty());
     }
 }

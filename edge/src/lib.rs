@@ -4,7 +4,9 @@
 //!   the pure, allocation-free host match the hot path calls;
 //! - [`controller`]: the [`RouteController`], which rebuilds the table from the store's
 //!   Container Runtime Observations off the hot path and publishes it with one `ArcSwap` store,
-//!   skipping publishes that change nothing;
+//!   skipping publishes that change nothing (a store that cannot be read leaves the published
+//!   table as it is), and carries out the edge's side of a drain
+//!   ([`RouteController::drain`]), woken by publishes and by the last request in flight ending;
 //! - [`proxy`]: the Pingora `ProxyHttp` implementation: machine paths (health, verify), host
 //!   routing, round robin with connect retries, forwarding headers, access log;
 //! - [`connection`]: [`EdgeApp`], the connection loop with the HTTP/1 fast path in front of
@@ -30,10 +32,10 @@ pub mod service;
 pub use certificates::CertificateResolver;
 pub use challenges::ChallengeResponder;
 pub use connection::EdgeApp;
-pub use controller::{draining_key, RouteController, DRAINING_NAMESPACE};
+pub use controller::{hostnames_served_by_others, Drained, RouteController};
 pub use metrics::EdgeMetrics;
 pub use proxy::{EdgeLimits, EdgeProxy, EdgeState, DEFAULT_CONNECT_TIMEOUT};
-pub use route_table::{valid_host, Route, RouteTable, Upstream};
+pub use route_table::{valid_host, InFlight, Route, RouteTable, Upstream};
 pub use service::{EdgeClosing, EdgeService};
 
 /// The edge as a Pingora service: [`EdgeApp`], the fast path with `proxy` inside Pingora's

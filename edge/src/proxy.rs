@@ -150,7 +150,7 @@ pub struct EdgeProxy {
 pub(crate) struct Attempts {
     route: Option<Arc<Route>>,
     /// The in-flight counter of the upstream this request currently holds.
-    active: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    active: Option<Arc<crate::route_table::InFlight>>,
     tried: [usize; MAX_TRIES],
     tries: usize,
 }
@@ -177,7 +177,7 @@ impl Attempts {
     /// Gives back the in-flight count this request holds (the request is over).
     pub(crate) fn release(&mut self) {
         if let Some(active) = self.active.take() {
-            active.fetch_sub(1, Ordering::SeqCst);
+            active.release();
         }
     }
 }
@@ -272,10 +272,10 @@ impl EdgeProxy {
             }
             let i = route.pick(self.now_ms(), &attempts.tried[..attempts.tries])?;
             let upstream = &route.upstreams[i];
-            upstream.in_flight.fetch_add(1, Ordering::SeqCst);
+            upstream.in_flight.acquire();
             let now = self.routes.table().load_full();
             if round < 2 && !Arc::ptr_eq(&now, &table) {
-                upstream.in_flight.fetch_sub(1, Ordering::SeqCst);
+                upstream.in_flight.release();
                 table = now;
                 continue;
             }

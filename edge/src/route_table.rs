@@ -24,7 +24,7 @@ pub struct Upstream {
     pub local: bool,
     /// Requests this edge has in flight to the container; shared across table generations so a
     /// drain can wait for them.
-    pub in_flight: Arc<AtomicUsize>,
+    pub in_flight: Arc<InFlight>,
 }
 
 impl PartialEq for Upstream {
@@ -33,17 +33,97 @@ impl PartialEq for Upstream {
     }
 }
 
+/// The requests this edge has in flight to one container, shared by every table generation.
+///
+/// The request path takes a count with [`InFlight::acquire`] and gives it back with
+/// [`InFlight::release`]: one atomic operation each, no lock. A drain waiting for the count to
+/// reach zero ([`InFlight::wait_for_zero`]) is woken by the release that brings it there: only
+/// that release, and only while a drain waits, does more than the one atomic operation (a
+/// notify).
+#[derive(Debug, Default)]
+pub struct InFlight {
+    /// The requests in flight (low 32 bits) and the drains waiting for none (high 32 bits), in
+    /// one word so that a release reads both with the one operation that counts it down.
+    state: AtomicU64,
+    /// Signalled when the count reaches zero while a drain waits.
+    zero: tokio::sync::Notify,
+}
+
+/// The requests-in-flight part of [`InFlight::state`].
+const IN_FLIGHT_MASK: u64 = u32::MAX as u64;
+/// One waiting drain in [`InFlight::state`].
+const ONE_WAITER: u64 = 1 << 32;
+
+impl InFlight {
+    /// A counter at zero.
+    pub fn new() -> InFlight {
+        InFlight::default()
+    }
+
+    /// Requests in flight now.
+    pub fn get(&self) -> usize {
+        (self.state.load(Ordering::SeqCst) & IN_FLIGHT_MASK) as usize
+    }
+
+    /// One more request in flight (the request path).
+    pub fn acquire(&self) {
+        self.state.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// One request less in flight (the request path); wakes the drains waiting for zero when
+    /// it was the last. Called once per [`InFlight::acquire`], never more.
+    pub fn release(&self) {
+        let before = self.state.fetch_sub(1, Ordering::SeqCst);
+        if before & IN_FLIGHT_MASK == 1 && before >= ONE_WAITER {
+            self.zero.notify_waiters();
+        }
+    }
+
+    /// Waits until no request is in flight, or until `deadline`. Returns the requests still in
+    /// flight (0 unless the deadline came first). Woken by the release that reaches zero; it
+    /// never polls.
+    pub async fn wait_for_zero(&self, deadline: tokio::time::Instant) -> usize {
+        /// Counts this drain among the waiting ones while it lives.
+        struct Waiting<'a>(&'a AtomicU64);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(ONE_WAITER, Ordering::SeqCst);
+            }
+        }
+        self.state.fetch_add(ONE_WAITER, Ordering::SeqCst);
+        let _waiting = Waiting(&self.state);
+        loop {
+            // Created before the count is read: a release reaching zero after the read wakes
+            // it (a `Notified` sees every `notify_waiters` after its creation).
+            let zero = self.zero.notified();
+            if self.get() == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, zero).await.is_err() {
+                return self.get();
+            }
+        }
+    }
+
+    /// How many drains wait for zero.
+    #[cfg(test)]
+    fn waiters(&self) -> u64 {
+        self.state.load(Ordering::SeqCst) >> 32
+    }
+}
+
 /// Hands out the in-flight counter of each container, the same one for every table generation.
 pub trait InFlightCounters {
-    fn counter(&self, container: &ContainerId) -> Arc<AtomicUsize>;
+    /// The counter of `container`.
+    fn counter(&self, container: &ContainerId) -> Arc<InFlight>;
 }
 
 /// Counters that are not shared (tests, benches).
 pub struct FreshCounters;
 
 impl InFlightCounters for FreshCounters {
-    fn counter(&self, _: &ContainerId) -> Arc<AtomicUsize> {
-        Arc::new(AtomicUsize::new(0))
+    fn counter(&self, _: &ContainerId) -> Arc<InFlight> {
+        Arc::new(InFlight::new())
     }
 }
 
@@ -246,7 +326,7 @@ impl RouteTable {
                         addr: *addr,
                         container_id: format!("{i:064x}").parse().expect("hex"),
                         local: true,
-                        in_flight: Arc::new(AtomicUsize::new(0)),
+                        in_flight: Arc::new(InFlight::new()),
                     })
                     .collect();
                 let route = Route {
@@ -567,6 +647,39 @@ mod tests {
         assert!(!t.routes_to(&a.id));
         assert!(t.routes_to(&b.id));
         assert!(t.has_upstream("app.test"));
+    }
+
+    #[tokio::test]
+    async fn a_wait_for_zero_is_woken_by_the_last_release_and_unregisters_when_it_ends() {
+        let far = tokio::time::Instant::now() + std::time::Duration::from_secs(3600);
+        let counter = Arc::new(InFlight::new());
+        assert_eq!(counter.wait_for_zero(far).await, 0, "nothing in flight");
+        counter.acquire();
+        counter.acquire();
+        let waiter = tokio::spawn({
+            let counter = counter.clone();
+            async move { counter.wait_for_zero(far).await }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(counter.waiters(), 1);
+        counter.release();
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "one request is still in flight");
+        counter.release();
+        let left = tokio::time::timeout(std::time::Duration::from_secs(30), waiter)
+            .await
+            .expect("woken by the release reaching zero")
+            .unwrap();
+        assert_eq!(left, 0);
+        assert_eq!(counter.waiters(), 0);
+
+        // A wait that ends at its deadline (or is dropped) stops counting as waiting.
+        counter.acquire();
+        let soon = tokio::time::Instant::now() + std::time::Duration::from_millis(10);
+        assert_eq!(counter.wait_for_zero(soon).await, 1);
+        assert_eq!(counter.waiters(), 0);
+        counter.release();
+        assert_eq!(counter.get(), 0);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-pub use ployz_store::observations::{container_key, stored_observations, CONTAINERS_NAMESPACE};
+use ployz_store::observations::{container_key, CONTAINERS_NAMESPACE};
 use ployz_store::{Key, KeyPrefix, Store};
 use tokio::sync::watch;
 

@@ -22,14 +22,14 @@ pub fn draining_key(machine: &MachineId, container: &ContainerId) -> Key {
     Key::machine(machine, DRAINING_NAMESPACE, container.as_str())
 }
 
-/// Containers some Machine marked draining.
-pub fn draining_containers(store: &Store) -> HashSet<ContainerId> {
-    store
-        .scan_live(&KeyPrefix::machine_namespace(DRAINING_NAMESPACE))
-        .unwrap_or_default()
+/// Containers some Machine marked draining. A store that cannot be read is an error, never "no
+/// marks": an edge that took it for one would route to containers being drained.
+pub fn draining_containers(store: &Store) -> Result<HashSet<ContainerId>, StoreError> {
+    Ok(store
+        .scan_live(&KeyPrefix::machine_namespace(DRAINING_NAMESPACE))?
         .iter()
         .filter_map(|r| r.key.name().parse().ok())
-        .collect()
+        .collect())
 }
 
 /// Writes a mark (flushed when this returns).
@@ -131,7 +131,7 @@ mod tests {
             stored_mark(&store, store.local(), &a.container_id).unwrap(),
             Some(a.clone())
         );
-        assert_eq!(draining_containers(&store).len(), 2);
+        assert_eq!(draining_containers(&store).unwrap().len(), 2);
 
         store
             .delete(&draining_key(store.local(), &a.container_id))
@@ -140,6 +140,9 @@ mod tests {
             stored_mark(&store, store.local(), &a.container_id).unwrap(),
             None
         );
-        assert_eq!(draining_containers(&store), HashSet::from([legacy.clone()]));
+        assert_eq!(
+            draining_containers(&store).unwrap(),
+            HashSet::from([legacy.clone()])
+        );
     }
 }

@@ -4,7 +4,7 @@
 use ployz_core::api::MachineInfo;
 use ployz_core::MachineId;
 
-use crate::{Key, KeyPrefix, Store};
+use crate::{Key, KeyPrefix, Store, StoreError};
 
 /// Store namespace of the records each Machine publishes about itself.
 pub const MACHINES_NAMESPACE: &str = "machines";
@@ -16,15 +16,15 @@ pub fn machine_key(id: &MachineId) -> Key {
     Key::machine(id, MACHINES_NAMESPACE, INFO)
 }
 
-/// Every Machine's self-description in the store, skipping records that do not decode.
-pub fn stored_machines(store: &Store) -> Vec<MachineInfo> {
-    store
-        .scan_live(&KeyPrefix::machine_namespace(MACHINES_NAMESPACE))
-        .unwrap_or_default()
+/// Every Machine's self-description in the store, skipping records that do not decode. A store
+/// that cannot be read is an error, never "no Machines".
+pub fn stored_machines(store: &Store) -> Result<Vec<MachineInfo>, StoreError> {
+    Ok(store
+        .scan_live(&KeyPrefix::machine_namespace(MACHINES_NAMESPACE))?
         .into_iter()
         .filter(|r| r.key.name() == INFO)
         .filter_map(|r| serde_json::from_slice(&r.value).ok())
-        .collect()
+        .collect())
 }
 
 /// Name of a Machine's public addresses within [`MACHINES_NAMESPACE`].
@@ -56,16 +56,18 @@ pub fn certificate_issuer_key(id: &MachineId) -> Key {
     Key::machine(id, MACHINES_NAMESPACE, CERTIFICATE_ISSUER)
 }
 
-/// The Machines whose daemons run the certificate issuer.
-pub fn certificate_issuers(store: &Store) -> std::collections::BTreeSet<MachineId> {
-    store
-        .scan_live(&KeyPrefix::machine_namespace(MACHINES_NAMESPACE))
-        .unwrap_or_default()
+/// The Machines whose daemons run the certificate issuer. A store that cannot be read is an
+/// error, never "no issuers".
+pub fn certificate_issuers(
+    store: &Store,
+) -> Result<std::collections::BTreeSet<MachineId>, StoreError> {
+    Ok(store
+        .scan_live(&KeyPrefix::machine_namespace(MACHINES_NAMESPACE))?
         .into_iter()
         .filter(|r| r.key.name() == CERTIFICATE_ISSUER)
         .filter_map(|r| match r.key.owner() {
             crate::Owner::Machine(id) => Some(id.clone()),
             crate::Owner::Cluster => None,
         })
-        .collect()
+        .collect())
 }

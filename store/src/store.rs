@@ -102,6 +102,9 @@ pub struct Store {
     changes: broadcast::Sender<Change>,
     /// Why writes are refused, while they are.
     writability: watch::Sender<Option<String>>,
+    /// While set, reads fail ([`Store::fail_reads`], [`Store::fail_reads_under`]).
+    #[cfg(any(test, feature = "test-hooks"))]
+    read_failure: Mutex<Option<ReadFailure>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -156,6 +159,14 @@ impl Trouble {
             ),
         }
     }
+}
+
+/// Reads made to fail, for tests.
+#[cfg(any(test, feature = "test-hooks"))]
+struct ReadFailure {
+    /// Only reads of records whose encoded key starts with this fail; `None`: every read.
+    under: Option<Vec<u8>>,
+    reason: String,
 }
 
 struct FailedWrite {
@@ -564,6 +575,8 @@ impl Store {
             }),
             changes,
             writability,
+            #[cfg(any(test, feature = "test-hooks"))]
+            read_failure: Mutex::new(None),
         }
     }
 
@@ -679,9 +692,55 @@ impl Store {
         Ok(record)
     }
 
+    /// Makes every read ([`Store::get`], [`Store::scan`], [`Store::scan_live`],
+    /// [`Store::digest`], [`Store::records_after`]) fail with an i/o error saying `reason`, until
+    /// called with `None`; writes go on. For tests of what the store's readers do when the disk
+    /// fails under them; built only with the `test-hooks` feature.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn fail_reads(&self, reason: Option<&str>) {
+        *lock(&self.read_failure) = reason.map(|reason| ReadFailure {
+            under: None,
+            reason: reason.to_owned(),
+        });
+    }
+
+    /// Like [`Store::fail_reads`], but only the reads of records under `prefix` fail (a `get`
+    /// of a key under it, a scan that overlaps it): one namespace unreadable while the rest
+    /// reads. Lifted by `fail_reads(None)`. Built only with the `test-hooks` feature.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn fail_reads_under(&self, prefix: &KeyPrefix, reason: &str) {
+        *lock(&self.read_failure) = Some(ReadFailure {
+            under: Some(prefix.as_bytes().to_vec()),
+            reason: reason.to_owned(),
+        });
+    }
+
+    /// `Ok` unless reads of records whose encoded keys start with `prefix` (`None`: a read that
+    /// is not of records, failing only when every read does) were made to fail
+    /// ([`Store::fail_reads`], test builds only).
+    #[cfg_attr(not(any(test, feature = "test-hooks")), allow(unused_variables))]
+    fn readable(&self, prefix: Option<&[u8]>) -> Result<(), StoreError> {
+        #[cfg(any(test, feature = "test-hooks"))]
+        if let Some(failure) = lock(&self.read_failure).as_ref() {
+            let hit = match (&failure.under, prefix) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(under), Some(p)) => p.starts_with(under) || under.starts_with(p),
+            };
+            if hit {
+                return Err(StoreError::Io(sled::Error::Io(std::io::Error::other(
+                    failure.reason.clone(),
+                ))));
+            }
+        }
+        Ok(())
+    }
+
     /// The record currently winning for `key`, tombstones included.
     pub fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        match self.read_backend().get(&record_key(&key.encode()))? {
+        let encoded = key.encode();
+        self.readable(Some(&encoded))?;
+        match self.read_backend().get(&record_key(&encoded))? {
             Some(bytes) => Ok(Some(Record::decode(key.clone(), &bytes)?)),
             None => Ok(None),
         }
@@ -689,6 +748,7 @@ impl Store {
 
     /// Every record under `prefix`, tombstones included, in key order.
     pub fn scan(&self, prefix: &KeyPrefix) -> Result<Vec<Record>, StoreError> {
+        self.readable(Some(prefix.as_bytes()))?;
         let mut out = Vec::new();
         self.read_backend()
             .each_with_prefix(&record_key(prefix.as_bytes()), |k, v| {
@@ -801,6 +861,7 @@ impl Store {
 
     /// Per origin, the highest sequence this store has incorporated.
     pub fn digest(&self) -> Result<Digest, StoreError> {
+        self.readable(None)?;
         let mut out = Digest::default();
         self.read_backend().each_with_prefix(&[DIGEST], |k, v| {
             let origin = decode_origin(&k[1..])
@@ -817,6 +878,7 @@ impl Store {
         request: &SyncRequest,
         limit: usize,
     ) -> Result<SyncBatch, StoreError> {
+        self.readable(None)?;
         let backend = self.read_backend();
         let have = match backend.get(&digest_key(&request.origin))? {
             Some(v) => decode_u64(&v)?,
