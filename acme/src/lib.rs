@@ -35,6 +35,8 @@ pub mod rendezvous;
 pub mod verdict;
 pub mod wanted;
 
-pub use issuer::{CertificateIssuer, Clock, IssuerConfig, PublicAddressFn, PublicAddressSource};
+pub use issuer::{
+    CertificateIssuer, Clock, IssuerConfig, IssuerCounters, PublicAddressFn, PublicAddressSource,
+};
 pub use ployz_store::certificates::{is_valid_token, ChallengeRecord};
 pub use verdict::{VerdictProbe, VerdictResolver};

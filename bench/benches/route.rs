@@ -1,5 +1,6 @@
 //! The edge's hot-path host match: 10,000 Ingress Hostnames, mixed-case Host headers with a
-//! port. Also counts heap allocations per match (must be zero).
+//! port; and what every request adds to the metrics. Also counts heap allocations per match
+//! and per metrics observation (both must be zero).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -9,6 +10,7 @@ use ployz_core::{
     ContainerKind, ContainerRuntimeObservation, ContainerSpec, ContainerState, IngressProtocol,
     MachineId, PortSpec, ServiceId, ServiceMode, ServiceSpec,
 };
+use ployz_edge::metrics::EdgeMetrics;
 use ployz_edge::RouteTable;
 
 struct Counting;
@@ -97,6 +99,21 @@ fn bench(c: &mut Criterion) {
     let route = t.match_host(host).unwrap().clone();
     c.bench_function("route/pick_round_robin", |b| {
         b.iter(|| black_box(route.pick(black_box(0), &[])))
+    });
+
+    let metrics = EdgeMetrics::default();
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for i in 0..1000u16 {
+        metrics.observe(200 + (i % 4) * 100, 0.002, i % 7 == 0);
+    }
+    let per_observation = (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / 1000.0;
+    assert_eq!(per_observation, 0.0, "EdgeMetrics::observe allocated");
+    println!("metrics/observe allocations per request: {per_observation}");
+    c.bench_function("metrics/observe_per_request", |b| {
+        b.iter(|| metrics.observe(black_box(200), black_box(0.0021), black_box(false)))
+    });
+    c.bench_function("metrics/render_scrape", |b| {
+        b.iter(|| black_box(metrics.render(black_box(7), black_box(10_000))))
     });
 }
 

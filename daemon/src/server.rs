@@ -88,6 +88,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     let metrics = Arc::new(EdgeMetrics::default());
     let dns = ployz_dns::DnsController::new();
     let dns_metrics: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>> = Arc::default();
+    let issuer_counters = ployz_acme::IssuerCounters::default();
     let mut edge = ployz_edge::edge_service(
         &server.configuration,
         EdgeProxy::new(
@@ -123,6 +124,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             IssuerService {
                 machine: machine.clone(),
                 verdict_resolver,
+                counters: issuer_counters.clone(),
             },
         ));
     }
@@ -149,6 +151,11 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             metrics,
             routes: routes.clone(),
             dns: dns_metrics.clone(),
+            failures: StoreFailures {
+                routes: routes.clone(),
+                dns: (config.dns.listen != DnsListen::Off).then(|| dns.clone()),
+                issuer: config.certificates.enabled.then(|| issuer_counters.clone()),
+            },
             header_timeout: config.limits.header_timeout(),
         },
     ));
@@ -469,6 +476,8 @@ struct MetricsService {
     routes: RouteController,
     /// The internal DNS's counters, once its server is bound.
     dns: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>>,
+    /// What the modules reading the store counted when it could not be read or written.
+    failures: StoreFailures,
     /// How long a client has to send a request head.
     header_timeout: std::time::Duration,
 }
@@ -486,24 +495,79 @@ impl BackgroundService for MetricsService {
         let metrics = self.metrics.clone();
         let routes = self.routes.clone();
         let dns = self.dns.clone();
+        let failures = self.failures.clone();
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
                 let metrics = metrics.clone();
                 let routes = routes.clone();
                 let dns = dns.clone();
+                let failures = failures.clone();
                 async move {
                     let table = routes.table().load();
                     let mut text = metrics.render(table.generation(), table.len());
                     if let Some(d) = dns.get() {
                         d.render_prometheus(&mut text);
                     }
+                    failures.render(&mut text);
                     ([("content-type", "text/plain; version=0.0.4")], text)
                 }
             }),
         );
         // Scrapers are few: the cap only bounds what a flood of half-sent requests can hold.
         api::serve(listener, app, self.header_timeout, 64, shutdown).await;
+    }
+}
+
+/// The failures of the modules that publish from the store (the route table, the DNS snapshot,
+/// the certificate issuer), each of which keeps what it last published when the store cannot
+/// be read: counted there, rendered here.
+#[derive(Clone)]
+struct StoreFailures {
+    routes: RouteController,
+    dns: Option<ployz_dns::DnsController>,
+    issuer: Option<ployz_acme::IssuerCounters>,
+}
+
+impl StoreFailures {
+    /// Appends `ployz_store_read_failures_total{reader}` and
+    /// `ployz_store_write_failures_total{writer}` in the Prometheus text format (one series per
+    /// module that runs on this Machine).
+    fn render(&self, out: &mut String) {
+        use prometheus_client::metrics::counter::Counter;
+        use prometheus_client::metrics::family::Family;
+        type ByModule = Family<[(&'static str, &'static str); 1], Counter>;
+        let reads = ByModule::default();
+        let writes = ByModule::default();
+        reads
+            .get_or_create(&[("reader", "route_table")])
+            .inc_by(self.routes.rebuild_failures());
+        if let Some(dns) = &self.dns {
+            reads
+                .get_or_create(&[("reader", "dns")])
+                .inc_by(dns.rebuild_failures());
+        }
+        if let Some(issuer) = &self.issuer {
+            reads
+                .get_or_create(&[("reader", "certificate_issuer")])
+                .inc_by(issuer.store_read_failures());
+            writes
+                .get_or_create(&[("writer", "certificate_issuer")])
+                .inc_by(issuer.store_write_failures());
+        }
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register(
+            "ployz_store_read_failures",
+            "Rebuilds and passes skipped because the store could not be read (what was published stays)",
+            reads,
+        );
+        registry.register(
+            "ployz_store_write_failures",
+            "Store writes that failed",
+            writes,
+        );
+        // Writing to a String cannot fail, and nothing registered here fails to encode.
+        let _ = prometheus_client::encoding::prometheus_text::encode(out, &registry);
     }
 }
 
@@ -633,6 +697,8 @@ impl BackgroundService for RouteService {
 struct IssuerService {
     machine: Arc<LocalMachine>,
     verdict_resolver: ployz_acme::VerdictResolver,
+    /// Shared with the metrics listener.
+    counters: ployz_acme::IssuerCounters,
 }
 
 #[async_trait]
@@ -643,6 +709,7 @@ impl BackgroundService for IssuerService {
         };
         let mut config = ployz_acme::IssuerConfig::new(store.local().clone());
         config.verdict_resolver = self.verdict_resolver;
+        config.counters = self.counters.clone();
         config.public_addresses = ployz_acme::PublicAddressSource::Dynamic(Arc::new(
             ployz_store::machines::stored_public_addresses,
         ));
@@ -756,5 +823,40 @@ mod tests {
     fn group_ids_come_from_the_group_database() {
         assert_eq!(group_id("root"), Some(0));
         assert_eq!(group_id("no-such-group-here"), None);
+    }
+
+    #[test]
+    fn store_read_failures_are_rendered_per_module() {
+        let store = ployz_store::Store::temporary(ployz_core::MachineId::generate()).unwrap();
+        let routes = RouteController::new();
+        let dns = ployz_dns::DnsController::new();
+        let failures = StoreFailures {
+            routes: routes.clone(),
+            dns: Some(dns.clone()),
+            issuer: None,
+        };
+        store.fail_reads(Some("injected read failure"));
+        let mut fp = ployz_edge::route_table::Fingerprint::new();
+        assert!(routes.rebuild(&store, &mut fp).is_err());
+        assert!(routes.rebuild(&store, &mut fp).is_err());
+        assert!(dns.rebuild(&store, store.local()).is_err());
+        let mut text = String::new();
+        failures.render(&mut text);
+        assert!(
+            text.contains("ployz_store_read_failures_total{reader=\"route_table\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ployz_store_read_failures_total{reader=\"dns\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("certificate_issuer"),
+            "a module that does not run has no series: {text}"
+        );
+        assert!(
+            text.contains("# TYPE ployz_store_read_failures_total counter"),
+            "{text}"
+        );
     }
 }
