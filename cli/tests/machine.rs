@@ -214,21 +214,28 @@ fn sigterm_answers_503_for_the_drain_delay_while_serving_then_stops() {
         assert!(std::time::Instant::now() < deadline, "never healthy");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    // SAFETY: a signal to the daemon this test started.
     unsafe {
         libc::kill(daemon.pid() as i32, libc::SIGTERM);
     }
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    // Still serving, but telling load balancers to go away.
-    let (status, body) = http_get(port, "x", "/.ployz/health");
+    // Still serving, but telling load balancers to go away: health turns to 503 once the
+    // signal is handled (the 2 s drain delay leaves the listeners open meanwhile).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (status, body) = loop {
+        let answer = http_get(port, "x", "/.ployz/health");
+        if answer.0 != 200 || std::time::Instant::now() > deadline {
+            break answer;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("draining"), "{body}");
     assert_eq!(http_get(port, "x", "/.ployz/verify").0, 200);
-    // After the delay the listeners close and the process exits.
-    let started = std::time::Instant::now();
+    // After the delay the listeners close and the process exits on that first SIGTERM
+    // (`stop` waits a bounded time and says whether it had to SIGKILL).
     assert!(
         daemon.stop(),
         "the daemon did not exit after its drain delay"
     );
-    assert!(started.elapsed() < std::time::Duration::from_secs(9));
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
 }
