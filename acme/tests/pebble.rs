@@ -255,6 +255,7 @@ fn config(store: &Store) -> IssuerConfig {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs pebble (scripts/test.sh runs it)"]
 async fn issues_material_for_each_https_ingress_hostname() {
     let started = Instant::now();
     let (store, edge, http01) = store_and_edge().await;
@@ -306,6 +307,7 @@ async fn issues_material_for_each_https_ingress_hostname() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs pebble (scripts/test.sh runs it)"]
 async fn renewal_by_policy_replaces_material_with_a_new_serial_and_key_type() {
     let started = Instant::now();
     let (store, _edge, http01) = store_and_edge().await;
@@ -358,6 +360,7 @@ async fn renewal_by_policy_replaces_material_with_a_new_serial_and_key_type() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs pebble (scripts/test.sh runs it)"]
 async fn failures_back_off_within_bounds_and_recover_when_the_authority_returns() {
     let started = Instant::now();
     let (store, _edge, http01) = store_and_edge().await;
@@ -524,6 +527,7 @@ async fn test_dns() -> TestDns {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs pebble (scripts/test.sh runs it)"]
 async fn a_hostname_pointing_elsewhere_is_not_ordered_until_it_points_here() {
     let started = Instant::now();
     let (store, edge, http01) = store_and_edge().await;
@@ -601,6 +605,7 @@ async fn a_hostname_pointing_elsewhere_is_not_ordered_until_it_points_here() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs pebble (scripts/test.sh runs it)"]
 async fn external_account_binding_is_used_and_a_wrong_key_is_reported() {
     let started = Instant::now();
     let (store, _edge, http01) = store_and_edge().await;

@@ -156,6 +156,7 @@ impl Drop for Foreign {
 }
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn container_and_volume_routes_act_only_on_this_machines() {
     let lab = Lab::new();
     let m = DockerMachine::new(&lab, "boundary");
@@ -568,6 +569,7 @@ fn framework_refusals_are_api_errors_naming_the_field() {
 }
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn a_request_over_the_body_limit_is_refused_before_sending_in_the_dry_run_too() {
     let lab = Lab::new();
     let m = DockerMachine::new(&lab, "bodylimit");

@@ -529,20 +529,29 @@ impl Position {
 }
 
 /// For each named `fn(Position)`, a module of two tests: `with_the_fast_path` and
-/// `through_pingora_only`.
+/// `through_pingora_only`. A leading attribute (e.g. `#[ignore = "needs dockerd ..."]`) applies
+/// to every test made.
 #[macro_export]
 macro_rules! in_both_positions {
-    ($($name:ident),* $(,)?) => {$(
+    (@one $(#[$attr:meta])? $name:ident) => {
         mod $name {
             #[test]
+            $(#[$attr])?
             fn with_the_fast_path() {
                 super::$name($crate::common::Position::FastPath)
             }
             #[test]
+            $(#[$attr])?
             fn through_pingora_only() {
                 super::$name($crate::common::Position::PingoraOnly)
             }
         }
+    };
+    (#[$attr:meta] $($name:ident),* $(,)?) => {$(
+        $crate::in_both_positions!(@one #[$attr] $name);
+    )*};
+    ($($name:ident),* $(,)?) => {$(
+        $crate::in_both_positions!(@one $name);
     )*};
 }
 
