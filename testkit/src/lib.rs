@@ -20,6 +20,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::net::{Ipv4Addr, TcpListener, UdpSocket};
 use std::ops::Range;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
@@ -51,7 +52,7 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
     got
 }
 
-/// The directory of the per-port lock files, shared by every test process of the machine's user.
+/// The directory of the per-port lock files, shared by every test process on the machine.
 pub fn lock_dir() -> PathBuf {
     std::env::temp_dir().join("ployz-test-ports")
 }
@@ -92,6 +93,9 @@ fn reserve() -> Result<u16, String> {
             dir.display()
         )
     })?;
+    // Shared by every user's tests, like /tmp itself; only its owner can change the mode, and
+    // a directory someone else made is used as it is.
+    let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777));
     let len = u32::from(range.end - range.start);
     // Start somewhere random so concurrent processes rarely contend for the same ports.
     let offset = random_u32() % len;
@@ -121,11 +125,18 @@ fn reserve() -> Result<u16, String> {
 /// Opens and locks `port`'s lock file without waiting: `None` when another holder has it.
 fn try_lock(dir: &std::path::Path, port: u16) -> Result<Option<File>, String> {
     let path = dir.join(format!("{port}.lock"));
+    // Writable by everyone (as far as the umask allows), so other users' tests can lock it too;
+    // a file another user made read-only for us still locks when opened for reading.
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o666)
         .open(&path)
+        .or_else(|e| match e.kind() {
+            io::ErrorKind::PermissionDenied => File::open(&path),
+            _ => Err(e),
+        })
         .map_err(|e| {
             format!(
                 "cannot open the test port lock file {}: {e}",
