@@ -5,6 +5,7 @@ mod common;
 use common::*;
 
 #[test]
+#[ignore = "needs dockerd: a Machine's init connects to Docker (scripts/test.sh runs it)"]
 fn init_then_ls_then_restart_keeps_the_machine() {
     let lab = Lab::new();
     let mut daemon = lab.daemon("m1");
@@ -45,6 +46,7 @@ fn init_then_ls_then_restart_keeps_the_machine() {
 }
 
 #[test]
+#[ignore = "needs dockerd: a Machine's init connects to Docker (scripts/test.sh runs it)"]
 fn bad_input_gets_a_one_line_error_and_a_nonzero_exit() {
     let lab = Lab::new();
     let daemon = lab.daemon("m1");
@@ -155,6 +157,7 @@ fn a_second_daemon_on_the_same_socket_is_refused_and_sigterm_cleans_up() {
 }
 
 #[test]
+#[ignore = "needs dockerd: a Machine's init connects to Docker (scripts/test.sh runs it)"]
 fn contexts_choose_the_connection_and_fall_through_dead_ones() {
     let lab = Lab::new();
     let daemon = lab.daemon("m1");
@@ -201,6 +204,7 @@ fn contexts_choose_the_connection_and_fall_through_dead_ones() {
 }
 
 #[test]
+#[ignore = "needs dockerd: a Machine's init connects to Docker (scripts/test.sh runs it)"]
 fn sigterm_answers_503_for_the_drain_delay_while_serving_then_stops() {
     let lab = Lab::new();
     let mut daemon = Daemon::start_with_drain_delay(lab.path("d-data"), lab.path("d.sock"), 2);
