@@ -10,5 +10,5 @@ echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-echo "==> cargo test"
-cargo test --workspace --locked --no-fail-fast
+echo "==> cargo test (with the tests a plain \`cargo test\` skips: dockerd, pebble, sshd, root)"
+cargo test --workspace --locked --no-fail-fast -- --include-ignored

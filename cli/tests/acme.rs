@@ -37,6 +37,7 @@ fn status(listing: &serde_json::Value, host: &str) -> Option<serde_json::Value> 
 }
 
 #[test]
+#[ignore = "needs dockerd and pebble (scripts/test.sh runs it)"]
 fn https_hostnames_get_certificates_from_an_acme_server_and_renewal_drops_no_request() {
     let lab = Lab::new();
     // The daemon's ports are chosen first: Pebble validates HTTP-01 on the edge's HTTP port.

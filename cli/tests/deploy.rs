@@ -77,6 +77,7 @@ fn names_of(list: &[(String, String)], service: &str) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn deploy_redeploy_update_fail_scale_logs_exec_rm() {
     let lab = Lab::new();
     let m = DockerMachine::new(&lab, "deploy1");
@@ -230,6 +231,7 @@ fn deploy_redeploy_update_fail_scale_logs_exec_rm() {
 }
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn no_tty_and_no_yes_is_an_error_and_bad_compose_touches_nothing() {
     let lab = Lab::new();
     let m = DockerMachine::new(&lab, "deploy2");
@@ -259,6 +261,7 @@ fn no_tty_and_no_yes_is_an_error_and_bad_compose_touches_nothing() {
 }
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn a_daemon_killed_mid_deploy_is_finished_by_the_next_deploy() {
     let lab = Lab::new();
     let mut m = DockerMachine::new(&lab, "deploy3");
@@ -313,6 +316,7 @@ fn a_daemon_killed_mid_deploy_is_finished_by_the_next_deploy() {
 }
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn run_hooks_configs_and_volumes() {
     let lab = Lab::new();
     let m = DockerMachine::new(&lab, "deploy4");
@@ -549,6 +553,7 @@ fn deploy_while_a_request_is_in_flight(
 }
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn a_daemon_killed_while_a_drain_waits_leaves_no_service_dark() {
     let lab = Lab::new();
     let mut m = DockerMachine::new(&lab, "drain1");
@@ -611,6 +616,7 @@ fn a_daemon_killed_while_a_drain_waits_leaves_no_service_dark() {
 }
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn a_cli_killed_while_a_drain_waits_leaves_no_service_dark() {
     let lab = Lab::new();
     let m = DockerMachine::new(&lab, "drain2");

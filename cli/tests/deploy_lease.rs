@@ -106,6 +106,7 @@ fn services(lab: &Lab, m: &DockerMachine) -> (BTreeSet<String>, Vec<String>) {
 const DUP: &str = "services:\n  dup:\n    image: IMAGE\n    command: [\"sleep\", \"3600\"]\n    deploy:\n      replicas: 2\n      update_config:\n        monitor: 3s\n";
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn two_first_deploys_at_once_make_one_service_and_the_second_waits_then_is_refused() {
     let lab = Lab::new();
     let m = DockerMachine::new(&lab, "lease1");
@@ -216,6 +217,7 @@ fn two_first_deploys_at_once_make_one_service_and_the_second_waits_then_is_refus
 }
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn two_services_claiming_one_hostname_deployed_at_once_one_is_refused() {
     let lab = Lab::new();
     let m = DockerMachine::new(&lab, "lease2");
@@ -256,6 +258,7 @@ fn two_services_claiming_one_hostname_deployed_at_once_one_is_refused() {
 }
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn a_stale_token_is_refused_and_a_dead_holder_is_taken_over_after_its_lease_lapses() {
     let lab = Lab::new();
     let mut m = DockerMachine::new(&lab, "lease3");
@@ -409,6 +412,7 @@ fn a_stale_token_is_refused_and_a_dead_holder_is_taken_over_after_its_lease_laps
 }
 
 #[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn a_drain_called_without_a_lease_stands_only_for_the_stop_that_should_follow() {
     let lab = Lab::new();
     let m = DockerMachine::new(&lab, "unleased");

@@ -597,17 +597,18 @@ fn a_silent_upstream_costs_at_most_the_connect_timeout(position: Position) {
         })
         .collect();
     eprintln!("request times with a silent upstream first in line ({position:?}): {took:?}");
-    let slow = took
-        .iter()
-        .filter(|t| **t >= Duration::from_millis(1000))
-        .count();
+    // A request that tried the silent upstream waited the whole connect timeout: at least 2 s
+    // however fast or loaded the machine (the other requests take milliseconds).
+    const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+    let slow = took.iter().filter(|t| **t >= CONNECT_TIMEOUT).count();
     assert!(
         slow == 1,
         "one request pays the connect timeout, then the silent upstream is avoided: {took:?}"
     );
+    // Paid once, not twice: the bound is a whole timeout above the one paid.
     let worst = took.iter().max().unwrap();
     assert!(
-        *worst < Duration::from_millis(3000),
+        *worst < 2 * CONNECT_TIMEOUT,
         "a request waited {worst:?} for a silent upstream (connect timeout 2 s)"
     );
     drop(silent);

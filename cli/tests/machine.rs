@@ -5,6 +5,7 @@ mod common;
 use common::*;
 
 #[test]
+#[ignore = "needs dockerd: a Machine's init connects to Docker (scripts/test.sh runs it)"]
 fn init_then_ls_then_restart_keeps_the_machine() {
     let lab = Lab::new();
     let mut daemon = lab.daemon("m1");
@@ -45,6 +46,7 @@ fn init_then_ls_then_restart_keeps_the_machine() {
 }
 
 #[test]
+#[ignore = "needs dockerd: a Machine's init connects to Docker (scripts/test.sh runs it)"]
 fn bad_input_gets_a_one_line_error_and_a_nonzero_exit() {
     let lab = Lab::new();
     let daemon = lab.daemon("m1");
@@ -155,6 +157,7 @@ fn a_second_daemon_on_the_same_socket_is_refused_and_sigterm_cleans_up() {
 }
 
 #[test]
+#[ignore = "needs dockerd: a Machine's init connects to Docker (scripts/test.sh runs it)"]
 fn contexts_choose_the_connection_and_fall_through_dead_ones() {
     let lab = Lab::new();
     let daemon = lab.daemon("m1");
@@ -201,6 +204,7 @@ fn contexts_choose_the_connection_and_fall_through_dead_ones() {
 }
 
 #[test]
+#[ignore = "needs dockerd: a Machine's init connects to Docker (scripts/test.sh runs it)"]
 fn sigterm_answers_503_for_the_drain_delay_while_serving_then_stops() {
     let lab = Lab::new();
     let mut daemon = Daemon::start_with_drain_delay(lab.path("d-data"), lab.path("d.sock"), 2);
@@ -214,21 +218,28 @@ fn sigterm_answers_503_for_the_drain_delay_while_serving_then_stops() {
         assert!(std::time::Instant::now() < deadline, "never healthy");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    // SAFETY: a signal to the daemon this test started.
     unsafe {
         libc::kill(daemon.pid() as i32, libc::SIGTERM);
     }
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    // Still serving, but telling load balancers to go away.
-    let (status, body) = http_get(port, "x", "/.ployz/health");
+    // Still serving, but telling load balancers to go away: health turns to 503 once the
+    // signal is handled (the 2 s drain delay leaves the listeners open meanwhile).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (status, body) = loop {
+        let answer = http_get(port, "x", "/.ployz/health");
+        if answer.0 != 200 || std::time::Instant::now() > deadline {
+            break answer;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("draining"), "{body}");
     assert_eq!(http_get(port, "x", "/.ployz/verify").0, 200);
-    // After the delay the listeners close and the process exits.
-    let started = std::time::Instant::now();
+    // After the delay the listeners close and the process exits on that first SIGTERM
+    // (`stop` waits a bounded time and says whether it had to SIGKILL).
     assert!(
         daemon.stop(),
         "the daemon did not exit after its drain delay"
     );
-    assert!(started.elapsed() < std::time::Duration::from_secs(9));
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
 }

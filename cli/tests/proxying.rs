@@ -18,6 +18,26 @@ use common::*;
 static WAITED_MS: std::sync::Mutex<std::collections::BTreeMap<u16, usize>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
+/// Upstream ports whose `/wait-for-close` request arrived.
+static WAITING: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// How many connections each upstream port closed after answering `/close-soon`.
+static CLOSED_SOON: std::sync::Mutex<std::collections::BTreeMap<u16, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// Waits until `ready` holds, for at most 10 s, or panics saying `what` never happened.
+fn wait_until(what: &str, ready: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !ready() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} never happened"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// One MiB of a repeating pattern, for the large response.
 fn big_body() -> Vec<u8> {
     (0..1024 * 1024).map(|i| (i % 251) as u8).collect()
@@ -145,6 +165,7 @@ fn serve_scripted(stream: TcpStream, conn: usize, port: u16) {
             }
             "/wait-for-close" => {
                 // Never answers; records how long until the edge gives the connection up.
+                WAITING.lock().unwrap().insert(port);
                 let started = std::time::Instant::now();
                 let mut rest = Vec::new();
                 let _ = r.read_to_end(&mut rest);
@@ -154,7 +175,9 @@ fn serve_scripted(stream: TcpStream, conn: usize, port: u16) {
             }
             "/close-soon" => {
                 let _ = w.write_all(&ok("", b"closing"));
-                std::thread::sleep(Duration::from_millis(50));
+                drop(w);
+                drop(r);
+                *CLOSED_SOON.lock().unwrap().entry(port).or_default() += 1;
                 return;
             }
             // Anything else: the request head as the upstream saw it.
@@ -374,11 +397,11 @@ fn targets_pingora_would_normalise_reach_the_upstream_normalised(position: Posit
 
 fn shutdown_closes_idle_kept_alive_connections(position: Position) {
     let (upstream, _) = scripted_upstream();
-    // In-flight requests would get 10 s; an idle connection has nothing in flight.
+    // In-flight requests would get 60 s; an idle connection has nothing in flight.
     let (edge, child) = edge_alone_in(
         position,
         &format!("p.test=127.0.0.1:{upstream}"),
-        &["--shutdown-grace", "10"],
+        &["--shutdown-grace", "60"],
     );
     let mut client = Client::new(edge);
     assert_eq!(client.get("/before").status, 200);
@@ -388,12 +411,11 @@ fn shutdown_closes_idle_kept_alive_connections(position: Position) {
         .status()
         .unwrap()
         .success());
-    let start = std::time::Instant::now();
-    assert!(client.closed(), "the idle connection is closed");
+    // Closed at shutdown: within the client's 10 s read timeout, long before the 60 s grace
+    // would end (a generous guard, not a timing target).
     assert!(
-        start.elapsed() < Duration::from_secs(3),
-        "closed after {:?}, not at shutdown",
-        start.elapsed()
+        client.closed(),
+        "the idle connection was not closed at shutdown"
     );
 }
 
@@ -543,8 +565,11 @@ fn a_broken_upstream_gets_502_and_dropped_kept_connections_are_handled(position:
     // notices and uses a new one, even for a POST.
     let mut client = Client::new(edge);
     let before = accepted.load(Ordering::SeqCst);
+    let closed_before = CLOSED_SOON.lock().unwrap().get(&upstream).copied();
     assert_eq!(client.get("/close-soon").status, 200);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_until("the upstream's close after /close-soon", || {
+        CLOSED_SOON.lock().unwrap().get(&upstream).copied() > closed_before
+    });
     let post = client.send("POST", "/echo", "", b"once");
     assert_eq!((post.status, post.text().as_str()), (200, "once"));
     assert_eq!(accepted.load(Ordering::SeqCst), before + 2);
@@ -558,8 +583,12 @@ fn a_client_that_goes_away_frees_its_upstream_connection(position: Position) {
         .w
         .write_all(b"GET /wait-for-close HTTP/1.1\r\nHost: p.test\r\n\r\n")
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    wait_until("the request's arrival at the upstream", || {
+        WAITING.lock().unwrap().contains(&upstream)
+    });
     drop(client);
+    // The upstream never answers: only the edge giving up the connection when its client left
+    // ends the wait. 10 s is a guard against waiting forever, not a timing target.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let waited_ms = || WAITED_MS.lock().unwrap().get(&upstream).copied();
     while waited_ms().is_none() {
@@ -569,10 +598,9 @@ fn a_client_that_goes_away_frees_its_upstream_connection(position: Position) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let waited = waited_ms().unwrap_or_default();
-    assert!(
-        waited < 2000,
-        "the upstream connection was closed only after {waited} ms"
+    eprintln!(
+        "the upstream connection was closed {} ms after the request reached it",
+        waited_ms().unwrap_or_default()
     );
 }
 

@@ -2,8 +2,7 @@
 //! the parent kills it with SIGKILL at a random moment, many rounds over. The store must reopen
 //! every time and hold every acknowledged write (or a newer one for the same key).
 //!
-//! The child is this test binary re-executed with `PLOYZ_CRASH_DIR` set, running
-//! [`crash_child_writer`]; run normally, that function returns at once.
+//! The child is the `ployz-store-crash-writer` helper binary (`tests/helpers/crash_writer.rs`).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -14,32 +13,14 @@ use ployz_core::MachineId;
 use ployz_store::{Key, Store};
 use rand::Rng;
 
+/// Keys the writer cycles through (its own `KEYS`: write N goes to key N mod 50).
 const KEYS: u64 = 50;
 const ROUNDS: usize = 30;
+/// The writer the test kills: a helper binary of this package.
+const WRITER: &str = env!("CARGO_BIN_EXE_ployz-store-crash-writer");
 
 fn key(machine: &MachineId, n: u64) -> Key {
     Key::machine(machine, "crash", (n % KEYS).to_string())
-}
-
-/// The child's body: write forever, printing `ack N` after each write returned.
-#[test]
-fn crash_child_writer() {
-    let Ok(dir) = std::env::var("PLOYZ_CRASH_DIR") else {
-        return;
-    };
-    let machine: MachineId = std::env::var("PLOYZ_CRASH_MACHINE")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let start: u64 = std::env::var("PLOYZ_CRASH_START").unwrap().parse().unwrap();
-    let store = Store::open(&dir, machine.clone()).unwrap();
-    println!("ready");
-    for n in start.. {
-        store
-            .put(&key(&machine, n), n.to_be_bytes().to_vec())
-            .unwrap();
-        println!("ack {n}");
-    }
 }
 
 #[test]
@@ -52,32 +33,37 @@ fn every_acknowledged_write_survives_sigkill() {
     let mut next = 0u64;
     let mut total_acks = 0usize;
     for round in 0..ROUNDS {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "crash_child_writer",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+        let mut child = Command::new(WRITER)
             .env("PLOYZ_CRASH_DIR", dir.path())
             .env("PLOYZ_CRASH_MACHINE", machine.as_str())
             .env("PLOYZ_CRASH_START", next.to_string())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let (first_ack, writing) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             let mut acks = Vec::new();
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
                 if let Some(n) = line.strip_prefix("ack ") {
                     acks.push(n.parse::<u64>().unwrap());
+                    if acks.len() == 1 {
+                        let _ = first_ack.send(());
+                    }
                 }
             }
             acks
         });
-        std::thread::sleep(Duration::from_millis(rng.gen_range(30..250)));
+        // The kill lands at a random moment once the writer is writing (not while it opens the
+        // store, which would test nothing): wait for its first acknowledgement, bounded.
+        if writing.recv_timeout(Duration::from_secs(60)).is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("round {round}: the writer acknowledged no write within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(rng.gen_range(0..220)));
         child.kill().unwrap();
         child.wait().unwrap();
         let acks = reader.join().unwrap();

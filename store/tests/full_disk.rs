@@ -96,11 +96,13 @@ fn write_until_refused(store: &Store) -> (Option<Record>, StoreError) {
 }
 
 #[test]
+#[ignore = "needs root to mount a tmpfs (scripts/test.sh runs it)"]
 fn a_full_disk_refuses_writes_shows_only_durable_values_and_writes_resume_when_space_returns() {
     full_disk(AckRecord::Beside);
 }
 
 #[test]
+#[ignore = "needs root to mount a tmpfs (scripts/test.sh runs it)"]
 fn when_sled_meets_the_full_disk_the_refused_write_is_never_shown_and_the_store_reopens() {
     full_disk(AckRecord::Elsewhere);
 }
@@ -158,6 +160,7 @@ fn full_disk(record: AckRecord) {
 }
 
 #[test]
+#[ignore = "needs root to mount a tmpfs (scripts/test.sh runs it)"]
 fn a_store_reopened_on_a_full_disk_opens_once_space_returns_and_keeps_everything() {
     let fs = Tmpfs::mount("2m");
     let id = MachineId::generate();

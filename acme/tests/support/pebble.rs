@@ -4,7 +4,6 @@
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::TcpListener as StdTcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -18,13 +17,8 @@ pub const EAB_KID: &str = "ployz-test-kid";
 /// base64url of 32 bytes, as Pebble wants its EAB keys.
 pub const EAB_HMAC: &str = "zWNDZM6eQGHWpSRTPal5eIUYFTu7EajVIoguysqZ9wG44nMEtx3MUAsUDkMTQ12W";
 
-pub fn free_port() -> u16 {
-    StdTcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// A loopback port free on TCP and UDP, reserved for this test process (see `ployz_testkit`).
+pub use ployz_testkit::free_port;
 
 /// The throwaway CA that signs Pebble's API listener certificate (what `pebble_up.sh` makes with
 /// openssl), written to `dir`; returns the CA's PEM.

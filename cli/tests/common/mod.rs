@@ -295,22 +295,10 @@ pub fn json(o: &Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", stdout(o)))
 }
 
-/// Distinct free TCP ports on loopback (all held while choosing, so they differ).
-pub fn free_ports<const N: usize>() -> [u16; N] {
-    let held: Vec<std::net::TcpListener> = (0..N)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
-}
-
-/// A free TCP port on loopback (released before return; a test binds it soon after).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+/// Distinct loopback ports free on TCP and UDP, reserved for this test process (see
+/// `ployz_testkit`): no other test binary running beside it is handed the same ones.
+#[allow(unused_imports)] // each test binary uses only some of the harness
+pub use ployz_testkit::{free_port, free_ports};
 
 /// The test image: Debian's busybox-static imported into Docker (no registry needed). It has
 /// `sh`, `httpd`, `wget`, `nc`, `nslookup` and `sleep`.
@@ -541,20 +529,29 @@ impl Position {
 }
 
 /// For each named `fn(Position)`, a module of two tests: `with_the_fast_path` and
-/// `through_pingora_only`.
+/// `through_pingora_only`. A leading attribute (e.g. `#[ignore = "needs dockerd ..."]`) applies
+/// to every test made.
 #[macro_export]
 macro_rules! in_both_positions {
-    ($($name:ident),* $(,)?) => {$(
+    (@one $(#[$attr:meta])? $name:ident) => {
         mod $name {
             #[test]
+            $(#[$attr])?
             fn with_the_fast_path() {
                 super::$name($crate::common::Position::FastPath)
             }
             #[test]
+            $(#[$attr])?
             fn through_pingora_only() {
                 super::$name($crate::common::Position::PingoraOnly)
             }
         }
+    };
+    (#[$attr:meta] $($name:ident),* $(,)?) => {$(
+        $crate::in_both_positions!(@one #[$attr] $name);
+    )*};
+    ($($name:ident),* $(,)?) => {$(
+        $crate::in_both_positions!(@one $name);
     )*};
 }
 
