@@ -454,7 +454,7 @@ services:
                 let mut n = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     n += 1;
-                    if n % 2 == 0 {
+                    if n.is_multiple_of(2) {
                         let sent = format!("post-{client}-{n}");
                         let (status, body) = http_request(
                             port,

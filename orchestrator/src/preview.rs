@@ -44,9 +44,9 @@ fn machine_name<'a>(machines: &'a [MachineSnapshot], id: &'a MachineId) -> &'a s
 }
 
 fn human_ms(ms: u64) -> String {
-    if ms % 60_000 == 0 && ms > 0 {
+    if ms.is_multiple_of(60_000) && ms > 0 {
         format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 {
+    } else if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
