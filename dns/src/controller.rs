@@ -6,20 +6,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use ployz_core::MachineId;
+use ployz_store::follow::{follow, View};
 use ployz_store::machines::{stored_machines, MACHINES_NAMESPACE};
 use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
 use ployz_store::{KeyPrefix, Store, StoreError};
 use tokio::sync::watch;
 
 use crate::snapshot::DnsSnapshot;
-
-/// How long after a failed rebuild (the store could not be read) the next one is tried, when no
-/// change to the store comes first.
-const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 /// Owns the published [`DnsSnapshot`] the DNS server answers from.
 #[derive(Clone, Default)]
@@ -99,65 +95,39 @@ impl DnsController {
         &self,
         store: Arc<Store>,
         local_machine_id: MachineId,
-        mut shutdown: watch::Receiver<bool>,
+        shutdown: watch::Receiver<bool>,
     ) {
-        let mut containers = store.watch(KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE));
-        let mut machines = store.watch(KeyPrefix::machine_namespace(MACHINES_NAMESPACE));
-        let mut failing = false;
-        loop {
-            let (s, this, local) = (store.clone(), self.clone(), local_machine_id.clone());
-            let outcome = match tokio::task::spawn_blocking(move || this.rebuild(&s, &local)).await
-            {
-                Ok(outcome) => outcome.map_err(|e| e.to_string()),
-                Err(e) => Err(format!("the rebuild task failed: {e}")),
-            };
-            match outcome {
-                Ok(published) => {
-                    if failing {
-                        tracing::info!(
-                            "internal DNS snapshot rebuilt again: the store reads again"
-                        );
-                        failing = false;
-                    }
-                    if let Some(generation) = published {
-                        let names = self.snapshot.load().len();
-                        tracing::info!(generation, names, "internal DNS snapshot published");
-                    }
-                }
-                Err(reason) => {
-                    if !failing {
-                        let s = self.snapshot.load();
-                        tracing::warn!(
-                            error = %reason,
-                            generation = s.generation(),
-                            names = s.len(),
-                            "internal DNS snapshot not rebuilt: the store cannot be read; the \
-                             published snapshot stays until a rebuild succeeds"
-                        );
-                        failing = true;
-                    }
-                }
-            }
-            let retry = async {
-                if failing {
-                    tokio::time::sleep(RETRY_AFTER_FAILURE).await;
-                } else {
-                    std::future::pending::<()>().await;
-                }
-            };
-            tokio::select! {
-                changed = shutdown.changed() => {
-                    if changed.is_err() || *shutdown.borrow() {
-                        return;
-                    }
-                }
-                event = containers.next() => if event.is_none() { return },
-                event = machines.next() => if event.is_none() { return },
-                _ = retry => {}
-            }
-            // Coalesce a burst of changes into one rebuild.
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+        let prefixes = vec![
+            KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE),
+            KeyPrefix::machine_namespace(MACHINES_NAMESPACE),
+        ];
+        let view = PublishedSnapshot {
+            controller: self.clone(),
+            local: local_machine_id,
+        };
+        follow(store, prefixes, view, shutdown).await;
+    }
+}
+
+/// The snapshot as a view of the store ([`follow`] keeps it current).
+struct PublishedSnapshot {
+    controller: DnsController,
+    /// The Machine whose view the snapshot answers with.
+    local: MachineId,
+}
+
+impl View for PublishedSnapshot {
+    fn what(&self) -> &'static str {
+        "internal DNS snapshot"
+    }
+
+    fn rebuild(&mut self, store: &Store) -> Result<Option<u64>, StoreError> {
+        self.controller.rebuild(store, &self.local)
+    }
+
+    fn size(&self) -> String {
+        let s = self.controller.snapshot.load();
+        format!("generation {}, {} names", s.generation(), s.len())
     }
 }
 
@@ -168,6 +138,7 @@ mod tests {
     use ployz_core::ServiceId;
     use ployz_store::machines::machine_key;
     use ployz_store::observations::container_key;
+    use std::time::Duration;
 
     fn store_with_one_container() -> (Store, MachineId) {
         let me = machine("alpha", "10.210.0.0/24");

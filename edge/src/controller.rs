@@ -9,21 +9,17 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use ployz_core::{ContainerId, ContainerRuntimeObservation, PortSpec};
 use ployz_store::drains::{draining_containers, DRAINING_NAMESPACE};
+use ployz_store::follow::{follow, View};
 use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
 use ployz_store::{KeyPrefix, Store, StoreError};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
 use crate::route_table::{Fingerprint, InFlight, InFlightCounters, RouteTable};
-
-/// How long after a failed rebuild (the store could not be read) the next one is tried, when no
-/// change to the store comes first.
-const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Counters(Mutex<HashMap<ContainerId, Arc<InFlight>>>);
@@ -136,68 +132,16 @@ impl RouteController {
     /// Keeps the table current until `shutdown` turns true: a rebuild at start and after every
     /// change to container observations or drain marks, and again shortly after a rebuild the
     /// store could not be read for (the table published before stays meanwhile).
-    pub async fn run(&self, store: Arc<Store>, mut shutdown: watch::Receiver<bool>) {
-        let mut containers = store.watch(KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE));
-        let mut drains = store.watch(KeyPrefix::machine_namespace(DRAINING_NAMESPACE));
-        let mut last = Fingerprint::new();
-        let mut failing = false;
-        loop {
-            let s = store.clone();
-            let this = self.clone();
-            let mut fp = std::mem::take(&mut last);
-            let rebuilt = tokio::task::spawn_blocking(move || {
-                let r = this.rebuild(&s, &mut fp);
-                (fp, r)
-            })
-            .await;
-            let outcome = match rebuilt {
-                Ok((fp, outcome)) => {
-                    last = fp;
-                    outcome.map_err(|e| e.to_string())
-                }
-                Err(e) => Err(format!("the rebuild task failed: {e}")),
-            };
-            match outcome {
-                Ok(published) => {
-                    if failing {
-                        tracing::info!("route table rebuilt again: the store reads again");
-                        failing = false;
-                    }
-                    if let Some(generation) = published {
-                        let t = self.table.load();
-                        tracing::info!(generation, hostnames = t.len(), "route table published");
-                    }
-                }
-                Err(reason) => {
-                    if !failing {
-                        let t = self.table.load();
-                        tracing::warn!(
-                            error = %reason,
-                            generation = t.generation(),
-                            hostnames = t.len(),
-                            "route table not rebuilt: the store cannot be read; the published \
-                             table stays until a rebuild succeeds"
-                        );
-                        failing = true;
-                    }
-                }
-            }
-            let retry = async {
-                if failing {
-                    tokio::time::sleep(RETRY_AFTER_FAILURE).await;
-                } else {
-                    std::future::pending::<()>().await;
-                }
-            };
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                event = containers.next() => if event.is_none() { return },
-                event = drains.next() => if event.is_none() { return },
-                _ = retry => {}
-            }
-            // Coalesce a burst of changes into one rebuild.
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
+    pub async fn run(&self, store: Arc<Store>, shutdown: watch::Receiver<bool>) {
+        let prefixes = vec![
+            KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE),
+            KeyPrefix::machine_namespace(DRAINING_NAMESPACE),
+        ];
+        let view = PublishedRoutes {
+            controller: self.clone(),
+            last: Fingerprint::new(),
+        };
+        follow(store, prefixes, view, shutdown).await;
     }
 
     /// The edge's side of draining `container` (already marked draining in the store):
@@ -270,6 +214,28 @@ pub fn hostnames_served_by_others(
         .collect()
 }
 
+/// The route table as a view of the store ([`follow`] keeps it current).
+struct PublishedRoutes {
+    controller: RouteController,
+    /// The fingerprint of the table published last.
+    last: Fingerprint,
+}
+
+impl View for PublishedRoutes {
+    fn what(&self) -> &'static str {
+        "route table"
+    }
+
+    fn rebuild(&mut self, store: &Store) -> Result<Option<u64>, StoreError> {
+        self.controller.rebuild(store, &mut self.last)
+    }
+
+    fn size(&self) -> String {
+        let t = self.controller.table.load();
+        format!("generation {}, {} hostnames", t.generation(), t.len())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,6 +244,7 @@ mod tests {
         ServiceId, ServiceMode, ServiceSpec,
     };
     use ployz_store::observations::container_key;
+    use std::time::Duration;
 
     /// Far enough that a drain returning means it was woken, not timed out.
     const FAR: Duration = Duration::from_secs(3600);

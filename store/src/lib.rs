@@ -27,6 +27,7 @@ mod acknowledged;
 pub mod certificates;
 pub mod drains;
 mod error;
+pub mod follow;
 mod hlc;
 mod key;
 pub mod machines;

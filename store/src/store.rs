@@ -767,8 +767,13 @@ impl Store {
 
     /// Watches every change under `prefix` from now on.
     pub fn watch(&self, prefix: KeyPrefix) -> Watch {
+        self.watch_any(vec![prefix])
+    }
+
+    /// Watches the keys under any of `prefixes`, as one stream.
+    pub fn watch_any(&self, prefixes: Vec<KeyPrefix>) -> Watch {
         Watch {
-            prefix,
+            prefixes,
             rx: self.changes.subscribe(),
         }
     }

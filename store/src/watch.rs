@@ -20,19 +20,19 @@ pub enum WatchEvent {
     Lagged,
 }
 
-/// A stream of changes under one key prefix. Dropping it stops the watch.
+/// A stream of changes under one key prefix (or any of several). Dropping it stops the watch.
 #[derive(Debug)]
 pub struct Watch {
-    pub(crate) prefix: KeyPrefix,
+    pub(crate) prefixes: Vec<KeyPrefix>,
     pub(crate) rx: broadcast::Receiver<Change>,
 }
 
 impl Watch {
-    /// The next change under the prefix, or `None` once the store is gone.
+    /// The next change under the prefixes, or `None` once the store is gone.
     pub async fn next(&mut self) -> Option<WatchEvent> {
         loop {
             match self.rx.recv().await {
-                Ok(change) if self.prefix.matches(&change.record.key) => {
+                Ok(change) if self.prefixes.iter().any(|p| p.matches(&change.record.key)) => {
                     return Some(WatchEvent::Changed(change))
                 }
                 Ok(_) => continue,
