@@ -27,6 +27,11 @@ pub enum StoreError {
     /// entries do not decode.
     #[error("the store at {} is unreadable: {reason}", path.display())]
     Unreadable { path: PathBuf, reason: String },
+
+    /// Another process holds the store open (sled's lock on its files): nothing is wrong with
+    /// the data, and nothing may be done to it while that process runs.
+    #[error("the store at {} is in use by another process: is another ployz daemon running with this data dir? Stop it, or give this one its own --data-dir", path.display())]
+    InUse { path: PathBuf },
     /// The store holds less than its acknowledgement record says it acknowledged.
     #[error("the store at {} holds less than this Machine acknowledged: {}", path.display(), missing.join("; "))]
     Behind {

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use ployz_core::MachineId;
 
@@ -74,22 +75,38 @@ pub(crate) fn open_and_read(
     report
         .removed_leftovers
         .extend(remove_interrupted_snapshots(path)?);
-    let opened = catch_unwind(AssertUnwindSafe(|| -> sled::Result<Sled> {
-        // sled keeps up to 1 GiB of pages in memory by default; a Machine's store is far
-        // smaller, and its memory stays bounded however long the Machine lives.
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(STORE_CACHE_BYTES)
-            .open()?;
-        let tree = db.open_tree(TREE)?;
-        Ok(Sled { db, tree })
-    }));
+    let open = || {
+        catch_unwind(AssertUnwindSafe(|| -> sled::Result<Sled> {
+            // sled keeps up to 1 GiB of pages in memory by default; a Machine's store is far
+            // smaller, and its memory stays bounded however long the Machine lives.
+            let db = sled::Config::new()
+                .path(path)
+                .cache_capacity(STORE_CACHE_BYTES)
+                .open()?;
+            let tree = db.open_tree(TREE)?;
+            Ok(Sled { db, tree })
+        }))
+    };
+    // sled's lock on its files outlives a closed store for a moment (its background threads
+    // let go of it last): a store closed and opened again in one process waits for that.
+    // Another process holding it is refused once the wait is over.
+    let locked_until = Instant::now() + LOCK_WAIT;
+    let mut opened = open();
+    while matches!(&opened, Ok(Err(e)) if is_locked(e)) && Instant::now() < locked_until {
+        std::thread::sleep(LOCK_RETRY);
+        opened = open();
+    }
     let unreadable = |reason: String| StoreError::Unreadable {
         path: path.to_path_buf(),
         reason,
     };
     let sled = match opened {
         Ok(Ok(sled)) => sled,
+        Ok(Err(e)) if is_locked(&e) => {
+            return Err(StoreError::InUse {
+                path: path.to_path_buf(),
+            })
+        }
         Ok(Err(e)) if is_environmental(&e) => return Err(StoreError::Io(e)),
         Ok(Err(e)) => {
             return Err(unreadable(format!(
@@ -112,6 +129,19 @@ pub(crate) fn open_and_read(
             panic_message(&*panic)
         ))),
     }
+}
+
+/// How long opening waits for sled's lock on the store's files before it says another process
+/// holds them.
+const LOCK_WAIT: Duration = Duration::from_secs(2);
+/// How often opening tries the lock again meanwhile.
+const LOCK_RETRY: Duration = Duration::from_millis(20);
+
+/// Whether sled could not take its lock on the store's files (another process, or a store of
+/// this process closed a moment ago, holds it). sled says so only in its message.
+fn is_locked(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.raw_os_error().is_none()
+        && io.to_string().contains("could not acquire lock"))
 }
 
 /// Whether sled failed because of its surroundings (permissions, a full disk, another process

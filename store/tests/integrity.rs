@@ -337,3 +337,44 @@ fn a_damaged_snapshot_is_refused_and_accepting_it_keeps_what_the_log_holds() {
         b"renew-fraction-0.5"
     );
 }
+
+#[test]
+fn a_store_another_process_holds_is_in_use_not_lost_and_never_moved_aside() {
+    let dir = Dir::new();
+    let held = dir.open().unwrap();
+    let last = populate(&held);
+
+    // Held (sled's lock on its files, as another daemon on the same data dir holds it): refused
+    // as in use, which is no loss, and accepting a loss changes nothing about that.
+    for accept_loss in [false, true] {
+        let e = Store::open_with(&dir.store, dir.id.clone(), &dir.options(accept_loss))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(matches!(e, StoreError::InUse { .. }), "{e:?}");
+        assert!(!e.is_loss(), "{e}");
+        let text = e.to_string();
+        assert!(text.contains("in use by another process"), "{text}");
+        assert!(text.contains("--data-dir"), "{text}");
+    }
+    let beside: Vec<_> = std::fs::read_dir(dir.store.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        beside.iter().all(|n| n == "store" || n == "store.ack"),
+        "nothing moved aside: {beside:?}"
+    );
+
+    // Closed, it opens again at once with everything (sled lets go of its lock a moment after
+    // the store is dropped: opening waits for that).
+    drop(held);
+    let again = dir.open().unwrap();
+    assert_eq!(
+        again.get(&policy()).unwrap().unwrap().value,
+        b"renew-fraction-0.5"
+    );
+    assert_eq!(
+        again.put(&policy(), b"next".to_vec()).unwrap().seq,
+        last + 1
+    );
+}
