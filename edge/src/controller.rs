@@ -239,10 +239,7 @@ impl View for PublishedRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ployz_core::{
-        ContainerKind, ContainerSpec, ContainerState, DrainMark, IngressProtocol, MachineId,
-        ServiceId, ServiceMode, ServiceSpec,
-    };
+    use ployz_core::{ContainerState, DrainMark, IngressProtocol, MachineId};
     use ployz_store::observations::container_key;
     use std::time::Duration;
 
@@ -251,37 +248,15 @@ mod tests {
     /// The longest a woken drain may take to return before the test fails.
     const WAKE: Duration = Duration::from_secs(30);
 
+    /// A running Service Container `web-<n>` serving `host` over HTTP on port 80.
     fn obs(machine: &MachineId, n: u8, host: &str) -> ContainerRuntimeObservation {
-        ContainerRuntimeObservation {
-            id: format!("{n:064x}").parse().unwrap(),
-            name: format!("web-{n}"),
-            machine_id: machine.clone(),
-            service_id: ServiceId::generate(),
-            service_name: "web".parse().unwrap(),
-            kind: ContainerKind::Service,
-            state: ContainerState::Running,
-            health: None,
-            restart_count: 0,
-            address: Some(std::net::Ipv4Addr::new(10, 210, 0, n)),
-            image: "app".into(),
-            created_at: 0,
-            spec: Some(ServiceSpec {
-                name: "web".parse().unwrap(),
-                mode: ServiceMode::Replicated,
-                replicas: 1,
-                container: ContainerSpec::default(),
-                ports: vec![PortSpec::Ingress {
-                    hostname: Some(host.into()),
-                    published: None,
-                    container_port: 80,
-                    protocol: IngressProtocol::Http,
-                }],
-                machines: vec![],
-                update: Default::default(),
-                pre_deploy: None,
-                depends_on: vec![],
-            }),
-        }
+        crate::route_table::tests::obs(
+            machine,
+            n,
+            &[(host, 80, IngressProtocol::Http)],
+            ContainerState::Running,
+            None,
+        )
     }
 
     fn observe(store: &Store, o: &ContainerRuntimeObservation) {

@@ -404,7 +404,7 @@ impl RouteTable {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #[test]
     fn hosts_with_a_bad_port_or_an_ip_literal_match_no_route() {
         let t = RouteTable::from_static(&[
@@ -488,7 +488,8 @@ mod tests {
         RouteTable::build(obs, &HashSet::new(), local, &FreshCounters, generation)
     }
 
-    fn obs(
+    /// A Service Container `web-<n>` at 10.210.0.<n> serving `hosts`, in `state`.
+    pub(crate) fn obs(
         machine: &MachineId,
         n: u8,
         hosts: &[(&str, u16, IngressProtocol)],
