@@ -17,16 +17,11 @@ use std::path::{Path, PathBuf};
 
 use ployz_core::{PortSpec, ServiceName, ServiceSpec, VolumeSpec};
 
-use crate::service::{self, boolean, suggest, Converted, ServiceCtx};
+use crate::service::{self, boolean, Converted, ServiceCtx};
 use crate::yaml::Node;
 use crate::{ComposeError, ComposeErrors, ComposeInput, Diagnostics, LoadedProject};
 
 use files::{merge_value, project_vars, read_file, record_origins, report_tags};
-
-/// Top-level keys of a Compose file.
-const TOP_LEVEL_KEYS: &[&str] = &[
-    "version", "name", "services", "volumes", "configs", "secrets", "networks", "include",
-];
 
 /// Which file each part of the merged project came from (indexes into the file list).
 #[derive(Debug, Default)]
@@ -334,34 +329,19 @@ impl Project<'_> {
         out
     }
 
-    /// A top-level key other than the sections: `include` is refused, `x-volumes` ignored,
-    /// unknown keys are warnings.
+    /// A top-level key other than the sections the project reads: `x-volumes` is ignored with
+    /// a warning; the rest is as the key table says (`include` refused, `version` warned, ...).
     fn top_level_key(&self, k: &str, v: &Node, d: &mut Diagnostics) {
         let file = self.top_file(k);
         match k {
-            "version" | "name" | "services" | "volumes" | "configs" | "secrets" | "networks" => {}
-            "include" => d.error(
-                file,
-                None,
-                Some(k),
-                Some(v.short()),
-                "include is not supported",
-                Some("pass each file with its own -f instead".into()),
-            ),
+            "services" | "volumes" | "configs" | "secrets" => {}
             "x-volumes" => d.warn(
                 file,
                 None,
                 k,
                 "Provisioned Volumes (x-volumes) are not supported yet and are ignored; the volumes are plain Docker Volumes",
             ),
-            _ if k.starts_with("x-") => {} // x-context and the user's own extensions.
-            _ => {
-                let hint = match suggest(k, TOP_LEVEL_KEYS.iter().copied()) {
-                    Some(s) => format!("; did you mean '{s}'?"),
-                    None => String::new(),
-                };
-                d.warn(file, None, k, format!("unknown top-level key, ignored{hint}"));
-            }
+            _ => service::keys::top_level_key(d, file, k, v),
         }
     }
 

@@ -10,13 +10,13 @@
 //! - [`volumes`]: `volumes` (short and long syntax) and `tmpfs`, and the mount checks;
 //! - [`healthcheck`];
 //! - [`runtime`]: how the container runs (`user`, `init`, `privileged`, capabilities, `sysctls`,
-//!   `ulimits`, `shm_size`, `stop_grace_period`, `devices`, `logging`, `networks`);
+//!   `ulimits`, `shm_size`, `stop_grace_period`, `devices`, `logging`, `networks`, `restart`);
 //! - [`deploy`]: `deploy` (mode, replicas, resources, update order) with `scale`, `cpus`,
 //!   `mem_limit` and `mem_reservation`;
 //! - [`configs`]: the service's `configs` entries (resolved by the project);
 //! - [`extensions`]: `x-machines`, `x-pre_deploy`, `x-caddy` (`x-ports` is with [`ports`]);
 //! - [`depends_on`]: read by the project, which knows every service;
-//! - [`keys`]: which keys are known, ignored with a warning, or unknown;
+//! - [`keys`]: the key table (kept, translated, warned, refused) and unknown keys;
 //! - [`shapes`]: value shapes (text, numbers, durations, sizes, lists, mappings).
 
 mod configs;
@@ -26,7 +26,7 @@ mod environment;
 mod extensions;
 mod healthcheck;
 mod image;
-mod keys;
+pub(crate) mod keys;
 mod ports;
 mod runtime;
 mod shapes;
@@ -210,7 +210,7 @@ fn read_key<'n>(ctx: &mut ServiceCtx<'_>, p: &mut Parts<'n>, k: &str, value: &'n
         "volumes" => volumes::service_volumes(ctx, value, &mut p.mounts, &mut p.volume_keys),
         "tmpfs" => volumes::tmpfs_key(ctx, value, &mut p.mounts),
         "user" | "init" | "privileged" | "cap_add" | "cap_drop" | "sysctls" | "ulimits"
-        | "shm_size" | "stop_grace_period" | "devices" | "logging" | "networks" => {
+        | "shm_size" | "stop_grace_period" | "devices" | "logging" | "networks" | "restart" => {
             runtime::read(ctx, &mut p.container, k, value)
         }
         "cpus" | "mem_limit" | "mem_reservation" | "scale" | "deploy" => {
@@ -220,12 +220,10 @@ fn read_key<'n>(ctx: &mut ServiceCtx<'_>, p: &mut Parts<'n>, k: &str, value: &'n
         "x-machines" => p.machines = extensions::x_machines(ctx, value),
         "x-pre_deploy" => p.pre_deploy = extensions::x_pre_deploy(ctx, value),
         "x-caddy" => extensions::x_caddy(ctx),
-        "extends" => keys::extends(ctx, value),
         // Read by the project, which knows every service.
         "depends_on" | "profiles" => {}
-        // Every port is reachable on the Ployz network; expose changes nothing.
-        "expose" => {}
-        _ => keys::unknown_key(ctx, k),
+        // Warned and refused keys, and unknown ones, as the key table says.
+        _ => keys::table_key(ctx, k, value),
     }
 }
 

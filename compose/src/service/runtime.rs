@@ -1,5 +1,6 @@
 //! How the container runs on its Machine: `user`, `init`, `privileged`, `cap_add`, `cap_drop`,
-//! `sysctls`, `ulimits`, `shm_size`, `stop_grace_period`, `devices`, `logging` and `networks`.
+//! `sysctls`, `ulimits`, `shm_size`, `stop_grace_period`, `devices`, `logging`, `networks` and
+//! `restart`.
 //!
 //! Settings that give a container power over its Machine (`privileged`, added capabilities,
 //! devices) are accepted with a warning, for the Deploy Preview.
@@ -58,8 +59,36 @@ pub(super) fn read(ctx: &mut ServiceCtx<'_>, c: &mut ContainerSpec, k: &str, val
         "devices" => devices(ctx, value),
         "logging" => c.logging = logging(ctx, value),
         "networks" => networks(ctx, value),
+        "restart" => restart(ctx, value),
         _ => {}
     }
+}
+
+/// `restart:`: Ployz restarts every Service Container unless it is stopped. `unless-stopped`
+/// and `always` say just that; any other value (`no`, `on-failure[:N]`, or one Docker does not
+/// know) is a warning naming it and saying what Ployz does.
+fn restart(ctx: &mut ServiceCtx<'_>, value: &Node) {
+    if matches!(value, Node::Null) {
+        return;
+    }
+    let policy = value.scalar_text().unwrap_or_else(|| value.short());
+    let on_failure = policy.strip_prefix("on-failure").is_some_and(|rest| {
+        rest.is_empty()
+            || rest
+                .strip_prefix(':')
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    });
+    let message = match policy.as_str() {
+        "unless-stopped" | "always" => return,
+        "no" => "restart 'no' is not what Ployz does: it restarts containers unless they are stopped (restart policy unless-stopped)".to_owned(),
+        _ if on_failure => format!(
+            "restart '{policy}' is not what Ployz does: it restarts containers unless they are stopped, whatever their exit code (restart policy unless-stopped)"
+        ),
+        _ => format!(
+            "restart '{policy}' is not a restart policy (no, always, on-failure[:N], unless-stopped) and is ignored: Ployz restarts containers unless they are stopped (restart policy unless-stopped)"
+        ),
+    };
+    ctx.warn("restart", message);
 }
 
 /// `devices:` are not supported yet: a warning that names them.
