@@ -89,6 +89,7 @@ pub(super) fn read_file(
     report_merge_errors(&mut node, name, d);
     let lookup = |n: &str| vars.get(n).cloned();
     interpolate_node(&mut node, &mut Vec::new(), name, &lookup, d);
+    crate::service::report_list_duplicates(&node, name, d);
     normalise_kv(&mut node);
     Some(node)
 }

@@ -10,6 +10,7 @@ use crate::interp::{parse_env_file, shown_key};
 
 use super::shapes::{boolean, kv_entries, text};
 use super::{Node, Parts, ServiceCtx};
+use crate::Diagnostics;
 
 /// One variable from an env file, with where it came from.
 pub(super) struct EnvFileLine {
@@ -24,6 +25,44 @@ pub(super) struct EnvFileLine {
 pub(super) fn read_environment(ctx: &mut ServiceCtx<'_>, p: &mut Parts<'_>, value: &Node) {
     if let Some(e) = ctx.get("environment", value, kv_entries) {
         p.environment = e;
+    }
+}
+
+/// Refuses each name set more than once in a service's `environment` list, naming the items;
+/// values are never shown (they may be secrets). Runs on each file as read, before its lists
+/// become mappings for the merge (which would keep the last value without a word). The
+/// mapping form's duplicates are duplicate YAML keys, refused when the file is parsed.
+pub(crate) fn report_list_duplicates(root: &Node, file: &str, d: &mut Diagnostics) {
+    let Some(Node::Map(services)) = root.get("services") else {
+        return;
+    };
+    for (service, node) in services {
+        let Some(Node::Seq(items)) = node.get("environment") else {
+            continue;
+        };
+        let mut seen: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            if let Some(t) = item.scalar_text() {
+                let name = t.split_once('=').map_or(t.as_str(), |(k, _)| k).to_owned();
+                seen.entry(name).or_default().push(i);
+            }
+        }
+        for (name, at) in seen.into_iter().filter(|(_, at)| at.len() > 1) {
+            let shown: Vec<String> = at.iter().map(|i| format!("environment[{i}]")).collect();
+            let first = at.first().copied().unwrap_or_default();
+            let last = at.last().copied().unwrap_or_default();
+            d.error(
+                file,
+                Some(service),
+                Some(&format!("environment[{last}]")),
+                None,
+                format!(
+                    "'{name}' is set more than once in the environment list ({}): only one value can reach the container",
+                    shown.join(", ")
+                ),
+                Some(format!("keep one line for {name}, e.g. delete environment[{first}]")),
+            );
+        }
     }
 }
 

@@ -44,6 +44,7 @@ use crate::yaml::Node;
 use crate::Diagnostics;
 
 pub(crate) use depends_on::depends_on;
+pub(crate) use environment::report_list_duplicates;
 pub(crate) use keys::suggest;
 pub(crate) use shapes::{boolean, kv_entries, text};
 
