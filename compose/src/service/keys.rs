@@ -219,8 +219,10 @@ pub fn support_matrix() -> String {
          **warned**: it is ignored with a warning that says what Ployz does instead; \
          **refused**: the file is refused with the fix. Unknown keys are warnings (with the \
          nearest known key); `x-` keys other than Ployz's are the file's own and are left \
-         alone.\n",
+         alone. Keys nested in these (`deploy.placement`, `logging.driver`, ...) \
+         are read with the key they belong to; the ones Ployz ignores are warnings too.\n",
     );
+    // Writing to a String cannot fail.
     for (level, title) in [
         (Level::TopLevel, "Top-level keys"),
         (Level::Service, "Service keys"),
