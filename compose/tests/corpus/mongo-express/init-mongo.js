@@ -1,0 +1,1 @@
+db = db.getSiblingDB("app"); db.createCollection("items");
