@@ -87,16 +87,6 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["is 64 characters long; the limit is 63"],
         ),
         (
-            "relative bind source",
-            "services:\n  web:\n    image: nginx\n    volumes: [\"./site:/usr/share/nginx/html\"]\n".into(),
-            vec!["volumes[0] './site'", "relative bind source", "configs:"],
-        ),
-        (
-            "home-relative bind source",
-            "services:\n  web:\n    image: nginx\n    volumes:\n      - type: bind\n        source: ~/site\n        target: /site\n".into(),
-            vec!["volumes[0].source '~/site'", "relative bind source", "configs:"],
-        ),
-        (
             "published port range",
             "services:\n  web:\n    image: nginx\n    ports: [\"8000-8001:80\"]\n".into(),
             vec!["service 'web': ports[0] '8000-8001:80': published port ranges are not supported; publish each port on its own line"],

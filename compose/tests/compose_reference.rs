@@ -214,6 +214,9 @@ fn compare(service: &ServiceSpec, reference: &Value) {
                     target,
                     read_only,
                 } => Some((source.clone(), target.clone(), *read_only)),
+                Mount::Anonymous { target, read_only } => {
+                    Some((String::new(), target.clone(), *read_only))
+                }
                 Mount::Tmpfs { .. } => None,
             })
             .collect();

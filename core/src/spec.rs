@@ -192,9 +192,18 @@ pub enum Mount {
         #[serde(default, skip_serializing_if = "is_false")]
         no_copy: bool,
     },
-    /// A Bind Mount of an absolute path on the Machine.
+    /// A Bind Mount of a path on the Machine; `source` is always absolute and normalised.
     Bind {
         source: String,
+        target: String,
+        #[serde(default, skip_serializing_if = "is_false")]
+        read_only: bool,
+    },
+    /// An anonymous volume (Compose's `- /app/node_modules`): Docker creates it, empty or
+    /// seeded from the image, with the container, and removes it with the container, so each new
+    /// container starts with a fresh one. It is not a named volume: it neither ties the Service
+    /// to a Machine nor makes a single-replica update stop-first.
+    Anonymous {
         target: String,
         #[serde(default, skip_serializing_if = "is_false")]
         read_only: bool,
@@ -215,6 +224,7 @@ impl Mount {
         match self {
             Mount::Volume { target, .. }
             | Mount::Bind { target, .. }
+            | Mount::Anonymous { target, .. }
             | Mount::Tmpfs { target, .. } => target,
         }
     }
@@ -375,7 +385,8 @@ impl ServiceSpec {
         })
     }
 
-    /// The named Docker Volumes this Service mounts.
+    /// The named Docker Volumes this Service mounts (not its anonymous volumes, which belong to
+    /// each container).
     pub fn volume_names(&self) -> impl Iterator<Item = &str> + '_ {
         self.container.mounts.iter().filter_map(|m| match m {
             Mount::Volume { source, .. } => Some(source.as_str()),
@@ -426,5 +437,54 @@ mod tests {
         let label = serde_json::to_string(&spec).unwrap();
         let back: ServiceSpec = serde_json::from_str(&label).unwrap();
         assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn an_anonymous_volume_round_trips_and_is_not_a_named_volume() {
+        let mount = Mount::Anonymous {
+            target: "/app/node_modules".into(),
+            read_only: true,
+        };
+        let json = serde_json::to_value(&mount).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"type": "anonymous", "target": "/app/node_modules", "read_only": true})
+        );
+        assert_eq!(serde_json::from_value::<Mount>(json).unwrap(), mount);
+        let writable: Mount =
+            serde_json::from_str(r#"{"type":"anonymous","target":"/cache"}"#).unwrap();
+        assert_eq!(
+            writable,
+            Mount::Anonymous {
+                target: "/cache".into(),
+                read_only: false
+            }
+        );
+        assert_eq!(writable.target(), "/cache");
+
+        let spec = ServiceSpec {
+            name: "web".parse().unwrap(),
+            mode: ServiceMode::Replicated,
+            replicas: 1,
+            container: ContainerSpec {
+                image: "busybox:latest".into(),
+                mounts: vec![
+                    mount,
+                    Mount::Volume {
+                        source: "proj_data".into(),
+                        target: "/data".into(),
+                        read_only: false,
+                        no_copy: false,
+                    },
+                ],
+                ..Default::default()
+            },
+            ports: vec![],
+            machines: vec![],
+            update: UpdateConfig::default(),
+            pre_deploy: None,
+            depends_on: vec![],
+        };
+        assert_eq!(spec.volume_names().collect::<Vec<_>>(), ["proj_data"]);
     }
 }

@@ -1328,6 +1328,9 @@ impl MachineDocker {
     }
 }
 
+/// A spec's mount as Docker's. An anonymous volume is a volume mount without a source: Docker
+/// creates it with the container, and removing the container (which Ployz does with `v`) removes
+/// it too.
 fn docker_mount(m: &Mount) -> bollard::models::Mount {
     match m {
         Mount::Volume {
@@ -1353,6 +1356,12 @@ fn docker_mount(m: &Mount) -> bollard::models::Mount {
         } => bollard::models::Mount {
             typ: Some(MountType::BIND),
             source: Some(source.clone()),
+            target: Some(target.clone()),
+            read_only: Some(*read_only),
+            ..Default::default()
+        },
+        Mount::Anonymous { target, read_only } => bollard::models::Mount {
+            typ: Some(MountType::VOLUME),
             target: Some(target.clone()),
             read_only: Some(*read_only),
             ..Default::default()

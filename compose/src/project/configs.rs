@@ -13,7 +13,8 @@ impl Project<'_> {
     /// Turns the service's config uses into files, reading `file:` configs now.
     pub(super) fn resolve_configs(&self, ctx: &mut ServiceCtx<'_>, c: &mut Converted) {
         let top = self.root.get("configs");
-        let mut files: Vec<ConfigFile> = Vec::new();
+        // Read-only file binds the service carries as configs are already there.
+        let mut files: Vec<ConfigFile> = std::mem::take(&mut c.spec.container.configs);
         for u in std::mem::take(&mut c.configs) {
             let Some(decl) = top.and_then(|t| t.get(&u.source)) else {
                 ctx.err(

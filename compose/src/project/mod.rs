@@ -184,7 +184,8 @@ impl Project<'_> {
         self.check_secrets(d);
         let services = self.services(d)?;
         let selection = self.select(services, input, d)?;
-        let done = self.convert_services(&selection, &volumes, d);
+        let home = input.env.get("HOME").map(String::as_str);
+        let done = self.convert_services(&selection, &volumes, home, d);
         volumes::used_volume_warnings(&done.used_volumes, &volumes, d);
         self.check_hostnames(&done.converted, d);
         let order = self.dependency_order(&done.deps, d)?;
@@ -301,6 +302,7 @@ impl Project<'_> {
         &self,
         s: &Selection<'_>,
         volumes: &BTreeMap<String, VolumeDecl>,
+        home: Option<&str>,
         d: &mut Diagnostics,
     ) -> ConvertedServices {
         let mut out = ConvertedServices::default();
@@ -313,6 +315,7 @@ impl Project<'_> {
                 dir: self.dir,
                 vars: self.vars,
                 volumes,
+                home,
             };
             let dep_list = match node.get("depends_on") {
                 Some(n) => service::depends_on(&mut ctx, n),

@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use ployz_core::{
-    ContainerSpec, MachineTarget, Mount, PreDeployHook, Resources, ServiceName, ServiceSpec,
+    ContainerSpec, MachineTarget, PreDeployHook, Resources, ServiceName, ServiceSpec,
 };
 
 use crate::project::{Origins, VolumeDecl};
@@ -87,6 +87,8 @@ pub(crate) struct ServiceCtx<'a> {
     pub dir: &'a Path,
     pub vars: &'a BTreeMap<String, String>,
     pub volumes: &'a BTreeMap<String, VolumeDecl>,
+    /// `HOME` from the loader's environment, for `~` in bind sources.
+    pub home: Option<&'a str>,
 }
 
 impl ServiceCtx<'_> {
@@ -156,8 +158,8 @@ struct Parts<'n> {
     environment: Vec<(String, Option<String>)>,
     compose_ports: Option<&'n Node>,
     x_ports: Option<&'n Node>,
-    /// Each mount with the key it came from.
-    mounts: Vec<(String, Mount)>,
+    /// The mounts, with the key each came from.
+    mounts: volumes::Mounts,
     /// Top-level volume keys the service mounts.
     volume_keys: BTreeSet<String>,
     /// `cpus`, `mem_limit`, `mem_reservation`.
@@ -234,7 +236,7 @@ fn finish(ctx: &mut ServiceCtx<'_>, p: Parts<'_>, errors_before: usize) -> Optio
     let mut c = p.container;
     c.image = image::check_image(ctx, p.image, p.build);
     c.env = environment::merge(ctx, p.env_file_entries, p.environment);
-    c.mounts = volumes::check_mounts(ctx, p.mounts);
+    (c.mounts, c.configs) = volumes::settle_mounts(ctx, p.mounts);
     c.resources = deploy::resources(p.top_resources, p.deploy_resources);
     let ports = ports::ports(ctx, p.compose_ports, p.x_ports);
     let replicas = deploy::replicas(ctx, p.scale, &p.deploy);

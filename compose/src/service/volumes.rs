@@ -1,18 +1,43 @@
 //! Mounts: `volumes:` (short `source:target[:options]` and long syntax) and `tmpfs:`.
 //!
-//! A named volume must be declared at the top level; a bind source is an absolute path on the
-//! Machine (a relative one would not exist on other Machines); anonymous volumes are refused.
+//! Sources follow Compose: in the short syntax a source starting with `/`, `.` or `~` is a path
+//! and any other is a named volume, which must be declared at the top level; in the long syntax
+//! `type: bind` takes a path and `type: volume` a name.
+//!
+//! - An absolute path names a path on the Machine and is bound as written (normalised).
+//! - A path written from the project directory (`./data`, `../x`, `.`, or any relative source of
+//!   a long-syntax bind) or from the home directory (`~`, `~/x`, with `HOME` from the loader's
+//!   environment) names a path on the computer that deploys. It is resolved to a normalised
+//!   absolute path and looked at now: a regular UTF-8 file of at most
+//!   [`MAX_FILE_AS_CONFIG_BYTES`] mounted read-only becomes a [`ConfigFile`] (named by the
+//!   source as written, e.g. `./nginx.conf`), whose content is copied into the container at
+//!   creation on whichever Machine runs it. Anything else (a directory, a writable file, a
+//!   missing path) stays a bind of the resolved path, and the Service gets one warning listing
+//!   those paths: they must exist on every Machine it runs on. Ployz never creates a missing
+//!   host path; with `bind.create_host_path: false` a missing one is an error now.
+//! - An anonymous volume (`- /app/node_modules`, or `type: volume` without a source) is created
+//!   by Docker with the container and removed with it (Ployz removes containers with their
+//!   anonymous volumes), so every new container (each replica, each replacement) starts with a
+//!   fresh one seeded from the image, as Compose does when it recreates a container. It is not a
+//!   named volume: it does not tie the Service to a Machine.
+//!
 //! Binds of `/` or of the Docker socket are accepted with a warning, for the Deploy Preview.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 
-use ployz_core::Mount;
+use ployz_core::{ConfigFile, Mount};
 
 use crate::units::{parse_octal_mode, parse_size_bytes};
 
 use super::keys::warn_unknown_keys;
 use super::shapes::{boolean, expect_map, mode, size, text};
 use super::{Node, ServiceCtx};
+
+/// The largest read-only file bind carried as a [`ConfigFile`] (512 KiB); a larger one stays a
+/// bind. Its content travels in the deploy request, which may not exceed
+/// [`ployz_core::api::MAX_BODY_BYTES`] for the whole project.
+pub(crate) const MAX_FILE_AS_CONFIG_BYTES: u64 = (ployz_core::api::MAX_BODY_BYTES / 4) as u64;
 
 /// The keys of a long-syntax volume.
 const LONG_VOLUME_KEYS: &[&str] = &[
@@ -26,13 +51,46 @@ const LONG_VOLUME_KEYS: &[&str] = &[
     "consistency",
 ];
 
-/// Mounts sorted by target, one per target: a second mount of a target is an error.
-pub(super) fn check_mounts(
+/// The mounts of one service as its keys give them, settled by [`settle_mounts`].
+#[derive(Default)]
+pub(super) struct Mounts {
+    /// Each mount with the key it came from, in file order.
+    list: Vec<(String, Entry)>,
+    /// Binds of paths resolved from the project or home directory, which must exist on every
+    /// Machine the Service runs on; in file order, each once.
+    local_binds: Vec<String>,
+}
+
+/// What one mount entry became.
+enum Entry {
+    Mount(Mount),
+    /// A read-only file bind carried as a config.
+    File(ConfigFile),
+}
+
+impl Entry {
+    fn target(&self) -> &str {
+        match self {
+            Entry::Mount(m) => m.target(),
+            Entry::File(f) => &f.target,
+        }
+    }
+}
+
+/// Mounts sorted by target, one per target: a second mount of a target is an error (a
+/// read-only file carried as a config counts as a mount of its target). Binds of paths from the
+/// project or home directory get one warning for the Service. Answers the mounts and the files
+/// carried as configs.
+pub(super) fn settle_mounts(
     ctx: &mut ServiceCtx<'_>,
-    mut mounts: Vec<(String, Mount)>,
-) -> Vec<Mount> {
-    mounts.sort_by(|a, b| a.1.target().cmp(b.1.target()));
-    for pair in mounts.windows(2) {
+    mounts: Mounts,
+) -> (Vec<Mount>, Vec<ConfigFile>) {
+    let Mounts {
+        mut list,
+        local_binds,
+    } = mounts;
+    list.sort_by(|a, b| a.1.target().cmp(b.1.target()));
+    for pair in list.windows(2) {
         if pair[0].1.target() == pair[1].1.target() {
             let target = pair[1].1.target().to_owned();
             ctx.err(
@@ -43,14 +101,35 @@ pub(super) fn check_mounts(
             );
         }
     }
-    mounts.into_iter().map(|(_, m)| m).collect()
+    if !local_binds.is_empty() {
+        let what = if local_binds.len() == 1 {
+            "bind mount"
+        } else {
+            "bind mounts"
+        };
+        ctx.warn(
+            "volumes",
+            format!(
+                "{what} {} must exist on every Machine the Service runs on",
+                local_binds.join(", ")
+            ),
+        );
+    }
+    let mut out = (Vec::new(), Vec::new());
+    for (_, e) in list {
+        match e {
+            Entry::Mount(m) => out.0.push(m),
+            Entry::File(f) => out.1.push(f),
+        }
+    }
+    out
 }
 
 /// `volumes:`: each entry with the key it came from; `used` gets the top-level volume keys.
 pub(super) fn service_volumes(
     ctx: &mut ServiceCtx<'_>,
     n: &Node,
-    mounts: &mut Vec<(String, Mount)>,
+    mounts: &mut Mounts,
     used: &mut BTreeSet<String>,
 ) {
     let items = match n {
@@ -74,11 +153,15 @@ pub(super) fn service_volumes(
                 None => None,
             },
         };
-        if let Some(m) = mount {
-            if let Mount::Bind { source, .. } = &m {
-                warn_privileged_bind(ctx, &key, source);
+        match mount {
+            Some(Parsed::Mount(m)) => {
+                if let Mount::Bind { source, .. } = &m {
+                    warn_privileged_bind(ctx, &key, source);
+                }
+                mounts.list.push((key, Entry::Mount(m)));
             }
-            mounts.push((key, m));
+            Some(Parsed::Local(b)) => local_bind(ctx, key, b, mounts),
+            None => {}
         }
     }
 }
@@ -97,29 +180,176 @@ pub(super) fn check_target(ctx: &mut ServiceCtx<'_>, key: &str, target: &str) ->
     true
 }
 
-/// What a mount source names.
+/// One `volumes` entry, read.
+enum Parsed {
+    /// A mount as it is: a volume, an anonymous volume, a tmpfs or a bind of an absolute path.
+    Mount(Mount),
+    /// A bind of a path on the computer that deploys, settled by [`local_bind`].
+    Local(LocalBind),
+}
+
+/// A bind whose source was written from the project or the home directory.
+struct LocalBind {
+    /// The source as written, normalised: `./conf/app.conf`, `../x`, `.`, `~/x`.
+    written: String,
+    /// The source resolved: absolute and normalised.
+    path: String,
+    target: String,
+    read_only: bool,
+    /// `bind.create_host_path` (Compose's default is true); false makes a missing path an error.
+    create_host_path: bool,
+    /// The key of the source, for messages: `volumes[0]` or `volumes[0].source`.
+    source_key: String,
+}
+
+/// What a short-syntax mount source names.
 enum Source {
-    /// An absolute path on the Machine, normalised.
-    Bind(String),
+    Path(BindSource),
     /// A top-level volume key.
     Volume(String),
 }
 
-/// An absolute path is a bind, a plain name a volume; a relative path is an error.
-fn classify_source(ctx: &mut ServiceCtx<'_>, key: &str, source: &str) -> Option<Source> {
-    if source.starts_with('/') {
-        return Some(Source::Bind(normalise_path(source)));
+/// Where a bind's path is.
+enum BindSource {
+    /// An absolute path on the Machine, normalised.
+    Machine(String),
+    /// A path on the computer that deploys: (as written, resolved), both normalised.
+    Local(String, String),
+}
+
+/// A short-syntax source: a path when it starts with `/`, `.` or `~` (as in Compose), else the
+/// name of a volume.
+fn classify_short_source(ctx: &mut ServiceCtx<'_>, key: &str, source: &str) -> Option<Source> {
+    if source.starts_with(['/', '.', '~']) {
+        return path_source(ctx, key, source).map(Source::Path);
     }
-    if source.starts_with('.') || source.starts_with('~') || source.contains('/') {
+    if source.contains('/') {
         ctx.err(
             key,
             Some(source.to_owned()),
-            "a relative bind source is not supported: Service Containers run on other Machines, where this path does not exist",
-            Some("ship files with configs: (file: or content:), or bind an absolute path that exists on every Machine"),
+            "a source that does not start with '.', '/' or '~' is a named volume, and a volume name has no '/'",
+            Some(&format!(
+                "for a path in the project directory, write ./{source}"
+            )),
         );
         return None;
     }
     Some(Source::Volume(source.to_owned()))
+}
+
+/// A bind source: absolute, from the home directory (`~`), or from the project directory.
+fn path_source(ctx: &mut ServiceCtx<'_>, key: &str, source: &str) -> Option<BindSource> {
+    if source.starts_with('/') {
+        return Some(BindSource::Machine(normalise_path(source)));
+    }
+    if let Some(rest) = source.strip_prefix('~') {
+        return home_source(ctx, key, source, rest);
+    }
+    let dir = project_dir(ctx, key, source)?;
+    Some(BindSource::Local(
+        written_relative(source),
+        resolve(&dir, source),
+    ))
+}
+
+/// `~` or `~/rest`, against `HOME` from the loader's environment; `~user` is refused.
+fn home_source(
+    ctx: &mut ServiceCtx<'_>,
+    key: &str,
+    source: &str,
+    rest: &str,
+) -> Option<BindSource> {
+    if !(rest.is_empty() || rest.starts_with('/')) {
+        let user = rest.split('/').next().unwrap_or(rest);
+        let after = rest.strip_prefix(user).unwrap_or("");
+        ctx.err(
+            key,
+            Some(source.to_owned()),
+            format!("'~{user}' names another user's home directory, which Ployz does not expand"),
+            Some(&format!(
+                "write the path in full, e.g. /home/{user}{after}, or ~/path for your own home directory"
+            )),
+        );
+        return None;
+    }
+    let home = ctx.home.filter(|h| h.starts_with('/'));
+    let Some(home) = home else {
+        ctx.err(
+            key,
+            Some(source.to_owned()),
+            "'~' stands for the home directory, and HOME is not set to an absolute path",
+            Some("set HOME, or write the path in full"),
+        );
+        return None;
+    };
+    let parts = components(rest);
+    let written = if parts.is_empty() {
+        "~".to_owned()
+    } else {
+        format!("~/{}", parts.join("/"))
+    };
+    Some(BindSource::Local(written, resolve(home, rest)))
+}
+
+/// The project directory (the first Compose file's) as an absolute UTF-8 path.
+fn project_dir(ctx: &mut ServiceCtx<'_>, key: &str, source: &str) -> Option<String> {
+    let dir = std::path::absolute(ctx.dir)
+        .ok()
+        .and_then(|d| d.to_str().map(str::to_owned));
+    if dir.is_none() {
+        ctx.err(
+            key,
+            Some(source.to_owned()),
+            format!(
+                "the project directory {} cannot be made an absolute UTF-8 path to resolve this source against",
+                ctx.dir.display()
+            ),
+            Some("run from a directory whose path is UTF-8, or write the path in full"),
+        );
+    }
+    dir
+}
+
+/// The path components of `p` with `.` and empty ones dropped and `..` applied lexically (a
+/// leading `..` is kept).
+fn components(p: &str) -> Vec<&str> {
+    let mut out: Vec<&str> = Vec::new();
+    for c in p.split('/') {
+        match c {
+            "" | "." => {}
+            ".." if out.last().is_some_and(|l| *l != "..") => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A relative source as written, normalised: `./a/b`, `../x`, or `.`.
+fn written_relative(source: &str) -> String {
+    let parts = components(source);
+    match parts.first() {
+        None => ".".to_owned(),
+        Some(&"..") => parts.join("/"),
+        Some(_) => format!("./{}", parts.join("/")),
+    }
+}
+
+/// `rel` resolved against the absolute `base`, lexically: absolute, no `.` or `..`, no trailing
+/// `/` (`..` at the root stays at the root).
+fn resolve(base: &str, rel: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    for c in base.split('/').chain(rel.split('/')) {
+        match c {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            c => out.push(c),
+        }
+    }
+    format!("/{}", out.join("/"))
 }
 
 /// A path without its trailing `/` (but `/` itself).
@@ -130,6 +360,76 @@ pub(super) fn normalise_path(p: &str) -> String {
     } else {
         trimmed.to_owned()
     }
+}
+
+/// Settles a bind of a path on the computer that deploys: a read-only regular UTF-8 file small
+/// enough becomes a config; anything else stays a bind, listed for the Service's warning. With
+/// `create_host_path: false`, a missing path is an error.
+fn local_bind(ctx: &mut ServiceCtx<'_>, key: String, b: LocalBind, mounts: &mut Mounts) {
+    let meta = std::fs::metadata(&b.path);
+    if !b.create_host_path {
+        if let Err(e) = &meta {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                ctx.err(
+                    &b.source_key,
+                    Some(b.written.clone()),
+                    format!(
+                        "the bind source {} does not exist, and bind.create_host_path is false",
+                        b.path
+                    ),
+                    Some("create it, or fix the path (a relative path starts from the project directory, the first -f file's)"),
+                );
+                return;
+            }
+        }
+    }
+    if b.read_only {
+        if let Ok(m) = &meta {
+            if m.is_file() && m.len() <= MAX_FILE_AS_CONFIG_BYTES {
+                if let Some(content) = read_text(Path::new(&b.path)) {
+                    mounts.list.push((
+                        key,
+                        Entry::File(ConfigFile {
+                            name: b.written,
+                            target: b.target,
+                            content,
+                            mode: None,
+                            uid: None,
+                            gid: None,
+                        }),
+                    ));
+                    return;
+                }
+            }
+        }
+    }
+    warn_privileged_bind(ctx, &key, &b.path);
+    if !mounts.local_binds.contains(&b.path) {
+        mounts.local_binds.push(b.path.clone());
+    }
+    mounts.list.push((
+        key,
+        Entry::Mount(Mount::Bind {
+            source: b.path,
+            target: b.target,
+            read_only: b.read_only,
+        }),
+    ));
+}
+
+/// A file's content when it is UTF-8 text (read at most [`MAX_FILE_AS_CONFIG_BYTES`] and one
+/// more byte, in case it grew since it was looked at).
+fn read_text(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_AS_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    if bytes.len() as u64 > MAX_FILE_AS_CONFIG_BYTES {
+        return None;
+    }
+    String::from_utf8(bytes).ok()
 }
 
 /// The Docker Volume name of a top-level volume key, recorded in `used`; an undeclared one is
@@ -159,68 +459,75 @@ fn named_volume(
     }
 }
 
-/// A short-syntax volume: `source:target[:options]`.
+/// A short-syntax volume: `source:target[:options]`, or a bare `target` (an anonymous volume,
+/// also `target:ro`).
 fn short_volume(
     ctx: &mut ServiceCtx<'_>,
     key: &str,
     t: &str,
     used: &mut BTreeSet<String>,
-) -> Option<Mount> {
+) -> Option<Parsed> {
     let (source, target, options) = short_volume_parts(ctx, key, t)?;
-    if source.is_empty() {
-        ctx.err(key, Some(t.to_owned()), "the volume source is empty", None);
-        return None;
-    }
     if !check_target(ctx, key, target) {
         return None;
     }
     let (read_only, no_copy) = short_volume_options(ctx, key, t, options)?;
     let target = normalise_path(target);
-    match classify_source(ctx, key, source)? {
-        Source::Bind(source) => {
-            if no_copy {
-                ctx.warn(
-                    key,
-                    "nocopy applies to volumes only and is ignored for a bind",
-                );
-            }
-            Some(Mount::Bind {
-                source,
-                target,
-                read_only,
-            })
-        }
-        Source::Volume(name) => Some(Mount::Volume {
+    let Some(source) = source else {
+        return Some(Parsed::Mount(Mount::Anonymous { target, read_only }));
+    };
+    if source.is_empty() {
+        ctx.err(key, Some(t.to_owned()), "the volume source is empty", None);
+        return None;
+    }
+    let source = classify_short_source(ctx, key, source)?;
+    if no_copy && !matches!(source, Source::Volume(_)) {
+        ctx.warn(
+            key,
+            "nocopy applies to volumes only and is ignored for a bind",
+        );
+    }
+    match source {
+        Source::Path(BindSource::Machine(source)) => Some(Parsed::Mount(Mount::Bind {
+            source,
+            target,
+            read_only,
+        })),
+        Source::Path(BindSource::Local(written, path)) => Some(Parsed::Local(LocalBind {
+            written,
+            path,
+            target,
+            read_only,
+            create_host_path: true,
+            source_key: key.to_owned(),
+        })),
+        Source::Volume(name) => Some(Parsed::Mount(Mount::Volume {
             source: named_volume(ctx, key, &name, used)?,
             target,
             read_only,
             no_copy,
-        }),
+        })),
     }
 }
 
-/// Splits a short-syntax volume into source, target and options; a bare target (an anonymous
-/// volume) is an error.
+/// Whether a short-syntax part is a list of options (`ro`, `rw`, `nocopy`), not a path.
+fn is_option_list(part: &str) -> bool {
+    !part.is_empty() && part.split(',').all(|o| matches!(o, "ro" | "rw" | "nocopy"))
+}
+
+/// Splits a short-syntax volume into source (none for an anonymous volume), target and options.
 fn short_volume_parts<'t>(
     ctx: &mut ServiceCtx<'_>,
     key: &str,
     t: &'t str,
-) -> Option<(&'t str, &'t str, &'t str)> {
+) -> Option<(Option<&'t str>, &'t str, &'t str)> {
     let parts: Vec<&str> = t.split(':').collect();
     match parts.as_slice() {
-        [target] => {
-            ctx.err(
-                key,
-                Some(t.to_owned()),
-                "anonymous volumes are not supported",
-                Some(&format!(
-                    "name the volume and declare it at the top level, e.g. data:{target}"
-                )),
-            );
-            None
-        }
-        [s, tg] => Some((*s, *tg, "")),
-        [s, tg, o] => Some((*s, *tg, *o)),
+        [target] => Some((None, *target, "")),
+        // `/app/node_modules:ro`: Docker and Compose refuse it, but it can only mean this.
+        [target, o] if target.starts_with('/') && is_option_list(o) => Some((None, *target, *o)),
+        [s, tg] => Some((Some(*s), *tg, "")),
+        [s, tg, o] => Some((Some(*s), *tg, *o)),
         _ => {
             ctx.err(
                 key,
@@ -283,13 +590,13 @@ fn long_volume(
     key: &str,
     n: &Node,
     used: &mut BTreeSet<String>,
-) -> Option<Mount> {
+) -> Option<Parsed> {
     warn_unknown_keys(ctx, key, n, LONG_VOLUME_KEYS);
     let m = long_mount(ctx, key, n)?;
     match m.kind.as_str() {
-        "volume" => long_named_volume(ctx, key, n, m, used),
+        "volume" => long_named_volume(ctx, key, n, m, used).map(Parsed::Mount),
         "bind" => long_bind(ctx, key, n, m),
-        "tmpfs" => long_tmpfs(ctx, key, n, m),
+        "tmpfs" => long_tmpfs(ctx, key, n, m).map(Parsed::Mount),
         other => {
             ctx.err(
                 &format!("{key}.type"),
@@ -341,7 +648,8 @@ fn long_mount(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<LongMount
     })
 }
 
-/// `type: volume`: a named volume declared at the top level, with `volume.nocopy`.
+/// `type: volume`: a named volume declared at the top level, with `volume.nocopy`; without a
+/// source, an anonymous volume.
 fn long_named_volume(
     ctx: &mut ServiceCtx<'_>,
     key: &str,
@@ -349,33 +657,34 @@ fn long_named_volume(
     m: LongMount,
     used: &mut BTreeSet<String>,
 ) -> Option<Mount> {
-    let Some(name) = m.source.filter(|s| !s.is_empty()) else {
-        ctx.err(
-            key,
-            None,
-            "anonymous volumes are not supported",
-            Some("give source: a named volume declared at the top level"),
-        );
-        return None;
-    };
     let no_copy = volume_options(ctx, key, n)?;
-    match classify_source(ctx, &format!("{key}.source"), &name)? {
-        Source::Volume(name) => Some(Mount::Volume {
-            source: named_volume(ctx, &format!("{key}.source"), &name, used)?,
+    let Some(name) = m.source.filter(|s| !s.is_empty()) else {
+        if no_copy {
+            ctx.warn(
+                &format!("{key}.volume.nocopy"),
+                "is ignored for an anonymous volume, which Docker seeds from the image",
+            );
+        }
+        return Some(Mount::Anonymous {
             target: m.target,
             read_only: m.read_only,
-            no_copy,
-        }),
-        Source::Bind(path) => {
-            ctx.err(
-                &format!("{key}.source"),
-                Some(path),
-                "a volume's source is a volume name, not a path",
-                Some("use type: bind for a host path"),
-            );
-            None
-        }
+        });
+    };
+    if name.starts_with(['/', '.', '~']) || name.contains('/') {
+        ctx.err(
+            &format!("{key}.source"),
+            Some(name),
+            "a volume's source is a volume name, not a path",
+            Some("use type: bind for a host path"),
+        );
+        return None;
     }
+    Some(Mount::Volume {
+        source: named_volume(ctx, &format!("{key}.source"), &name, used)?,
+        target: m.target,
+        read_only: m.read_only,
+        no_copy,
+    })
 }
 
 /// `volume:` options of a long-syntax volume: whether `nocopy` is set (`subpath` is ignored).
@@ -398,43 +707,45 @@ fn volume_options(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<bool>
     Some(no_copy)
 }
 
-/// `type: bind`: an absolute path on the Machine.
-fn long_bind(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node, m: LongMount) -> Option<Mount> {
+/// `type: bind`: an absolute path on the Machine, or a path from the home directory (`~`) or
+/// the project directory (any other).
+fn long_bind(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node, m: LongMount) -> Option<Parsed> {
     let Some(source) = m.source.filter(|s| !s.is_empty()) else {
         ctx.err(
             key,
             None,
-            "a bind needs source: (an absolute path on the Machine)",
+            "a bind needs source: (a path on the Machine, or one in the project directory)",
             None,
         );
         return None;
     };
-    bind_options(ctx, key, n);
-    match classify_source(ctx, &format!("{key}.source"), &source)? {
-        Source::Bind(source) => Some(Mount::Bind {
+    let create_host_path = bind_options(ctx, key, n);
+    let source_key = format!("{key}.source");
+    match path_source(ctx, &source_key, &source)? {
+        BindSource::Machine(source) => Some(Parsed::Mount(Mount::Bind {
             source,
             target: m.target,
             read_only: m.read_only,
-        }),
-        Source::Volume(name) => {
-            ctx.err(
-                &format!("{key}.source"),
-                Some(name),
-                "a bind's source is an absolute path on the Machine",
-                Some("use type: volume for a named volume"),
-            );
-            None
-        }
+        })),
+        BindSource::Local(written, path) => Some(Parsed::Local(LocalBind {
+            written,
+            path,
+            target: m.target,
+            read_only: m.read_only,
+            create_host_path,
+            source_key,
+        })),
     }
 }
 
-/// `bind:` options of a long-syntax bind: all ignored, with a warning each.
-fn bind_options(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) {
+/// `bind:` options of a long-syntax bind: `create_host_path` (answered; true when absent), the
+/// others ignored with a warning each.
+fn bind_options(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> bool {
     let Some(b) = n.get("bind") else {
-        return;
+        return true;
     };
     if expect_map(ctx, &format!("{key}.bind"), b).is_none() {
-        return;
+        return true;
     }
     warn_unknown_keys(
         ctx,
@@ -450,13 +761,11 @@ fn bind_options(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) {
             );
         }
     }
-    if let Some(c) = b.get("create_host_path") {
-        if ctx.get(&format!("{key}.bind.create_host_path"), c, boolean) == Some(false) {
-            ctx.warn(
-                &format!("{key}.bind.create_host_path"),
-                "false is not supported and is ignored; a missing host path is created",
-            );
-        }
+    match b.get("create_host_path") {
+        Some(c) => ctx
+            .get(&format!("{key}.bind.create_host_path"), c, boolean)
+            .unwrap_or(true),
+        None => true,
     }
 }
 
@@ -496,7 +805,7 @@ fn long_tmpfs(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node, m: LongMount) -> Op
 
 /// The service-level `tmpfs:` key: a path or a list of paths, each with optional
 /// `:size=<bytes>,mode=<octal>`.
-pub(super) fn tmpfs_key(ctx: &mut ServiceCtx<'_>, n: &Node, mounts: &mut Vec<(String, Mount)>) {
+pub(super) fn tmpfs_key(ctx: &mut ServiceCtx<'_>, n: &Node, mounts: &mut Mounts) {
     let items: Vec<(String, &Node)> = match n {
         Node::Null => return,
         Node::Seq(items) => items
@@ -540,13 +849,13 @@ pub(super) fn tmpfs_key(ctx: &mut ServiceCtx<'_>, n: &Node, mounts: &mut Vec<(St
             }
         }
         if ok {
-            mounts.push((
+            mounts.list.push((
                 key,
-                Mount::Tmpfs {
+                Entry::Mount(Mount::Tmpfs {
                     target: normalise_path(target),
                     size_bytes,
                     mode: mode_bits,
-                },
+                }),
             ));
         }
     }
@@ -565,4 +874,22 @@ fn warn_privileged_bind(ctx: &mut ServiceCtx<'_>, key: &str, source: &str) {
         _ => return,
     };
     ctx.warn(key, format!("binds '{source}', {what}"));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{resolve, written_relative};
+
+    #[test]
+    fn paths_resolve_lexically() {
+        assert_eq!(resolve("/p/proj", "./a/./b/"), "/p/proj/a/b");
+        assert_eq!(resolve("/p/proj", "../../../x"), "/x");
+        assert_eq!(resolve("/p/proj", "."), "/p/proj");
+        assert_eq!(resolve("/", ".."), "/");
+        assert_eq!(written_relative("././a/../b"), "./b");
+        assert_eq!(written_relative("../x/./y/"), "../x/y");
+        assert_eq!(written_relative("a/../.."), "..");
+        assert_eq!(written_relative("./"), ".");
+        assert_eq!(written_relative("data/x"), "./data/x");
+    }
 }
