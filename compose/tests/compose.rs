@@ -736,7 +736,7 @@ services:
   api:
     image: api:2
     environment: { B: "3", C: "4" }
-    x-ports: ["api.example.com:9090"]
+    x-ports: ["admin.example.com:9090"]
     labels: !reset {}
     deploy:
       replicas: 5
@@ -761,7 +761,8 @@ services:
     );
     assert_eq!(
         api.ports.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
-        ["api.example.com:9090/https"]
+        ["admin.example.com:9090/https", "api.example.com:8080/https"],
+        "a later file's ports are added to the earlier file's, as Compose merges lists"
     );
     assert_eq!(api.replicas, 5);
     assert_eq!(api.container.resources.memory_limit_bytes, Some(1 << 30));

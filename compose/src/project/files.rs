@@ -325,9 +325,17 @@ pub(super) fn record_origins(doc: &Node, idx: usize, origins: &mut Origins) {
     }
 }
 
-/// Merges `over` into `base`: mappings key by key (recursively), anything else replaced.
-/// `!reset` removes a key, `!override` replaces it without merging.
+/// Merges `over` into `base` by the Compose specification's rules: mappings key by key
+/// (recursively); sequences appended, except that `command`, `entrypoint` and `healthcheck.test`
+/// are replaced and that `volumes`, `secrets` and `configs` entries replace the entry with the
+/// same target (`ports` and `x-ports` entries already present are not added twice); scalars
+/// replaced. `!reset` removes a key, `!override` replaces it without merging.
 pub(super) fn merge_value(base: &mut Node, over: Node) {
+    merge_at(base, over, &mut Vec::new());
+}
+
+/// [`merge_value`] at `path` (the keys from the root), which decides how sequences merge.
+fn merge_at(base: &mut Node, over: Node, path: &mut Vec<String>) {
     match (base, over) {
         (Node::Map(b), Node::Map(o)) => {
             for (k, v) in o {
@@ -341,13 +349,100 @@ pub(super) fn merge_value(base: &mut Node, over: Node) {
                         }
                     }
                     v => match b.iter_mut().find(|(key, _)| *key == k) {
-                        Some(slot) => merge_value(&mut slot.1, v),
+                        Some(slot) => {
+                            path.push(k);
+                            merge_at(&mut slot.1, v, path);
+                            path.pop();
+                        }
                         None => b.push((k, clean(v))),
                     },
                 }
             }
         }
+        (Node::Seq(b), Node::Seq(o)) => match sequence_rule(path) {
+            SequenceRule::Replace => *b = o.into_iter().map(clean).collect(),
+            SequenceRule::Append => b.extend(o.into_iter().map(clean)),
+            SequenceRule::AppendNew => {
+                for item in o.into_iter().map(clean) {
+                    if !b.contains(&item) {
+                        b.push(item);
+                    }
+                }
+            }
+            SequenceRule::ByTarget(target_of) => {
+                for item in o.into_iter().map(clean) {
+                    let target = target_of(&item);
+                    match b
+                        .iter_mut()
+                        .find(|old| target.is_some() && target_of(old) == target)
+                    {
+                        Some(old) => *old = item,
+                        None => b.push(item),
+                    }
+                }
+            }
+        },
         (b, o) => *b = clean(o),
+    }
+}
+
+/// How a sequence of a later file merges into the same sequence of an earlier one.
+enum SequenceRule {
+    /// The later file's sequence wins whole (commands: appending arguments makes no sense).
+    Replace,
+    /// The later file's entries follow the earlier ones.
+    Append,
+    /// Appended, but an entry written the same way in both files is kept once.
+    AppendNew,
+    /// An entry replaces the earlier entry with the same target, else it is appended.
+    ByTarget(fn(&Node) -> Option<String>),
+}
+
+/// The rule for the sequence at `path` (`services.<name>.<key>...`).
+fn sequence_rule(path: &[String]) -> SequenceRule {
+    let in_service: Vec<&str> = match path {
+        [top, _service, rest @ ..] if top == "services" => {
+            rest.iter().map(String::as_str).collect()
+        }
+        _ => return SequenceRule::Append,
+    };
+    match in_service.as_slice() {
+        ["command"] | ["entrypoint"] | ["healthcheck", "test"] => SequenceRule::Replace,
+        ["ports"] | ["x-ports"] => SequenceRule::AppendNew,
+        ["volumes"] => SequenceRule::ByTarget(volume_target),
+        ["secrets"] | ["configs"] => SequenceRule::ByTarget(file_target),
+        _ => SequenceRule::Append,
+    }
+}
+
+/// The container path of a `volumes` entry: `source:target[:options]`, a bare target, or the
+/// long syntax's `target:`. `None` when it cannot be told (the entry is appended; the service
+/// converter reports what is wrong with it).
+fn volume_target(n: &Node) -> Option<String> {
+    match n {
+        Node::Str(s) => {
+            let mut parts = s.split(':');
+            let first = parts.next()?;
+            Some(parts.next().unwrap_or(first).to_owned())
+        }
+        Node::Map(_) => match n.get("target") {
+            Some(Node::Str(t)) => Some(t.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The target of a `secrets` or `configs` entry: the short syntax's name, or the long syntax's
+/// `target:` (its `source:` when it has none).
+fn file_target(n: &Node) -> Option<String> {
+    match n {
+        Node::Str(s) => Some(s.clone()),
+        Node::Map(_) => match (n.get("target"), n.get("source")) {
+            (Some(Node::Str(t)), _) | (None, Some(Node::Str(t))) => Some(t.clone()),
+            _ => None,
+        },
+        _ => None,
     }
 }
 

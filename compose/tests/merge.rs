@@ -1,0 +1,99 @@
+//! Several `-f` files merge by the Compose specification's rules: an override file adds ports,
+//! volumes and other list entries to the base file's instead of dropping them, replaces a
+//! mount of the same target, and replaces commands whole.
+
+use std::path::Path;
+
+use ployz_compose::{load, ComposeInput, LoadedProject};
+use ployz_core::{Mount, ServiceSpec};
+
+fn load_two(base: &str, over: &str) -> LoadedProject {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("compose.yaml"), base).unwrap();
+    std::fs::write(dir.path().join("compose.override.yaml"), over).unwrap();
+    load(&input(dir.path())).unwrap_or_else(|e| panic!("the files load: {e}"))
+}
+
+fn input(dir: &Path) -> ComposeInput {
+    ComposeInput {
+        files: vec![dir.join("compose.yaml"), dir.join("compose.override.yaml")],
+        profiles: Vec::new(),
+        env: Default::default(),
+    }
+}
+
+fn web(p: &LoadedProject) -> &ServiceSpec {
+    p.services
+        .iter()
+        .find(|s| s.name.as_str() == "web")
+        .unwrap()
+}
+
+#[test]
+fn an_override_file_adds_ports_and_keeps_the_base_files() {
+    let p = load_two(
+        "services:\n  web:\n    image: nginx\n    x-ports: ['app.example.com:80/https']\n",
+        "services:\n  web:\n    x-ports: ['admin.example.com:8080/https', 'app.example.com:80/https']\n",
+    );
+    let ports: Vec<String> = web(&p).ports.iter().map(|p| p.to_string()).collect();
+    assert_eq!(
+        ports,
+        ["admin.example.com:8080/https", "app.example.com:80/https"],
+        "the base file's port is kept and the one written in both files appears once"
+    );
+}
+
+#[test]
+fn an_override_file_replaces_the_mount_of_a_target_and_adds_the_others() {
+    let p = load_two(
+        "services:\n  web:\n    image: nginx\n    volumes: ['data:/data', 'logs:/logs']\nvolumes:\n  data: {}\n  logs: {}\n  other: {}\n",
+        "services:\n  web:\n    volumes: ['other:/data', {type: tmpfs, target: /tmp}]\n",
+    );
+    let mounts: Vec<(String, String)> = web(&p)
+        .container
+        .mounts
+        .iter()
+        .map(|m| match m {
+            Mount::Volume { source, target, .. } => (source.clone(), target.clone()),
+            Mount::Tmpfs { target, .. } => ("tmpfs".to_owned(), target.clone()),
+            other => panic!("unexpected mount {other:?}"),
+        })
+        .collect();
+    let names: Vec<(&str, &str)> = mounts
+        .iter()
+        .map(|(s, t)| (s.rsplit('_').next().unwrap_or(s), t.as_str()))
+        .collect();
+    assert_eq!(
+        names,
+        [("other", "/data"), ("logs", "/logs"), ("tmpfs", "/tmp")],
+        "/data is replaced by the override's volume, /logs kept, /tmp added: {mounts:?}"
+    );
+}
+
+#[test]
+fn an_override_file_replaces_commands_whole_and_appends_other_lists() {
+    let p = load_two(
+        "services:\n  web:\n    image: nginx\n    command: [nginx, -g, 'daemon off;']\n    cap_add: [NET_ADMIN]\n    healthcheck:\n      test: [CMD, 'true']\n",
+        "services:\n  web:\n    command: [nginx-debug]\n    cap_add: [SYS_TIME]\n    healthcheck:\n      test: [CMD, 'false']\n",
+    );
+    let spec = web(&p);
+    assert_eq!(spec.container.command, Some(vec!["nginx-debug".to_owned()]));
+    assert_eq!(spec.container.cap_add, ["NET_ADMIN", "SYS_TIME"]);
+    let hc = format!("{:?}", spec.container.healthcheck);
+    assert!(
+        hc.contains("\"false\"") && !hc.contains("\"true\""),
+        "healthcheck.test is replaced: {hc}"
+    );
+}
+
+#[test]
+fn reset_and_override_tags_still_win_over_the_merge_rules() {
+    let p = load_two(
+        "services:\n  web:\n    image: nginx\n    cap_add: [NET_ADMIN]\n    x-ports: ['app.example.com:80/https']\n",
+        "services:\n  web:\n    cap_add: !reset []\n    x-ports: !override ['other.example.com:80/https']\n",
+    );
+    let spec = web(&p);
+    assert!(spec.container.cap_add.is_empty());
+    let ports: Vec<String> = spec.ports.iter().map(|p| p.to_string()).collect();
+    assert_eq!(ports, ["other.example.com:80/https"]);
+}
