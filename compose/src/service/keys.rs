@@ -33,6 +33,7 @@ const HANDLED_KEYS: &[&str] = &[
     "pull_policy",
     "logging",
     "configs",
+    "secrets",
     "profiles",
     "networks",
     "devices",
@@ -139,10 +140,6 @@ const UNSUPPORTED_KEYS: &[(&str, &str)] = &[
         "is ignored: Ployz runs every Service Container with restart policy unless-stopped",
     ),
     ("runtime", "is not supported and is ignored"),
-    (
-        "secrets",
-        "is not supported and is ignored; no secret files are mounted",
-    ),
     (
         "security_opt",
         "is not supported and is ignored; Docker's default security options apply",
