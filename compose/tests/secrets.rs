@@ -71,6 +71,9 @@ fn assert_nothing_shows(p: &LoadedProject, values: &[&str]) {
     }
 }
 
+/// A secret file's name, target, mode, uid and gid.
+type Shape<'a> = (&'a str, &'a str, Option<u32>, Option<u32>, Option<u32>);
+
 #[test]
 fn short_and_long_secrets_land_under_run_secrets_with_their_values() {
     let yaml = r#"
@@ -100,7 +103,7 @@ secrets:
         &[("API_TOKEN", API_TOKEN)],
     );
     let secrets = &service(&p, "db").container.secrets;
-    let shape: Vec<(&str, &str, Option<u32>, Option<u32>, Option<u32>)> = secrets
+    let shape: Vec<Shape<'_>> = secrets
         .iter()
         .map(|s| (s.name.as_str(), s.target.as_str(), s.mode, s.uid, s.gid))
         .collect();
