@@ -349,7 +349,7 @@ fn keep_alive_timeout(value: &str) -> Option<Duration> {
 pub fn check_body_size(request: &str, bytes: usize) -> anyhow::Result<()> {
     if bytes > MAX_BODY_BYTES {
         bail!(
-            "{request}: the request body is {bytes} bytes, over the API's body limit of {MAX_BODY_BYTES} bytes ({} MiB); send less: a command, environment or config file this large belongs in the image or a volume",
+            "{request}: the request body is {bytes} bytes, over the API's body limit of {MAX_BODY_BYTES} bytes ({} MiB); send less: a command, environment, config or secret this large belongs in the image or a volume (secrets travel base64-encoded, a third larger than the file)",
             MAX_BODY_BYTES >> 20
         );
     }

@@ -237,11 +237,6 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["x-ports[0] '8000'", "neither a hostname nor a protocol", "'8000/https'"],
         ),
         (
-            "configs short syntax",
-            "services:\n  web:\n    image: nginx\n    configs: [app]\nconfigs:\n  app:\n    content: x\n".into(),
-            vec!["configs[0] 'app'", "short syntax is not supported", "source: app"],
-        ),
-        (
             "missing env_file",
             "services:\n  web:\n    image: nginx\n    env_file: missing.env\n".into(),
             vec!["env_file 'missing.env'", "does not exist"],
@@ -597,6 +592,7 @@ fn full_web_spec() -> ServiceSpec {
                     gid: None,
                 },
             ],
+            secrets: Vec::new(),
         },
         ports: vec![
             PortSpec::Ingress {

@@ -52,3 +52,4 @@ pub use spec::{
     PreDeployHook, PullPolicy, Resources, ServiceMode, ServiceSpec, Ulimit, UpdateConfig,
     UpdateOrder, VolumeSpec,
 };
+pub use spec::{SecretFile, SecretValue};

@@ -148,6 +148,10 @@ pub struct ContainerSpec {
     /// Files copied into the container before it starts, sorted by target.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub configs: Vec<ConfigFile>,
+    /// Secret files copied into the container before it starts, sorted by target. Compared by
+    /// digest: the values travel only to the daemon that creates the container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretFile>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -254,6 +258,139 @@ pub struct ConfigFile {
     pub uid: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gid: Option<u32>,
+}
+
+/// A `secrets` entry: a file copied into the container before start, like a config, whose
+/// content never appears in labels, previews, reports or logs.
+///
+/// Equality and hashing ignore [`SecretFile::value`]: two secret files are the same when their
+/// name, target, digest and ownership are, so a Resolved Service Spec read back from a label
+/// (which carries no value) equals the Requested Service Spec it was created from, and a changed
+/// value (a changed digest) replaces the container.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SecretFile {
+    /// The secret's name in the Compose file.
+    pub name: String,
+    /// Absolute path inside the container.
+    pub target: String,
+    /// `sha256:<hex>` of the value.
+    pub digest: String,
+    /// File mode; 0o444 when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    /// The content, present only while the spec travels to the daemon that creates the
+    /// container; `None` in labels, previews and reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<SecretValue>,
+}
+
+impl SecretFile {
+    /// A secret file carrying `value`, its digest computed from it.
+    pub fn new(
+        name: String,
+        target: String,
+        value: SecretValue,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> SecretFile {
+        SecretFile {
+            name,
+            target,
+            digest: value.digest(),
+            mode,
+            uid,
+            gid,
+            value: Some(value),
+        }
+    }
+
+    /// The same secret file without its value: what labels, previews and reports carry.
+    pub fn without_value(&self) -> SecretFile {
+        SecretFile {
+            value: None,
+            ..self.clone()
+        }
+    }
+}
+
+impl PartialEq for SecretFile {
+    fn eq(&self, other: &SecretFile) -> bool {
+        self.name == other.name
+            && self.target == other.target
+            && self.digest == other.digest
+            && self.mode == other.mode
+            && self.uid == other.uid
+            && self.gid == other.gid
+    }
+}
+
+impl Eq for SecretFile {}
+
+impl std::hash::Hash for SecretFile {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+        self.target.hash(state);
+        self.digest.hash(state);
+        self.mode.hash(state);
+        self.uid.hash(state);
+        self.gid.hash(state);
+    }
+}
+
+/// A secret's content. It serialises as base64 (for the one request that carries it to the
+/// daemon) and its `Debug` shows only its length.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretValue(Vec<u8>);
+
+impl SecretValue {
+    /// Wraps a secret's bytes.
+    pub fn new(bytes: Vec<u8>) -> SecretValue {
+        SecretValue(bytes)
+    }
+
+    /// The secret's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// `sha256:<hex>` of the bytes: what specs compare and labels carry instead of the value.
+    pub fn digest(&self) -> String {
+        let d = ring::digest::digest(&ring::digest::SHA256, &self.0);
+        format!("sha256:{}", hex::encode(d.as_ref()))
+    }
+}
+
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SecretValue(<redacted, {} bytes>)", self.0.len())
+    }
+}
+
+impl Serialize for SecretValue {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use base64::Engine as _;
+        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(&self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretValue {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<SecretValue, D::Error> {
+        use base64::Engine as _;
+        let text = String::deserialize(deserializer)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map(SecretValue)
+            .map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "a secret value must be standard base64 ({e}); the value is not shown"
+                ))
+            })
+    }
 }
 
 /// `x-pre_deploy`.
@@ -385,6 +522,26 @@ impl ServiceSpec {
         })
     }
 
+    /// The same spec without any secret's value (digests kept): the form that labels, previews,
+    /// `--json` reports and logs carry. It compares equal to `self`.
+    pub fn without_secret_values(&self) -> ServiceSpec {
+        let mut spec = self.clone();
+        spec.strip_secret_values();
+        spec
+    }
+
+    /// Drops every secret's value in place, keeping the digests.
+    pub fn strip_secret_values(&mut self) {
+        for s in &mut self.container.secrets {
+            s.value = None;
+        }
+    }
+
+    /// Whether any secret of this spec carries its value.
+    pub fn has_secret_values(&self) -> bool {
+        self.container.secrets.iter().any(|s| s.value.is_some())
+    }
+
     /// The named Docker Volumes this Service mounts (not its anonymous volumes, which belong to
     /// each container).
     pub fn volume_names(&self) -> impl Iterator<Item = &str> + '_ {
@@ -437,6 +594,109 @@ mod tests {
         let label = serde_json::to_string(&spec).unwrap();
         let back: ServiceSpec = serde_json::from_str(&label).unwrap();
         assert_eq!(back, spec);
+    }
+
+    fn secret(value: &[u8]) -> SecretFile {
+        SecretFile::new(
+            "db_password".into(),
+            "/run/secrets/db_password".into(),
+            SecretValue::new(value.to_vec()),
+            Some(0o400),
+            Some(999),
+            None,
+        )
+    }
+
+    fn spec_with(secrets: Vec<SecretFile>) -> ServiceSpec {
+        ServiceSpec {
+            name: "db".parse().unwrap(),
+            mode: ServiceMode::Replicated,
+            replicas: 1,
+            container: ContainerSpec {
+                image: "postgres:16".into(),
+                secrets,
+                ..Default::default()
+            },
+            ports: vec![],
+            machines: vec![],
+            update: UpdateConfig::default(),
+            pre_deploy: None,
+            depends_on: vec![],
+        }
+    }
+
+    #[test]
+    fn secret_files_compare_and_hash_by_digest_not_value() {
+        use std::hash::{BuildHasher, RandomState};
+        let with = secret(b"hunter2");
+        let without = with.without_value();
+        assert!(without.value.is_none());
+        assert_eq!(with, without);
+        let hasher = RandomState::new();
+        assert_eq!(hasher.hash_one(&with), hasher.hash_one(&without));
+        assert_eq!(
+            spec_with(vec![with.clone()]),
+            spec_with(vec![without.clone()])
+        );
+        let changed = secret(b"hunter3");
+        assert_ne!(changed.digest, with.digest);
+        assert_ne!(changed, with);
+        assert_ne!(spec_with(vec![changed]), spec_with(vec![without]));
+    }
+
+    #[test]
+    fn a_secret_digest_is_the_sha256_of_its_value() {
+        assert_eq!(
+            SecretValue::new(b"abc".to_vec()).digest(),
+            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    #[test]
+    fn debug_output_redacts_secret_values() {
+        let spec = spec_with(vec![secret(b"hunter2")]);
+        let shown = format!("{spec:?} {:#?}", spec.container.secrets[0]);
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("SecretValue(<redacted, 7 bytes>)"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn a_secret_value_round_trips_as_base64_and_its_label_form_has_none() {
+        let value: &[u8] = b"p\xffss\0word";
+        let spec = spec_with(vec![secret(value)]);
+        let wire = serde_json::to_string(&spec).unwrap();
+        let back: ServiceSpec = serde_json::from_str(&wire).unwrap();
+        assert_eq!(
+            back.container.secrets[0]
+                .value
+                .as_ref()
+                .map(SecretValue::as_bytes),
+            Some(value)
+        );
+        assert!(wire.contains("\"value\":\"cP9zcwB3b3Jk\""), "{wire}");
+
+        assert!(spec.has_secret_values());
+        let label_form = spec.without_secret_values();
+        assert!(!label_form.has_secret_values());
+        assert_eq!(label_form, spec);
+        let label = serde_json::to_string(&label_form).unwrap();
+        assert!(!label.contains("value"), "{label}");
+        assert!(!label.contains("cP9zcwB3b3Jk"), "{label}");
+        assert!(label.contains(&spec.container.secrets[0].digest), "{label}");
+        let read_back: ServiceSpec = serde_json::from_str(&label).unwrap();
+        assert_eq!(read_back, spec);
+        assert!(read_back.container.secrets[0].value.is_none());
+    }
+
+    #[test]
+    fn a_secret_value_that_is_not_base64_is_refused_without_echoing_it() {
+        let err = serde_json::from_str::<SecretValue>("\"not base64 hunter2!\"").unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("base64"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
     }
 
     #[test]

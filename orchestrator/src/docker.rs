@@ -102,6 +102,14 @@ pub enum DockerError {
     NetworkConflict { found: String, wanted: String },
     #[error("cannot build the configs archive for container '{container}': {reason}")]
     ConfigsArchive { container: String, reason: String },
+    /// A spec to create a container from carries a secret's digest but not its value: it was
+    /// read back from a container's label, which never holds one.
+    #[error("service '{service}': the secret '{secret}' ({target}) carries no value, only its digest; a spec read back from a container cannot recreate its secrets: deploy the Service from its Compose file")]
+    SecretWithoutValue {
+        service: String,
+        secret: String,
+        target: String,
+    },
     #[error("docker: {0}")]
     Docker(#[from] bollard::errors::Error),
 }
@@ -734,12 +742,15 @@ impl MachineDocker {
         }
     }
 
-    /// Creates and starts a Service Container carrying `spec` as its Resolved Service Spec.
+    /// Creates and starts a Service Container carrying `spec` as its Resolved Service Spec
+    /// (without secret values: the secrets are copied in as files, and the label holds their
+    /// digests only).
     pub async fn run_service_container(
         &self,
         service_id: &ServiceId,
         spec: &ServiceSpec,
     ) -> Result<ContainerRuntimeObservation, DockerError> {
+        check_secret_values(spec)?;
         self.ensure_network().await?;
         self.ensure_image(&spec.container.image, spec.container.pull_policy)
             .await?;
@@ -751,7 +762,8 @@ impl MachineDocker {
             .ok_or(DockerError::NoSuchContainer(created_id))
     }
 
-    /// Creates a container named `name`, copies the spec's configs in, starts it; its ID.
+    /// Creates a container named `name`, copies the spec's configs and secrets in, starts it;
+    /// its ID.
     async fn create_and_start(
         &self,
         name: &str,
@@ -771,7 +783,7 @@ impl MachineDocker {
             .await?
             .map_err(|e| self.classify(e))?;
         check_container_id(&created.id)?;
-        if !spec.container.configs.is_empty() {
+        if !spec.container.configs.is_empty() || !spec.container.secrets.is_empty() {
             self.copy_configs(&created.id, spec).await?;
         }
         self.answer(
@@ -813,9 +825,10 @@ impl MachineDocker {
                 .collect::<Vec<_>>()
                 .join(","),
         );
+        // The label is read by anyone who can inspect the container: never a secret's value.
         labels.insert(
             labels::SERVICE_SPEC.to_owned(),
-            serde_json::to_string(spec).expect("a spec serialises"),
+            serde_json::to_string(&spec.without_secret_values()).expect("a spec serialises"),
         );
         let mut env: Vec<String> = c.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
         env.push(format!("PLOYZ_MACHINE_ID={}", self.machine_id));
@@ -925,28 +938,19 @@ impl MachineDocker {
         }
     }
 
+    /// Copies the spec's configs and secrets into a created container, as files with their
+    /// mode (0444 when unset), uid and gid (root when unset).
     async fn copy_configs(&self, container: &str, spec: &ServiceSpec) -> Result<(), DockerError> {
-        let archive_error = |e: std::io::Error| DockerError::ConfigsArchive {
-            container: container.to_owned(),
-            reason: e.to_string(),
-        };
-        let mut archive = tar::Builder::new(Vec::new());
-        for cfg in &spec.container.configs {
-            let mut header = tar::Header::new_gnu();
-            header.set_size(cfg.content.len() as u64);
-            header.set_mode(cfg.mode.unwrap_or(0o444));
-            header.set_uid(cfg.uid.unwrap_or(0) as u64);
-            header.set_gid(cfg.gid.unwrap_or(0) as u64);
-            header.set_mtime(0);
-            let path = cfg.target.trim_start_matches('/');
-            archive
-                .append_data(&mut header, path, cfg.content.as_bytes())
-                .map_err(archive_error)?;
-        }
-        let bytes = archive.into_inner().map_err(archive_error)?;
+        let bytes = files_archive(spec).map_err(|e| match e {
+            ArchiveError::Io(e) => DockerError::ConfigsArchive {
+                container: container.to_owned(),
+                reason: e.to_string(),
+            },
+            ArchiveError::Docker(e) => e,
+        })?;
         let api = self.api().await?;
         self.answer(
-            "copying configs into a container",
+            "copying configs and secrets into a container",
             CALL_TIMEOUT,
             api.upload_to_container(
                 container,
@@ -1328,6 +1332,61 @@ impl MachineDocker {
     }
 }
 
+/// Refuses a spec whose secrets lack their values: a container created from it would get no
+/// secret files (or empty ones).
+fn check_secret_values(spec: &ServiceSpec) -> Result<(), DockerError> {
+    match spec.container.secrets.iter().find(|s| s.value.is_none()) {
+        Some(s) => Err(DockerError::SecretWithoutValue {
+            service: spec.name.to_string(),
+            secret: s.name.clone(),
+            target: s.target.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Why the files archive could not be built.
+enum ArchiveError {
+    Io(std::io::Error),
+    Docker(DockerError),
+}
+
+/// The tar archive of a spec's configs and secrets, each at its target (relative to `/`).
+fn files_archive(spec: &ServiceSpec) -> Result<Vec<u8>, ArchiveError> {
+    let mut archive = tar::Builder::new(Vec::new());
+    let mut append =
+        |content: &[u8], target: &str, mode: Option<u32>, uid: Option<u32>, gid: Option<u32>| {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(content.len() as u64);
+            header.set_mode(mode.unwrap_or(0o444));
+            header.set_uid(uid.unwrap_or(0) as u64);
+            header.set_gid(gid.unwrap_or(0) as u64);
+            header.set_mtime(0);
+            archive.append_data(&mut header, target.trim_start_matches('/'), content)
+        };
+    for cfg in &spec.container.configs {
+        append(
+            cfg.content.as_bytes(),
+            &cfg.target,
+            cfg.mode,
+            cfg.uid,
+            cfg.gid,
+        )
+        .map_err(ArchiveError::Io)?;
+    }
+    check_secret_values(spec).map_err(ArchiveError::Docker)?;
+    for secret in &spec.container.secrets {
+        let value = secret
+            .value
+            .as_ref()
+            .map(|v| v.as_bytes())
+            .unwrap_or_default();
+        append(value, &secret.target, secret.mode, secret.uid, secret.gid)
+            .map_err(ArchiveError::Io)?;
+    }
+    archive.into_inner().map_err(ArchiveError::Io)
+}
+
 /// A spec's mount as Docker's. An anonymous volume is a volume mount without a source: Docker
 /// creates it with the container, and removing the container (which Ployz does with `v`) removes
 /// it too.
@@ -1494,5 +1553,135 @@ mod tests {
             parse_rfc3339_seconds("2026-11-30T14:00:05.123456789Z"),
             Some(1_796_047_205)
         );
+    }
+
+    fn spec_with_secrets() -> ServiceSpec {
+        use ployz_core::{ConfigFile, ContainerSpec, SecretFile, SecretValue};
+        ServiceSpec {
+            name: "db".parse().unwrap(),
+            mode: ployz_core::ServiceMode::Replicated,
+            replicas: 1,
+            container: ContainerSpec {
+                image: "busybox:latest".into(),
+                configs: vec![ConfigFile {
+                    name: "motd".into(),
+                    target: "/etc/motd".into(),
+                    content: "hello".into(),
+                    mode: None,
+                    uid: None,
+                    gid: None,
+                }],
+                secrets: vec![
+                    SecretFile::new(
+                        "pw".into(),
+                        "/run/secrets/pw".into(),
+                        SecretValue::new(b"hunter2-not-in-labels".to_vec()),
+                        None,
+                        None,
+                        None,
+                    ),
+                    SecretFile::new(
+                        "key".into(),
+                        "/etc/app/key".into(),
+                        SecretValue::new(vec![0, 1, 2, 255]),
+                        Some(0o400),
+                        Some(999),
+                        Some(998),
+                    ),
+                ],
+                ..Default::default()
+            },
+            ports: vec![],
+            machines: vec![],
+            update: Default::default(),
+            pre_deploy: None,
+            depends_on: vec![],
+        }
+    }
+
+    #[test]
+    fn the_spec_label_carries_secret_digests_and_never_values() {
+        let subnet: MachineSubnet = "10.210.3.0/24".to_owned().try_into().unwrap();
+        let docker = MachineDocker::connect(
+            // Never asked: building a request body makes no call.
+            Some("unix:///dev/null"),
+            MachineId::generate(),
+            subnet,
+        )
+        .unwrap();
+        let spec = spec_with_secrets();
+        let body = docker.service_container_body(&ServiceId::generate(), &spec, "db-abcd");
+        let labels = body.labels.unwrap();
+        let label = &labels[labels::SERVICE_SPEC];
+        let every_label = format!("{labels:?}");
+        assert!(!every_label.contains("hunter2"), "{every_label}");
+        let encoded = serde_json::to_string(&ployz_core::SecretValue::new(
+            b"hunter2-not-in-labels".to_vec(),
+        ))
+        .unwrap();
+        let encoded = encoded.trim_matches('"');
+        assert!(!every_label.contains(encoded), "{every_label}");
+        assert!(!label.contains("\"value\""), "{label}");
+        assert!(label.contains(&spec.container.secrets[0].digest), "{label}");
+        let back: ServiceSpec = serde_json::from_str(label).unwrap();
+        assert_eq!(
+            back, spec,
+            "the label form compares equal to the spec it came from"
+        );
+        assert!(!back.has_secret_values());
+    }
+
+    #[test]
+    fn secrets_and_configs_are_archived_with_their_mode_and_owner() {
+        let bytes = match files_archive(&spec_with_secrets()) {
+            Ok(b) => b,
+            Err(_) => panic!("the archive could not be built"),
+        };
+        let mut archive = tar::Archive::new(&bytes[..]);
+        let mut seen = Vec::new();
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let h = entry.header();
+            let row = (
+                entry.path().unwrap().display().to_string(),
+                h.mode().unwrap(),
+                h.uid().unwrap(),
+                h.gid().unwrap(),
+            );
+            let mut content = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut content).unwrap();
+            seen.push((row, content));
+        }
+        assert_eq!(
+            seen,
+            vec![
+                (("etc/motd".to_owned(), 0o444, 0, 0), b"hello".to_vec()),
+                (
+                    ("run/secrets/pw".to_owned(), 0o444, 0, 0),
+                    b"hunter2-not-in-labels".to_vec()
+                ),
+                (
+                    ("etc/app/key".to_owned(), 0o400, 999, 998),
+                    vec![0, 1, 2, 255]
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_spec_whose_secrets_lost_their_values_creates_nothing() {
+        let spec = spec_with_secrets().without_secret_values();
+        let err = check_secret_values(&spec).unwrap_err().to_string();
+        assert!(err.contains("service 'db'"), "{err}");
+        assert!(
+            err.contains("the secret 'pw' (/run/secrets/pw) carries no value"),
+            "{err}"
+        );
+        assert!(
+            err.contains("deploy the Service from its Compose file"),
+            "{err}"
+        );
+        assert!(files_archive(&spec).is_err());
+        assert!(check_secret_values(&spec_with_secrets()).is_ok());
     }
 }

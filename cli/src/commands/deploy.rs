@@ -20,7 +20,9 @@ use anyhow::{anyhow, bail, Context as _};
 use clap::Args;
 use ployz_compose::{self as compose, ComposeInput};
 use ployz_core::api::{docker_paths, LeaseAnswer, LeaseHolder, LeaseRequest};
-use ployz_core::{DeployIntent, DeployOutcome, DeployPreview, MachineSnapshot, ServiceName};
+use ployz_core::{
+    DeployIntent, DeployOutcome, DeployPlan, DeployPreview, MachineSnapshot, Operation, ServiceName,
+};
 use ployz_orchestrator::execute::{execute, ExecuteOptions, Progress};
 use ployz_orchestrator::plan::{plan, PlanOptions};
 use ployz_orchestrator::preview;
@@ -68,12 +70,75 @@ pub const LEASE_WAIT_ENV: &str = "PLOYZ_LEASE_WAIT";
 /// How long a command waits for the Machine lease by default, in seconds.
 pub const DEFAULT_LEASE_WAIT_SECONDS: u64 = 120;
 
-/// What `--json` prints.
+/// What `--json` prints. Its specs carry secrets' digests, never their values.
 #[derive(Serialize)]
 pub struct DeployReport {
     pub preview: DeployPreview,
     /// `None` for a dry run or when nothing needed doing.
     pub outcome: Option<DeployOutcome>,
+}
+
+impl DeployReport {
+    /// The report of `preview` and `outcome`, every secret value dropped (digests kept).
+    pub fn new(preview: &DeployPreview, outcome: Option<&DeployOutcome>) -> DeployReport {
+        let mut preview = preview.clone();
+        for op in preview.plan.volume_operations.iter_mut().chain(
+            preview
+                .plan
+                .services
+                .iter_mut()
+                .flat_map(|s| s.operations.iter_mut()),
+        ) {
+            strip_secret_values(op);
+        }
+        let outcome = outcome.cloned().map(|mut o| {
+            for c in &mut o.completed {
+                strip_secret_values(&mut c.operation);
+            }
+            if let Some(f) = &mut o.failed {
+                strip_secret_values(&mut f.operation);
+            }
+            for op in &mut o.unexecuted {
+                strip_secret_values(op);
+            }
+            o
+        });
+        DeployReport { preview, outcome }
+    }
+}
+
+/// Drops the secret values of the spec an operation carries.
+fn strip_secret_values(op: &mut Operation) {
+    match op {
+        Operation::RunHook { spec, .. }
+        | Operation::RunContainer { spec, .. }
+        | Operation::ReplaceContainer { spec, .. } => spec.strip_secret_values(),
+        Operation::CreateVolume { .. }
+        | Operation::StopContainer { .. }
+        | Operation::RemoveContainer { .. } => {}
+    }
+}
+
+/// Refuses, before anything runs, a plan that would create a container from a spec whose
+/// secrets lost their values: a spec read back from a container (as `ployz scale` uses) carries
+/// only their digests, and its new containers would lack the secret files.
+fn check_secret_values(plan: &DeployPlan) -> anyhow::Result<()> {
+    for op in plan.operations() {
+        let (Operation::RunContainer { spec, .. } | Operation::ReplaceContainer { spec, .. }) = op
+        else {
+            continue;
+        };
+        if let Some(s) = spec.container.secrets.iter().find(|s| s.value.is_none()) {
+            bail!(
+                "service '{}': the secret '{}' ({}) is known here by its digest only, so no new container can get it; deploy the Service from its Compose file (`ployz deploy {}`, with deploy.replicas set there to scale it); nothing was changed",
+                spec.name,
+                s.name,
+                s.target,
+                spec.name
+            );
+        }
+    }
+    Ok(())
 }
 
 fn default_files() -> anyhow::Result<Vec<PathBuf>> {
@@ -335,16 +400,14 @@ async fn deploy_holding(
     let plan = plan(intent, &machines, &flow.plan)?;
     // A request over the API's body limit fails here, in a dry run too, not midway.
     crate::client::check_plan_bodies(&plan)?;
+    check_secret_values(&plan)?;
     let preview = DeployPreview { plan, warnings };
     if !flow.json {
         print!("{}", preview::render(&preview, &machines));
     }
     let Some(lease) = lease.filter(|_| !preview.plan.is_empty() && !flow.dry_run) else {
         if flow.json {
-            crate::output::print_json(&DeployReport {
-                preview,
-                outcome: None,
-            })?;
+            crate::output::print_json(&DeployReport::new(&preview, None))?;
         }
         return Ok(());
     };
@@ -377,10 +440,7 @@ async fn deploy_holding(
     })
     .await;
     if flow.json {
-        crate::output::print_json(&DeployReport {
-            preview: preview.clone(),
-            outcome: Some(outcome.clone()),
-        })?;
+        crate::output::print_json(&DeployReport::new(&preview, Some(&outcome)))?;
     } else {
         print_outcome(&outcome, &machines);
     }
@@ -493,5 +553,115 @@ pub fn confirm(question: &str) -> anyhow::Result<()> {
         Ok(())
     } else {
         bail!("cancelled; nothing was changed")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ployz_core::{
+        CompletedOperation, ContainerSpec, DeployPlan, FailedOperation, MachineId, SecretFile,
+        SecretValue, ServiceId, ServicePlan, ServiceSpec,
+    };
+
+    const VALUE: &[u8] = b"s3cret-in-the-plan";
+
+    fn spec() -> ServiceSpec {
+        ServiceSpec {
+            name: "db".parse().unwrap(),
+            mode: Default::default(),
+            replicas: 1,
+            container: ContainerSpec {
+                image: "postgres:16".into(),
+                secrets: vec![SecretFile::new(
+                    "pw".into(),
+                    "/run/secrets/pw".into(),
+                    SecretValue::new(VALUE.to_vec()),
+                    None,
+                    None,
+                    None,
+                )],
+                ..Default::default()
+            },
+            ports: vec![],
+            machines: vec![],
+            update: Default::default(),
+            pre_deploy: None,
+            depends_on: vec![],
+        }
+    }
+
+    fn run_op() -> Operation {
+        Operation::RunContainer {
+            machine_id: MachineId::generate(),
+            service_id: ServiceId::generate(),
+            spec: spec(),
+        }
+    }
+
+    fn plan() -> DeployPlan {
+        DeployPlan {
+            volume_operations: vec![],
+            services: vec![ServicePlan {
+                service_id: ServiceId::generate(),
+                name: "db".parse().unwrap(),
+                mode: Default::default(),
+                is_new: true,
+                replicas: 1,
+                previous_image: None,
+                image: "postgres:16".into(),
+                operations: vec![run_op()],
+            }],
+        }
+    }
+
+    #[test]
+    fn the_json_report_carries_secret_digests_and_no_values() {
+        let preview = DeployPreview {
+            plan: plan(),
+            warnings: vec![],
+        };
+        let outcome = DeployOutcome {
+            completed: vec![CompletedOperation {
+                operation: run_op(),
+                container: None,
+            }],
+            failed: Some(FailedOperation {
+                operation: run_op(),
+                reason: "exited".into(),
+                container: None,
+                logs: vec![],
+                stop_error: None,
+            }),
+            unexecuted: vec![run_op()],
+            compensation: None,
+        };
+        let encoded = serde_json::to_string(&SecretValue::new(VALUE.to_vec())).unwrap();
+        let encoded = encoded.trim_matches('"');
+        // The plan itself carries the value, for the daemon.
+        assert!(serde_json::to_string(&preview).unwrap().contains(encoded));
+        let text = serde_json::to_string(&DeployReport::new(&preview, Some(&outcome))).unwrap();
+        assert!(!text.contains(encoded), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
+        assert!(!text.contains("\"value\""), "{text}");
+        let digest = SecretValue::new(VALUE.to_vec()).digest();
+        assert_eq!(text.matches(&digest).count(), 4, "{text}");
+    }
+
+    #[test]
+    fn a_plan_from_specs_without_secret_values_is_refused_before_it_runs() {
+        assert!(check_secret_values(&plan()).is_ok());
+        let mut stripped = plan();
+        for op in &mut stripped.services[0].operations {
+            strip_secret_values(op);
+        }
+        let err = check_secret_values(&stripped).unwrap_err().to_string();
+        assert!(err.contains("service 'db'"), "{err}");
+        assert!(err.contains("the secret 'pw' (/run/secrets/pw)"), "{err}");
+        assert!(
+            err.contains("deploy the Service from its Compose file"),
+            "{err}"
+        );
+        assert!(err.contains("nothing was changed"), "{err}");
     }
 }

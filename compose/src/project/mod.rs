@@ -4,12 +4,13 @@
 //! - [`files`]: one file from disk to a checked, interpolated tree, and the merge of several;
 //! - this module: the merged project's top level, profiles, and each included service handed
 //!   to [`crate::service`];
-//! - [`volumes`], [`configs`]: the top-level `volumes:` and `configs:`;
+//! - [`volumes`], [`configs`], [`secrets`]: the top-level `volumes:`, `configs:` and `secrets:`;
 //! - [`order`]: `depends_on` checked across the project, and the dependency order.
 
 mod configs;
 mod files;
 mod order;
+mod secrets;
 mod volumes;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use ployz_core::{PortSpec, ServiceName, ServiceSpec, VolumeSpec};
 
-use crate::service::{self, boolean, Converted, ServiceCtx};
+use crate::service::{self, Converted, ServiceCtx};
 use crate::yaml::Node;
 use crate::{ComposeError, ComposeErrors, ComposeInput, Diagnostics, LoadedProject};
 
@@ -325,6 +326,7 @@ impl Project<'_> {
             out.deps.insert(name.to_string(), kept);
             if let Some(mut c) = service::convert(&mut ctx, node) {
                 self.resolve_configs(&mut ctx, &mut c);
+                self.resolve_secrets(&mut ctx, &mut c);
                 out.used_volumes.extend(c.volume_keys.iter().cloned());
                 out.converted.push(c);
             }
@@ -345,34 +347,6 @@ impl Project<'_> {
                 "Provisioned Volumes (x-volumes) are not supported yet and are ignored; the volumes are plain Docker Volumes",
             ),
             _ => service::keys::top_level_key(d, file, k, v),
-        }
-    }
-
-    /// External secrets are refused; the rest of `secrets:` is not used yet.
-    fn check_secrets(&self, d: &mut Diagnostics) {
-        let Some(Node::Map(entries)) = self.root.get("secrets") else {
-            return;
-        };
-        for (name, node) in entries {
-            if let Some(ext) = node.get("external") {
-                let external = match ext {
-                    Node::Map(_) => true,
-                    other => boolean(other).unwrap_or(false),
-                };
-                if external {
-                    d.error(
-                        self.section_file("secrets", name),
-                        None,
-                        Some(&format!("secrets.{name}.external")),
-                        Some("true".into()),
-                        "external secrets are not supported",
-                        Some(
-                            "give the secret a file:, or pass its value through the environment"
-                                .into(),
-                        ),
-                    );
-                }
-            }
         }
     }
 

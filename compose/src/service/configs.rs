@@ -1,19 +1,62 @@
-//! The service's `configs:` entries (long syntax only). The project resolves each against the
-//! top-level `configs:` and turns it into a file in the container.
+//! The service's `configs:` entries, short (`- name`) and long syntax. The project resolves each
+//! against the top-level `configs:` and turns it into a file in the container. The service's
+//! `secrets:` entries share the reading here ([`file_uses`]); only their target rule differs.
 
 use super::keys::warn_unknown_keys;
 use super::shapes::{mode, text, u32_of};
 use super::volumes::{check_target, normalise_path};
 use super::{ConfigUse, Node, ServiceCtx};
 
-/// `configs:`: a list of `source:`/`target:` entries with optional `uid`, `gid` and `mode`.
+/// Which service key a list of file uses comes from: it decides where a file lands when the
+/// entry names no absolute target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum FileKind {
+    /// `configs`: the target defaults to `/<source>` and must be absolute.
+    Config,
+    /// `secrets`: the target defaults to `/run/secrets/<source>`; a relative target lands
+    /// under `/run/secrets/`, as Compose does.
+    Secret,
+}
+
+impl FileKind {
+    fn key(self) -> &'static str {
+        match self {
+            FileKind::Config => "configs",
+            FileKind::Secret => "secrets",
+        }
+    }
+
+    /// What a use's source names, for messages.
+    fn what(self) -> &'static str {
+        match self {
+            FileKind::Config => "a config",
+            FileKind::Secret => "a secret",
+        }
+    }
+
+    /// Where the file lands when the entry gives no target.
+    fn default_target(self, source: &str) -> String {
+        match self {
+            FileKind::Config => format!("/{source}"),
+            FileKind::Secret => format!("/run/secrets/{source}"),
+        }
+    }
+}
+
+/// `configs:`: a list of names (short syntax) or `source:`/`target:` entries with optional
+/// `uid`, `gid` and `mode`.
 pub(super) fn service_configs(ctx: &mut ServiceCtx<'_>, n: &Node) -> Vec<ConfigUse> {
+    file_uses(ctx, n, FileKind::Config)
+}
+
+/// The entries of a service's `configs:` or `secrets:` list.
+pub(super) fn file_uses(ctx: &mut ServiceCtx<'_>, n: &Node, kind: FileKind) -> Vec<ConfigUse> {
     let items = match n {
         Node::Null => return Vec::new(),
         Node::Seq(items) => items,
         other => {
             ctx.bad(
-                "configs",
+                kind.key(),
                 other,
                 format!("expected a list, found {}", other.kind()),
             );
@@ -22,27 +65,59 @@ pub(super) fn service_configs(ctx: &mut ServiceCtx<'_>, n: &Node) -> Vec<ConfigU
     };
     let mut out = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        if let Some(c) = config_use(ctx, format!("configs[{i}]"), item) {
+        let key = format!("{}[{i}]", kind.key());
+        let used = match item {
+            Node::Map(_) => long_use(ctx, key, item, kind),
+            _ => short_use(ctx, key, item, kind),
+        };
+        if let Some(c) = used {
             out.push(c);
         }
     }
     out
 }
 
-/// One `configs` entry; the target defaults to `/<source>`.
-fn config_use(ctx: &mut ServiceCtx<'_>, key: String, item: &Node) -> Option<ConfigUse> {
-    if !matches!(item, Node::Map(_)) {
-        let name = item.short();
-        ctx.err(
+/// A short-syntax entry: the name of a top-level declaration, mounted at its default target.
+fn short_use(
+    ctx: &mut ServiceCtx<'_>,
+    key: String,
+    item: &Node,
+    kind: FileKind,
+) -> Option<ConfigUse> {
+    let source = ctx.get(&key, item, text)?;
+    if source.is_empty() {
+        ctx.bad(
             &key,
-            Some(name.clone()),
-            "the configs short syntax is not supported",
-            Some(&format!(
-                "use the long syntax: - source: {name}, target: /path/in/container"
-            )),
+            item,
+            format!(
+                "{} needs a name (one under the top-level {}:)",
+                kind.what(),
+                kind.key()
+            ),
         );
         return None;
     }
+    let target = kind.default_target(&source);
+    if !check_file_target(ctx, &key, &target, kind) {
+        return None;
+    }
+    Some(ConfigUse {
+        key,
+        source,
+        target: normalise_path(&target),
+        mode: None,
+        uid: None,
+        gid: None,
+    })
+}
+
+/// A long-syntax entry: `source`, `target`, `uid`, `gid`, `mode`.
+fn long_use(
+    ctx: &mut ServiceCtx<'_>,
+    key: String,
+    item: &Node,
+    kind: FileKind,
+) -> Option<ConfigUse> {
     warn_unknown_keys(ctx, &key, item, &["source", "target", "uid", "gid", "mode"]);
     let Some(source) = item
         .get("source")
@@ -52,16 +127,29 @@ fn config_use(ctx: &mut ServiceCtx<'_>, key: String, item: &Node) -> Option<Conf
             ctx.bad(
                 &key,
                 item,
-                "a config needs source: (a name under the top-level configs:)",
+                format!(
+                    "{} needs source: (a name under the top-level {}:)",
+                    kind.what(),
+                    kind.key()
+                ),
             );
         }
         return None;
     };
+    let target_key = format!("{key}.target");
     let target = match item.get("target") {
-        None | Some(Node::Null) => format!("/{source}"),
-        Some(t) => ctx.get(&format!("{key}.target"), t, text)?,
+        None | Some(Node::Null) => kind.default_target(&source),
+        Some(t) => {
+            let written = ctx.get(&target_key, t, text)?;
+            match kind {
+                FileKind::Secret if !written.starts_with('/') => {
+                    format!("/run/secrets/{written}")
+                }
+                _ => written,
+            }
+        }
     };
-    if !check_target(ctx, &format!("{key}.target"), &target) {
+    if !check_file_target(ctx, &target_key, &target, kind) {
         return None;
     }
     let id = |ctx: &mut ServiceCtx<'_>, k: &str| {
@@ -83,4 +171,24 @@ fn config_use(ctx: &mut ServiceCtx<'_>, key: String, item: &Node) -> Option<Conf
         uid,
         gid,
     })
+}
+
+/// A config target must be absolute; a secret's (made absolute under `/run/secrets/`) must not
+/// climb out of where it was put with `..`.
+fn check_file_target(ctx: &mut ServiceCtx<'_>, key: &str, target: &str, kind: FileKind) -> bool {
+    if !check_target(ctx, key, target) {
+        return false;
+    }
+    if kind == FileKind::Secret && target.split('/').any(|part| part == "..") {
+        ctx.err(
+            key,
+            Some(target.to_owned()),
+            "a secret target must not contain '..'",
+            Some(
+                "name the file directly, e.g. target: db_password or target: /etc/app/db_password",
+            ),
+        );
+        return false;
+    }
+    true
 }

@@ -14,6 +14,7 @@
 //! - [`deploy`]: `deploy` (mode, replicas, resources, update order) with `scale`, `cpus`,
 //!   `mem_limit` and `mem_reservation`;
 //! - [`configs`]: the service's `configs` entries (resolved by the project);
+//! - [`secrets`]: the service's `secrets` entries (resolved by the project, like configs);
 //! - [`extensions`]: `x-machines`, `x-pre_deploy`, `x-caddy` (`x-ports` is with [`ports`]);
 //! - [`depends_on`]: read by the project, which knows every service;
 //! - [`keys`]: the key table (kept, translated, warned, refused) and unknown keys;
@@ -29,6 +30,7 @@ mod image;
 pub(crate) mod keys;
 mod ports;
 mod runtime;
+mod secrets;
 mod shapes;
 mod volumes;
 
@@ -57,7 +59,8 @@ pub(crate) struct Dep {
     pub key: String,
 }
 
-/// A service-level `configs` entry, resolved against the top-level `configs:` by the project.
+/// A service-level `configs` or `secrets` entry, resolved against the top-level `configs:` or
+/// `secrets:` by the project.
 #[derive(Debug, Clone)]
 pub(crate) struct ConfigUse {
     pub key: String,
@@ -76,6 +79,7 @@ pub(crate) struct Converted {
     /// Top-level volume keys it mounts.
     pub volume_keys: BTreeSet<String>,
     pub configs: Vec<ConfigUse>,
+    pub secrets: Vec<ConfigUse>,
 }
 
 /// What a service conversion needs from the project.
@@ -171,6 +175,7 @@ struct Parts<'n> {
     machines: Vec<MachineTarget>,
     pre_deploy: Option<PreDeployHook>,
     configs: Vec<ConfigUse>,
+    secrets: Vec<ConfigUse>,
 }
 
 /// Converts one service. `None` when it has errors (recorded in the context).
@@ -220,6 +225,7 @@ fn read_key<'n>(ctx: &mut ServiceCtx<'_>, p: &mut Parts<'n>, k: &str, value: &'n
             deploy::read(ctx, p, k, value)
         }
         "configs" => p.configs = configs::service_configs(ctx, value),
+        "secrets" => p.secrets = secrets::service_secrets(ctx, value),
         "x-machines" => p.machines = extensions::x_machines(ctx, value),
         "x-pre_deploy" => p.pre_deploy = extensions::x_pre_deploy(ctx, value),
         "x-caddy" => extensions::x_caddy(ctx),
@@ -257,5 +263,6 @@ fn finish(ctx: &mut ServiceCtx<'_>, p: Parts<'_>, errors_before: usize) -> Optio
         },
         volume_keys: p.volume_keys,
         configs: p.configs,
+        secrets: p.secrets,
     })
 }

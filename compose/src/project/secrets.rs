@@ -1,0 +1,332 @@
+//! The top-level `secrets:`: each secret a service uses becomes a read-only file in its
+//! container, with its value read now (`file:` or `environment:`). A value never appears in a
+//! message: errors name the file or the variable, and the spec carries it next to a digest
+//! that is all labels, previews and reports show.
+
+use ployz_core::{SecretFile, SecretValue};
+
+use crate::service::{boolean, suggest, text, Converted, ServiceCtx};
+use crate::yaml::Node;
+use crate::Diagnostics;
+
+use super::Project;
+
+/// The keys of a top-level secret Ployz reads; the others are refused or warned about in
+/// [`Project::check_secrets`].
+const SECRET_KEYS: &[&str] = &[
+    "file",
+    "environment",
+    "external",
+    "name",
+    "driver",
+    "driver_opts",
+    "template_driver",
+    "labels",
+];
+
+impl Project<'_> {
+    /// Checks every top-level secret, used or not: a mapping with one of `file:` and
+    /// `environment:`; `external`, `driver` and `content` are refused; `template_driver` and
+    /// `labels` are warnings (nothing uses them); `name` is accepted and has no effect.
+    pub(super) fn check_secrets(&self, d: &mut Diagnostics) {
+        let entries = match self.root.get("secrets") {
+            None | Some(Node::Null) => return,
+            Some(Node::Map(entries)) => entries,
+            Some(other) => {
+                d.error(
+                    self.top_file("secrets"),
+                    None,
+                    Some("secrets"),
+                    Some(other.short()),
+                    format!("expected a mapping of secrets, found {}", other.kind()),
+                    Some("e.g. secrets: { db_password: { file: ./db_password.txt } }".into()),
+                );
+                return;
+            }
+        };
+        for (name, decl) in entries {
+            let file = self.section_file("secrets", name);
+            let key = format!("secrets.{name}");
+            if check_secret_keys(&key, decl, file, d).is_some() {
+                secret_source(&key, decl, file, d);
+            }
+        }
+    }
+
+    /// Turns the service's secret uses into files, reading each value now.
+    pub(super) fn resolve_secrets(&self, ctx: &mut ServiceCtx<'_>, c: &mut Converted) {
+        let top = self.root.get("secrets");
+        let mut files: Vec<SecretFile> = Vec::new();
+        for u in std::mem::take(&mut c.secrets) {
+            let Some(decl) = top.and_then(|t| t.get(&u.source)) else {
+                ctx.err(
+                    &format!("{}.source", u.key),
+                    Some(u.source.clone()),
+                    format!(
+                        "the secret '{}' is not declared in the top-level secrets:",
+                        u.source
+                    ),
+                    Some(&format!(
+                        "add it at the top level: secrets: {{ {}: {{ file: ./{}.txt }} }} (or environment: VARIABLE)",
+                        u.source, u.source
+                    )),
+                );
+                continue;
+            };
+            let decl_file = self.section_file("secrets", &u.source).to_owned();
+            let Some(value) = self.secret_value(&u.source, decl, &decl_file, ctx.d) else {
+                continue;
+            };
+            files.push(SecretFile::new(
+                u.source, u.target, value, u.mode, u.uid, u.gid,
+            ));
+        }
+        files.sort_by(|a, b| a.target.cmp(&b.target));
+        for pair in files.windows(2) {
+            if pair[0].target == pair[1].target {
+                ctx.err(
+                    "secrets",
+                    Some(pair[1].target.clone()),
+                    format!(
+                        "the secrets '{}' and '{}' share one target",
+                        pair[0].name, pair[1].name
+                    ),
+                    Some("give each secret its own target"),
+                );
+            }
+        }
+        for s in &files {
+            if let Some(cfg) = c
+                .spec
+                .container
+                .configs
+                .iter()
+                .find(|f| f.target == s.target)
+            {
+                ctx.err(
+                    "secrets",
+                    Some(s.target.clone()),
+                    format!(
+                        "the secret '{}' and the config '{}' share one target",
+                        s.name, cfg.name
+                    ),
+                    Some("give the secret or the config another target"),
+                );
+            }
+        }
+        c.spec.container.secrets = files;
+    }
+
+    /// The value of the top-level secret `name`, declared in `file`. Its errors were checked
+    /// (and recorded) by [`Project::check_secrets`] already; recording them again adds nothing.
+    fn secret_value(
+        &self,
+        name: &str,
+        decl: &Node,
+        file: &str,
+        d: &mut Diagnostics,
+    ) -> Option<SecretValue> {
+        let key = format!("secrets.{name}");
+        check_secret_keys(&key, decl, file, d)?;
+        let (kind, v) = secret_source(&key, decl, file, d)?;
+        match kind {
+            "environment" => match self.vars.get(&v) {
+                Some(value) => Some(SecretValue::new(value.clone().into_bytes())),
+                None => {
+                    d.error(
+                        file,
+                        None,
+                        Some(&format!("{key}.environment")),
+                        Some(v.clone()),
+                        format!("the variable '{v}' is not set"),
+                        Some("set it in the environment or in .env".into()),
+                    );
+                    None
+                }
+            },
+            _ => self.secret_file(&key, v, file, d),
+        }
+    }
+
+    /// A `file:` secret's bytes, read relative to the project directory. Messages name the
+    /// path, never the content.
+    fn secret_file(
+        &self,
+        key: &str,
+        v: String,
+        file: &str,
+        d: &mut Diagnostics,
+    ) -> Option<SecretValue> {
+        let path = self.dir.join(&v);
+        let error = |d: &mut Diagnostics, why: String, fix: &str| {
+            d.error(
+                file,
+                None,
+                Some(&format!("{key}.file")),
+                Some(v.clone()),
+                why,
+                Some(fix.into()),
+            )
+        };
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_dir() => {
+                error(
+                    d,
+                    format!("the secret file {} is a directory", path.display()),
+                    "a secret is one file; name the file that holds the value",
+                );
+                return None;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let why = if e.kind() == std::io::ErrorKind::NotFound {
+                    format!("the secret file {} does not exist", path.display())
+                } else {
+                    format!("cannot read the secret file {}: {e}", path.display())
+                };
+                error(
+                    d,
+                    why,
+                    "paths are relative to the project directory (the first -f file's)",
+                );
+                return None;
+            }
+        }
+        match std::fs::read(&path) {
+            Ok(bytes) => Some(SecretValue::new(bytes)),
+            Err(e) => {
+                error(
+                    d,
+                    format!("cannot read the secret file {}: {e}", path.display()),
+                    "make the file readable by the user running ployz",
+                );
+                None
+            }
+        }
+    }
+}
+
+/// A secret declaration is a mapping, not `external`, without a `driver` or `content`;
+/// `template_driver` and `labels` are warnings, unknown keys too.
+fn check_secret_keys(key: &str, decl: &Node, file: &str, d: &mut Diagnostics) -> Option<()> {
+    let Node::Map(entries) = decl else {
+        d.error(
+            file,
+            None,
+            Some(key),
+            Some(decl.short()),
+            "a secret needs file: or environment:",
+            Some("e.g. secrets: { db_password: { file: ./db_password.txt } }".into()),
+        );
+        return None;
+    };
+    let mut refused = false;
+    for (k, _) in entries {
+        let at = format!("{key}.{k}");
+        match k.as_str() {
+            "file" | "environment" | "external" | "name" => {}
+            "driver" | "driver_opts" => {
+                d.error(
+                    file,
+                    None,
+                    Some(&at),
+                    None,
+                    "secret drivers are not supported: Ployz reads a secret's value from file: or environment:",
+                    Some("drop driver: and driver_opts:, and give the secret a file: or environment:".into()),
+                );
+                refused = true;
+            }
+            "template_driver" => d.warn(
+                file,
+                None,
+                &at,
+                "is not supported and is ignored; the value is mounted as it is, not rendered as a template",
+            ),
+            "labels" => d.warn(
+                file,
+                None,
+                &at,
+                "is ignored: the secret is a file in the container, with nothing to label",
+            ),
+            "content" => {
+                d.error(
+                    file,
+                    None,
+                    Some(&at),
+                    None,
+                    "a secret takes file: or environment:, not content: (content: is for configs)",
+                    Some("put the value in a file (file: ./secret.txt) or a variable (environment: VARIABLE), out of the Compose file".into()),
+                );
+                refused = true;
+            }
+            _ if k.starts_with("x-") => {}
+            _ => {
+                let hint = match suggest(k, SECRET_KEYS.iter().copied()) {
+                    Some(s) => format!("; did you mean '{s}'?"),
+                    None => String::new(),
+                };
+                d.warn(file, None, &at, format!("unknown key, ignored{hint}"));
+            }
+        }
+    }
+    if let Some(ext) = decl.get("external") {
+        let external = match ext {
+            Node::Map(_) => true,
+            other => boolean(other).unwrap_or(false),
+        };
+        if external {
+            d.error(
+                file,
+                None,
+                Some(&format!("{key}.external")),
+                Some("true".into()),
+                "external secrets are not supported",
+                Some("give the secret a file:, or pass its value through the environment".into()),
+            );
+            return None;
+        }
+    }
+    (!refused).then_some(())
+}
+
+/// Which one of `file:` and `environment:` the secret has, and the path or variable it names.
+fn secret_source(
+    key: &str,
+    decl: &Node,
+    file: &str,
+    d: &mut Diagnostics,
+) -> Option<(&'static str, String)> {
+    let sources: Vec<&'static str> = ["file", "environment"]
+        .into_iter()
+        .filter(|k| decl.get(k).is_some_and(|v| !matches!(v, Node::Null)))
+        .collect();
+    if sources.len() != 1 {
+        d.error(
+            file,
+            None,
+            Some(key),
+            None,
+            if sources.is_empty() {
+                "a secret needs file: or environment:"
+            } else {
+                "a secret takes one of file: and environment:, not both"
+            },
+            Some("e.g. file: ./db_password.txt, or environment: DB_PASSWORD".into()),
+        );
+        return None;
+    }
+    let kind = sources[0];
+    let value = decl.get(kind)?;
+    let Ok(v) = text(value) else {
+        d.error(
+            file,
+            None,
+            Some(&format!("{key}.{kind}")),
+            Some(value.short()),
+            "expected text",
+            None,
+        );
+        return None;
+    };
+    Some((kind, v))
+}
