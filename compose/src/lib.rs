@@ -5,7 +5,9 @@
 //! every included Service into a normalised [`ServiceSpec`](ployz_core::ServiceSpec), in
 //! dependency order. Nothing here touches Docker or the network.
 //!
-//! Every problem in the project is collected before returning, so one run shows them all:
+//! Every problem in the project is collected before returning, so one run shows them all
+//! ([`load_partial`] also keeps the Services that did convert, so that their planning problems
+//! can be found in the same run):
 //! errors ([`ComposeError`]) name the file, the Service, the key, the value and the fix; keys that
 //! Ployz does not support (or does not know) are warnings ([`ComposeWarning`]), never silently
 //! dropped. Settings that give a container power over its Machine (privileged, capabilities, a
@@ -137,6 +139,26 @@ pub fn load(input: &ComposeInput) -> Result<LoadedProject, ComposeErrors> {
     project::load(input)
 }
 
+/// A Compose project loaded as far as it goes: what [`load_partial`] returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PartialProject {
+    /// The Services that converted without an error (dependencies first, ties by name), the
+    /// named volumes they use, and every warning found. A Service named in an error is not
+    /// here; none is when the files could not be read or the project as a whole could not be
+    /// converted (no services, every one in a disabled profile, a `depends_on` cycle).
+    pub project: LoadedProject,
+    /// Every error found, in file order; empty when [`load`] would succeed.
+    pub errors: Vec<ComposeError>,
+}
+
+/// Loads a Compose project and keeps what converted even when something did not: the CLI plans
+/// those Services to report their planning problems together with the file's errors, and deploys
+/// nothing while `errors` is not empty. With no error this is [`load`]'s project.
+pub fn load_partial(input: &ComposeInput) -> PartialProject {
+    let (project, errors) = project::load_partial(input);
+    PartialProject { project, errors }
+}
+
 /// Text with its line breaks escaped and its length bounded, so every message stays one line.
 fn one_line(s: &str) -> String {
     bounded(s, 1000)
@@ -249,5 +271,61 @@ mod tests {
             w.to_string(),
             "compose.yaml: service 'web': dns: is not supported"
         );
+    }
+
+    fn input_for(text: &str) -> (tempfile::TempDir, ComposeInput) {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("compose.yaml");
+        std::fs::write(&file, text).unwrap();
+        let input = ComposeInput {
+            files: vec![file],
+            ..Default::default()
+        };
+        (dir, input)
+    }
+
+    #[test]
+    fn a_partial_load_keeps_the_services_that_converted() {
+        let (_dir, input) = input_for(
+            "services:\n  web:\n    image: app:1\n    mem_limit: lots\n  \
+             api:\n    image: app:1\n    unknown_thing: 1\n  db:\n    image: db:1\n    cpus: many\n",
+        );
+        let partial = load_partial(&input);
+        let names: Vec<&str> = partial
+            .project
+            .services
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(names, ["api"]);
+        let refused: Vec<Option<&str>> = partial
+            .errors
+            .iter()
+            .map(|e| e.service.as_deref())
+            .collect();
+        assert_eq!(refused, [Some("web"), Some("db")], "{:?}", partial.errors);
+        assert!(
+            partial
+                .project
+                .warnings
+                .iter()
+                .any(|w| w.key == "unknown_thing"),
+            "{:?}",
+            partial.project.warnings
+        );
+        // `load` refuses the same project with the same errors.
+        assert_eq!(load(&input).unwrap_err().0, partial.errors);
+    }
+
+    #[test]
+    fn a_partial_load_of_a_good_project_is_the_load() {
+        let (_dir, input) = input_for("services:\n  web:\n    image: app:1\n");
+        let partial = load_partial(&input);
+        assert!(partial.errors.is_empty());
+        assert_eq!(Ok(partial.project), load(&input));
+        let (_dir, broken) = input_for("services: [\n");
+        let partial = load_partial(&broken);
+        assert!(partial.project.services.is_empty());
+        assert!(!partial.errors.is_empty());
     }
 }

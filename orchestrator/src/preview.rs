@@ -97,19 +97,15 @@ pub fn describe(op: &Operation, machines: &[MachineSnapshot]) -> String {
     }
 }
 
-/// The whole preview: warnings, volume operations, a tree per Service with work to do, and the
-/// summary line; or "Services are up to date." when nothing changes.
+/// The plan as a person reads it: volume operations, a tree per Service with work to do, and the
+/// summary line; or "Services are up to date." when nothing changes. The preview's warnings are
+/// not part of it: the CLI writes them to stderr (`warning: ...`), so that stdout holds only the
+/// plan, and `--json` carries them in the report.
 pub fn render(preview: &DeployPreview, machines: &[MachineSnapshot]) -> String {
     let mut out = String::new();
-    for w in &preview.warnings {
-        let _ = writeln!(out, "warning: {w}");
-    }
     if preview.plan.is_empty() {
         out.push_str("Services are up to date.\n");
         return out;
-    }
-    if !preview.warnings.is_empty() {
-        out.push('\n');
     }
     for op in &preview.plan.volume_operations {
         let _ = writeln!(out, "{}", describe(op, machines));

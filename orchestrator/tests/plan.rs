@@ -408,8 +408,21 @@ fn x_machines_restricts_placement_by_name_or_id() {
         &PlanOptions::default(),
     )
     .unwrap_err();
-    assert!(matches!(err, PlanError::NoEligibleMachine { .. }), "{err}");
+    assert!(
+        matches!(err.0[..], [PlanError::NoEligibleMachine { .. }]),
+        "{err}"
+    );
     assert!(err.to_string().contains("x-machines zz"), "{err}");
+    let e = &err.0[0];
+    assert_eq!(e.service(), Some("web"));
+    assert_eq!(
+        e.message(),
+        "service 'web': no Machine can run it (x-machines zz matches no Machine that is up)"
+    );
+    assert_eq!(
+        e.fix().as_deref(),
+        Some("name Machines that exist and are up in x-machines (`ployz machine ls` lists them)")
+    );
 }
 
 #[test]
@@ -425,7 +438,7 @@ fn name_ambiguity_and_mode_changes_are_refused() {
     )
     .unwrap_err();
     assert!(
-        matches!(err, PlanError::AmbiguousService { ref ids, .. } if ids.len() == 2),
+        matches!(&err.0[..], [PlanError::AmbiguousService { ids, .. }] if ids.len() == 2),
         "{err}"
     );
 
@@ -525,6 +538,7 @@ fn the_preview_shows_a_tree_and_the_summary_line() {
         &PlanOptions::default(),
     )
     .unwrap();
+    // Warnings are not part of the plan's text: the CLI writes them to stderr.
     let text = preview::render(
         &DeployPreview {
             plan: p,
@@ -533,8 +547,7 @@ fn the_preview_shows_a_tree_and_the_summary_line() {
         &[m],
     );
     let expected = format!(
-        "warning: service 'web': privileged\n\n\
-         ~ update service web\n│ image: app:1 → app:2\n│ replicas: 1\n└─ +/- replace container {c1} on a\n\n\
+        "~ update service web\n│ image: app:1 → app:2\n│ replicas: 1\n└─ +/- replace container {c1} on a\n\n\
          + create service api\n│ image: app:1\n│ replicas: 1\n└─ + run container on a\n\n\
          1 create · 1 replace (start-first) · 0 replace (stop-first) · 0 remove · across 1 machine\n"
     );
@@ -552,4 +565,111 @@ fn containers_on_a_machine_observed_down_are_left_alone() {
     changed.container.image = "app:2".into();
     // Nothing can reach b: a new container runs on a, b's is neither replaced nor removed.
     assert_eq!(plan_all(vec![changed], &machines), ["run"]);
+}
+
+#[test]
+fn every_service_that_cannot_be_planned_is_named_in_one_run() {
+    let mut m = machine("a");
+    // Name Ambiguity and a hostname another Service publishes: two problems of one Service.
+    let ingress = PortSpec::Ingress {
+        hostname: Some("app.example.com".into()),
+        published: None,
+        container_port: 80,
+        protocol: IngressProtocol::Https,
+    };
+    let mut owner = spec("owner");
+    owner.ports = vec![ingress.clone()];
+    add(
+        &mut m,
+        &ServiceId::generate(),
+        &owner,
+        ContainerState::Running,
+    );
+    let mut twice = spec("twice");
+    twice.ports = vec![ingress];
+    add(
+        &mut m,
+        &ServiceId::generate(),
+        &twice,
+        ContainerState::Running,
+    );
+    add(
+        &mut m,
+        &ServiceId::generate(),
+        &twice,
+        ContainerState::Running,
+    );
+    let mut nowhere = spec("nowhere");
+    nowhere.machines = vec!["zz".parse().unwrap()];
+    let mut external = spec("external");
+    external.container.mounts = vec![Mount::Volume {
+        source: "ext".into(),
+        target: "/data".into(),
+        read_only: false,
+        no_copy: false,
+    }];
+    let mut never = spec("never");
+    never.container.image = "local-only:1".into();
+    never.container.pull_policy = PullPolicy::Never;
+    let good = spec("good");
+    let services = vec![twice, nowhere, external, good, never];
+    let mut attempts: Vec<_> = services.iter().map(|s| s.name.clone()).collect();
+    attempts.push("missing".parse().unwrap());
+    let intent = DeployIntent {
+        services,
+        attempts,
+        volumes: vec![VolumeSpec {
+            name: "ext".into(),
+            driver: None,
+            driver_opts: Default::default(),
+            labels: Default::default(),
+            external: true,
+        }],
+    };
+    let err = plan(&intent, &[m], &PlanOptions::default()).unwrap_err();
+    let found: Vec<(Option<&str>, &str)> = err
+        .iter()
+        .map(|e| {
+            let kind = match e {
+                PlanError::UnknownAttempt(..) => "unknown",
+                PlanError::HostnameClaimed { .. } => "hostname",
+                PlanError::AmbiguousService { .. } => "ambiguous",
+                PlanError::NoEligibleMachine { .. } => "no machine",
+                PlanError::ExternalVolumeMissing { .. } => "external volume",
+                PlanError::ImageMissing { .. } => "image",
+                _ => "other",
+            };
+            (e.service(), kind)
+        })
+        .collect();
+    // The unknown attempt first, then Service by Service in the intent's order; the Service
+    // that plans well is not named.
+    assert_eq!(
+        found,
+        [
+            (Some("missing"), "unknown"),
+            (Some("twice"), "hostname"),
+            (Some("twice"), "ambiguous"),
+            (Some("nowhere"), "no machine"),
+            (Some("external"), "external volume"),
+            (Some("never"), "image"),
+        ],
+        "{err}"
+    );
+    // One line per problem, each with its fix.
+    assert_eq!(err.to_string().lines().count(), found.len(), "{err}");
+    for e in &err {
+        let fix = e.fix().unwrap_or_else(|| panic!("no fix: {e}"));
+        assert_eq!(format!("{}; {fix}", e.message()), e.to_string());
+        assert!(!e.message().contains("; "), "{e}");
+    }
+    let missing = &err.0[4];
+    assert_eq!(
+        missing.message(),
+        "service 'external': external volume 'ext' does not exist on any Machine"
+    );
+    assert_eq!(
+        missing.fix().as_deref(),
+        Some("create it with `ployz volume create ext`")
+    );
 }

@@ -10,25 +10,37 @@
 //! waits a bounded time (`--lease-wait`) while another command holds it, then gives up naming
 //! that command. `ployz rm`, `stop` and `start` take the lease the same way. A dry run takes no
 //! lease: it changes nothing.
+//!
+//! A refused project is reported whole: every error of its Compose files, and every planning
+//! problem of the Services that did load (`ployz_compose::load_partial`, then one read of the
+//! Deploy Snapshot, without the lease, and the planner, which goes on past a Service it cannot
+//! plan). Nothing is changed while there is one. Text mode writes warnings to stderr
+//! (`warning: ...`), the plan to stdout and each problem to stderr (`error: ...`); `--json`
+//! writes one document on stdout: the report, or for a refusal or any other failure an
+//! [`ErrorDocument`] (`{"errors": [...], "warnings": [...]}`). `--json` still needs `-y` or
+//! `--dry-run`, checked first, since a JSON run cannot be asked to confirm.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _};
 use clap::Args;
-use ployz_compose::{self as compose, ComposeInput};
+use ployz_compose::{self as compose, ComposeError, ComposeInput, ComposeWarning};
 use ployz_core::api::{docker_paths, LeaseAnswer, LeaseHolder, LeaseRequest};
 use ployz_core::{
     DeployIntent, DeployOutcome, DeployPlan, DeployPreview, MachineSnapshot, Operation, ServiceName,
 };
 use ployz_orchestrator::execute::{execute, ExecuteOptions, Progress};
-use ployz_orchestrator::plan::{plan, PlanOptions};
+use ployz_orchestrator::plan::{plan, PlanError, PlanOptions};
 use ployz_orchestrator::preview;
 use serde::Serialize;
 
 use crate::client::ApiClient;
+use crate::output::{
+    print_json, print_warnings, ErrorDocument, Problem, ProblemKind, Problems, Warning,
+};
 use crate::target::ApiTarget;
 use crate::GlobalArgs;
 
@@ -56,7 +68,8 @@ pub struct DeployArgs {
     /// Do not wait for new containers to prove healthy.
     #[arg(long)]
     skip_health: bool,
-    /// Print the preview and the Deploy Outcome as JSON (needs -y or --dry-run).
+    /// Print the preview and the Deploy Outcome as JSON (needs -y or --dry-run); a refused
+    /// project or a failure prints {"errors": [...], "warnings": [...]} instead.
     #[arg(long)]
     json: bool,
     /// How long to wait for the Machine's lease while another command holds it.
@@ -157,36 +170,62 @@ fn default_files() -> anyhow::Result<Vec<PathBuf>> {
 }
 
 pub async fn run(global: &GlobalArgs, args: DeployArgs) -> anyhow::Result<()> {
+    let json = args.json;
+    deploy_files(global, args)
+        .await
+        .map_err(|stop| stop.into_error(json))
+}
+
+/// Loads the Compose files and deploys what they ask for, or refuses with every problem of the
+/// files and of planning what loaded.
+async fn deploy_files(global: &GlobalArgs, args: DeployArgs) -> Result<(), Stop> {
     if args.json && !(args.yes || args.dry_run) {
-        bail!("--json cannot prompt for confirmation; add -y to deploy or --dry-run to preview");
+        return Err(Stop::Failed(
+            ProblemKind::Usage,
+            anyhow!(
+                "--json cannot prompt for confirmation; add -y to deploy or --dry-run to preview"
+            ),
+        ));
     }
     let files = if args.files.is_empty() {
-        default_files()?
+        default_files().stop_as(ProblemKind::Usage)?
     } else {
         args.files.clone()
     };
     let env: BTreeMap<String, String> = std::env::vars().collect();
-    let project = compose::load(&ComposeInput {
+    let loaded = compose::load_partial(&ComposeInput {
         files,
         profiles: args.profiles.clone(),
         env,
-    })
-    .map_err(|errors| anyhow!("{errors}"))?;
-    let attempts: Vec<ServiceName> = if args.services.is_empty() {
+    });
+    let project = loaded.project;
+    let warnings: Vec<Warning> = project.warnings.iter().map(compose_warning).collect();
+    if !args.json {
+        print_warnings(&warnings);
+    }
+    let mut attempts: Vec<ServiceName> = if args.services.is_empty() {
         project.services.iter().map(|s| s.name.clone()).collect()
     } else {
         args.services
             .iter()
             .map(|s| s.parse().map_err(|e| anyhow!("{e}")))
-            .collect::<anyhow::Result<_>>()?
+            .collect::<anyhow::Result<_>>()
+            .stop_as(ProblemKind::Usage)?
     };
+    // A Service the files refused is reported by its errors; planning it would only add that
+    // it is not there.
+    let refused: BTreeSet<&str> = loaded
+        .errors
+        .iter()
+        .filter_map(|e| e.service.as_deref())
+        .collect();
+    attempts
+        .retain(|a| !refused.contains(a.as_str()) || project.services.iter().any(|s| &s.name == a));
     let intent = DeployIntent {
         services: project.services,
         attempts,
         volumes: project.volumes,
     };
-    let warnings = project.warnings.iter().map(|w| w.to_string()).collect();
-    let mut client = super::connect(global).await?;
     let flow = Flow {
         yes: args.yes,
         dry_run: args.dry_run,
@@ -202,7 +241,141 @@ pub async fn run(global: &GlobalArgs, args: DeployArgs) -> anyhow::Result<()> {
         lease_wait: Duration::from_secs(args.lease_wait),
         command: None,
     };
-    deploy_intent(&mut client, &intent, warnings, &flow).await
+    if !loaded.errors.is_empty() {
+        let mut errors: Vec<Problem> = loaded.errors.iter().map(compose_problem).collect();
+        errors.extend(planning_problems(global, &intent, &flow.plan).await);
+        return Err(Stop::Refused { errors, warnings });
+    }
+    let mut client = super::connect(global).await.stop_as(ProblemKind::Daemon)?;
+    deploy_project(&mut client, &intent, warnings, &flow).await
+}
+
+/// The planning problems of the Services of a project refused for its files: the Deploy Snapshot
+/// read once, without the lease (nothing changes), and the Services that loaded planned against
+/// it. When the snapshot cannot be read, one problem says that planning was not checked.
+async fn planning_problems(
+    global: &GlobalArgs,
+    intent: &DeployIntent,
+    opts: &PlanOptions,
+) -> Vec<Problem> {
+    if intent.attempts.is_empty() {
+        return Vec::new();
+    }
+    let snapshot = async {
+        let mut client = super::connect(global).await?;
+        client.get::<MachineSnapshot>(docker_paths::SNAPSHOT).await
+    }
+    .await;
+    let machines = match snapshot {
+        Ok(snapshot) => vec![snapshot],
+        Err(e) => {
+            return vec![Problem::from_text(
+                ProblemKind::Daemon,
+                format!("planning problems were not checked: {e:#}"),
+            )]
+        }
+    };
+    match plan(intent, &machines, opts) {
+        Ok(plan) => match crate::client::check_plan_bodies(&plan) {
+            Ok(()) => Vec::new(),
+            Err(e) => vec![Problem::from_text(ProblemKind::Plan, format!("{e:#}"))],
+        },
+        Err(errors) => errors.iter().map(plan_problem).collect(),
+    }
+}
+
+/// Why a Deploy stopped, and whether its report is out already.
+enum Stop {
+    /// Problems of the project (its files, its planning): nothing was changed.
+    Refused {
+        errors: Vec<Problem>,
+        warnings: Vec<Warning>,
+    },
+    /// Anything else, before any report was printed.
+    Failed(ProblemKind, anyhow::Error),
+    /// The Deploy ran and its report is printed; the error says how it ended.
+    Reported(anyhow::Error),
+}
+
+impl Stop {
+    /// Prints what `--json` promises for this stop (one document on stdout) and gives the error
+    /// `main` prints on stderr: in text mode every problem, one per line.
+    fn into_error(self, json: bool) -> anyhow::Error {
+        match self {
+            Stop::Refused { errors, warnings } if json => {
+                let count = errors.len();
+                if let Err(e) = print_json(&ErrorDocument { errors, warnings }) {
+                    return e;
+                }
+                anyhow!(
+                    "the Deploy was refused: {count} problem{} (in the JSON on stdout); nothing was changed",
+                    if count == 1 { "" } else { "s" }
+                )
+            }
+            Stop::Refused { errors, .. } => anyhow::Error::new(Problems(errors)),
+            Stop::Failed(kind, e) if json => {
+                let document = ErrorDocument {
+                    errors: vec![Problem::from_text(kind, format!("{e:#}"))],
+                    warnings: Vec::new(),
+                };
+                match print_json(&document) {
+                    Ok(()) => e,
+                    Err(printing) => e.context(format!("{printing:#}")),
+                }
+            }
+            Stop::Failed(_, e) | Stop::Reported(e) => e,
+        }
+    }
+}
+
+/// Names where a failure happened, for `--json`.
+trait StopAs<T> {
+    fn stop_as(self, kind: ProblemKind) -> Result<T, Stop>;
+}
+
+impl<T> StopAs<T> for anyhow::Result<T> {
+    fn stop_as(self, kind: ProblemKind) -> Result<T, Stop> {
+        self.map_err(|e| Stop::Failed(kind, e))
+    }
+}
+
+/// A loader error as a reported problem: every field the loader names.
+fn compose_problem(e: &ComposeError) -> Problem {
+    Problem {
+        kind: ProblemKind::Compose,
+        file: Some(e.file.clone()),
+        service: e.service.clone(),
+        key: e.key.clone(),
+        value: e.value.clone(),
+        message: e.message.clone(),
+        fix: e.fix.clone(),
+        line: e.to_string(),
+    }
+}
+
+/// A planning problem as a reported problem: its Service, what is wrong and what to do.
+fn plan_problem(e: &PlanError) -> Problem {
+    Problem {
+        kind: ProblemKind::Plan,
+        file: None,
+        service: e.service().map(str::to_owned),
+        key: None,
+        value: None,
+        message: e.message(),
+        fix: e.fix(),
+        line: e.to_string(),
+    }
+}
+
+/// A loader warning as reported.
+fn compose_warning(w: &ComposeWarning) -> Warning {
+    Warning {
+        file: Some(w.file.clone()),
+        service: w.service.clone(),
+        key: (!w.key.is_empty()).then(|| w.key.clone()),
+        message: w.message.clone(),
+        line: w.to_string(),
+    }
 }
 
 /// How one Deploy asks, plans and watches.
@@ -361,14 +534,30 @@ pub fn rand_seed() -> u64 {
         .unwrap_or(0)
 }
 
-/// Lease, snapshot, plan, preview, confirm, execute, report, release. Shared by `deploy`, `run`
-/// and `scale`.
+/// Lease, snapshot, plan, preview, confirm, execute, report, release. Shared by `run` and
+/// `scale`; `warnings` go to stderr (into the report with `--json`).
 pub async fn deploy_intent(
     client: &mut ApiClient,
     intent: &DeployIntent,
     warnings: Vec<String>,
     flow: &Flow,
 ) -> anyhow::Result<()> {
+    let warnings: Vec<Warning> = warnings.into_iter().map(Warning::from_text).collect();
+    if !flow.json {
+        print_warnings(&warnings);
+    }
+    deploy_project(client, intent, warnings, flow)
+        .await
+        .map_err(|stop| stop.into_error(flow.json))
+}
+
+/// [`deploy_intent`] once the warnings are shown (text mode).
+async fn deploy_project(
+    client: &mut ApiClient,
+    intent: &DeployIntent,
+    warnings: Vec<Warning>,
+    flow: &Flow,
+) -> Result<(), Stop> {
     if flow.dry_run {
         if let Ok(Some(holder)) = client.get::<Option<LeaseHolder>>(docker_paths::LEASE).await {
             eprintln!(
@@ -381,7 +570,9 @@ pub async fn deploy_intent(
         let names: Vec<&str> = intent.attempts.iter().map(|n| n.as_str()).collect();
         format!("deploy of {}", names.join(", "))
     });
-    let lease = take_lease(client, &command, flow.lease_wait).await?;
+    let lease = take_lease(client, &command, flow.lease_wait)
+        .await
+        .stop_as(ProblemKind::Lease)?;
     let result = deploy_holding(client, intent, warnings, flow, Some(&lease)).await;
     release_lease(client).await;
     result
@@ -391,23 +582,43 @@ pub async fn deploy_intent(
 async fn deploy_holding(
     client: &mut ApiClient,
     intent: &DeployIntent,
-    warnings: Vec<String>,
+    warnings: Vec<Warning>,
     flow: &Flow,
     lease: Option<&LeaseHolder>,
-) -> anyhow::Result<()> {
-    let snapshot: MachineSnapshot = client.get(docker_paths::SNAPSHOT).await?;
+) -> Result<(), Stop> {
+    let snapshot: MachineSnapshot = client
+        .get(docker_paths::SNAPSHOT)
+        .await
+        .stop_as(ProblemKind::Daemon)?;
     let machines = vec![snapshot];
-    let plan = plan(intent, &machines, &flow.plan)?;
+    let plan = match plan(intent, &machines, &flow.plan) {
+        Ok(plan) => plan,
+        Err(errors) => {
+            return Err(Stop::Refused {
+                errors: errors.iter().map(plan_problem).collect(),
+                warnings,
+            })
+        }
+    };
     // A request over the API's body limit fails here, in a dry run too, not midway.
-    crate::client::check_plan_bodies(&plan)?;
-    check_secret_values(&plan)?;
-    let preview = DeployPreview { plan, warnings };
+    if let Err(e) =
+        crate::client::check_plan_bodies(&plan).and_then(|()| check_secret_values(&plan))
+    {
+        return Err(Stop::Refused {
+            errors: vec![Problem::from_text(ProblemKind::Plan, format!("{e:#}"))],
+            warnings,
+        });
+    }
+    let preview = DeployPreview {
+        plan,
+        warnings: warnings.into_iter().map(|w| w.line).collect(),
+    };
     if !flow.json {
         print!("{}", preview::render(&preview, &machines));
     }
     let Some(lease) = lease.filter(|_| !preview.plan.is_empty() && !flow.dry_run) else {
         if flow.json {
-            crate::output::print_json(&DeployReport::new(&preview, None))?;
+            print_json(&DeployReport::new(&preview, None)).stop_as(ProblemKind::Failed)?;
         }
         return Ok(());
     };
@@ -417,7 +628,8 @@ async fn deploy_holding(
             "Proceed with deployment?",
             Duration::from_millis(lease.ttl_ms),
         )
-        .await?;
+        .await
+        .stop_as(ProblemKind::Failed)?;
     }
     let machine = machines[0].machine.info.id.clone();
     let total = preview.plan.operations().count();
@@ -440,16 +652,16 @@ async fn deploy_holding(
     })
     .await;
     if flow.json {
-        crate::output::print_json(&DeployReport::new(&preview, Some(&outcome)))?;
+        print_json(&DeployReport::new(&preview, Some(&outcome))).map_err(Stop::Reported)?;
     } else {
         print_outcome(&outcome, &machines);
     }
     if let Some(failed) = &outcome.failed {
-        bail!(
+        return Err(Stop::Reported(anyhow!(
             "deploy failed at '{}': {}",
             preview::describe(&failed.operation, &machines),
             failed.reason
-        );
+        )));
     }
     Ok(())
 }

@@ -62,19 +62,31 @@ pub(crate) struct VolumeDecl {
     pub file: String,
 }
 
-/// Loads a project: every file read and merged, then every included service converted.
-pub(crate) fn load(input: &ComposeInput) -> Result<LoadedProject, ComposeErrors> {
+/// Loads a project: every file read and merged, then every included service converted. The
+/// project holds the services that converted (none when the files could not be read or the
+/// project as a whole could not be converted), with every error and warning found.
+pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeError>) {
     let mut d = Diagnostics::default();
+    let empty = |d: Diagnostics| {
+        (
+            LoadedProject {
+                services: Vec::new(),
+                volumes: Vec::new(),
+                warnings: d.warnings,
+            },
+            d.errors,
+        )
+    };
     let Some(first) = input.files.first() else {
-        return Err(ComposeError {
+        d.errors.push(ComposeError {
             file: "compose.yaml".into(),
             service: None,
             key: None,
             value: None,
             message: "no Compose file was given".into(),
             fix: Some("pass one with -f, e.g. -f compose.yaml".into()),
-        }
-        .into());
+        });
+        return empty(d);
     };
     let dir: PathBuf = match first.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -97,7 +109,7 @@ pub(crate) fn load(input: &ComposeInput) -> Result<LoadedProject, ComposeErrors>
         }
     }
     if fatal {
-        return Err(ComposeErrors(d.errors));
+        return empty(d);
     }
 
     // Merge in order.
@@ -116,16 +128,38 @@ pub(crate) fn load(input: &ComposeInput) -> Result<LoadedProject, ComposeErrors>
         dir: &dir,
         vars: &vars,
     };
-    let result = project.convert(input, &mut d);
-    if !d.errors.is_empty() {
-        return Err(ComposeErrors(d.errors));
+    let Some((services, volumes)) = project.convert(input, &mut d) else {
+        if d.errors.is_empty() {
+            // Every path that gives up records why; this one keeps a refusal from being silent.
+            d.errors.push(ComposeError {
+                file: files.first().cloned().unwrap_or_default(),
+                service: None,
+                key: None,
+                value: None,
+                message: "the project could not be converted".into(),
+                fix: None,
+            });
+        }
+        return empty(d);
+    };
+    (
+        LoadedProject {
+            services,
+            volumes,
+            warnings: d.warnings,
+        },
+        d.errors,
+    )
+}
+
+/// Loads a project: either every included service converts, or every error found is returned.
+pub(crate) fn load(input: &ComposeInput) -> Result<LoadedProject, ComposeErrors> {
+    let (project, errors) = load_partial(input);
+    if errors.is_empty() {
+        Ok(project)
+    } else {
+        Err(ComposeErrors(errors))
     }
-    let (services, volumes) = result.ok_or_else(|| ComposeErrors(d.errors.clone()))?;
-    Ok(LoadedProject {
-        services,
-        volumes,
-        warnings: d.warnings,
-    })
 }
 
 /// The merged project, with what converting it needs.

@@ -17,7 +17,9 @@
 //! - containers that are not running and not kept are removed; Services not attempted are left
 //!   alone, and nothing is pruned.
 //!
-//! [`plan`] calls one module per step, Service by Service:
+//! [`plan`] calls one module per step, Service by Service; a Service that cannot be planned is
+//! left out and the next one planned, and every problem found is returned together
+//! ([`PlanErrors`]):
 //! - `identity`: which Service a Requested Service Spec is (its Service ID, its mode, the
 //!   Ingress Hostnames it may claim) and which of its containers are up to date;
 //! - `placement`: how many containers each Machine should run, a pure function of the Deploy
@@ -54,7 +56,12 @@ pub struct PlanOptions {
     pub seed: u64,
 }
 
-/// Why no plan could be made. Every variant names what to change.
+/// Why one Service (or one Service Attempt) could not be planned. Every variant names what to
+/// change.
+///
+/// Every variant's text is `<what is wrong>; <what to do>`, the first `; ` between the two and
+/// none in what is wrong: [`PlanError::message`] and [`PlanError::fix`] are the two halves, for
+/// reports that show them apart (`ployz deploy --json`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PlanError {
@@ -70,7 +77,7 @@ pub enum PlanError {
         from: &'static str,
         to: &'static str,
     },
-    #[error("service '{name}': no Machine can run it ({why})")]
+    #[error("service '{name}': no Machine can run it ({why}); {}", no_machine_fix(.why))]
     NoEligibleMachine { name: String, why: String },
     #[error("service '{name}': image '{image}' is not on Machine {machine} and pull_policy is never; load it there or use pull_policy: missing")]
     ImageMissing {
@@ -96,6 +103,92 @@ pub enum PlanError {
     ExternalVolumeMissing { name: String, volume: String },
 }
 
+impl PlanError {
+    /// The Service the problem is about, as the Compose file names it.
+    pub fn service(&self) -> Option<&str> {
+        match self {
+            PlanError::UnknownAttempt(name, _)
+            | PlanError::AmbiguousService { name, .. }
+            | PlanError::ModeChange { name, .. }
+            | PlanError::NoEligibleMachine { name, .. }
+            | PlanError::ImageMissing { name, .. }
+            | PlanError::HostnameClaimed { name, .. }
+            | PlanError::HostPortClash { name, .. }
+            | PlanError::ExternalVolumeMissing { name, .. } => Some(name),
+        }
+    }
+
+    /// What is wrong, without what to do about it.
+    pub fn message(&self) -> String {
+        let text = self.to_string();
+        match text.split_once("; ") {
+            Some((message, _)) => message.to_owned(),
+            None => text,
+        }
+    }
+
+    /// What to do about it, when the text says.
+    pub fn fix(&self) -> Option<String> {
+        self.to_string()
+            .split_once("; ")
+            .map(|(_, fix)| fix.to_owned())
+    }
+}
+
+/// What to do when no Machine may run a Service, by the reason placement gave.
+fn no_machine_fix(why: &str) -> &'static str {
+    if why.starts_with("x-machines") {
+        "name Machines that exist and are up in x-machines (`ployz machine ls` lists them)"
+    } else if why.contains("volumes") {
+        "keep the named volumes the Service mounts on one Machine (`ployz volume ls` lists them)"
+    } else {
+        "`ployz machine ls` shows which Machines are up"
+    }
+}
+
+/// Every reason one Deploy could not be planned, in the order found: the unknown Service
+/// Attempts, then Service by Service. A Service that cannot be planned is skipped and the next
+/// one is planned, so one run names every problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanErrors(pub Vec<PlanError>);
+
+impl PlanErrors {
+    /// The problems, in the order found.
+    pub fn iter(&self) -> std::slice::Iter<'_, PlanError> {
+        self.0.iter()
+    }
+}
+
+impl std::fmt::Display for PlanErrors {
+    /// One problem per line.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PlanErrors {}
+
+impl From<PlanError> for PlanErrors {
+    fn from(e: PlanError) -> Self {
+        PlanErrors(vec![e])
+    }
+}
+
+impl<'a> IntoIterator for &'a PlanErrors {
+    type Item = &'a PlanError;
+    type IntoIter = std::slice::Iter<'a, PlanError>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
 /// Docker's normal form of an image reference: a tag is added when absent.
 pub fn normalize_image(image: &str) -> String {
     let last = image.rsplit('/').next().unwrap_or(image);
@@ -106,13 +199,15 @@ pub fn normalize_image(image: &str) -> String {
     }
 }
 
-/// Plans one Deploy.
+/// Plans one Deploy, or says every reason it cannot: each attempted Service is planned even
+/// when an earlier one could not be (that one is left out of the plan), and the problems of all
+/// of them are returned together.
 pub fn plan(
     intent: &DeployIntent,
     machines: &[MachineSnapshot],
     opts: &PlanOptions,
-) -> Result<DeployPlan, PlanError> {
-    check_attempts(intent)?;
+) -> Result<DeployPlan, PlanErrors> {
+    let mut errors = unknown_attempts(intent);
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let freshness = Freshness::new(machines, opts);
     let mut volumes = VolumeLedger::observed(machines);
@@ -122,14 +217,13 @@ pub fn plan(
         .iter()
         .filter(|s| intent.attempts.contains(&s.name))
     {
-        services.push(plan_service(
-            spec,
-            intent,
-            machines,
-            &freshness,
-            &mut volumes,
-            &mut rng,
-        )?);
+        match plan_service(spec, intent, machines, &freshness, &mut volumes, &mut rng) {
+            Ok(service) => services.push(service),
+            Err(problems) => errors.extend(problems),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(PlanErrors(errors));
     }
     Ok(DeployPlan {
         volume_operations: volumes.into_operations(),
@@ -137,22 +231,21 @@ pub fn plan(
     })
 }
 
-/// Refuses a Service Attempt the Compose file does not define.
-fn check_attempts(intent: &DeployIntent) -> Result<(), PlanError> {
-    for attempt in &intent.attempts {
-        if !intent.services.iter().any(|s| &s.name == attempt) {
-            let names: Vec<&str> = intent.services.iter().map(|s| s.name.as_str()).collect();
-            return Err(PlanError::UnknownAttempt(
-                attempt.to_string(),
-                names.join(", "),
-            ));
-        }
-    }
-    Ok(())
+/// The Service Attempts the Compose file does not define, each refused.
+fn unknown_attempts(intent: &DeployIntent) -> Vec<PlanError> {
+    let names: Vec<&str> = intent.services.iter().map(|s| s.name.as_str()).collect();
+    intent
+        .attempts
+        .iter()
+        .filter(|attempt| !intent.services.iter().any(|s| &s.name == *attempt))
+        .map(|attempt| PlanError::UnknownAttempt(attempt.to_string(), names.join(", ")))
+        .collect()
 }
 
 /// Plans one attempted Service: its identity, its placement, then its operations Machine by
-/// Machine. The named volumes it needs are added to `volumes`.
+/// Machine. The named volumes it needs are added to `volumes`. The checks that do not depend on
+/// each other (hostname claims, Name Ambiguity, a mode change, placement) all run, and every
+/// problem they find is returned; `volumes` is changed only once none was found.
 fn plan_service<'a>(
     spec: &ServiceSpec,
     intent: &DeployIntent,
@@ -160,11 +253,18 @@ fn plan_service<'a>(
     freshness: &Freshness<'_>,
     volumes: &mut VolumeLedger<'a>,
     rng: &mut StdRng,
-) -> Result<ServicePlan, PlanError> {
-    identity::check_hostnames(spec, machines)?;
+) -> Result<ServicePlan, Vec<PlanError>> {
+    let mut errors = Vec::new();
+    if let Err(e) = identity::check_hostnames(spec, machines) {
+        errors.push(e);
+    }
     let existing = identity::containers_of(spec, machines);
-    let service_id = identity::service_id(spec, &existing)?;
-    identity::check_mode(spec, &existing)?;
+    let service_id = identity::service_id(spec, &existing)
+        .map_err(|e| errors.push(e))
+        .ok();
+    if let Err(e) = identity::check_mode(spec, &existing) {
+        errors.push(e);
+    }
     let placement = placement::place(
         &placement::Request {
             spec,
@@ -175,7 +275,13 @@ fn plan_service<'a>(
             freshness,
         },
         rng,
-    )?;
+    )
+    .map_err(|e| errors.push(e))
+    .ok();
+    let (Some(service_id), Some(placement), true) = (service_id, placement, errors.is_empty())
+    else {
+        return Err(errors);
+    };
 
     let mut operations = Vec::new();
     let mut removals = Vec::new();
@@ -253,5 +359,68 @@ fn container_ref(c: &ContainerRuntimeObservation) -> ContainerRef {
     ContainerRef {
         id: c.id.clone(),
         name: c.name.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every variant's text is `<message>; <fix>`, so reports can show the two apart.
+    #[test]
+    fn every_plan_error_splits_into_message_and_fix() {
+        let name = || "web".to_owned();
+        let all = [
+            PlanError::UnknownAttempt(name(), "api, db".into()),
+            PlanError::AmbiguousService {
+                name: name(),
+                ids: vec!["a".into(), "b".into()],
+            },
+            PlanError::ModeChange {
+                name: name(),
+                from: "replicated",
+                to: "global",
+            },
+            PlanError::NoEligibleMachine {
+                name: name(),
+                why: "x-machines zz matches no Machine that is up".into(),
+            },
+            PlanError::NoEligibleMachine {
+                name: name(),
+                why: "no Machine holds all of its volumes".into(),
+            },
+            PlanError::NoEligibleMachine {
+                name: name(),
+                why: "every Machine is down".into(),
+            },
+            PlanError::ImageMissing {
+                name: name(),
+                image: "app:1".into(),
+                machine: "a".into(),
+            },
+            PlanError::HostnameClaimed {
+                name: name(),
+                hostname: "app.example.com".into(),
+                owner: "old".into(),
+                owner_id: "svc-1".into(),
+            },
+            PlanError::HostPortClash {
+                name: name(),
+                port: 8080,
+                count: 2,
+                machine: "a".into(),
+            },
+            PlanError::ExternalVolumeMissing {
+                name: name(),
+                volume: "data".into(),
+            },
+        ];
+        for e in all {
+            assert_eq!(e.service(), Some("web"), "{e}");
+            let fix = e.fix().unwrap_or_else(|| panic!("no fix: {e}"));
+            assert!(!fix.is_empty(), "{e}");
+            assert!(!e.message().contains("; "), "{e}");
+            assert_eq!(format!("{}; {fix}", e.message()), e.to_string());
+        }
     }
 }
