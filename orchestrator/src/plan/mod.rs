@@ -85,6 +85,13 @@ pub enum PlanError {
         owner: String,
         owner_id: String,
     },
+    #[error("service '{name}' has the DNS name {label}.internal, which Service '{owner}' ({owner_id}) already answers at; rename '{name}', or remove that Service (`ployz rm {owner_id}`)")]
+    DnsLabelTaken {
+        name: String,
+        label: String,
+        owner: String,
+        owner_id: String,
+    },
     #[error("service '{name}' publishes host port {port} but would run {count} containers on Machine {machine}; use deploy.mode: global or fewer replicas")]
     HostPortClash {
         name: String,
@@ -162,6 +169,7 @@ fn plan_service<'a>(
     rng: &mut StdRng,
 ) -> Result<ServicePlan, PlanError> {
     identity::check_hostnames(spec, machines)?;
+    identity::check_dns_label(spec, machines)?;
     let existing = identity::containers_of(spec, machines);
     let service_id = identity::service_id(spec, &existing)?;
     identity::check_mode(spec, &existing)?;
