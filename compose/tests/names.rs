@@ -57,8 +57,9 @@ fn two_services_sharing_a_dns_name_are_refused_naming_both() {
         ("app", "_app_", "app"),
     ];
     for (first, second, label) in cases {
+        // `other` depends on the refused service: no follow-on error about it.
         let yaml = format!(
-            "services:\n  {first}:\n    image: nginx\n  {second}:\n    image: nginx\n  other:\n    image: nginx\n"
+            "services:\n  {first}:\n    image: nginx\n  {second}:\n    image: nginx\n  other:\n    image: nginx\n    depends_on: [\"{second}\"]\n"
         );
         let errors = load_yaml(&yaml).unwrap_err();
         assert_eq!(errors.0.len(), 1, "{first}/{second}: {errors}");
