@@ -333,10 +333,10 @@ fn run_hooks_configs_and_volumes() {
     assert_eq!(names_of(&running(&lab, &m), "solo").len(), 1);
     let env = run(&lab, &m, &["exec", "solo", "sh", "-c", "echo $A"]);
     assert_eq!(stdout(&env).trim(), "1");
-    let out = run(&lab, &m, &["run", "-n", "Bad", "-y", TEST_IMAGE]);
+    let out = run(&lab, &m, &["run", "-n", "bad/name", "-y", TEST_IMAGE]);
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("--name: Service Name 'Bad'"),
+        stderr(&out).contains("--name: Service Name 'bad/name' has '/' at position 4"),
         "{}",
         stderr(&out)
     );

@@ -72,14 +72,14 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
     let long_name = "s".repeat(64);
     let cases: Vec<(&str, String, Vec<&str>)> = vec![
         (
-            "uppercase service name",
-            "services:\n  Web:\n    image: nginx\n".into(),
-            vec!["service 'Web'", "has uppercase letters", "try 'web'"],
+            "service name with a space",
+            "services:\n  my app:\n    image: nginx\n".into(),
+            vec!["service 'my app'", "has ' ' at position 3", "letters, digits, '_', '.' and '-'"],
         ),
         (
             "path-like service name",
             "services:\n  ../x:\n    image: nginx\n".into(),
-            vec!["service '../x'", "has '.' at position 1"],
+            vec!["service '../x'", "has '/' at position 3"],
         ),
         (
             "service name too long",
@@ -341,12 +341,12 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
 #[test]
 fn every_error_of_a_project_is_reported_at_once() {
     let err = load_yaml(
-        "services:\n  Web:\n    image: nginx\n  api:\n    x-ports: [\"8000\"]\n  db:\n    image: postgres\n    deploy:\n      mode: daemonset\n",
+        "services:\n  we b:\n    image: nginx\n  api:\n    x-ports: [\"8000\"]\n  db:\n    image: postgres\n    deploy:\n      mode: daemonset\n",
     )
     .unwrap_err();
     let lines: Vec<String> = err.0.iter().map(|e| e.to_string()).collect();
     assert_eq!(err.0.len(), 4, "{lines:#?}");
-    assert!(lines.iter().any(|l| l.contains("service 'Web'")));
+    assert!(lines.iter().any(|l| l.contains("service 'we b'")));
     assert!(lines
         .iter()
         .any(|l| l.contains("service 'api': x-ports[0] '8000'")));

@@ -5,12 +5,14 @@
 //! Containers (Serving Containers). Every other name is forwarded to the host's resolvers.
 //!
 //! Names answered (case-insensitive, trailing dot optional):
-//! - `<service-name>.internal`: every Serving Container of every Service with that Service
-//!   Name. Name Ambiguity is preserved: Services sharing a name answer together.
+//! - `<service-label>.internal`: every Serving Container of every Service whose Service Name
+//!   has that Service DNS Label (the name lowercased, `_` and `.` turned to `-`, edge `-`
+//!   dropped: `My_App` answers at `my-app.internal`). Name Ambiguity is preserved: Services
+//!   sharing a label answer together.
 //! - `<service-id>.internal`: the Serving Containers of one Service ID.
-//! - `<machine>.m.<service-name>.internal`, the Machine-Service DNS Selector: one Machine
+//! - `<machine>.m.<service-label>.internal`, the Machine-Service DNS Selector: one Machine
 //!   (by Machine ID, or by Machine Name while that name belongs to exactly one Machine)
-//!   together with one Service Name. It is not a Service identity.
+//!   together with one Service DNS Label. It is not a Service identity.
 //! - the prefixes `rr.` (shuffled per query, also the default) and `nearest.` (the Nearest DNS
 //!   Selector: addresses in the observing Machine's subnet first, each group shuffled).
 //!

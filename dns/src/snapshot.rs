@@ -10,8 +10,8 @@ use ployz_core::{ContainerRuntimeObservation, MachineId, MachineSubnet};
 /// The zone this server owns, lowercase, without the trailing dot.
 pub const ZONE: &str = "internal";
 
-/// The label between a Machine and a Service Name in a Machine-Service DNS Selector
-/// (`<machine>.m.<service-name>.internal`).
+/// The label between a Machine and a Service DNS Label in a Machine-Service DNS Selector
+/// (`<machine>.m.<service-label>.internal`).
 pub const MACHINE_LABEL: &str = "m";
 
 /// The addresses one name answers with, those inside the observing Machine's subnet first.
@@ -55,15 +55,16 @@ impl AddressSet {
 /// An immutable answer table: lowercase name -> addresses, for the `.internal` zone as one
 /// observing Machine sees it.
 ///
-/// Names it holds (all lowercase, under `internal.`):
-/// - `<service-name>.internal`: every Serving Container of every Service with that Service
-///   Name (Name Ambiguity is preserved: several Services may share it);
+/// Names it holds (all lowercase, under `internal.`), where `<service-label>` is the Service
+/// DNS Label of a Service Name (`My_App` -> `my-app`, see `ServiceName::dns_label`):
+/// - `<service-label>.internal`: every Serving Container of every Service with that Service
+///   DNS Label (Name Ambiguity is preserved: several Services may share it);
 /// - `<service-id>.internal`: every Serving Container of that Service;
-/// - `<machine-id>.m.<service-name>.internal`: the Serving Containers on one Machine of the
-///   Services with that name (a Machine-Service DNS Selector);
-/// - `<machine-name>.m.<service-name>.internal`, only while that Machine Name belongs to exactly
-///   one Machine;
-/// - `m.<service-name>.internal` as an empty non-terminal, so it answers NOERROR without data
+/// - `<machine-id>.m.<service-label>.internal`: the Serving Containers on one Machine of the
+///   Services with that label (a Machine-Service DNS Selector);
+/// - `<machine-name>.m.<service-label>.internal`, only while that Machine Name belongs to
+///   exactly one Machine;
+/// - `m.<service-label>.internal` as an empty non-terminal, so it answers NOERROR without data
 ///   rather than claiming nothing exists below it.
 ///
 /// The `rr.` and `nearest.` selector prefixes are applied at query time, not stored.
@@ -94,7 +95,7 @@ impl DnsSnapshot {
         let mut b = Builder::default();
         for o in observations.iter().filter(|o| o.is_serving()) {
             let Some(addr) = o.address else { continue };
-            let service = o.service_name.as_str();
+            let service = o.service_name.dns_label();
             b.add(format!("{service}.{ZONE}"), addr);
             b.add(format!("{}.{ZONE}", o.service_id), addr);
             b.add(
@@ -384,6 +385,40 @@ pub(crate) mod tests {
             &one.id,
         );
         assert_eq!(addrs(&s, "twin.m.web.internal"), None);
+    }
+
+    #[test]
+    fn service_names_answer_under_their_dns_label() {
+        let alpha = machine("alpha", "10.210.0.0/24");
+        let (a, b) = (ServiceId::generate(), ServiceId::generate());
+        let s = DnsSnapshot::build(
+            &[
+                serving(&alpha.id, "My_App", &a, ip(2)),
+                serving(&alpha.id, "_api.v2", &b, ip(3)),
+            ],
+            std::slice::from_ref(&alpha),
+            &alpha.id,
+        );
+        assert_eq!(addrs(&s, "my-app.internal"), Some(&[ip(2)][..]));
+        assert_eq!(addrs(&s, "alpha.m.my-app.internal"), Some(&[ip(2)][..]));
+        assert_eq!(
+            addrs(&s, &format!("{}.m.my-app.internal", alpha.id)),
+            Some(&[ip(2)][..])
+        );
+        assert!(s.get(b"m.my-app.internal").unwrap().is_empty());
+        assert_eq!(addrs(&s, "api-v2.internal"), Some(&[ip(3)][..]));
+        // The name as written is not a DNS name.
+        for written in ["my_app.internal", "My_App.internal", "_api.v2.internal"] {
+            assert_eq!(addrs(&s, &written.to_ascii_lowercase()), None, "{written}");
+        }
+        // Every name the table holds is a lowercase DNS name.
+        for name in s.names() {
+            assert!(
+                name.chars()
+                    .all(|c| matches!(c, 'a'..='z' | '0'..='9' | '-' | '.')),
+                "{name}"
+            );
+        }
     }
 
     #[test]

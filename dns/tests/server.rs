@@ -504,6 +504,37 @@ async fn internal_names_follow_the_replicated_observations() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_name_answers_under_its_dns_label_in_any_case() {
+    let h = Harness::start(|_| {}).await;
+    let svc = ServiceId::generate();
+    let addr = Ipv4Addr::new(10, 210, 5, 9);
+    h.observe(&container(&h.local.id, "My_App", &svc, addr));
+    h.wait_addresses("my-app.internal", 1).await;
+
+    let resolver = h.resolver(ProtocolConfig::Udp);
+    for name in [
+        "my-app.internal.",
+        "MY-APP.Internal.",
+        "alpha.m.my-app.internal.",
+        "nearest.My-App.internal.",
+    ] {
+        assert_eq!(
+            resolve_a(&resolver, name).await.unwrap(),
+            vec![addr],
+            "{name}"
+        );
+    }
+    // A raw query in mixed case gets the address too.
+    let (reply, _) = udp(h.addr, &question("My-App.internal.", RecordType::A, None)).await;
+    assert_eq!(reply.metadata.response_code, ResponseCode::NoError);
+    assert_eq!(addresses(&reply), vec![addr]);
+    // The name as written is no DNS name of it (asked raw: resolvers refuse '_' in a host name).
+    let (reply, _) = udp(h.addr, &question("my_app.internal.", RecordType::A, None)).await;
+    assert_eq!(reply.metadata.response_code, ResponseCode::NXDomain);
+    assert!(addresses(&reply).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machine_names_answer_only_while_unambiguous() {
     let h = Harness::start(|_| {}).await;
     let twin_a = Peer::new("twin", "10.210.1.0/24");

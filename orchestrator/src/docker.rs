@@ -33,7 +33,7 @@ use futures_util::{Stream, StreamExt, TryStreamExt};
 use ployz_core::{
     ContainerHealth, ContainerId, ContainerKind, ContainerRef, ContainerRuntimeObservation,
     ContainerState, DockerVolume, Healthcheck, HostProtocol, MachineId, MachineSubnet, Mount,
-    PortSpec, PreDeployHook, PullPolicy, ServiceId, ServiceSpec, VolumeSpec,
+    PortSpec, PreDeployHook, PullPolicy, ServiceId, ServiceName, ServiceSpec, VolumeSpec,
 };
 use rand::Rng;
 
@@ -235,6 +235,22 @@ fn random_suffix() -> String {
     (0..4)
         .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
         .collect()
+}
+
+/// The longest host name a container can be given (a DNS label; Linux refuses more than 64).
+const MAX_HOSTNAME_LEN: usize = 63;
+
+/// A container's name and host name for `service`, both ending in `tail` (for example `-x7k2`
+/// or `-pre-deploy-x7k2`). The name keeps the Service Name as written (without the leading
+/// characters Docker refuses, see [`ServiceName::container_stem`]); the host name starts with
+/// the Service DNS Label cut so that the whole stays a valid DNS label, so that `My_App` runs as
+/// `My_App-x7k2` with host name `my-app-x7k2`.
+fn container_names(service: &ServiceName, tail: &str) -> (String, String) {
+    let name = format!("{}{tail}", service.container_stem());
+    let mut label = service.dns_label();
+    label.truncate(MAX_HOSTNAME_LEN.saturating_sub(tail.len()));
+    let hostname = format!("{}{tail}", label.trim_end_matches('-'));
+    (name, hostname)
 }
 
 fn ms_to_ns(ms: Option<u64>) -> Option<i64> {
@@ -754,8 +770,8 @@ impl MachineDocker {
         self.ensure_network().await?;
         self.ensure_image(&spec.container.image, spec.container.pull_policy)
             .await?;
-        let name = format!("{}-{}", spec.name, random_suffix());
-        let body = self.service_container_body(service_id, spec, &name);
+        let (name, hostname) = container_names(&spec.name, &format!("-{}", random_suffix()));
+        let body = self.service_container_body(service_id, spec, &hostname);
         let created_id = self.create_and_start(&name, body, spec).await?;
         self.observe_container(&created_id)
             .await?
@@ -813,7 +829,7 @@ impl MachineDocker {
         &self,
         service_id: &ServiceId,
         spec: &ServiceSpec,
-        name: &str,
+        hostname: &str,
     ) -> ContainerCreateBody {
         let c = &spec.container;
         let mut labels = self.common_labels(service_id, spec);
@@ -917,7 +933,7 @@ impl MachineDocker {
             ..Default::default()
         };
         ContainerCreateBody {
-            hostname: Some(name.to_owned()),
+            hostname: Some(hostname.to_owned()),
             user: c.user.clone(),
             env: Some(env),
             cmd: c.command.clone(),
@@ -1229,7 +1245,8 @@ impl MachineDocker {
         self.ensure_network().await?;
         self.ensure_image(&spec.container.image, spec.container.pull_policy)
             .await?;
-        let name = format!("{}-pre-deploy-{}", spec.name, random_suffix());
+        let (name, hostname) =
+            container_names(&spec.name, &format!("-pre-deploy-{}", random_suffix()));
         let mut labels = self.common_labels(service_id, spec);
         labels.insert(labels::HOOK.to_owned(), "pre-deploy".to_owned());
         let mut env: Vec<String> = spec
@@ -1242,7 +1259,7 @@ impl MachineDocker {
         env.push(format!("PLOYZ_MACHINE_ID={}", self.machine_id));
         env.push("PLOYZ_HOOK_PRE_DEPLOY=true".into());
         let body = ContainerCreateBody {
-            hostname: Some(name.clone()),
+            hostname: Some(hostname),
             image: Some(spec.container.image.clone()),
             cmd: Some(hook.command.clone()),
             entrypoint: spec.container.entrypoint.clone(),
@@ -1544,6 +1561,55 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(long.len() < 400, "values are shortened: {long}");
+    }
+
+    #[test]
+    fn container_names_keep_the_service_name_and_host_names_are_dns_labels() {
+        /// Docker's rule for a container name.
+        fn docker_accepts(name: &str) -> bool {
+            let mut chars = name.chars();
+            chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+                && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        }
+        let long = format!("_{}", "Ab_".repeat(20) + "xy");
+        let cases = [
+            ("web", "-x7k2", "web-x7k2", "web-x7k2"),
+            ("My_App", "-x7k2", "My_App-x7k2", "my-app-x7k2"),
+            ("_app.v2", "-x7k2", "app.v2-x7k2", "app-v2-x7k2"),
+            (
+                "web",
+                "-pre-deploy-x7k2",
+                "web-pre-deploy-x7k2",
+                "web-pre-deploy-x7k2",
+            ),
+        ];
+        for (service, tail, name, hostname) in cases {
+            let service: ServiceName = service.parse().unwrap();
+            assert_eq!(
+                container_names(&service, tail),
+                (name.to_owned(), hostname.to_owned())
+            );
+        }
+        for tail in ["-x7k2", "-pre-deploy-x7k2"] {
+            for service in [long.as_str(), &"z".repeat(63), &"a_".repeat(31)] {
+                let parsed: ServiceName = service.parse().unwrap();
+                let (name, hostname) = container_names(&parsed, tail);
+                assert!(docker_accepts(&name), "{name}");
+                assert!(name.ends_with(tail), "{name}");
+                assert!(hostname.len() <= 63, "{hostname}");
+                assert!(hostname.ends_with(tail), "{hostname}");
+                assert!(
+                    !hostname.contains("--x") && !hostname.contains("--p"),
+                    "{hostname}"
+                );
+                assert!(
+                    hostname
+                        .chars()
+                        .all(|c| matches!(c, 'a'..='z' | '0'..='9' | '-')),
+                    "{hostname}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -126,7 +126,14 @@ pub fn render(preview: &DeployPreview, machines: &[MachineSnapshot]) -> String {
         } else {
             ""
         };
-        let _ = writeln!(out, "{header} {}{global}", service.name);
+        // The DNS name, where it is not simply the Service Name (the zone is the dns crate's).
+        let label = service.name.dns_label();
+        let dns = if label == service.name.as_str() {
+            String::new()
+        } else {
+            format!(" (DNS: {label}.internal)")
+        };
+        let _ = writeln!(out, "{header} {}{dns}{global}", service.name);
         match &service.previous_image {
             Some(prev) => {
                 let _ = writeln!(out, "│ image: {prev} → {}", service.image);

@@ -171,6 +171,39 @@ struct Project<'a> {
     vars: &'a BTreeMap<String, String>,
 }
 
+/// Refuses a Service Name whose Service DNS Label an earlier service of the project already has
+/// (`my_app` after `my-app`, `Web` after `web`): their DNS names would merge. Profiles do not
+/// matter, since the two may be deployed together later. `labels` maps each label seen to the
+/// name that brought it; whether `name` was accepted.
+fn check_dns_label(
+    name: &ServiceName,
+    labels: &mut BTreeMap<String, ServiceName>,
+    file: &str,
+    d: &mut Diagnostics,
+) -> bool {
+    let label = name.dns_label();
+    match labels.get(&label) {
+        Some(first) => {
+            d.error(
+                file,
+                Some(name.as_str()),
+                None,
+                None,
+                format!(
+                    "has the DNS name {label}.internal, which service '{first}' already has \
+                     (for DNS a Service Name is lowercased and '_' and '.' become '-')"
+                ),
+                Some(format!("rename one of them ('{name}' or '{first}')")),
+            );
+            false
+        }
+        None => {
+            labels.insert(label, name.clone());
+            true
+        }
+    }
+}
+
 /// The services the profiles include, and what is known of the others.
 struct Selection<'n> {
     /// Included services with a valid name, in file order.
@@ -271,6 +304,7 @@ impl Project<'_> {
             disabled: BTreeMap::new(),
             all_names: BTreeSet::new(),
         };
+        let mut labels = BTreeMap::new();
         for (name, node) in services {
             s.all_names.insert(name.clone());
             let file = self.section_file("services", name);
@@ -290,7 +324,8 @@ impl Project<'_> {
                 }
             };
             let parsed = match name.parse::<ServiceName>() {
-                Ok(n) => Some(n),
+                Ok(n) if check_dns_label(&n, &mut labels, file, d) => Some(n),
+                Ok(_) => None,
                 Err(e) => {
                     d.error(file, Some(name), None, None, e.to_string(), None);
                     None

@@ -2,8 +2,8 @@
 //!
 //! A Service is found by its Service Name among the observed Service Containers: no container
 //! means a new Service ID, one Service ID is that Service, several are Name Ambiguity and refuse
-//! the Deploy. Its mode never changes in place, and it may not claim an Ingress Hostname another
-//! Service publishes.
+//! the Deploy. Its mode never changes in place, it may not claim an Ingress Hostname another
+//! Service publishes, nor the Service DNS Label of a Service with another name.
 
 use std::collections::BTreeSet;
 
@@ -96,6 +96,29 @@ pub(super) fn check_hostnames(
         }
     }
     Ok(())
+}
+
+/// Refuses a Service whose Service DNS Label a deployed Service of another name already has
+/// (`my_app` while `my-app` runs): the internal DNS would answer for both under one name.
+pub(super) fn check_dns_label(
+    spec: &ServiceSpec,
+    machines: &[MachineSnapshot],
+) -> Result<(), PlanError> {
+    let label = spec.name.dns_label();
+    let owner = machines
+        .iter()
+        .flat_map(|m| m.containers.iter())
+        .filter(|c| c.kind == ContainerKind::Service && c.service_name != spec.name)
+        .find(|c| c.service_name.dns_label() == label);
+    match owner {
+        Some(c) => Err(PlanError::DnsLabelTaken {
+            name: spec.name.to_string(),
+            label,
+            owner: c.service_name.to_string(),
+            owner_id: c.service_id.to_string(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Decides which containers need no replacement, for every Service of one Deploy.

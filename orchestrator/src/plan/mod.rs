@@ -92,6 +92,13 @@ pub enum PlanError {
         owner: String,
         owner_id: String,
     },
+    #[error("service '{name}' has the DNS name {label}.internal, which Service '{owner}' ({owner_id}) already answers at; rename '{name}', or remove that Service (`ployz rm {owner_id}`)")]
+    DnsLabelTaken {
+        name: String,
+        label: String,
+        owner: String,
+        owner_id: String,
+    },
     #[error("service '{name}' publishes host port {port} but would run {count} containers on Machine {machine}; use deploy.mode: global or fewer replicas")]
     HostPortClash {
         name: String,
@@ -113,6 +120,7 @@ impl PlanError {
             | PlanError::NoEligibleMachine { name, .. }
             | PlanError::ImageMissing { name, .. }
             | PlanError::HostnameClaimed { name, .. }
+            | PlanError::DnsLabelTaken { name, .. }
             | PlanError::HostPortClash { name, .. }
             | PlanError::ExternalVolumeMissing { name, .. } => Some(name),
         }
@@ -256,6 +264,9 @@ fn plan_service<'a>(
 ) -> Result<ServicePlan, Vec<PlanError>> {
     let mut errors = Vec::new();
     if let Err(e) = identity::check_hostnames(spec, machines) {
+        errors.push(e);
+    }
+    if let Err(e) = identity::check_dns_label(spec, machines) {
         errors.push(e);
     }
     let existing = identity::containers_of(spec, machines);
