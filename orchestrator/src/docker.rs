@@ -843,7 +843,8 @@ impl MachineDocker {
                     .get_or_insert_with(Vec::new)
                     .push(PortBinding {
                         host_ip: host_ip.clone(),
-                        host_port: Some(host_port.to_string()),
+                        // None: Docker picks a free port.
+                        host_port: host_port.map(|p| p.to_string()),
                     });
             }
         }

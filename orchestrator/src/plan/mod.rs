@@ -26,8 +26,11 @@
 //!   the pre-deploy hook goes;
 //! - `update_order`: start-first or stop-first, and which removals stop before new containers
 //!   start;
-//! - `volumes`: which Machines hold each named volume, and the ones the plan creates.
+//! - `volumes`: which Machines hold each named volume, and the ones the plan creates;
+//! - `host_ports`: a fixed host port is bound once per Machine: not by two Services, not by a
+//!   Service and the daemon's own listeners (the edge, metrics, DNS).
 
+mod host_ports;
 mod identity;
 mod operations;
 mod placement;
@@ -35,12 +38,14 @@ mod update_order;
 mod volumes;
 
 use ployz_core::{
-    ContainerRef, ContainerRuntimeObservation, DeployIntent, DeployPlan, MachineSnapshot,
-    MembershipObservation, Operation, ServiceId, ServiceMode, ServicePlan, ServiceSpec,
+    ContainerRef, ContainerRuntimeObservation, DeployIntent, DeployPlan, HostProtocol,
+    ListenerRole, MachineSnapshot, MembershipObservation, Operation, ServiceId, ServiceMode,
+    ServicePlan, ServiceSpec,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use host_ports::HostPortLedger;
 use identity::Freshness;
 use placement::Placement;
 use volumes::VolumeLedger;
@@ -92,6 +97,29 @@ pub enum PlanError {
         count: u32,
         machine: String,
     },
+    #[error(
+        "service '{name}' and service '{other}' both publish host port {port}/{protocol} on Machine {machine}{}; give one of them another host port, or place them on different Machines with x-machines",
+        if *other_running { format!(" ('{other}' already runs there)") } else { String::new() }
+    )]
+    HostPortTaken {
+        name: String,
+        other: String,
+        port: u16,
+        protocol: HostProtocol,
+        machine: String,
+        /// `other` is a Service this Deploy does not attempt, already running there.
+        other_running: bool,
+    },
+    #[error("service '{name}' publishes host port {port}/{protocol} on Machine {machine}, where the daemon's {role} listens ({address}); {fix}")]
+    HostPortHeldByDaemon {
+        name: String,
+        port: u16,
+        protocol: HostProtocol,
+        machine: String,
+        role: ListenerRole,
+        address: String,
+        fix: String,
+    },
     #[error("service '{name}': external volume '{volume}' does not exist on any Machine; create it with `ployz volume create {volume}`")]
     ExternalVolumeMissing { name: String, volume: String },
 }
@@ -116,6 +144,7 @@ pub fn plan(
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let freshness = Freshness::new(machines, opts);
     let mut volumes = VolumeLedger::observed(machines);
+    let mut host_ports = HostPortLedger::observed(intent, machines);
     let mut services = Vec::new();
     for spec in intent
         .services
@@ -128,6 +157,7 @@ pub fn plan(
             machines,
             &freshness,
             &mut volumes,
+            &mut host_ports,
             &mut rng,
         )?);
     }
@@ -159,6 +189,7 @@ fn plan_service<'a>(
     machines: &'a [MachineSnapshot],
     freshness: &Freshness<'_>,
     volumes: &mut VolumeLedger<'a>,
+    host_ports: &mut HostPortLedger<'a>,
     rng: &mut StdRng,
 ) -> Result<ServicePlan, PlanError> {
     identity::check_hostnames(spec, machines)?;
@@ -176,6 +207,7 @@ fn plan_service<'a>(
         },
         rng,
     )?;
+    host_ports.claim(spec, &placement, machines)?;
 
     let mut operations = Vec::new();
     let mut removals = Vec::new();
