@@ -677,3 +677,54 @@ fn a_cli_killed_while_a_drain_waits_leaves_no_service_dark() {
     );
     let _ = slow.join();
 }
+
+#[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
+fn compose_ports_publish_on_the_machine_and_the_edge_port_is_refused() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "ports1");
+    let port = free_port();
+    compose(
+        &lab,
+        &format!(
+            r#"
+services:
+  web:
+    image: IMAGE
+    command: ["sh", "-c", "echo hello-ports > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    ports: ["{port}:8080"]
+"#
+        ),
+    );
+    let preview = run(&lab, &m, &["deploy", "--dry-run"]);
+    assert!(preview.status.success(), "{}", stderr(&preview));
+    let line = format!("│ port: 0.0.0.0:{port} → 8080/tcp on ports1");
+    assert!(stdout(&preview).contains(&line), "{}", stdout(&preview));
+
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for(
+        || http_get(port, "localhost", "/").1.contains("hello-ports"),
+        "the Service to answer on its host port",
+    );
+
+    // The daemon's own edge port: refused at plan time with the fix, nothing reaches Docker.
+    let edge = m.daemon.http_port;
+    compose(
+        &lab,
+        &format!(
+            "services:\n  site:\n    image: IMAGE\n    command: [\"sleep\", \"3600\"]\n    ports: [\"{edge}:80\"]\n"
+        ),
+    );
+    let before = m.docker_containers();
+    let out = run(&lab, &m, &["deploy", "--dry-run"]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "service 'site' publishes host port {edge}/tcp on Machine ports1, where the daemon's edge HTTP listener listens (127.0.0.1:{edge}); publish the web port through the edge with x-ports (e.g. x-ports: ['app.example.com:80/https']) or pick another host port"
+        )),
+        "{err}"
+    );
+    assert_eq!(m.docker_containers(), before, "Docker was touched");
+}
