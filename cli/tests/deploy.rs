@@ -692,20 +692,40 @@ services:
   web:
     image: IMAGE
     command: ["sh", "-c", "echo hello-ports > /www/index.html && exec httpd -f -p 8080 -h /www"]
-    ports: ["{port}:8080"]
+    ports: ["{port}:8080", "127.0.0.1::8080"]
 "#
         ),
     );
     let preview = run(&lab, &m, &["deploy", "--dry-run"]);
     assert!(preview.status.success(), "{}", stderr(&preview));
-    let line = format!("│ port: 0.0.0.0:{port} → 8080/tcp on ports1");
-    assert!(stdout(&preview).contains(&line), "{}", stdout(&preview));
+    for line in [
+        format!("│ port: 0.0.0.0:{port} → 8080/tcp on ports1"),
+        "│ port: 127.0.0.1:(any free port) → 8080/tcp on ports1".to_owned(),
+    ] {
+        assert!(stdout(&preview).contains(&line), "{}", stdout(&preview));
+    }
 
     let out = run(&lab, &m, &["deploy", "-y"]);
     assert!(out.status.success(), "{}", stderr(&out));
     wait_for(
         || http_get(port, "localhost", "/").1.contains("hello-ports"),
         "the Service to answer on its host port",
+    );
+    // The port Docker picked on 127.0.0.1 answers too.
+    let (web, _) = m
+        .docker_containers()
+        .into_iter()
+        .find(|(n, _)| n.starts_with("web-"))
+        .expect("the web container");
+    let bindings = docker(&["port", &web, "8080/tcp"]);
+    let picked: u16 = String::from_utf8_lossy(&bindings.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("127.0.0.1:")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no 127.0.0.1 binding: {bindings:?}"));
+    assert_ne!(picked, port);
+    wait_for(
+        || http_get(picked, "localhost", "/").1.contains("hello-ports"),
+        "the Service to answer on the port Docker picked",
     );
 
     // The daemon's own edge port: refused at plan time with the fix, nothing reaches Docker.

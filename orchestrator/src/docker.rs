@@ -836,7 +836,10 @@ impl MachineDocker {
                         HostProtocol::Udp => "udp",
                     }
                 );
-                exposed.push(key.clone());
+                // One container port may be bound on several host addresses or ports.
+                if !exposed.contains(&key) {
+                    exposed.push(key.clone());
+                }
                 port_bindings
                     .entry(key)
                     .or_insert_with(|| Some(Vec::new()))
