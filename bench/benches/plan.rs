@@ -48,6 +48,7 @@ fn machine() -> MachineSnapshot {
         volumes: vec![],
         images: vec![],
         drains: vec![],
+        listeners: vec![],
     }
 }
 

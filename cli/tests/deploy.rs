@@ -677,3 +677,74 @@ fn a_cli_killed_while_a_drain_waits_leaves_no_service_dark() {
     );
     let _ = slow.join();
 }
+
+#[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
+fn compose_ports_publish_on_the_machine_and_the_edge_port_is_refused() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "ports1");
+    let port = free_port();
+    compose(
+        &lab,
+        &format!(
+            r#"
+services:
+  web:
+    image: IMAGE
+    command: ["sh", "-c", "echo hello-ports > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    ports: ["{port}:8080", "127.0.0.1::8080"]
+"#
+        ),
+    );
+    let preview = run(&lab, &m, &["deploy", "--dry-run"]);
+    assert!(preview.status.success(), "{}", stderr(&preview));
+    for line in [
+        format!("│ port: 0.0.0.0:{port} → 8080/tcp on ports1"),
+        "│ port: 127.0.0.1:(any free port) → 8080/tcp on ports1".to_owned(),
+    ] {
+        assert!(stdout(&preview).contains(&line), "{}", stdout(&preview));
+    }
+
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_for(
+        || http_get(port, "localhost", "/").1.contains("hello-ports"),
+        "the Service to answer on its host port",
+    );
+    // The port Docker picked on 127.0.0.1 answers too.
+    let (web, _) = m
+        .docker_containers()
+        .into_iter()
+        .find(|(n, _)| n.starts_with("web-"))
+        .expect("the web container");
+    let bindings = docker(&["port", &web, "8080/tcp"]);
+    let picked: u16 = String::from_utf8_lossy(&bindings.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("127.0.0.1:")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no 127.0.0.1 binding: {bindings:?}"));
+    assert_ne!(picked, port);
+    wait_for(
+        || http_get(picked, "localhost", "/").1.contains("hello-ports"),
+        "the Service to answer on the port Docker picked",
+    );
+
+    // The daemon's own edge port: refused at plan time with the fix, nothing reaches Docker.
+    let edge = m.daemon.http_port;
+    compose(
+        &lab,
+        &format!(
+            "services:\n  site:\n    image: IMAGE\n    command: [\"sleep\", \"3600\"]\n    ports: [\"{edge}:80\"]\n"
+        ),
+    );
+    let before = m.docker_containers();
+    let out = run(&lab, &m, &["deploy", "--dry-run"]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "service 'site' publishes host port {edge}/tcp on Machine ports1, where the daemon's edge HTTP listener listens (127.0.0.1:{edge}); publish the web port through the edge with x-ports (e.g. x-ports: ['app.example.com:80/https']) or pick another host port"
+        )),
+        "{err}"
+    );
+    assert_eq!(m.docker_containers(), before, "Docker was touched");
+}

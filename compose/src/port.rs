@@ -2,7 +2,12 @@
 //!
 //! - Ingress: `[hostname:][lb_port:]container_port[/http|https]`. A hostname makes the protocol
 //!   default to `https`; without one the protocol must be written.
-//! - Host: `[host_ip|[ipv6]|cidr:]host_port:container_port[/tcp|udp]@host`.
+//! - Host: `[host_ip|[ipv6]|cidr:][host_port:]container_port[/tcp|udp]@host`; without a host
+//!   port (`3000/tcp@host`, `127.0.0.1::3000/tcp@host`) Docker picks a free one.
+//!
+//! And Compose's short `ports:` syntax, `[host_ip:][host_port[-end]:]container_port[-end][/proto]`
+//! as docker compose reads it (go-connections' `nat.ParsePortSpec`): every entry is a host port
+//! on the Machine that runs the container, one [`PortSpec`] per port of a range.
 
 use std::net::IpAddr;
 
@@ -32,7 +37,8 @@ pub fn parse_port(text: &str, service: &ServiceName) -> Result<PortSpec, String>
         .find(|&(i, c)| c.is_whitespace() && !in_hostname(i))
     {
         return Err(format!(
-            "a port must not contain whitespace ({c:?}); write e.g. '{service}.example.com:8080/https'"
+            "a port must not contain whitespace ({c:?}); write e.g. '{}.example.com:8080/https'",
+            service.dns_label()
         ));
     }
     match t.matches('@').count() {
@@ -148,7 +154,7 @@ fn parse_ingress(t: &str, service: &ServiceName) -> Result<PortSpec, String> {
         (None, Some(_)) => IngressProtocol::Https,
         (None, None) => {
             return Err(format!(
-                "'{t}' has neither a hostname nor a protocol; write '{t}/https' (or '/http') to publish it through the ingress, e.g. as {service}.<cluster domain>, or 'app.example.com:{container_port}' for your own hostname"
+                "'{t}' has neither a hostname nor a protocol; write '{t}/https' (or '/http') to publish it through the ingress, e.g. as {}.<cluster domain>, or 'app.example.com:{container_port}' for your own hostname", service.dns_label()
             ))
         }
     };
@@ -187,12 +193,7 @@ fn parse_host(body: &str) -> Result<PortSpec, String> {
     };
     let parts = split_parts(body);
     let (host_ip, host, container) = match parts.as_slice() {
-        [_] => {
-            return Err(format!(
-                "a host port needs host_port:container_port, e.g. '{0}:{0}/tcp@host'",
-                body
-            ))
-        }
+        [container] => (None, "", *container),
         [host, container] => (None, *host, *container),
         [ip, host, container] => (Some(parse_host_ip(ip)?), *host, *container),
         _ => return Err("a port has at most three ':'-separated parts".into()),
@@ -202,7 +203,11 @@ fn parse_host(body: &str) -> Result<PortSpec, String> {
             "'{host}' is not a host port; a hostname cannot be used with '@host' (host ports bind the Machine's addresses)"
         ));
     }
-    let host_port = parse_port_number(host, "host port")?;
+    let host_port = if host.is_empty() {
+        None
+    } else {
+        Some(parse_port_number(host, "host port")?)
+    };
     let container_port = parse_port_number(container, "container port")?;
     Ok(PortSpec::Host {
         host_ip,
@@ -210,6 +215,183 @@ fn parse_host(body: &str) -> Result<PortSpec, String> {
         container_port,
         protocol,
     })
+}
+
+/// Why a Compose `ports:` entry cannot be read: one sentence, and what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PortError {
+    pub message: String,
+    pub fix: Option<String>,
+}
+
+impl PortError {
+    fn new(message: impl Into<String>, fix: Option<String>) -> PortError {
+        PortError {
+            message: message.into(),
+            fix,
+        }
+    }
+}
+
+impl From<String> for PortError {
+    fn from(message: String) -> PortError {
+        PortError { message, fix: None }
+    }
+}
+
+/// Parses one short-syntax Compose `ports:` entry (`"80:80"`, `"3000"`, `"127.0.0.1:8080:80"`,
+/// `"[::1]:8080:80"`, `"53:53/udp"`, `"8000-8010:8000-8010"`, `"127.0.0.1::80"`) into host
+/// ports on the Machine, one per port of a range. Splits as docker compose does: the last part
+/// is the container port, the one before it the host port, everything before that the host IP
+/// (an IPv6 one with or without brackets).
+pub(crate) fn parse_compose_short(text: &str) -> Result<Vec<PortSpec>, PortError> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(PortError::new(
+            "a port must not be empty",
+            Some("write e.g. '8080:80'".into()),
+        ));
+    }
+    if let Some(c) = t.chars().find(|c| c.is_whitespace()) {
+        return Err(PortError::new(
+            format!("a port must not contain whitespace ({c:?})"),
+            Some("write e.g. '8080:80'".into()),
+        ));
+    }
+    let (body, protocol) = match t.rsplit_once('/') {
+        Some((body, proto)) => (body, parse_protocol(proto)?),
+        None => (t, HostProtocol::Tcp),
+    };
+    // From the right: container port, host port, then everything left is the host IP.
+    let mut parts = body.rsplitn(3, ':');
+    let target = parts.next().unwrap_or_default();
+    let published = parts.next();
+    let host_ip = match parts.next() {
+        None | Some("") => None,
+        Some(ip) => Some(compose_host_ip(ip)?),
+    };
+    let published = published.filter(|p| !p.is_empty());
+    expand_host_ports(host_ip, published, target, protocol)
+}
+
+/// `tcp` or `udp` in any case; `sctp` and anything else are refused with what Ployz takes.
+pub(crate) fn parse_protocol(text: &str) -> Result<HostProtocol, PortError> {
+    match text.to_ascii_lowercase().as_str() {
+        "tcp" => Ok(HostProtocol::Tcp),
+        "udp" => Ok(HostProtocol::Udp),
+        "sctp" => Err(PortError::new(
+            "sctp ports are not supported; Ployz publishes tcp and udp ports",
+            Some("use tcp or udp".into()),
+        )),
+        "" => Err(PortError::new(
+            "the protocol after '/' is missing",
+            Some("write tcp or udp, or leave '/' out for tcp".into()),
+        )),
+        other => Err(PortError::new(
+            format!("unknown protocol '{other}'"),
+            Some("use tcp or udp".into()),
+        )),
+    }
+}
+
+/// A Compose host IP: an address (IPv6 with or without brackets), not a CIDR.
+pub(crate) fn compose_host_ip(text: &str) -> Result<String, PortError> {
+    if text.contains('/') {
+        return Err(PortError::new(
+            format!("'{text}' is not an IP address; a Compose host_ip is one address"),
+            Some("bind one address, e.g. 127.0.0.1 or ::1 (or x-ports for a CIDR)".into()),
+        ));
+    }
+    let bracketed = if text.contains(':') && !text.starts_with('[') {
+        format!("[{text}]")
+    } else {
+        text.to_owned()
+    };
+    parse_host_ip(&bracketed).map_err(PortError::from)
+}
+
+/// A port or an inclusive range `start-end`, as (start, end).
+fn parse_port_range(text: &str, what: &str) -> Result<(u16, u16), PortError> {
+    match text.split_once('-') {
+        None => {
+            let p = parse_port_number(text, what)?;
+            Ok((p, p))
+        }
+        Some((_, b)) if b.contains('-') => Err(PortError::new(
+            format!("the {what} '{text}' is neither a port nor a range"),
+            Some("write a port (8080) or a range (8000-8010)".into()),
+        )),
+        Some((a, b)) => {
+            let start = parse_port_number(a, what)?;
+            let end = parse_port_number(b, what)?;
+            if end < start {
+                return Err(PortError::new(
+                    format!("the {what} range '{text}' ends before it starts"),
+                    Some(format!("write it as '{end}-{start}'")),
+                ));
+            }
+            Ok((start, end))
+        }
+    }
+}
+
+/// The host ports of one Compose port: `target` a port or a range, `published` (the host side)
+/// none (Docker picks), a port or a range as long as `target`'s. A host range for a single
+/// container port (Docker would pick one port of it) is refused: the plan could not say which
+/// port the container holds.
+pub(crate) fn expand_host_ports(
+    host_ip: Option<String>,
+    published: Option<&str>,
+    target: &str,
+    protocol: HostProtocol,
+) -> Result<Vec<PortSpec>, PortError> {
+    let (t_start, t_end) = parse_port_range(target, "container port")?;
+    let host = published
+        .map(|p| parse_port_range(p, "published port"))
+        .transpose()?;
+    let spec = |host_port: Option<u16>, container_port: u16| PortSpec::Host {
+        host_ip: host_ip.clone(),
+        host_port,
+        container_port,
+        protocol,
+    };
+    match host {
+        None => Ok((t_start..=t_end).map(|c| spec(None, c)).collect()),
+        Some((h_start, h_end)) if h_end - h_start == t_end - t_start => Ok((t_start..=t_end)
+            .zip(h_start..=h_end)
+            .map(|(c, h)| spec(Some(h), c))
+            .collect()),
+        Some((h_start, h_end)) if t_start == t_end => Err(PortError::new(
+            format!(
+                "the host port range {h_start}-{h_end} for the one container port {t_start} would let Docker pick any port of it, and the plan could not say which"
+            ),
+            Some(format!(
+                "publish one host port ('{h_start}:{t_start}'), or leave the host port out ('{t_start}') for Docker to pick a free one"
+            )),
+        )),
+        Some((h_start, h_end)) => Err(PortError::new(
+            format!(
+                "the host ports {} hold {} port(s) but the container ports {} hold {}",
+                range_text(h_start, h_end),
+                u32::from(h_end - h_start) + 1,
+                range_text(t_start, t_end),
+                u32::from(t_end - t_start) + 1
+            ),
+            Some(format!(
+                "give both sides as many ports, e.g. '{}:{}'",
+                range_text(t_start, t_end),
+                range_text(t_start, t_end)
+            )),
+        )),
+    }
+}
+
+fn range_text(start: u16, end: u16) -> String {
+    if start == end {
+        start.to_string()
+    } else {
+        format!("{start}-{end}")
+    }
 }
 
 /// A host address or CIDR in canonical text: `10.0.0.1`, `::1`, `10.0.0.0/8`, `fd00::/8`.
@@ -371,6 +553,10 @@ mod tests {
             ("10.0.0.0/8:80:80@host", "10.0.0.0/8:80:80/tcp@host"),
             ("[fd00::]/8:80:80/tcp@host", "fd00::/8:80:80/tcp@host"),
             ("fd00::/8:80:80/tcp@host", "fd00::/8:80:80/tcp@host"),
+            ("3000@host", "3000/tcp@host"),
+            ("3000/udp@host", "3000/udp@host"),
+            ("127.0.0.1::3000/tcp@host", "127.0.0.1::3000/tcp@host"),
+            ("[::1]::3000/tcp@host", "[::1]::3000/tcp@host"),
         ];
         for (input, want) in cases {
             assert_eq!(ok(input), want, "{input}");
@@ -406,7 +592,6 @@ mod tests {
                 "app.example.com:80/tcp",
                 "ingress ports carry http or https only",
             ),
-            ("80@host", "needs host_port:container_port"),
             ("app.com:80:80@host", "not an IP address"),
             ("app.com:80@host", "hostname cannot be used with '@host'"),
             ("8080:80/http@host", "host ports use tcp or udp"),

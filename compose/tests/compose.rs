@@ -87,39 +87,73 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["is 64 characters long; the limit is 63"],
         ),
         (
-            "published port range",
+            "host port range for one container port",
             "services:\n  web:\n    image: nginx\n    ports: [\"8000-8001:80\"]\n".into(),
-            vec!["service 'web': ports[0] '8000-8001:80': published port ranges are not supported; publish each port on its own line"],
+            vec!["service 'web': ports[0] '8000-8001:80': the host port range 8000-8001 for the one container port 80 would let Docker pick any port of it, and the plan could not say which; publish one host port ('8000:80'), or leave the host port out ('80') for Docker to pick a free one"],
         ),
         (
-            "ports together with x-ports",
-            "services:\n  web:\n    image: nginx\n    ports: [{target: 80, published: 8080, mode: host}]\n    x-ports: [\"app.example.com:80\"]\n".into(),
-            vec!["ports and x-ports cannot be used together"],
+            "ranges of different lengths",
+            "services:\n  web:\n    image: nginx\n    ports: [\"8000-8010:9000-9005\"]\n".into(),
+            vec!["ports[0] '8000-8010:9000-9005'", "the host ports 8000-8010 hold 11 port(s) but the container ports 9000-9005 hold 6", "e.g. '9000-9005:9000-9005'"],
         ),
         (
-            "ports together with x-ports, each with its own problems too",
+            "one host port for a container range",
+            "services:\n  web:\n    image: nginx\n    ports: [\"8000:80-81\"]\n".into(),
+            vec!["ports[0] '8000:80-81'", "the host ports 8000 hold 1 port(s) but the container ports 80-81 hold 2"],
+        ),
+        (
+            "backwards range",
+            "services:\n  web:\n    image: nginx\n    ports: [\"90-80\"]\n".into(),
+            vec!["ports[0] '90-80'", "the container port range '90-80' ends before it starts", "'80-90'"],
+        ),
+        (
+            "sctp port",
+            "services:\n  web:\n    image: nginx\n    ports: [\"9000:9000/sctp\"]\n".into(),
+            vec!["ports[0] '9000:9000/sctp'", "sctp ports are not supported", "use tcp or udp"],
+        ),
+        (
+            "unknown protocol in the long syntax",
+            "services:\n  web:\n    image: nginx\n    ports: [{target: 80, protocol: http}]\n".into(),
+            vec!["ports[0].protocol 'http'", "unknown protocol 'http'", "use tcp or udp"],
+        ),
+        (
+            "host IP that is not an address",
+            "services:\n  web:\n    image: nginx\n    ports: [\"localhost:8080:80\"]\n".into(),
+            vec!["ports[0] 'localhost:8080:80'", "'localhost' is not an IP address"],
+        ),
+        (
+            "short port out of range",
+            "services:\n  web:\n    image: nginx\n    ports: [\"70000:80\"]\n".into(),
+            vec!["ports[0] '70000:80'", "the published port 70000 is out of range"],
+        ),
+        (
+            "a host port in both ports and x-ports",
+            "services:\n  web:\n    image: nginx\n    ports: [\"8080:80\"]\n    x-ports: [\"8080:81/tcp@host\", \"app.example.com:80\"]\n".into(),
+            vec!["service 'web': ports and x-ports '8080:81/tcp@host': host port 8080 is bound twice (to container ports 80 and 81)"],
+        ),
+        (
+            "ports together with x-ports, each with its own problems",
             "services:\n  web:\n    image: nginx\n    ports: [\"8000-8001:80\"]\n    x-ports: [\"bad host.com:80\"]\n    deploy:\n      mode: daemonset\n".into(),
             vec![
-                "ports and x-ports cannot be used together",
-                "published port ranges are not supported",
+                "the host port range 8000-8001 for the one container port 80",
                 "'bad host.com' is not a valid hostname",
                 "deploy.mode 'daemonset'",
             ],
         ),
         (
+            "long syntax port with a range for one target",
+            "services:\n  web:\n    image: nginx\n    ports:\n      - target: 80\n        published: 8000-8001\n".into(),
+            vec!["ports[0].published '8000-8001'", "the host port range 8000-8001 for the one container port 80"],
+        ),
+        (
+            "long syntax port with an unknown mode",
+            "services:\n  web:\n    image: nginx\n    ports:\n      - target: 80\n        published: 8080\n        mode: swarm\n".into(),
+            vec!["ports[0].mode 'swarm'", "unknown port mode", "mode: host or ingress", "x-ports"],
+        ),
+        (
             "whitespace in a port is the port's",
             "services:\n  web:\n    image: nginx\n    x-ports: [\"app.example.com:80 80/https\"]\n".into(),
             vec!["x-ports[0]", "a port must not contain whitespace"],
-        ),
-        (
-            "short syntax port is ingress mode",
-            "services:\n  web:\n    image: nginx\n    ports: [\"8080:80\"]\n".into(),
-            vec!["ports[0] '8080:80'", "ingress mode", "x-ports", "mode: host", "8080:80/tcp@host"],
-        ),
-        (
-            "long syntax port without mode: host",
-            "services:\n  web:\n    image: nginx\n    ports:\n      - target: 80\n        published: 8080\n".into(),
-            vec!["ports[0].mode 'ingress'", "need http or https", "x-ports", "mode: host"],
         ),
         (
             "unknown update order",
@@ -609,7 +643,7 @@ fn full_web_spec() -> ServiceSpec {
             },
             PortSpec::Host {
                 host_ip: None,
-                host_port: 8443,
+                host_port: Some(8443),
                 container_port: 443,
                 protocol: HostProtocol::Tcp,
             },
@@ -1074,22 +1108,147 @@ services:
         vec![
             PortSpec::Host {
                 host_ip: None,
-                host_port: 8080,
+                host_port: Some(8080),
                 container_port: 80,
                 protocol: HostProtocol::Tcp,
             },
             PortSpec::Host {
                 host_ip: Some("127.0.0.1".into()),
-                host_port: 5353,
+                host_port: Some(5353),
                 container_port: 53,
                 protocol: HostProtocol::Udp,
             },
             PortSpec::Host {
                 host_ip: Some("::1".into()),
-                host_port: 8443,
+                host_port: Some(8443),
                 container_port: 443,
                 protocol: HostProtocol::Tcp,
             },
+        ]
+    );
+}
+
+/// A host port on the Machine, for the expectations below.
+fn host(ip: Option<&str>, host_port: Option<u16>, container_port: u16, udp: bool) -> PortSpec {
+    PortSpec::Host {
+        host_ip: ip.map(str::to_owned),
+        host_port,
+        container_port,
+        protocol: if udp {
+            HostProtocol::Udp
+        } else {
+            HostProtocol::Tcp
+        },
+    }
+}
+
+#[test]
+fn short_syntax_ports_bind_on_the_machine() {
+    let cases: &[(&str, Vec<PortSpec>)] = &[
+        ("\"80:80\"", vec![host(None, Some(80), 80, false)]),
+        ("\"3000\"", vec![host(None, None, 3000, false)]),
+        ("3000", vec![host(None, None, 3000, false)]),
+        ("8080:80", vec![host(None, Some(8080), 80, false)]),
+        (
+            "\"127.0.0.1:8080:80\"",
+            vec![host(Some("127.0.0.1"), Some(8080), 80, false)],
+        ),
+        (
+            "\"[::1]:8080:80\"",
+            vec![host(Some("::1"), Some(8080), 80, false)],
+        ),
+        (
+            "\"::1:8080:80\"",
+            vec![host(Some("::1"), Some(8080), 80, false)],
+        ),
+        ("\"53:53/udp\"", vec![host(None, Some(53), 53, true)]),
+        ("\"53:53/UDP\"", vec![host(None, Some(53), 53, true)]),
+        ("\"8080:80/tcp\"", vec![host(None, Some(8080), 80, false)]),
+        (
+            "\"127.0.0.1::80\"",
+            vec![host(Some("127.0.0.1"), None, 80, false)],
+        ),
+        (
+            "\"8000-8002:9000-9002\"",
+            vec![
+                host(None, Some(8000), 9000, false),
+                host(None, Some(8001), 9001, false),
+                host(None, Some(8002), 9002, false),
+            ],
+        ),
+        (
+            "\"8000-8001\"",
+            vec![host(None, None, 8000, false), host(None, None, 8001, false)],
+        ),
+        (
+            "\"10000-10001:10000-10001/udp\"",
+            vec![
+                host(None, Some(10000), 10000, true),
+                host(None, Some(10001), 10001, true),
+            ],
+        ),
+        ("\"8000-8000:80\"", vec![host(None, Some(8000), 80, false)]),
+    ];
+    for (entry, want) in cases {
+        let p = ok(&format!(
+            "services:\n  web:\n    image: nginx\n    ports:\n      - {entry}\n"
+        ));
+        assert_eq!(&service(&p, "web").ports, want, "{entry}");
+        assert!(p.warnings.is_empty(), "{entry}: {:?}", p.warnings);
+    }
+}
+
+#[test]
+fn long_syntax_ports_without_mode_bind_on_the_machine() {
+    let p = ok(r#"
+services:
+  web:
+    image: nginx
+    ports:
+      - target: 80
+        published: 8080
+      - target: 443
+        published: "8443"
+        mode: ingress
+        host_ip: 127.0.0.1
+      - target: 3000
+      - target: 9000
+        published: 9000-9000
+        protocol: udp
+"#);
+    assert_eq!(
+        service(&p, "web").ports,
+        vec![
+            host(None, None, 3000, false),
+            host(None, Some(8080), 80, false),
+            host(None, Some(9000), 9000, true),
+            host(Some("127.0.0.1"), Some(8443), 443, false),
+        ]
+    );
+}
+
+#[test]
+fn ports_and_x_ports_together_are_merged() {
+    let p = ok(r#"
+services:
+  web:
+    image: nginx
+    ports: ["8080:80", "3000"]
+    x-ports: ["app.example.com:80", "9090:90/udp@host", "4000/tcp@host"]
+"#);
+    assert_eq!(
+        service(&p, "web").ports,
+        vec![
+            PortSpec::Ingress {
+                hostname: Some("app.example.com".into()),
+                published: None,
+                container_port: 80,
+                protocol: IngressProtocol::Https,
+            },
+            host(None, None, 3000, false),
+            host(None, None, 4000, false),
+            host(None, Some(8080), 80, false),
+            host(None, Some(9090), 90, true),
         ]
     );
 }

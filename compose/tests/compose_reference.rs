@@ -170,7 +170,7 @@ fn compare(service: &ServiceSpec, reference: &Value) {
                     host_port,
                     container_port,
                     ..
-                } => Some((*host_port, *container_port)),
+                } => host_port.map(|h| (h, *container_port)),
                 _ => None,
             })
             .collect();

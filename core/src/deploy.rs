@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::MachineView;
 use crate::{
-    ContainerId, MachineId, PartialResult, PreDeployHook, ServiceId, ServiceMode, ServiceName,
-    ServiceSpec, UpdateOrder, VolumeSpec,
+    ContainerId, HostProtocol, MachineId, PartialResult, PreDeployHook, ServiceId, ServiceMode,
+    ServiceName, ServiceSpec, UpdateOrder, VolumeSpec,
 };
 
 /// Docker's lifecycle state of a container at the moment it was observed.
@@ -165,6 +165,68 @@ pub struct MachineSnapshot {
     /// report them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drains: Vec<DrainMark>,
+    /// The ports the Machine's daemon itself listens on (the edge, metrics, DNS), which no
+    /// container can bind there (empty from a daemon that does not report them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub listeners: Vec<Listener>,
+}
+
+/// A port the daemon itself listens on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listener {
+    /// Which of the daemon's listeners it is.
+    pub role: ListenerRole,
+    /// The address it listens on, as text: `0.0.0.0`, `::`, `127.0.0.1`, `10.210.0.1`.
+    pub address: String,
+    pub port: u16,
+    pub protocol: HostProtocol,
+}
+
+impl Listener {
+    /// `address:port`, IPv6 addresses in brackets.
+    pub fn socket_text(&self) -> String {
+        if self.address.contains(':') {
+            format!("[{}]:{}", self.address, self.port)
+        } else {
+            format!("{}:{}", self.address, self.port)
+        }
+    }
+}
+
+/// What a daemon listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListenerRole {
+    /// The edge's plain-HTTP listener (80 by default).
+    EdgeHttp,
+    /// The edge's HTTPS listener (443 by default).
+    EdgeHttps,
+    /// The Prometheus metrics listener.
+    Metrics,
+    /// The internal DNS.
+    Dns,
+    /// A listener this version of Ployz does not know.
+    #[serde(other)]
+    Other,
+}
+
+impl ListenerRole {
+    /// Whether it is one of the edge's listeners: a web port belongs behind it, in `x-ports`.
+    pub fn is_edge(self) -> bool {
+        matches!(self, ListenerRole::EdgeHttp | ListenerRole::EdgeHttps)
+    }
+}
+
+impl std::fmt::Display for ListenerRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ListenerRole::EdgeHttp => "edge HTTP listener",
+            ListenerRole::EdgeHttps => "edge HTTPS listener",
+            ListenerRole::Metrics => "metrics listener",
+            ListenerRole::Dns => "internal DNS",
+            ListenerRole::Other => "listener",
+        })
+    }
 }
 
 /// A container's drain mark: while it stands, no edge sends the container new requests. A drain

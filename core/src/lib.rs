@@ -31,8 +31,8 @@ pub use certificate_policy::{
 pub use deploy::{
     Compensation, CompletedOperation, ContainerHealth, ContainerKind, ContainerRef,
     ContainerRuntimeObservation, ContainerState, DeployIntent, DeployOutcome, DeployPlan,
-    DeployPreview, DeploySnapshot, DockerVolume, DrainMark, FailedOperation, MachineSnapshot,
-    Operation, ServicePlan,
+    DeployPreview, DeploySnapshot, DockerVolume, DrainMark, FailedOperation, Listener,
+    ListenerRole, MachineSnapshot, Operation, ServicePlan,
 };
 pub use healthcheck::{ConfiguredHealthcheck, Healthcheck};
 pub use id::{ContainerId, IdError, MachineId, ServiceId};

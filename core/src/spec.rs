@@ -438,11 +438,15 @@ pub enum PortSpec {
         container_port: u16,
         protocol: IngressProtocol,
     },
-    /// `[host_ip:]host_port:container_port[/tcp|udp]@host`, a plain Docker port binding.
+    /// `[host_ip:]host_port:container_port[/tcp|udp]@host`, a plain Docker port binding on the
+    /// Machine that runs the container (Compose's `ports:`).
     Host {
+        /// The Machine address to bind; `None`: every address.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         host_ip: Option<String>,
-        host_port: u16,
+        /// The port bound on the Machine; `None`: Docker picks a free one (Compose's `"3000"`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host_port: Option<u16>,
         container_port: u16,
         protocol: HostProtocol,
     },
@@ -462,6 +466,22 @@ pub enum IngressProtocol {
 pub enum HostProtocol {
     Tcp,
     Udp,
+}
+
+impl HostProtocol {
+    /// `tcp` or `udp`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostProtocol::Tcp => "tcp",
+            HostProtocol::Udp => "udp",
+        }
+    }
+}
+
+impl std::fmt::Display for HostProtocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl std::fmt::Display for PortSpec {
@@ -499,26 +519,29 @@ impl std::fmt::Display for PortSpec {
                         write!(f, "{ip}:")?;
                     }
                 }
-                let proto = match protocol {
-                    HostProtocol::Tcp => "tcp",
-                    HostProtocol::Udp => "udp",
-                };
-                write!(f, "{host_port}:{container_port}/{proto}@host")
+                match (host_port, host_ip) {
+                    (Some(p), _) => write!(f, "{p}:")?,
+                    // The IP's ':' then an empty host port: `127.0.0.1::3000/tcp@host`.
+                    (None, Some(_)) => write!(f, ":")?,
+                    (None, None) => {}
+                }
+                write!(f, "{container_port}/{protocol}@host")
             }
         }
     }
 }
 
 impl ServiceSpec {
-    /// The host ports this Service binds on its Machine, as (port, protocol).
+    /// The fixed host ports this Service binds on its Machine, as (port, protocol). Ports
+    /// Docker picks (`host_port: None`) are left out: they never hold a port another needs.
     pub fn host_ports(&self) -> impl Iterator<Item = (u16, HostProtocol)> + '_ {
         self.ports.iter().filter_map(|p| match p {
             PortSpec::Host {
-                host_port,
+                host_port: Some(port),
                 protocol,
                 ..
-            } => Some((*host_port, *protocol)),
-            PortSpec::Ingress { .. } => None,
+            } => Some((*port, *protocol)),
+            PortSpec::Host { .. } | PortSpec::Ingress { .. } => None,
         })
     }
 
@@ -567,11 +590,43 @@ mod tests {
         assert_eq!(ingress.to_string(), "app.example.com:8080/https");
         let host = PortSpec::Host {
             host_ip: Some("::1".into()),
-            host_port: 53,
+            host_port: Some(53),
             container_port: 5353,
             protocol: HostProtocol::Udp,
         };
         assert_eq!(host.to_string(), "[::1]:53:5353/udp@host");
+        let picked = PortSpec::Host {
+            host_ip: None,
+            host_port: None,
+            container_port: 3000,
+            protocol: HostProtocol::Tcp,
+        };
+        assert_eq!(picked.to_string(), "3000/tcp@host");
+        let picked_on_ip = PortSpec::Host {
+            host_ip: Some("127.0.0.1".into()),
+            host_port: None,
+            container_port: 3000,
+            protocol: HostProtocol::Udp,
+        };
+        assert_eq!(picked_on_ip.to_string(), "127.0.0.1::3000/udp@host");
+        let picked_on_v6 = PortSpec::Host {
+            host_ip: Some("::1".into()),
+            host_port: None,
+            container_port: 3000,
+            protocol: HostProtocol::Tcp,
+        };
+        assert_eq!(picked_on_v6.to_string(), "[::1]::3000/tcp@host");
+    }
+
+    #[test]
+    fn a_host_port_label_written_with_a_number_still_reads() {
+        let old = r#"{"mode":"host","host_port":8080,"container_port":80,"protocol":"tcp"}"#;
+        let p: PortSpec = serde_json::from_str(old).unwrap();
+        assert_eq!(p.to_string(), "8080:80/tcp@host");
+        let picked = r#"{"mode":"host","container_port":80,"protocol":"tcp"}"#;
+        let p: PortSpec = serde_json::from_str(picked).unwrap();
+        assert_eq!(p.to_string(), "80/tcp@host");
+        assert_eq!(serde_json::to_string(&p).unwrap(), picked);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -19,11 +19,14 @@ use ployz_core::api::{
     docker_paths as paths, ErrorCode, ExecRequest, MachineView, RunContainerRequest,
     RunHookRequest, StopContainerRequest,
 };
-use ployz_core::{MachineSnapshot, MembershipObservation, VolumeSpec};
+use ployz_core::{
+    HostProtocol, Listener, ListenerRole, MachineSnapshot, MembershipObservation, VolumeSpec,
+};
 use ployz_orchestrator::docker::{DockerError, MachineDocker};
 use serde::Deserialize;
 
 use crate::api::{failure, not_initialised, Failure};
+use crate::config::{DaemonConfig, DnsListen};
 use crate::drain::lift_drain_mark;
 use crate::local_machine::LocalMachine;
 
@@ -73,12 +76,67 @@ pub(crate) fn checked_id(id: &str) -> Result<&str, Failure> {
     Ok(id)
 }
 
+/// The addresses this daemon listens on, from its configuration: reported in the Deploy
+/// Snapshot so a Deploy refuses a host port one of them holds instead of failing in Docker.
+#[derive(Debug, Clone)]
+pub struct OwnListeners {
+    http: std::net::SocketAddr,
+    https: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
+    dns: DnsListen,
+}
+
+impl OwnListeners {
+    /// The edge's HTTP and HTTPS listeners, the metrics listener and the internal DNS (unless
+    /// it is off) of `config`.
+    pub fn from_config(config: &DaemonConfig) -> OwnListeners {
+        OwnListeners {
+            http: config.http_listen,
+            https: config.https_listen,
+            metrics: config.metrics_listen,
+            dns: config.dns.listen,
+        }
+    }
+
+    /// The listeners on a Machine whose Machine Gateway is `gateway` (where the internal DNS
+    /// listens by default), DNS on both UDP and TCP.
+    pub fn listeners(&self, gateway: std::net::Ipv4Addr) -> Vec<Listener> {
+        let listener = |role, addr: std::net::SocketAddr, protocol| Listener {
+            role,
+            address: addr.ip().to_string(),
+            port: addr.port(),
+            protocol,
+        };
+        let mut out = vec![
+            listener(ListenerRole::EdgeHttp, self.http, HostProtocol::Tcp),
+            listener(ListenerRole::EdgeHttps, self.https, HostProtocol::Tcp),
+            listener(ListenerRole::Metrics, self.metrics, HostProtocol::Tcp),
+        ];
+        let dns = match self.dns {
+            DnsListen::Gateway => Some(std::net::SocketAddr::new(gateway.into(), 53)),
+            DnsListen::At(a) => Some(a),
+            DnsListen::Off => None,
+        };
+        if let Some(dns) = dns {
+            out.push(listener(ListenerRole::Dns, dns, HostProtocol::Udp));
+            out.push(listener(ListenerRole::Dns, dns, HostProtocol::Tcp));
+        }
+        out
+    }
+}
+
+/// The Deploy Snapshot of this Machine. `own` is absent where the router was built without the
+/// daemon's configuration (then no listeners are reported).
 async fn snapshot(
     State(machine): State<Arc<LocalMachine>>,
+    own: Option<Extension<OwnListeners>>,
 ) -> Result<Json<MachineSnapshot>, Failure> {
     let d = docker(&machine)?;
     let info = machine.info().expect("initialised when docker exists");
     d.ensure_network().await?;
+    let listeners = own
+        .map(|Extension(own)| own.listeners(info.subnet.gateway()))
+        .unwrap_or_default();
     Ok(Json(MachineSnapshot {
         machine: MachineView {
             info,
@@ -89,6 +147,7 @@ async fn snapshot(
         volumes: d.engine_volumes().await?,
         images: d.images().await?,
         drains: crate::drain::standing_marks(&machine).await?,
+        listeners,
     }))
 }
 
@@ -302,4 +361,41 @@ pub fn router(machine: Arc<LocalMachine>) -> Router {
         .route(paths::VOLUMES, get(list_volumes).post(create_volume))
         .route(paths::VOLUME, delete(remove_volume))
         .with_state(machine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_configuration_reports_the_edge_metrics_and_dns() {
+        let own = OwnListeners::from_config(&DaemonConfig::default());
+        let got: Vec<String> = own
+            .listeners(std::net::Ipv4Addr::new(10, 210, 0, 1))
+            .iter()
+            .map(|l| format!("{} {}/{}", l.role, l.socket_text(), l.protocol))
+            .collect();
+        let metrics = DaemonConfig::default().metrics_listen;
+        assert_eq!(
+            got,
+            [
+                "edge HTTP listener 0.0.0.0:80/tcp".to_owned(),
+                "edge HTTPS listener 0.0.0.0:443/tcp".to_owned(),
+                format!("metrics listener {metrics}/tcp"),
+                "internal DNS 10.210.0.1:53/udp".to_owned(),
+                "internal DNS 10.210.0.1:53/tcp".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn dns_turned_off_is_not_reported() {
+        let mut config = DaemonConfig::default();
+        config.dns.listen = DnsListen::Off;
+        config.http_listen = "[::]:8080".parse().unwrap();
+        let got = OwnListeners::from_config(&config).listeners(std::net::Ipv4Addr::LOCALHOST);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0].socket_text(), "[::]:8080");
+        assert!(got.iter().all(|l| l.role != ListenerRole::Dns));
+    }
 }

@@ -138,6 +138,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             dns: (config.dns.listen != DnsListen::Off).then(|| dns.clone()),
             lease: lease.clone(),
             header_timeout: config.limits.header_timeout(),
+            listeners: crate::docker_api::OwnListeners::from_config(&config),
         },
     ));
     server.add_service(background_service(
@@ -314,6 +315,8 @@ struct ApiService {
     lease: Arc<crate::lease::MachineLease>,
     /// How long a client has to send a request head (the next one, on a kept-alive connection).
     header_timeout: std::time::Duration,
+    /// The daemon's own listeners, which the Deploy Snapshot reports.
+    listeners: crate::docker_api::OwnListeners,
 }
 
 #[async_trait]
@@ -330,7 +333,8 @@ impl BackgroundService for ApiService {
             }
         };
         let app = api::with_api_errors(crate::lease::guarded(
-            api::router(self.machine.clone(), self.routes.clone(), self.dns.clone()),
+            api::router(self.machine.clone(), self.routes.clone(), self.dns.clone())
+                .layer(axum::Extension(self.listeners.clone())),
             self.lease.clone(),
         ));
         api::serve(

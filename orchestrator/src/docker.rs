@@ -865,14 +865,18 @@ impl MachineDocker {
                         HostProtocol::Udp => "udp",
                     }
                 );
-                exposed.push(key.clone());
+                // One container port may be bound on several host addresses or ports.
+                if !exposed.contains(&key) {
+                    exposed.push(key.clone());
+                }
                 port_bindings
                     .entry(key)
                     .or_insert_with(|| Some(Vec::new()))
                     .get_or_insert_with(Vec::new)
                     .push(PortBinding {
                         host_ip: host_ip.clone(),
-                        host_port: Some(host_port.to_string()),
+                        // None: Docker picks a free port.
+                        host_port: host_port.map(|p| p.to_string()),
                     });
             }
         }

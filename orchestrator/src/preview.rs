@@ -3,7 +3,9 @@
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
-use ployz_core::{DeployPreview, MachineId, MachineSnapshot, Operation, UpdateOrder};
+use ployz_core::{
+    DeployPreview, MachineId, MachineSnapshot, Operation, PortSpec, ServicePlan, UpdateOrder,
+};
 
 /// Counts of the preview's summary line.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +99,60 @@ pub fn describe(op: &Operation, machines: &[MachineSnapshot]) -> String {
     }
 }
 
+/// The host ports a Service's new containers bind, one line per port with the Machines it is
+/// bound on: `port: 0.0.0.0:8080 → 80/tcp on m1, m2`, or `port: (any free port) → 3000/tcp on m1`
+/// when Docker picks.
+pub fn port_lines(service: &ServicePlan, machines: &[MachineSnapshot]) -> Vec<String> {
+    let mut on: Vec<(&PortSpec, Vec<&str>)> = Vec::new();
+    for op in &service.operations {
+        let (Operation::RunContainer {
+            machine_id, spec, ..
+        }
+        | Operation::ReplaceContainer {
+            machine_id, spec, ..
+        }) = op
+        else {
+            continue;
+        };
+        let name = machine_name(machines, machine_id);
+        for p in spec
+            .ports
+            .iter()
+            .filter(|p| matches!(p, PortSpec::Host { .. }))
+        {
+            match on.iter_mut().find(|(q, _)| *q == p) {
+                Some((_, names)) if names.contains(&name) => {}
+                Some((_, names)) => names.push(name),
+                None => on.push((p, vec![name])),
+            }
+        }
+    }
+    on.into_iter()
+        .filter_map(|(p, names)| {
+            let PortSpec::Host {
+                host_ip,
+                host_port,
+                container_port,
+                protocol,
+            } = p
+            else {
+                return None;
+            };
+            let port = host_port.map_or("(any free port)".to_owned(), |p| p.to_string());
+            let address = match host_ip.as_deref() {
+                None if host_port.is_none() => port,
+                None => format!("0.0.0.0:{port}"),
+                Some(ip) if ip.contains(':') && !ip.contains('/') => format!("[{ip}]:{port}"),
+                Some(ip) => format!("{ip}:{port}"),
+            };
+            Some(format!(
+                "port: {address} → {container_port}/{protocol} on {}",
+                names.join(", ")
+            ))
+        })
+        .collect()
+}
+
 /// The plan as a person reads it: volume operations, a tree per Service with work to do, and the
 /// summary line; or "Services are up to date." when nothing changes. The preview's warnings are
 /// not part of it: the CLI writes them to stderr (`warning: ...`), so that stdout holds only the
@@ -145,6 +201,9 @@ pub fn render(preview: &DeployPreview, machines: &[MachineSnapshot]) -> String {
         }
         if service.mode == ployz_core::ServiceMode::Replicated {
             let _ = writeln!(out, "│ replicas: {}", service.replicas);
+        }
+        for line in port_lines(service, machines) {
+            let _ = writeln!(out, "│ {line}");
         }
         let last = service.operations.len() - 1;
         for (i, op) in service.operations.iter().enumerate() {

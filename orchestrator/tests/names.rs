@@ -28,6 +28,7 @@ fn machine(name: &str) -> MachineSnapshot {
         volumes: vec![],
         images: vec![],
         drains: vec![],
+        listeners: vec![],
     }
 }
 

@@ -3,10 +3,10 @@
 use ployz_core::api::{MachineInfo, MachineView};
 use ployz_core::{
     ClusterNetwork, ContainerKind, ContainerRuntimeObservation, ContainerSpec, ContainerState,
-    DeployIntent, DeployPreview, DockerVolume, HostProtocol, IngressProtocol, LocalMachinePhase,
-    MachineId, MachineSnapshot, ManagementAddress, MembershipObservation, Mount, Operation,
-    PortSpec, PreDeployHook, PullPolicy, ServiceId, ServiceMode, ServiceSpec, UpdateConfig,
-    UpdateOrder, VolumeSpec,
+    DeployIntent, DeployPreview, DockerVolume, HostProtocol, IngressProtocol, Listener,
+    ListenerRole, LocalMachinePhase, MachineId, MachineSnapshot, ManagementAddress,
+    MembershipObservation, Mount, Operation, PortSpec, PreDeployHook, PullPolicy, ServiceId,
+    ServiceMode, ServiceSpec, UpdateConfig, UpdateOrder, VolumeSpec,
 };
 use ployz_orchestrator::plan::{plan, PlanError, PlanOptions};
 use ployz_orchestrator::preview;
@@ -29,6 +29,7 @@ fn machine(name: &str) -> MachineSnapshot {
         volumes: vec![],
         images: vec![],
         drains: vec![],
+        listeners: vec![],
     }
 }
 
@@ -52,7 +53,7 @@ fn spec(name: &str) -> ServiceSpec {
 fn host_port(port: u16) -> PortSpec {
     PortSpec::Host {
         host_ip: None,
-        host_port: port,
+        host_port: Some(port),
         container_port: 80,
         protocol: HostProtocol::Tcp,
     }
@@ -672,4 +673,198 @@ fn every_service_that_cannot_be_planned_is_named_in_one_run() {
         missing.fix().as_deref(),
         Some("create it with `ployz volume create ext`")
     );
+}
+
+/// A host port with every field chosen.
+fn bound(ip: Option<&str>, port: Option<u16>, container_port: u16, udp: bool) -> PortSpec {
+    PortSpec::Host {
+        host_ip: ip.map(str::to_owned),
+        host_port: port,
+        container_port,
+        protocol: if udp {
+            HostProtocol::Udp
+        } else {
+            HostProtocol::Tcp
+        },
+    }
+}
+
+/// The daemon listeners a Machine with the default configuration reports.
+fn default_listeners(m: &mut MachineSnapshot) {
+    let listener = |role, address: &str, port, protocol| Listener {
+        role,
+        address: address.into(),
+        port,
+        protocol,
+    };
+    m.listeners = vec![
+        listener(ListenerRole::EdgeHttp, "0.0.0.0", 80, HostProtocol::Tcp),
+        listener(ListenerRole::EdgeHttps, "0.0.0.0", 443, HostProtocol::Tcp),
+        listener(ListenerRole::Metrics, "127.0.0.1", 9090, HostProtocol::Tcp),
+        listener(ListenerRole::Dns, "10.210.0.1", 53, HostProtocol::Udp),
+        listener(ListenerRole::Dns, "10.210.0.1", 53, HostProtocol::Tcp),
+    ];
+}
+
+fn plan_err(services: Vec<ServiceSpec>, machines: &[MachineSnapshot]) -> String {
+    plan(
+        &DeployIntent::all(services, vec![]),
+        machines,
+        &PlanOptions::default(),
+    )
+    .unwrap_err()
+    .to_string()
+}
+
+#[test]
+fn two_services_wanting_one_host_port_on_one_machine_are_refused_naming_both() {
+    let mut web = spec("web");
+    web.ports = vec![bound(None, Some(8080), 80, false)];
+    let mut api = spec("api");
+    api.ports = vec![bound(Some("127.0.0.1"), Some(8080), 3000, false)];
+    assert_eq!(
+        plan_err(vec![web.clone(), api.clone()], &[machine("m1")]),
+        "service 'api' and service 'web' both publish host port 8080/tcp on Machine m1; give one of them another host port, or place them on different Machines with x-machines"
+    );
+
+    // Different protocols, different addresses or different Machines do not collide.
+    let mut udp = api.clone();
+    udp.ports = vec![bound(None, Some(8080), 3000, true)];
+    assert_eq!(
+        plan_all(vec![web.clone(), udp], &[machine("m1")]),
+        ["run", "run"]
+    );
+    let mut two_ips = web.clone();
+    two_ips.ports = vec![bound(Some("127.0.0.2"), Some(8080), 80, false)];
+    assert_eq!(
+        plan_all(vec![two_ips, api.clone()], &[machine("m1")]),
+        ["run", "run"]
+    );
+    let machines = [machine("m1"), machine("m2")];
+    let mut on_m2 = api.clone();
+    on_m2.machines = vec!["m2".parse().unwrap()];
+    let mut on_m1 = web.clone();
+    on_m1.machines = vec!["m1".parse().unwrap()];
+    assert_eq!(plan_all(vec![on_m1, on_m2], &machines), ["run", "run"]);
+
+    // Ports Docker picks never collide.
+    let mut picked = api;
+    picked.ports = vec![bound(None, None, 80, false)];
+    let mut picked_too = web;
+    picked_too.ports = vec![bound(None, None, 80, false)];
+    assert_eq!(
+        plan_all(vec![picked, picked_too], &[machine("m1")]),
+        ["run", "run"]
+    );
+}
+
+#[test]
+fn a_host_port_a_running_service_outside_the_deploy_holds_is_refused() {
+    let mut m = machine("m1");
+    let mut other = spec("legacy");
+    other.ports = vec![bound(None, Some(5432), 5432, false)];
+    add(
+        &mut m,
+        &ServiceId::generate(),
+        &other,
+        ContainerState::Running,
+    );
+    let mut db = spec("db");
+    db.ports = vec![bound(Some("127.0.0.1"), Some(5432), 5432, false)];
+    let intent = DeployIntent::all(vec![db.clone()], vec![]);
+    let err = plan(&intent, std::slice::from_ref(&m), &PlanOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "service 'db' and service 'legacy' both publish host port 5432/tcp on Machine m1 ('legacy' already runs there); give one of them another host port, or place them on different Machines with x-machines"
+    );
+    // An exited container holds no port.
+    m.containers[0].state = ContainerState::Exited;
+    assert_eq!(
+        plan_all(vec![db.clone()], std::slice::from_ref(&m)),
+        ["run"]
+    );
+    // The Service's own old container is replaced, not a rival.
+    let mut m = machine("m1");
+    let id = ServiceId::generate();
+    let old = add(&mut m, &id, &db, ContainerState::Running);
+    let mut changed = db;
+    changed.container.image = "app:2".into();
+    assert_eq!(
+        plan_all(vec![changed], &[m]),
+        [format!("replace {old} stop-first")]
+    );
+}
+
+#[test]
+fn a_host_port_the_daemon_listens_on_is_refused_with_the_fix() {
+    let mut m = machine("m1");
+    default_listeners(&mut m);
+    let mut web = spec("web");
+    web.ports = vec![bound(None, Some(80), 8080, false)];
+    assert_eq!(
+        plan_err(vec![web.clone()], std::slice::from_ref(&m)),
+        "service 'web' publishes host port 80/tcp on Machine m1, where the daemon's edge HTTP listener listens (0.0.0.0:80); publish the web port through the edge with x-ports (e.g. x-ports: ['app.example.com:8080/https']) or pick another host port"
+    );
+    web.ports = vec![bound(Some("127.0.0.1"), Some(443), 443, false)];
+    assert!(plan_err(vec![web.clone()], std::slice::from_ref(&m))
+        .contains("the daemon's edge HTTPS listener listens (0.0.0.0:443); publish the web port through the edge with x-ports (e.g. x-ports: ['app.example.com:443/https'])"));
+    web.ports = vec![bound(None, Some(9090), 9090, false)];
+    assert_eq!(
+        plan_err(vec![web.clone()], std::slice::from_ref(&m)),
+        "service 'web' publishes host port 9090/tcp on Machine m1, where the daemon's metrics listener listens (127.0.0.1:9090); pick another host port"
+    );
+    web.ports = vec![bound(None, Some(53), 53, true)];
+    assert!(plan_err(vec![web.clone()], std::slice::from_ref(&m))
+        .contains("host port 53/udp on Machine m1, where the daemon's internal DNS listens (10.210.0.1:53); pick another host port"));
+
+    // Another address than the listener's, another protocol, or a port Docker picks is fine.
+    for ports in [
+        vec![bound(Some("127.0.0.2"), Some(9090), 9090, false)],
+        vec![bound(None, Some(80), 80, true)],
+        vec![bound(Some("127.0.0.1"), Some(53), 53, true)],
+        vec![bound(None, None, 80, false)],
+    ] {
+        web.ports = ports;
+        assert_eq!(
+            plan_all(vec![web.clone()], std::slice::from_ref(&m)),
+            ["run"]
+        );
+    }
+}
+
+#[test]
+fn the_preview_shows_each_host_port_with_its_machines() {
+    let machines = [machine("m1"), machine("m2")];
+    let mut s = spec("web");
+    s.mode = ServiceMode::Global;
+    s.ports = vec![
+        bound(None, Some(8080), 80, false),
+        bound(None, None, 3000, false),
+        bound(Some("::1"), Some(53), 53, true),
+        bound(Some("127.0.0.1"), None, 9000, false),
+    ];
+    let p = plan(
+        &DeployIntent::all(vec![s], vec![]),
+        &machines,
+        &PlanOptions::default(),
+    )
+    .unwrap();
+    let text = preview::render(
+        &DeployPreview {
+            plan: p,
+            warnings: vec![],
+        },
+        &machines,
+    );
+    for line in [
+        "│ port: (any free port) → 3000/tcp on m1, m2\n",
+        "│ port: 0.0.0.0:8080 → 80/tcp on m1, m2\n",
+        "│ port: 127.0.0.1:(any free port) → 9000/tcp on m1, m2\n",
+        "│ port: [::1]:53 → 53/udp on m1, m2\n",
+    ] {
+        assert!(text.contains(line), "{line} not in\n{text}");
+    }
+    assert_eq!(text.matches("│ port:").count(), 4, "{text}");
 }

@@ -62,10 +62,16 @@ fn endpoints(spec: &ServiceSpec) -> Vec<String> {
                 })
             }
             PortSpec::Host {
-                host_port,
+                host_port: Some(host_port),
                 container_port,
                 ..
             } => Some(format!("{host_port}->{container_port} (host)")),
+            // Docker picked the host port; the spec does not know which.
+            PortSpec::Host {
+                host_port: None,
+                container_port,
+                ..
+            } => Some(format!("*->{container_port} (host)")),
             _ => None,
         })
         .collect()

@@ -1,12 +1,20 @@
-//! `ports:` and `x-ports:`, which cannot be used together. `x-ports` says everything Ployz
-//! needs (an Ingress Hostname and http/https, or a host port); `ports` is accepted in its long
-//! syntax with `mode: host`, and every other form is an error with the nearest working spelling.
+//! `ports:` and `x-ports:`, merged into one list.
+//!
+//! `ports` is Compose's: every entry, short syntax (`"80:80"`, `"3000"`, `"127.0.0.1:8080:80"`,
+//! `"53:53/udp"`, `"8000-8010:8000-8010"`) or long (with or without `mode`), binds host ports
+//! on the Machine that runs the container, as docker compose does on one engine; without a host
+//! port Docker picks a free one. `x-ports` is Ployz's: it publishes web ports through the edge by
+//! Ingress Hostname (and can bind host ports too, `8080:80/tcp@host`). Both may be used on one
+//! Service; a host port bound twice (same address, port and protocol) is an error.
 
 use std::collections::BTreeMap;
 
 use ployz_core::{HostProtocol, PortSpec};
 
-use crate::port::{parse_host_ip, parse_port, parse_port_number};
+use crate::port::{
+    compose_host_ip, expand_host_ports, parse_compose_short, parse_port, parse_port_number,
+    parse_protocol,
+};
 
 use super::keys::warn_unknown_keys;
 use super::shapes::text;
@@ -23,33 +31,20 @@ const LONG_PORT_KEYS: &[&str] = &[
     "app_protocol",
 ];
 
-/// The service's ports from `ports:` or `x-ports:`, sorted, each host port bound once.
+/// The service's ports from `ports:` and `x-ports:`, sorted, each host port bound once.
 pub(super) fn ports(
     ctx: &mut ServiceCtx<'_>,
     compose_ports: Option<&Node>,
     x_ports: Option<&Node>,
 ) -> Vec<PortSpec> {
-    let ports = match (compose_ports, x_ports) {
-        (Some(p), Some(x)) => {
-            ctx.err(
-                "x-ports",
-                None,
-                "ports and x-ports cannot be used together on one service",
-                Some("use only x-ports (e.g. app.example.com:8080/https, 8080:80/tcp@host), or only ports with mode: host"),
-            );
-            // Each key's own problems are still worth reporting in the same run.
-            let _ = compose_ports_key(ctx, p);
-            let _ = x_ports_key(ctx, x);
-            Vec::new()
-        }
-        (Some(p), None) => compose_ports_key(ctx, p),
-        (None, Some(x)) => x_ports_key(ctx, x),
-        (None, None) => Vec::new(),
-    };
-    let ports_key = if x_ports.is_some() {
-        "x-ports"
-    } else {
-        "ports"
+    let mut ports = compose_ports
+        .map(|p| compose_ports_key(ctx, p))
+        .unwrap_or_default();
+    ports.extend(x_ports.map(|x| x_ports_key(ctx, x)).unwrap_or_default());
+    let ports_key = match (compose_ports, x_ports) {
+        (Some(_), Some(_)) => "ports and x-ports",
+        (None, Some(_)) => "x-ports",
+        _ => "ports",
     };
     check_host_ports(ctx, ports_key, ports)
 }
@@ -82,7 +77,8 @@ fn x_ports_key(ctx: &mut ServiceCtx<'_>, n: &Node) -> Vec<PortSpec> {
     out
 }
 
-/// `ports:`: long-syntax entries become host ports; short-syntax ones are errors.
+/// `ports:`: every entry, short or long syntax, publishes host ports on the Machine that runs
+/// the container.
 fn compose_ports_key(ctx: &mut ServiceCtx<'_>, n: &Node) -> Vec<PortSpec> {
     let items = match n {
         Node::Null => return Vec::new(),
@@ -100,80 +96,48 @@ fn compose_ports_key(ctx: &mut ServiceCtx<'_>, n: &Node) -> Vec<PortSpec> {
     for (i, item) in items.iter().enumerate() {
         let key = format!("ports[{i}]");
         match item {
-            Node::Map(_) => {
-                if let Some(p) = long_port(ctx, &key, item) {
-                    out.push(p);
-                }
-            }
+            Node::Map(_) => out.extend(long_port(ctx, &key, item).unwrap_or_default()),
             other => {
                 let Some(t) = ctx.get(&key, other, text) else {
                     continue;
                 };
-                short_port(ctx, &key, &t);
+                match parse_compose_short(&t) {
+                    Ok(ports) => out.extend(ports),
+                    Err(e) => ctx.err(&key, Some(t), e.message, e.fix.as_deref()),
+                }
             }
         }
     }
     out
 }
 
-/// A short-syntax `ports` entry publishes in ingress mode, which Ployz cannot route without a
-/// protocol: always an error, with the nearest working spelling.
-fn short_port(ctx: &mut ServiceCtx<'_>, key: &str, t: &str) {
-    let (body, proto) = t.rsplit_once('/').unwrap_or((t, "tcp"));
-    let parts: Vec<&str> = body.rsplitn(3, ':').collect();
-    let target = parts.first().copied().unwrap_or("");
-    let published = parts.get(1).copied();
-    if target.contains('-') || published.is_some_and(|p| p.contains('-')) {
-        ctx.err(
-            key,
-            Some(t.to_owned()),
-            "published port ranges are not supported",
-            Some("publish each port on its own line"),
-        );
-        return;
-    }
-    let fix = match published {
-        Some(p) if !p.is_empty() => format!(
-            "use x-ports for a web port (e.g. x-ports: ['app.example.com:{target}/https']), or bind it on the Machine with the long syntax (target: {target}, published: {p}, protocol: {proto}, mode: host) or x-ports: ['{p}:{target}/{proto}@host']"
-        ),
-        _ => format!(
-            "use x-ports for a web port (e.g. x-ports: ['{target}/https']), or bind it on the Machine with the long syntax (target: {target}, published: {target}, mode: host)"
-        ),
-    };
-    ctx.err(
-        key,
-        Some(t.to_owned()),
-        "short syntax ports publish in ingress mode, which Ployz routes only for http or https",
-        Some(&fix),
-    );
-}
-
-/// A long-syntax `ports` entry: only `mode: host` with `published:` binds a port.
-fn long_port(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<PortSpec> {
+/// A long-syntax `ports` entry: `target`, and optionally `published` (a port or a range;
+/// without it Docker picks a free host port), `host_ip`, `protocol` and `mode` (`ingress`, the
+/// default, or `host`: on one engine both publish on the Machine).
+fn long_port(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<Vec<PortSpec>> {
     warn_unknown_keys(ctx, key, n, LONG_PORT_KEYS);
-    let target = port_target(ctx, key, n)?;
-    let published = port_published(ctx, key, n)?;
-    let protocol = port_protocol(ctx, key, n)?;
-    let host_ip = port_host_ip(ctx, key, n)?;
-    check_port_mode(ctx, key, n, target, published)?;
-    let Some(host_port) = published else {
-        ctx.err(
-            key,
-            Some(n.short()),
-            "a host-mode port needs published: (the port bound on the Machine)",
-            Some(&format!("add published: {target}")),
-        );
-        return None;
-    };
-    Some(PortSpec::Host {
-        host_ip,
-        host_port,
-        container_port: target,
-        protocol,
-    })
+    let target = port_target(ctx, key, n);
+    let published = port_published(ctx, key, n);
+    let protocol = port_protocol(ctx, key, n);
+    let host_ip = port_host_ip(ctx, key, n);
+    let mode = check_port_mode(ctx, key, n);
+    let (target, published, protocol, host_ip, ()) =
+        (target?, published?, protocol?, host_ip?, mode?);
+    match expand_host_ports(host_ip, published.as_deref(), &target.to_string(), protocol) {
+        Ok(ports) => Some(ports),
+        Err(e) => {
+            ctx.err(
+                &format!("{key}.published"),
+                published,
+                e.message,
+                e.fix.as_deref(),
+            );
+            None
+        }
+    }
 }
 
-/// `target:`, the container port; required.
+/// `target:`, the container port; required, one port.
 fn port_target(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<u16> {
     let Some(t) = n.get("target") else {
         ctx.bad(key, n, "a port needs target: (the container port)");
@@ -185,35 +149,20 @@ fn port_target(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<u16> {
         Err(m) => {
             let fix = s
                 .contains('-')
-                .then_some("publish each port on its own line");
+                .then_some("write one port per entry as target:, or use the short syntax ('8000-8010:8000-8010')");
             ctx.err(&format!("{key}.target"), Some(s), m, fix);
             None
         }
     }
 }
 
-/// `published:`, the port on the Machine; not a range. `Some(None)` when not given.
-fn port_published(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<Option<u16>> {
-    let p = match n.get("published") {
-        None | Some(Node::Null) => return Some(None),
-        Some(p) => p,
-    };
-    let s = ctx.get(&format!("{key}.published"), p, text)?;
-    if s.contains('-') {
-        ctx.err(
-            &format!("{key}.published"),
-            Some(s),
-            "published port ranges are not supported",
-            Some("publish each port on its own line"),
-        );
-        return None;
-    }
-    match parse_port_number(&s, "published port") {
-        Ok(p) => Some(Some(p)),
-        Err(m) => {
-            ctx.err(&format!("{key}.published"), Some(s), m, None);
-            None
-        }
+/// `published:`, the port or range on the Machine, as written. `Some(None)` when not given.
+fn port_published(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<Option<String>> {
+    match n.get("published") {
+        None | Some(Node::Null) => Some(None),
+        Some(p) => ctx
+            .get(&format!("{key}.published"), p, text)
+            .map(|s| Some(s).filter(|s| !s.is_empty())),
     }
 }
 
@@ -223,15 +172,15 @@ fn port_protocol(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<HostPr
         None | Some(Node::Null) => return Some(HostProtocol::Tcp),
         Some(p) => p,
     };
-    match ctx.get(&format!("{key}.protocol"), p, text)?.as_str() {
-        "tcp" => Some(HostProtocol::Tcp),
-        "udp" => Some(HostProtocol::Udp),
-        other => {
+    let s = ctx.get(&format!("{key}.protocol"), p, text)?;
+    match parse_protocol(&s) {
+        Ok(p) => Some(p),
+        Err(e) => {
             ctx.err(
                 &format!("{key}.protocol"),
-                Some(other.to_owned()),
-                "unknown protocol",
-                Some("use tcp or udp"),
+                Some(s),
+                e.message,
+                e.fix.as_deref(),
             );
             None
         }
@@ -246,52 +195,38 @@ fn port_host_ip(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<Option<
         Some(ip) => ip,
     };
     let s = ctx.get(&format!("{key}.host_ip"), ip, text)?;
-    let bracketed = if s.contains(':') && !s.starts_with('[') {
-        format!("[{s}]")
-    } else {
-        s.clone()
-    };
-    match parse_host_ip(&bracketed) {
+    if s.is_empty() {
+        return Some(None);
+    }
+    match compose_host_ip(&s) {
         Ok(ip) => Some(Some(ip)),
-        Err(m) => {
-            ctx.err(&format!("{key}.host_ip"), Some(s), m, None);
+        Err(e) => {
+            ctx.err(
+                &format!("{key}.host_ip"),
+                Some(s),
+                e.message,
+                e.fix.as_deref(),
+            );
             None
         }
     }
 }
 
-/// `mode:` must be `host`: the default, `ingress`, cannot say http or https.
-fn check_port_mode(
-    ctx: &mut ServiceCtx<'_>,
-    key: &str,
-    n: &Node,
-    target: u16,
-    published: Option<u16>,
-) -> Option<()> {
+/// `mode:`, `ingress` (the default) or `host`: on a single engine, which is what each Machine
+/// is, Compose binds both on the Machine's addresses, and so does Ployz.
+fn check_port_mode(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<()> {
     let mode = match n.get("mode") {
-        None | Some(Node::Null) => "ingress".to_owned(),
+        None | Some(Node::Null) => return Some(()),
         Some(m) => ctx.get(&format!("{key}.mode"), m, text)?,
     };
     match mode.as_str() {
-        "host" => Some(()),
-        "ingress" => {
-            let p = published.unwrap_or(target);
-            ctx.err(
-                &format!("{key}.mode"),
-                Some(mode.clone()),
-                "ingress-mode ports need http or https, which the ports key cannot say",
-                Some(&format!(
-                    "use x-ports for a web port (e.g. x-ports: ['app.example.com:{target}/https']), or set mode: host to bind {p} on the Machine"
-                )),
-            );
-            None
-        }
+        "host" | "ingress" => Some(()),
         other => {
             ctx.err(
                 &format!("{key}.mode"),
                 Some(other.to_owned()),
                 "unknown port mode",
-                Some("use mode: host (or x-ports for http/https through the ingress)"),
+                Some("use mode: host or ingress (both bind the port on the Machine), or x-ports to publish http/https through the edge"),
             );
             None
         }
@@ -310,7 +245,7 @@ fn check_host_ports(
     for p in &ports {
         if let PortSpec::Host {
             host_ip,
-            host_port,
+            host_port: Some(host_port),
             container_port,
             protocol,
         } = p

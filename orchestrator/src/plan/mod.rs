@@ -28,8 +28,11 @@
 //!   the pre-deploy hook goes;
 //! - `update_order`: start-first or stop-first, and which removals stop before new containers
 //!   start;
-//! - `volumes`: which Machines hold each named volume, and the ones the plan creates.
+//! - `volumes`: which Machines hold each named volume, and the ones the plan creates;
+//! - `host_ports`: a fixed host port is bound once per Machine: not by two Services, not by a
+//!   Service and the daemon's own listeners (the edge, metrics, DNS).
 
+mod host_ports;
 mod identity;
 mod operations;
 mod placement;
@@ -37,12 +40,14 @@ mod update_order;
 mod volumes;
 
 use ployz_core::{
-    ContainerRef, ContainerRuntimeObservation, DeployIntent, DeployPlan, MachineSnapshot,
-    MembershipObservation, Operation, ServiceId, ServiceMode, ServicePlan, ServiceSpec,
+    ContainerRef, ContainerRuntimeObservation, DeployIntent, DeployPlan, HostProtocol,
+    ListenerRole, MachineSnapshot, MembershipObservation, Operation, ServiceId, ServiceMode,
+    ServicePlan, ServiceSpec,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use host_ports::HostPortLedger;
 use identity::Freshness;
 use placement::Placement;
 use volumes::VolumeLedger;
@@ -106,6 +111,29 @@ pub enum PlanError {
         count: u32,
         machine: String,
     },
+    #[error(
+        "service '{name}' and service '{other}' both publish host port {port}/{protocol} on Machine {machine}{}; give one of them another host port, or place them on different Machines with x-machines",
+        if *other_running { format!(" ('{other}' already runs there)") } else { String::new() }
+    )]
+    HostPortTaken {
+        name: String,
+        other: String,
+        port: u16,
+        protocol: HostProtocol,
+        machine: String,
+        /// `other` is a Service this Deploy does not attempt, already running there.
+        other_running: bool,
+    },
+    #[error("service '{name}' publishes host port {port}/{protocol} on Machine {machine}, where the daemon's {role} listens ({address}); {fix}")]
+    HostPortHeldByDaemon {
+        name: String,
+        port: u16,
+        protocol: HostProtocol,
+        machine: String,
+        role: ListenerRole,
+        address: String,
+        fix: String,
+    },
     #[error("service '{name}': external volume '{volume}' does not exist on any Machine; create it with `ployz volume create {volume}`")]
     ExternalVolumeMissing { name: String, volume: String },
 }
@@ -122,6 +150,8 @@ impl PlanError {
             | PlanError::HostnameClaimed { name, .. }
             | PlanError::DnsLabelTaken { name, .. }
             | PlanError::HostPortClash { name, .. }
+            | PlanError::HostPortTaken { name, .. }
+            | PlanError::HostPortHeldByDaemon { name, .. }
             | PlanError::ExternalVolumeMissing { name, .. } => Some(name),
         }
     }
@@ -219,13 +249,22 @@ pub fn plan(
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let freshness = Freshness::new(machines, opts);
     let mut volumes = VolumeLedger::observed(machines);
+    let mut host_ports = HostPortLedger::observed(intent, machines);
     let mut services = Vec::new();
     for spec in intent
         .services
         .iter()
         .filter(|s| intent.attempts.contains(&s.name))
     {
-        match plan_service(spec, intent, machines, &freshness, &mut volumes, &mut rng) {
+        match plan_service(
+            spec,
+            intent,
+            machines,
+            &freshness,
+            &mut volumes,
+            &mut host_ports,
+            &mut rng,
+        ) {
             Ok(service) => services.push(service),
             Err(problems) => errors.extend(problems),
         }
@@ -260,6 +299,7 @@ fn plan_service<'a>(
     machines: &'a [MachineSnapshot],
     freshness: &Freshness<'_>,
     volumes: &mut VolumeLedger<'a>,
+    host_ports: &mut HostPortLedger<'a>,
     rng: &mut StdRng,
 ) -> Result<ServicePlan, Vec<PlanError>> {
     let mut errors = Vec::new();
@@ -289,6 +329,11 @@ fn plan_service<'a>(
     )
     .map_err(|e| errors.push(e))
     .ok();
+    if let Some(placement) = &placement {
+        if let Err(e) = host_ports.claim(spec, placement, machines) {
+            errors.push(e);
+        }
+    }
     let (Some(service_id), Some(placement), true) = (service_id, placement, errors.is_empty())
     else {
         return Err(errors);
