@@ -28,7 +28,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 pub use port::parse_port;
-pub use service::keys::{key_rule, support_matrix, KeyRule, Level, Support, KEY_RULES};
+pub use service::keys::{key_rule, rule_under, support_matrix, KeyRule, Level, Support, KEY_RULES};
 
 /// What to load: the `-f` files, the `-p` profiles and the process environment.
 #[derive(Debug, Clone, Default)]

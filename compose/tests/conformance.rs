@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use ployz_compose::{
-    key_rule, load, support_matrix, ComposeErrors, ComposeInput, Level, LoadedProject, Support,
-    KEY_RULES,
+    key_rule, load, rule_under, support_matrix, ComposeErrors, ComposeInput, Level, LoadedProject,
+    Support, KEY_RULES,
 };
 use serde_yaml_ng::Value;
 
@@ -112,6 +112,145 @@ const SPEC_SERVICE_KEYS: &[&str] = &[
     "volumes",
     "volumes_from",
     "working_dir",
+];
+
+/// The keys nested under another of the Compose specification, by parent path (the
+/// `properties` of the nested objects of compose-spec.json: `deployment`, `resources`,
+/// `healthcheck`, a service's long `ports`, `volumes`, `configs` and `secrets` items, `logging`,
+/// `depends_on` entries, and the top-level `volume`, `config` and `secret` definitions).
+const SPEC_NESTED_KEYS: &[(&str, &[&str])] = &[
+    (
+        "deploy",
+        &[
+            "mode",
+            "endpoint_mode",
+            "replicas",
+            "labels",
+            "rollback_config",
+            "update_config",
+            "resources",
+            "restart_policy",
+            "placement",
+        ],
+    ),
+    ("deploy.resources", &["limits", "reservations"]),
+    ("deploy.resources.limits", &["cpus", "memory", "pids"]),
+    (
+        "deploy.resources.reservations",
+        &["cpus", "memory", "generic_resources", "devices"],
+    ),
+    (
+        "deploy.update_config",
+        &[
+            "parallelism",
+            "delay",
+            "failure_action",
+            "monitor",
+            "max_failure_ratio",
+            "order",
+        ],
+    ),
+    (
+        "healthcheck",
+        &[
+            "disable",
+            "interval",
+            "retries",
+            "test",
+            "timeout",
+            "start_period",
+            "start_interval",
+        ],
+    ),
+    (
+        "ports[]",
+        &[
+            "name",
+            "mode",
+            "host_ip",
+            "target",
+            "published",
+            "protocol",
+            "app_protocol",
+        ],
+    ),
+    (
+        "volumes[]",
+        &[
+            "type",
+            "source",
+            "target",
+            "read_only",
+            "consistency",
+            "bind",
+            "volume",
+            "tmpfs",
+            "image",
+        ],
+    ),
+    (
+        "volumes[].bind",
+        &["propagation", "create_host_path", "recursive", "selinux"],
+    ),
+    ("volumes[].volume", &["nocopy", "subpath"]),
+    ("volumes[].tmpfs", &["size", "mode"]),
+    ("configs[]", &["source", "target", "uid", "gid", "mode"]),
+    ("secrets[]", &["source", "target", "uid", "gid", "mode"]),
+    ("logging", &["driver", "options"]),
+    ("depends_on.*", &["condition", "restart", "required"]),
+    (
+        "volumes.*",
+        &["name", "driver", "driver_opts", "external", "labels"],
+    ),
+    (
+        "configs.*",
+        &[
+            "name",
+            "content",
+            "environment",
+            "file",
+            "external",
+            "labels",
+            "template_driver",
+        ],
+    ),
+    (
+        "secrets.*",
+        &[
+            "name",
+            "environment",
+            "file",
+            "external",
+            "labels",
+            "driver",
+            "driver_opts",
+            "template_driver",
+        ],
+    ),
+];
+
+/// Nested keys Ployz knows that the specification does not have: its own extension's keys,
+/// `content:` on a secret (refused, pointing to file: or environment:), and
+/// `deploy.resources.limits.devices` (which Docker's Compose accepts).
+const PLOYZ_NESTED_KEYS: &[(&str, &[&str])] = &[
+    (
+        "x-pre_deploy",
+        &["command", "environment", "privileged", "user", "timeout"],
+    ),
+    ("secrets.*", &["content"]),
+    ("deploy.resources.limits", &["devices"]),
+];
+
+/// Nested keys that change nothing the loader gives, and why that is not a key vanishing:
+/// each is accepted on purpose, as the key table's note says.
+const ACCEPTED_WITHOUT_EFFECT: &[(&str, &str)] = &[
+    // The file in the container is known by the declaration's key; Compose's `name` is the
+    // platform's name for it, which Ployz has no use for (tests/secrets.rs keeps it silent).
+    ("configs.*", "name"),
+    ("secrets.*", "name"),
+    // host and ingress both publish on the Machine where the container runs (one engine per
+    // Machine); any other value is refused.
+    ("ports[]", "mode"),
 ];
 
 /// How a kept or translated key shows in the spec: a path into the spec (as YAML) and what
@@ -321,14 +460,33 @@ fn the_key_table_covers_the_compose_specification() {
         missing.is_empty(),
         "keys the table does not classify: {missing:?}"
     );
-    // And nothing in the table that the specification does not have, but Ployz's extensions.
+    for (parent, keys) in SPEC_NESTED_KEYS {
+        for k in *keys {
+            if rule_under(parent, k).is_none() {
+                missing.push(format!("{parent}.{k}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "nested keys the table does not classify: {missing:?}"
+    );
+    // And nothing in the table that the specification does not have, but Ployz's own keys.
+    let listed = |lists: &[(&str, &[&str])], parent: &str, key: &str| {
+        lists
+            .iter()
+            .any(|(p, keys)| *p == parent && keys.contains(&key))
+    };
     for r in KEY_RULES {
-        let spec = match r.level {
-            Level::TopLevel => SPEC_TOP_LEVEL_KEYS,
-            Level::Service => SPEC_SERVICE_KEYS,
+        let known = match r.level {
+            Level::TopLevel => SPEC_TOP_LEVEL_KEYS.contains(&r.key),
+            Level::Service => SPEC_SERVICE_KEYS.contains(&r.key),
+            Level::Under(parent) => {
+                listed(SPEC_NESTED_KEYS, parent, r.key) || listed(PLOYZ_NESTED_KEYS, parent, r.key)
+            }
         };
         assert!(
-            spec.contains(&r.key) || r.key.starts_with("x-"),
+            known || r.key.starts_with("x-"),
             "the table has {:?} {}, which the Compose specification does not",
             r.level,
             r.key
@@ -338,8 +496,9 @@ fn the_key_table_covers_the_compose_specification() {
     let mut seen = BTreeSet::new();
     for r in KEY_RULES {
         assert!(
-            seen.insert((r.level as u8, r.key)),
-            "{} is in the table twice",
+            seen.insert((format!("{:?}", r.level), r.key)),
+            "{:?} {} is in the table twice",
+            r.level,
             r.key
         );
     }
@@ -458,13 +617,302 @@ fn every_key_lands_in_the_spec_a_warning_or_a_refusal() {
 #[test]
 fn every_refused_key_is_an_error_naming_it() {
     let errors = load_fixture("refused.yaml", &[]).expect_err("refused.yaml must be refused");
-    for r in KEY_RULES.iter().filter(|r| r.support == Support::Refused) {
+    let refused = KEY_RULES
+        .iter()
+        .filter(|r| r.support == Support::Refused && !matches!(r.level, Level::Under(_)));
+    for r in refused {
         let found = errors.0.iter().find(|e| e.key.as_deref() == Some(r.key));
         let e = found.unwrap_or_else(|| panic!("no error names {}: {errors}", r.key));
         assert!(e.fix.is_some(), "the refusal of {} has no fix: {e}", r.key);
     }
     // Nothing else is refused: each refusal stands alone.
     assert_eq!(errors.0.len(), 3, "{errors}");
+}
+
+/// One step of a path into a YAML document.
+#[derive(Debug, Clone)]
+enum Step {
+    Key(String),
+    Index(usize),
+}
+
+/// A nested key as a fixture uses it: the rule's parent, the key, and where its mapping is.
+#[derive(Debug)]
+struct NestedUse {
+    parent: &'static str,
+    key: String,
+    at: Vec<Step>,
+}
+
+/// The parents the key table has nested keys under.
+fn parents() -> Vec<&'static str> {
+    let mut out = Vec::new();
+    for r in KEY_RULES {
+        if let Level::Under(p) = r.level {
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The mappings of a document that a parent path names (`ports[]`: each mapping item of a
+/// service's `ports`; `depends_on.*`: each mapping value of a service's `depends_on`; the
+/// top-level `volumes.*`: each volume declaration).
+fn mappings_at(doc: &Value, parent: &str) -> Vec<Vec<Step>> {
+    let mut found: Vec<Vec<Step>> = if Level::is_top_level_parent(parent) {
+        vec![Vec::new()]
+    } else {
+        doc.get("services")
+            .and_then(Value::as_mapping)
+            .map(|m| {
+                m.keys()
+                    .filter_map(Value::as_str)
+                    .map(|s| vec![Step::Key("services".into()), Step::Key(s.into())])
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for segment in parent.split('.') {
+        let mut next = Vec::new();
+        for at in &found {
+            let Some(v) = get(doc, at) else { continue };
+            if segment == "*" {
+                for k in v.as_mapping().into_iter().flat_map(|m| m.keys()) {
+                    if let Some(k) = k.as_str() {
+                        next.push(with(at, Step::Key(k.into())));
+                    }
+                }
+            } else if let Some(list) = segment.strip_suffix("[]") {
+                let items = v.get(list).and_then(Value::as_sequence);
+                for i in 0..items.map_or(0, Vec::len) {
+                    next.push(with(&with(at, Step::Key(list.into())), Step::Index(i)));
+                }
+            } else if v.get(segment).is_some() {
+                next.push(with(at, Step::Key(segment.into())));
+            }
+        }
+        found = next;
+    }
+    found
+        .into_iter()
+        .filter(|at| get(doc, at).is_some_and(Value::is_mapping))
+        .collect()
+}
+
+fn with(at: &[Step], step: Step) -> Vec<Step> {
+    let mut out = at.to_vec();
+    out.push(step);
+    out
+}
+
+fn get<'v>(doc: &'v Value, at: &[Step]) -> Option<&'v Value> {
+    at.iter().try_fold(doc, |v, s| match s {
+        Step::Key(k) => v.get(k.as_str()),
+        Step::Index(i) => v.get(*i),
+    })
+}
+
+fn get_mut<'v>(doc: &'v mut Value, at: &[Step]) -> Option<&'v mut Value> {
+    at.iter().try_fold(doc, |v, s| match s {
+        Step::Key(k) => v.get_mut(k.as_str()),
+        Step::Index(i) => v.get_mut(*i),
+    })
+}
+
+/// Every nested key a fixture uses, under each parent of the key table (`x-` keys are the
+/// file's own).
+fn nested_uses(doc: &Value) -> Vec<NestedUse> {
+    let mut out = Vec::new();
+    for parent in parents() {
+        for at in mappings_at(doc, parent) {
+            let keys: Vec<String> = get(doc, &at)
+                .and_then(Value::as_mapping)
+                .map(|m| {
+                    m.keys()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            for key in keys.into_iter().filter(|k| !k.starts_with("x-")) {
+                out.push(NestedUse {
+                    parent,
+                    key,
+                    at: at.clone(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// A fixture loaded from a copy of the fixtures folder, so that a changed document can be
+/// loaded next to the files it names; the copy is removed on drop, also on panic.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("ployz-conformance-{name}-{}", std::process::id()));
+        copy_dir(&fixtures(), &dir);
+        Scratch(dir)
+    }
+
+    /// What the loader gives for this document: the project, or the errors, as text.
+    fn outcome(&self, doc: &Value) -> String {
+        let path = self.0.join("changed.yaml");
+        let text = serde_yaml_ng::to_string(doc).expect("a document serialises");
+        std::fs::write(&path, text).expect("the scratch folder is writable");
+        let env = [("CONF_VALUE", "conf"), ("TOKEN_VALUE", "token")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        match load(&ComposeInput {
+            files: vec![path],
+            profiles: Vec::new(),
+            env,
+        }) {
+            Ok(p) => format!("{p:#?}"),
+            Err(e) => format!("refused:\n{e}"),
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("the scratch folder can be made");
+    for entry in std::fs::read_dir(from).expect("the fixtures are readable") {
+        let entry = entry.expect("the fixtures are readable");
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("a fixture can be copied");
+        }
+    }
+}
+
+fn fixture_doc(file: &str) -> Value {
+    let text = std::fs::read_to_string(fixtures().join(file)).expect("the fixture is readable");
+    yaml(&text)
+}
+
+#[test]
+fn the_fixtures_use_every_nested_key_of_the_table() {
+    let mut used = BTreeSet::new();
+    for file in ["nested.yaml", "nested_refused.yaml"] {
+        for u in nested_uses(&fixture_doc(file)) {
+            used.insert((u.parent, u.key));
+        }
+    }
+    let unused: Vec<String> = KEY_RULES
+        .iter()
+        .filter_map(|r| match r.level {
+            Level::Under(p) if !used.contains(&(p, r.key.to_owned())) => {
+                Some(format!("{p}.{}", r.key))
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "no fixture uses the nested keys {unused:?}"
+    );
+    for (parent, key) in &used {
+        assert!(
+            rule_under(parent, key).is_some(),
+            "a fixture uses {parent}.{key}, which the key table does not have"
+        );
+    }
+}
+
+/// Takes each nested key out of a fixture in turn: what the loader gives must change (the
+/// spec, the volumes, a warning or an error), or the key vanished without a word.
+fn each_nested_key_counts(file: &str, scratch: &Scratch) -> Vec<String> {
+    let doc = fixture_doc(file);
+    let base = scratch.outcome(&doc);
+    let mut silent = Vec::new();
+    for u in nested_uses(&doc) {
+        let mut changed = doc.clone();
+        if let Some(Value::Mapping(m)) = get_mut(&mut changed, &u.at) {
+            // shift_remove keeps the order of the other keys, and so of their warnings.
+            m.shift_remove(u.key.as_str());
+        }
+        let accepted = ACCEPTED_WITHOUT_EFFECT
+            .iter()
+            .any(|(p, k)| *p == u.parent && *k == u.key);
+        if scratch.outcome(&changed) == base && !accepted {
+            silent.push(format!("{}.{} (at {:?})", u.parent, u.key, u.at));
+        }
+    }
+    silent
+}
+
+#[test]
+fn every_nested_key_lands_in_the_spec_a_warning_or_a_refusal() {
+    let scratch = Scratch::new("nested");
+    let doc = fixture_doc("nested.yaml");
+    let base = scratch.outcome(&doc);
+    assert!(
+        !base.starts_with("refused:"),
+        "nested.yaml must load:\n{base}"
+    );
+    let mut silent = each_nested_key_counts("nested.yaml", &scratch);
+    // A key the table warns about is a warning naming its path, with the table's note.
+    for u in nested_uses(&doc) {
+        let Some(rule) = rule_under(u.parent, &u.key) else {
+            continue;
+        };
+        if rule.support == Support::Warned && !base.contains(rule.note) {
+            silent.push(format!(
+                "{}.{}: warned in the table, but no warning has its note",
+                u.parent, u.key
+            ));
+        }
+    }
+    silent.extend(each_nested_key_counts("nested_refused.yaml", &scratch));
+    assert!(
+        silent.is_empty(),
+        "nested keys that vanish without a word:\n{}\nloaded: {base}",
+        silent.join("\n")
+    );
+}
+
+#[test]
+fn every_refused_nested_key_is_an_error_naming_it() {
+    let errors =
+        load_fixture("nested_refused.yaml", &[]).expect_err("nested_refused.yaml must be refused");
+    for r in KEY_RULES.iter().filter(|r| r.support == Support::Refused) {
+        let Level::Under(parent) = r.level else {
+            continue;
+        };
+        let e = errors
+            .0
+            .iter()
+            .find(|e| {
+                e.key.as_deref().is_some_and(|k| {
+                    // A top-level declaration's key starts with its section (configs.<name>).
+                    let section = parent
+                        .strip_suffix(".*")
+                        .filter(|_| Level::is_top_level_parent(parent));
+                    k.ends_with(&format!(".{}", r.key))
+                        && section.is_none_or(|s| k.starts_with(&format!("{s}.")))
+                })
+            })
+            .unwrap_or_else(|| panic!("no error names {parent}.{}: {errors}", r.key));
+        assert!(
+            e.fix.is_some(),
+            "the refusal of {parent}.{} has no fix: {e}",
+            r.key
+        );
+    }
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 use ployz_core::ConfigFile;
 
+use crate::service::keys::{note_under, unknown_under};
 use crate::service::{boolean, text, Converted, ServiceCtx};
 use crate::yaml::Node;
 use crate::Diagnostics;
@@ -150,14 +151,19 @@ fn check_config_keys(key: &str, decl: &Node, file: &str, d: &mut Diagnostics) ->
     for (k, _) in entries {
         match k.as_str() {
             "file" | "content" | "environment" | "external" | "name" => {}
-            "template_driver" => d.warn(
+            "template_driver" | "labels" => d.warn(
                 file,
                 None,
                 &format!("{key}.{k}"),
-                "is not supported and is ignored",
+                note_under("configs.*", k),
             ),
             _ if k.starts_with("x-") => {}
-            _ => d.warn(file, None, &format!("{key}.{k}"), "unknown key, ignored"),
+            _ => d.warn(
+                file,
+                None,
+                &format!("{key}.{k}"),
+                unknown_under("configs.*", k),
+            ),
         }
     }
     if let Some(ext) = decl.get("external") {
@@ -168,7 +174,7 @@ fn check_config_keys(key: &str, decl: &Node, file: &str, d: &mut Diagnostics) ->
                 Some(&format!("{key}.external")),
                 Some("true".into()),
                 "external configs are not supported",
-                Some("give the config a file: or content:".into()),
+                Some(note_under("configs.*", "external").into()),
             );
             return None;
         }

@@ -5,24 +5,12 @@
 
 use ployz_core::{SecretFile, SecretValue};
 
-use crate::service::{boolean, suggest, text, Converted, ServiceCtx};
+use crate::service::keys::{note_under, unknown_under};
+use crate::service::{boolean, text, Converted, ServiceCtx};
 use crate::yaml::Node;
 use crate::Diagnostics;
 
 use super::Project;
-
-/// The keys of a top-level secret Ployz reads; the others are refused or warned about in
-/// [`Project::check_secrets`].
-const SECRET_KEYS: &[&str] = &[
-    "file",
-    "environment",
-    "external",
-    "name",
-    "driver",
-    "driver_opts",
-    "template_driver",
-    "labels",
-];
 
 impl Project<'_> {
     /// Checks every top-level secret, used or not: a mapping with one of `file:` and
@@ -232,22 +220,11 @@ fn check_secret_keys(key: &str, decl: &Node, file: &str, d: &mut Diagnostics) ->
                     Some(&at),
                     None,
                     "secret drivers are not supported: Ployz reads a secret's value from file: or environment:",
-                    Some("drop driver: and driver_opts:, and give the secret a file: or environment:".into()),
+                    Some(note_under("secrets.*", k).into()),
                 );
                 refused = true;
             }
-            "template_driver" => d.warn(
-                file,
-                None,
-                &at,
-                "is not supported and is ignored; the value is mounted as it is, not rendered as a template",
-            ),
-            "labels" => d.warn(
-                file,
-                None,
-                &at,
-                "is ignored: the secret is a file in the container, with nothing to label",
-            ),
+            "template_driver" | "labels" => d.warn(file, None, &at, note_under("secrets.*", k)),
             "content" => {
                 d.error(
                     file,
@@ -255,18 +232,12 @@ fn check_secret_keys(key: &str, decl: &Node, file: &str, d: &mut Diagnostics) ->
                     Some(&at),
                     None,
                     "a secret takes file: or environment:, not content: (content: is for configs)",
-                    Some("put the value in a file (file: ./secret.txt) or a variable (environment: VARIABLE), out of the Compose file".into()),
+                    Some(note_under("secrets.*", "content").into()),
                 );
                 refused = true;
             }
             _ if k.starts_with("x-") => {}
-            _ => {
-                let hint = match suggest(k, SECRET_KEYS.iter().copied()) {
-                    Some(s) => format!("; did you mean '{s}'?"),
-                    None => String::new(),
-                };
-                d.warn(file, None, &at, format!("unknown key, ignored{hint}"));
-            }
+            _ => d.warn(file, None, &at, unknown_under("secrets.*", k)),
         }
     }
     if let Some(ext) = decl.get("external") {
@@ -281,7 +252,7 @@ fn check_secret_keys(key: &str, decl: &Node, file: &str, d: &mut Diagnostics) ->
                 Some(&format!("{key}.external")),
                 Some("true".into()),
                 "external secrets are not supported",
-                Some("give the secret a file:, or pass its value through the environment".into()),
+                Some(note_under("secrets.*", "external").into()),
             );
             return None;
         }

@@ -5,14 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use ployz_core::VolumeSpec;
 
-use crate::service::{boolean, kv_entries, suggest, text};
+use crate::service::keys::unknown_under;
+use crate::service::{boolean, kv_entries, text};
 use crate::yaml::Node;
 use crate::Diagnostics;
 
 use super::{Project, VolumeDecl};
-
-/// The keys a top-level volume may have.
-const VOLUME_KEYS: [&str; 5] = ["name", "driver", "driver_opts", "labels", "external"];
 
 impl Project<'_> {
     /// Every top-level volume, converted (errors for all, warnings kept for the used ones).
@@ -174,13 +172,7 @@ fn volume_field(
             },
         },
         _ if field.starts_with("x-") => {}
-        other => {
-            let hint = match suggest(other, VOLUME_KEYS.into_iter()) {
-                Some(s) => format!("; did you mean '{s}'?"),
-                None => String::new(),
-            };
-            warnings.push((fk, format!("unknown key, ignored{hint}")));
-        }
+        other => warnings.push((fk, unknown_under("volumes.*", other))),
     }
 }
 

@@ -2,7 +2,7 @@
 //! against the top-level `configs:` and turns it into a file in the container. The service's
 //! `secrets:` entries share the reading here ([`file_uses`]); only their target rule differs.
 
-use super::keys::warn_unknown_keys;
+use super::keys::nested_keys;
 use super::shapes::{mode, text, u32_of};
 use super::volumes::{check_target, normalise_path};
 use super::{ConfigUse, Node, ServiceCtx};
@@ -23,6 +23,14 @@ impl FileKind {
         match self {
             FileKind::Config => "configs",
             FileKind::Secret => "secrets",
+        }
+    }
+
+    /// The key table's parent of a long-syntax entry's keys.
+    fn parent(self) -> &'static str {
+        match self {
+            FileKind::Config => "configs[]",
+            FileKind::Secret => "secrets[]",
         }
     }
 
@@ -118,7 +126,7 @@ fn long_use(
     item: &Node,
     kind: FileKind,
 ) -> Option<ConfigUse> {
-    warn_unknown_keys(ctx, &key, item, &["source", "target", "uid", "gid", "mode"]);
+    nested_keys(ctx, kind.parent(), &key, item);
     let Some(source) = item
         .get("source")
         .and_then(|s| ctx.get(&format!("{key}.source"), s, text))

@@ -1,6 +1,6 @@
 //! `depends_on:` (list or mapping form), read by the project, which knows every service.
 
-use super::keys::warn_unknown_keys;
+use super::keys::nested_keys;
 use super::shapes::{boolean, text};
 use super::{Dep, Node, ServiceCtx};
 
@@ -61,7 +61,7 @@ fn dependency_options(ctx: &mut ServiceCtx<'_>, key: &str, name: &str, v: &Node)
         }
         return true;
     }
-    warn_unknown_keys(ctx, key, v, &["condition", "restart", "required"]);
+    nested_keys(ctx, "depends_on.*", key, v);
     if let Some(c) = v.get("condition") {
         condition(ctx, key, name, c);
     }
@@ -70,9 +70,6 @@ fn dependency_options(ctx: &mut ServiceCtx<'_>, key: &str, name: &str, v: &Node)
         required = ctx
             .get(&format!("{key}.required"), r, boolean)
             .unwrap_or(true);
-    }
-    if v.get("restart").is_some() {
-        ctx.warn(&format!("{key}.restart"), "is not supported and is ignored");
     }
     required
 }

@@ -4,7 +4,7 @@
 
 use ployz_core::{Resources, ServiceMode, UpdateConfig, UpdateOrder};
 
-use super::keys::warn_unknown_keys;
+use super::keys::nested_keys;
 use super::shapes::{cpus, duration, expect_map, size, text, u32_of};
 use super::{Node, Parts, ServiceCtx};
 
@@ -30,22 +30,11 @@ pub(super) fn read(ctx: &mut ServiceCtx<'_>, p: &mut Parts<'_>, k: &str, value: 
 
 /// Reads `deploy:`; its resources go to `resources`.
 fn deploy_key(ctx: &mut ServiceCtx<'_>, n: &Node, resources: &mut Resources) -> DeployParts {
-    const KEYS: &[&str] = &[
-        "mode",
-        "replicas",
-        "resources",
-        "update_config",
-        "placement",
-        "labels",
-        "restart_policy",
-        "rollback_config",
-        "endpoint_mode",
-    ];
     let mut out = DeployParts::default();
     let Some(entries) = expect_map(ctx, "deploy", n) else {
         return out;
     };
-    warn_unknown_keys(ctx, "deploy", n, KEYS);
+    nested_keys(ctx, "deploy", "deploy", n);
     for (k, v) in entries {
         let key = format!("deploy.{k}");
         match k.as_str() {
@@ -66,17 +55,7 @@ fn deploy_key(ctx: &mut ServiceCtx<'_>, n: &Node, resources: &mut Resources) -> 
             "replicas" if !matches!(v, Node::Null) => out.replicas = ctx.get(&key, v, u32_of),
             "resources" => deploy_resources(ctx, v, resources),
             "update_config" => out.update = update_config(ctx, v),
-            "placement" => ctx.warn(
-                &key,
-                "is not supported and is ignored; choose Machines with x-machines",
-            ),
-            "labels" => ctx.warn(&key, "is not supported and is ignored"),
-            "restart_policy" => ctx.warn(
-                &key,
-                "is not supported and is ignored: Ployz runs every Service Container with restart policy unless-stopped",
-            ),
-            "rollback_config" => ctx.warn(&key, "is not supported and is ignored"),
-            "endpoint_mode" => ctx.warn(&key, "is not supported and is ignored"),
+            // The others are warnings from the key table (nested_keys above).
             _ => {}
         }
     }
@@ -88,7 +67,7 @@ fn deploy_resources(ctx: &mut ServiceCtx<'_>, n: &Node, out: &mut Resources) {
     if expect_map(ctx, "deploy.resources", n).is_none() {
         return;
     }
-    warn_unknown_keys(ctx, "deploy.resources", n, &["limits", "reservations"]);
+    nested_keys(ctx, "deploy.resources", "deploy.resources", n);
     if let Some(limits) = n.get("limits") {
         resource_limits(ctx, limits, out);
     }
@@ -102,29 +81,17 @@ fn resource_limits(ctx: &mut ServiceCtx<'_>, limits: &Node, out: &mut Resources)
     if expect_map(ctx, "deploy.resources.limits", limits).is_none() {
         return;
     }
-    warn_unknown_keys(
+    nested_keys(
         ctx,
         "deploy.resources.limits",
+        "deploy.resources.limits",
         limits,
-        &["cpus", "memory", "pids", "devices"],
     );
     if let Some(v) = limits.get("cpus") {
         out.nano_cpus = ctx.get("deploy.resources.limits.cpus", v, cpus).flatten();
     }
     if let Some(v) = limits.get("memory") {
         out.memory_limit_bytes = ctx.get("deploy.resources.limits.memory", v, size);
-    }
-    if limits.get("pids").is_some() {
-        ctx.warn(
-            "deploy.resources.limits.pids",
-            "is not supported and is ignored; no PID limit is set",
-        );
-    }
-    if limits.get("devices").is_some() {
-        ctx.warn(
-            "deploy.resources.limits.devices",
-            "is not supported and is ignored",
-        );
     }
 }
 
@@ -133,22 +100,14 @@ fn resource_reservations(ctx: &mut ServiceCtx<'_>, res: &Node, out: &mut Resourc
     if expect_map(ctx, "deploy.resources.reservations", res).is_none() {
         return;
     }
-    warn_unknown_keys(
+    nested_keys(
         ctx,
         "deploy.resources.reservations",
+        "deploy.resources.reservations",
         res,
-        &["cpus", "memory", "devices", "generic_resources"],
     );
     if let Some(v) = res.get("memory") {
         out.memory_reservation_bytes = ctx.get("deploy.resources.reservations.memory", v, size);
-    }
-    for k in ["cpus", "devices", "generic_resources"] {
-        if res.get(k).is_some() {
-            ctx.warn(
-                &format!("deploy.resources.reservations.{k}"),
-                "is not supported yet and is ignored",
-            );
-        }
     }
 }
 
@@ -158,15 +117,7 @@ fn update_config(ctx: &mut ServiceCtx<'_>, n: &Node) -> UpdateConfig {
     let Some(entries) = expect_map(ctx, "deploy.update_config", n) else {
         return out;
     };
-    const KEYS: &[&str] = &[
-        "order",
-        "monitor",
-        "parallelism",
-        "delay",
-        "failure_action",
-        "max_failure_ratio",
-    ];
-    warn_unknown_keys(ctx, "deploy.update_config", n, KEYS);
+    nested_keys(ctx, "deploy.update_config", "deploy.update_config", n);
     for (k, v) in entries {
         let key = format!("deploy.update_config.{k}");
         match k.as_str() {
@@ -185,13 +136,7 @@ fn update_config(ctx: &mut ServiceCtx<'_>, n: &Node) -> UpdateConfig {
                 }
             }
             "monitor" if !matches!(v, Node::Null) => out.monitor_ms = ctx.get(&key, v, duration),
-            "parallelism" => ctx.warn(
-                &key,
-                "is not supported and is ignored; containers are replaced one at a time",
-            ),
-            "delay" | "failure_action" | "max_failure_ratio" => {
-                ctx.warn(&key, "is not supported and is ignored")
-            }
+            // The others are warnings from the key table (nested_keys above).
             _ => {}
         }
     }

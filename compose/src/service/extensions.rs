@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use ployz_core::{MachineTarget, PreDeployHook};
 
-use super::keys::warn_unknown_keys;
+use super::keys::nested_keys;
 use super::shapes::{boolean, command, duration, expect_map, kv_entries, string_list, text};
 use super::{Node, ServiceCtx};
 
@@ -53,12 +53,7 @@ pub(super) fn x_caddy(ctx: &mut ServiceCtx<'_>) {
 /// `x-pre_deploy:`: a command (required), its environment, `privileged`, `user` and `timeout`.
 pub(super) fn x_pre_deploy(ctx: &mut ServiceCtx<'_>, n: &Node) -> Option<PreDeployHook> {
     expect_map(ctx, HOOK, n)?;
-    warn_unknown_keys(
-        ctx,
-        HOOK,
-        n,
-        &["command", "environment", "privileged", "user", "timeout"],
-    );
+    nested_keys(ctx, HOOK, HOOK, n);
     let command = hook_command(ctx, n)?;
     let env = hook_env(ctx, n)?;
     let privileged = match n.get("privileged") {

@@ -3,20 +3,9 @@
 
 use ployz_core::{ConfiguredHealthcheck, Healthcheck};
 
-use super::keys::warn_unknown_keys;
+use super::keys::nested_keys;
 use super::shapes::{boolean, duration, expect_map, string_list, u32_of};
 use super::{Node, ServiceCtx};
-
-/// The keys a healthcheck may have.
-const KEYS: &[&str] = &[
-    "test",
-    "interval",
-    "timeout",
-    "retries",
-    "start_period",
-    "start_interval",
-    "disable",
-];
 
 /// Reads `healthcheck:`. `None` keeps the image's probe (or follows an error).
 pub(super) fn healthcheck(ctx: &mut ServiceCtx<'_>, n: &Node) -> Option<Healthcheck> {
@@ -24,7 +13,7 @@ pub(super) fn healthcheck(ctx: &mut ServiceCtx<'_>, n: &Node) -> Option<Healthch
     if entries.is_empty() {
         return None;
     }
-    warn_unknown_keys(ctx, "healthcheck", n, KEYS);
+    nested_keys(ctx, "healthcheck", "healthcheck", n);
     let disable = match n.get("disable") {
         Some(d) => ctx.get("healthcheck.disable", d, boolean).unwrap_or(false),
         None => false,

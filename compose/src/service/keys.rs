@@ -2,8 +2,10 @@
 //! as kept, translated, warned or refused with a one-line note. The loader's warnings and
 //! refusals for keys it does not read come from here, and so does the support matrix in
 //! `docs/compose.md` ([`support_matrix`]); the conformance test holds the table against the
-//! Compose specification's key list. Keys nested under another key (`deploy.placement`,
-//! `healthcheck.disable`, ...) are classified by the module that reads that key.
+//! Compose specification's key lists. Keys nested under another key (`deploy.placement`,
+//! `healthcheck.start_interval`, a long port's `app_protocol`, ...) are in the table too, under
+//! their parent ([`Level::Under`]); the modules that read them take their known keys
+//! ([`known_under`]) and their warnings ([`note_under`]) from it.
 
 use std::fmt::Write as _;
 
@@ -43,6 +45,19 @@ pub enum Level {
     TopLevel,
     /// A key of one service (`image`, `ports`, ...), including the Ployz extensions.
     Service,
+    /// A key nested under another, named by the parent's path: `deploy`,
+    /// `deploy.resources.limits`, `ports[]` (a long-syntax item of a service's list),
+    /// `volumes[].bind`, `depends_on.*` (the value of any entry of a service's mapping), and
+    /// the top-level `volumes.*`, `configs.*` and `secrets.*` (one declaration).
+    Under(&'static str),
+}
+
+impl Level {
+    /// Whether a parent path names a key of the file itself rather than of a service: the
+    /// top-level declarations (`volumes.*`, `configs.*`, `secrets.*`).
+    pub fn is_top_level_parent(parent: &str) -> bool {
+        matches!(parent, "volumes.*" | "configs.*" | "secrets.*")
+    }
 }
 
 /// One Compose key and what Ployz does with it.
@@ -76,10 +91,20 @@ const fn svc(key: &'static str, support: Support, note: &'static str) -> KeyRule
     rule(Level::Service, key, support, note)
 }
 
+const fn under(
+    parent: &'static str,
+    key: &'static str,
+    support: Support,
+    note: &'static str,
+) -> KeyRule {
+    rule(Level::Under(parent), key, support, note)
+}
+
 use Support::{Kept, Refused, Translated, Warned};
 
 /// Every Compose key Ployz knows: the top-level keys, then the service keys (the Compose
-/// specification's, then the Ployz extensions), each in alphabetical order.
+/// specification's, then the Ployz extensions), each in alphabetical order; then the keys
+/// nested under another, grouped by parent.
 pub const KEY_RULES: &[KeyRule] = &[
     // ---- top level ----
     top("configs", Translated, "each config a Service uses becomes a file copied into its containers (file:, content: or environment:)"),
@@ -189,6 +214,104 @@ pub const KEY_RULES: &[KeyRule] = &[
     svc("x-machines", Kept, "the Machines the Service may run on"),
     svc("x-ports", Translated, "Ingress Hostnames through the edge (http/https) and host ports"),
     svc("x-pre_deploy", Kept, "a command run before the Deploy changes the Service"),
+    // ---- nested keys, by parent (the Compose specification's, then Ployz's own) ----
+    under("deploy", "endpoint_mode", Warned, "is not supported and is ignored"),
+    under("deploy", "labels", Warned, "is not supported and is ignored"),
+    under("deploy", "mode", Kept, "replicated (the default) or global: one container on every eligible Machine"),
+    under("deploy", "placement", Warned, "is not supported and is ignored; choose Machines with x-machines"),
+    under("deploy", "replicas", Kept, "the number of replicas (wins over scale)"),
+    under("deploy", "resources", Translated, "limits and reservations become the container's resources"),
+    under("deploy", "restart_policy", Warned, "is not supported and is ignored: Ployz runs every Service Container with restart policy unless-stopped"),
+    under("deploy", "rollback_config", Warned, "is not supported and is ignored"),
+    under("deploy", "update_config", Translated, "order and monitor become the spec's update settings"),
+    under("deploy.resources", "limits", Translated, "cpus and memory become the container's limits"),
+    under("deploy.resources", "reservations", Translated, "memory becomes the container's memory reservation"),
+    under("deploy.resources.limits", "cpus", Translated, "the container's CPU limit (wins over cpus)"),
+    under("deploy.resources.limits", "devices", Warned, "is not supported and is ignored"),
+    under("deploy.resources.limits", "memory", Translated, "the container's memory limit (wins over mem_limit)"),
+    under("deploy.resources.limits", "pids", Warned, "is not supported and is ignored; no PID limit is set"),
+    under("deploy.resources.reservations", "cpus", Warned, "is not supported yet and is ignored"),
+    under("deploy.resources.reservations", "devices", Warned, "is not supported yet and is ignored"),
+    under("deploy.resources.reservations", "generic_resources", Warned, "is not supported yet and is ignored"),
+    under("deploy.resources.reservations", "memory", Translated, "the container's memory reservation (wins over mem_reservation)"),
+    under("deploy.update_config", "delay", Warned, "is not supported and is ignored"),
+    under("deploy.update_config", "failure_action", Warned, "is not supported and is ignored"),
+    under("deploy.update_config", "max_failure_ratio", Warned, "is not supported and is ignored"),
+    under("deploy.update_config", "monitor", Kept, "how long a new container is watched before the update goes on"),
+    under("deploy.update_config", "order", Kept, "start-first or stop-first"),
+    under("deploy.update_config", "parallelism", Warned, "is not supported and is ignored; containers are replaced one at a time"),
+    under("depends_on.*", "condition", Kept, "service_started and service_healthy order the Deploy; service_completed_successfully warns and points to x-pre_deploy"),
+    under("depends_on.*", "required", Kept, "false: a dependency left out of the project is not an error"),
+    under("depends_on.*", "restart", Warned, "is not supported and is ignored"),
+    under("healthcheck", "disable", Kept, "true turns the image's health check off"),
+    under("healthcheck", "interval", Kept, "the time between two probes"),
+    under("healthcheck", "retries", Kept, "the failed probes in a row that make the container unhealthy"),
+    under("healthcheck", "start_interval", Kept, "the time between two probes during the start period"),
+    under("healthcheck", "start_period", Kept, "the time failed probes do not count after a start"),
+    under("healthcheck", "test", Kept, "the probe: [CMD, ...], [CMD-SHELL, ...], a shell command as text, or [NONE]"),
+    under("healthcheck", "timeout", Kept, "how long one probe may take"),
+    under("logging", "driver", Kept, "the container's log driver"),
+    under("logging", "options", Kept, "the log driver's options (ignored with a warning without a driver)"),
+    under("ports[]", "app_protocol", Warned, "is ignored: the port is published as it is; for HTTP(S) through the edge use x-ports"),
+    under("ports[]", "host_ip", Translated, "the host address the port is bound on"),
+    under("ports[]", "mode", Translated, "ingress (the default) and host both publish on the Machine where the container runs"),
+    under("ports[]", "name", Warned, "is ignored: Ployz does not name ports"),
+    under("ports[]", "protocol", Translated, "tcp (the default) or udp"),
+    under("ports[]", "published", Translated, "the host port or range; without it Docker picks a free host port"),
+    under("ports[]", "target", Translated, "the container port"),
+    under("volumes[]", "bind", Translated, "a bind's options: create_host_path"),
+    under("volumes[]", "consistency", Warned, "has no effect on a Linux Machine and is ignored"),
+    under("volumes[]", "image", Warned, "is ignored: image mounts are not supported (use type: volume, bind or tmpfs)"),
+    under("volumes[]", "read_only", Translated, "mounts read-only"),
+    under("volumes[]", "source", Translated, "the volume's name, or the bind's path"),
+    under("volumes[]", "target", Translated, "the absolute path in the container"),
+    under("volumes[]", "tmpfs", Translated, "a tmpfs's size and mode"),
+    under("volumes[]", "type", Translated, "volume, bind or tmpfs; other types are refused"),
+    under("volumes[]", "volume", Translated, "a volume's options: nocopy"),
+    under("volumes[].bind", "create_host_path", Translated, "false: a missing project path is an error instead of an empty folder"),
+    under("volumes[].bind", "propagation", Warned, "is not supported and is ignored"),
+    under("volumes[].bind", "recursive", Warned, "is not supported and is ignored"),
+    under("volumes[].bind", "selinux", Warned, "is not supported and is ignored"),
+    under("volumes[].tmpfs", "mode", Translated, "the tmpfs's permission bits"),
+    under("volumes[].tmpfs", "size", Translated, "the tmpfs's size"),
+    under("volumes[].volume", "nocopy", Translated, "the volume is not seeded from the image"),
+    under("volumes[].volume", "subpath", Warned, "is not supported yet and is ignored; the whole volume is mounted"),
+    under("configs[]", "gid", Kept, "the group owning the file"),
+    under("configs[]", "mode", Kept, "the file's permission bits"),
+    under("configs[]", "source", Kept, "the top-level config"),
+    under("configs[]", "target", Kept, "the path in the container (/<source> by default)"),
+    under("configs[]", "uid", Kept, "the user owning the file"),
+    under("secrets[]", "gid", Kept, "the group owning the file"),
+    under("secrets[]", "mode", Kept, "the file's permission bits"),
+    under("secrets[]", "source", Kept, "the top-level secret"),
+    under("secrets[]", "target", Kept, "the path in the container (/run/secrets/<source> by default)"),
+    under("secrets[]", "uid", Kept, "the user owning the file"),
+    under("volumes.*", "driver", Kept, "the Docker Volume's driver"),
+    under("volumes.*", "driver_opts", Kept, "the Docker Volume's driver options"),
+    under("volumes.*", "external", Kept, "the Docker Volume is not created; it must exist"),
+    under("volumes.*", "labels", Kept, "the Docker Volume's labels"),
+    under("volumes.*", "name", Kept, "the Docker Volume's name"),
+    under("configs.*", "content", Kept, "the config's value, written in the file"),
+    under("configs.*", "environment", Kept, "the config's value from a variable"),
+    under("configs.*", "external", Refused, "give the config a file:, content: or environment:"),
+    under("configs.*", "file", Kept, "the config's value from a file (relative to the Compose file's folder)"),
+    under("configs.*", "labels", Warned, "is ignored: the config is a file in the container, with nothing to label"),
+    under("configs.*", "name", Kept, "accepted without effect: the config is known by its key in the file"),
+    under("configs.*", "template_driver", Warned, "is not supported and is ignored; the value is copied as it is, not rendered as a template"),
+    under("secrets.*", "driver", Refused, "drop driver: and driver_opts:, and give the secret a file: or environment:"),
+    under("secrets.*", "driver_opts", Refused, "drop driver: and driver_opts:, and give the secret a file: or environment:"),
+    under("secrets.*", "environment", Kept, "the secret's value from a variable"),
+    under("secrets.*", "external", Refused, "give the secret a file:, or pass its value through the environment"),
+    under("secrets.*", "file", Kept, "the secret's value from a file (relative to the Compose file's folder)"),
+    under("secrets.*", "labels", Warned, "is ignored: the secret is a file in the container, with nothing to label"),
+    under("secrets.*", "name", Kept, "accepted without effect: the secret is known by its key in the file"),
+    under("secrets.*", "template_driver", Warned, "is not supported and is ignored; the value is mounted as it is, not rendered as a template"),
+    under("secrets.*", "content", Refused, "put the value in a file (file: ./secret.txt) or a variable (environment: VARIABLE), out of the Compose file"),
+    under("x-pre_deploy", "command", Kept, "the hook's command (required)"),
+    under("x-pre_deploy", "environment", Kept, "the hook container's environment"),
+    under("x-pre_deploy", "privileged", Kept, "runs the hook container privileged, named in a warning"),
+    under("x-pre_deploy", "timeout", Kept, "how long the hook may run"),
+    under("x-pre_deploy", "user", Kept, "the user the hook runs as"),
 ];
 
 /// The rule for a key at a level, if the table has one.
@@ -219,8 +342,8 @@ pub fn support_matrix() -> String {
          **warned**: it is ignored with a warning that says what Ployz does instead; \
          **refused**: the file is refused with the fix. Unknown keys are warnings (with the \
          nearest known key); `x-` keys other than Ployz's are the file's own and are left \
-         alone. Keys nested in these (`deploy.placement`, `logging.driver`, ...) \
-         are read with the key they belong to; the ones Ployz ignores are warnings too.\n",
+         alone. Keys nested in these (`deploy.placement`, `logging.driver`, ...) are \
+         classified the same way, under their parent.\n",
     );
     // Writing to a String cannot fail.
     for (level, title) in [
@@ -241,11 +364,41 @@ pub fn support_matrix() -> String {
             );
         }
     }
+    let _ = write!(
+        out,
+        "\n## Nested keys\n\nKeys under another key, by the parent's path: `[]` is an item of \
+         a list in its long syntax, `*` any entry of a mapping; `volumes.*`, `configs.*` and \
+         `secrets.*` are the top-level declarations. A key nested in a warned key (`deploy.placement.constraints`) \
+         is ignored with it.\n"
+    );
+    let mut parents: Vec<&str> = Vec::new();
+    for r in KEY_RULES {
+        if let Level::Under(p) = r.level {
+            if !parents.contains(&p) {
+                parents.push(p);
+            }
+        }
+    }
+    for parent in parents {
+        let _ = write!(
+            out,
+            "\n### `{parent}`\n\n| Key | Support | Note |\n|---|---|---|\n"
+        );
+        for r in KEY_RULES.iter().filter(|r| r.level == Level::Under(parent)) {
+            let _ = writeln!(
+                out,
+                "| `{parent}.{}` | {} | {} |",
+                r.key,
+                r.support.as_str(),
+                r.note.replace('|', "\\|")
+            );
+        }
+    }
     out
 }
 
 /// The closest known key to a typo, if any is within two edits.
-pub(crate) fn suggest<'a>(key: &str, known: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+fn suggest<'a>(key: &str, known: impl Iterator<Item = &'a str>) -> Option<&'a str> {
     known
         .map(|k| (edit_distance(key, k), k))
         .filter(|(d, _)| *d <= 2)
@@ -268,18 +421,60 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-pub(super) fn warn_unknown_keys(ctx: &mut ServiceCtx<'_>, prefix: &str, n: &Node, known: &[&str]) {
-    if let Node::Map(entries) = n {
-        for (k, _) in entries {
-            if known.contains(&k.as_str()) || k.starts_with("x-") {
-                continue;
-            }
-            let key = format!("{prefix}.{k}");
-            let hint = match suggest(k, known.iter().copied()) {
-                Some(s) => format!("; did you mean '{s}'?"),
-                None => String::new(),
-            };
-            ctx.warn(&key, format!("unknown key, ignored{hint}"));
+/// The rule for a key nested under `parent` (a path such as `deploy.resources.limits`), if the
+/// table has one.
+pub fn rule_under(parent: &str, key: &str) -> Option<&'static KeyRule> {
+    KEY_RULES
+        .iter()
+        .find(|r| matches!(r.level, Level::Under(p) if p == parent) && r.key == key)
+}
+
+/// The keys the table knows under `parent`.
+pub(crate) fn known_under(parent: &str) -> impl Iterator<Item = &'static str> + '_ {
+    KEY_RULES
+        .iter()
+        .filter(move |r| matches!(r.level, Level::Under(p) if p == parent))
+        .map(|r| r.key)
+}
+
+/// The table's note for a key nested under `parent`: the warning for a warned key, the fix
+/// for a refused one. Empty if the table does not know the key, which a test rules out for
+/// every key the loader asks about.
+pub(crate) fn note_under(parent: &str, key: &str) -> &'static str {
+    rule_under(parent, key).map_or("", |r| r.note)
+}
+
+/// The warning for a key the table does not know under `parent`, with the nearest known key.
+pub(crate) fn unknown_under(parent: &str, key: &str) -> String {
+    match suggest(key, known_under(parent)) {
+        Some(s) => format!("unknown key, ignored; did you mean '{s}'?"),
+        None => "unknown key, ignored".to_owned(),
+    }
+}
+
+/// The keys of a mapping nested under `parent` (written at `prefix`, e.g. `ports[0]` for the
+/// parent `ports[]`): a key the table warns about is a warning with the table's note, a
+/// refused one an error with its fix, an unknown one a warning with the nearest known key;
+/// kept and translated keys are left to the caller, and `x-` keys are the file's own.
+pub(super) fn nested_keys(ctx: &mut ServiceCtx<'_>, parent: &str, prefix: &str, n: &Node) {
+    let Node::Map(entries) = n else {
+        return;
+    };
+    for (k, v) in entries {
+        if k.starts_with("x-") {
+            continue;
+        }
+        let key = format!("{prefix}.{k}");
+        match rule_under(parent, k) {
+            Some(r) if r.support == Warned => ctx.warn(&key, r.note),
+            Some(r) if r.support == Refused => ctx.err(
+                &key,
+                Some(v.short()),
+                format!("{k} is not supported"),
+                Some(r.note),
+            ),
+            Some(_) => {}
+            None => ctx.warn(&key, unknown_under(parent, k)),
         }
     }
 }

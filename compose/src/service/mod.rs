@@ -47,7 +47,6 @@ use crate::Diagnostics;
 
 pub(crate) use depends_on::depends_on;
 pub(crate) use environment::report_list_duplicates;
-pub(crate) use keys::suggest;
 pub(crate) use shapes::{boolean, kv_entries, text};
 
 /// A `depends_on` entry.

@@ -16,21 +16,11 @@ use crate::port::{
     parse_protocol,
 };
 
-use super::keys::warn_unknown_keys;
+use super::keys::nested_keys;
 use super::shapes::text;
 use super::{Node, ServiceCtx};
 
 /// The keys of a long-syntax port.
-const LONG_PORT_KEYS: &[&str] = &[
-    "target",
-    "published",
-    "host_ip",
-    "protocol",
-    "mode",
-    "name",
-    "app_protocol",
-];
-
 /// The service's ports from `ports:` and `x-ports:`, sorted, each host port bound once.
 pub(super) fn ports(
     ctx: &mut ServiceCtx<'_>,
@@ -115,7 +105,7 @@ fn compose_ports_key(ctx: &mut ServiceCtx<'_>, n: &Node) -> Vec<PortSpec> {
 /// without it Docker picks a free host port), `host_ip`, `protocol` and `mode` (`ingress`, the
 /// default, or `host`: on one engine both publish on the Machine).
 fn long_port(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<Vec<PortSpec>> {
-    warn_unknown_keys(ctx, key, n, LONG_PORT_KEYS);
+    nested_keys(ctx, "ports[]", key, n);
     let target = port_target(ctx, key, n);
     let published = port_published(ctx, key, n);
     let protocol = port_protocol(ctx, key, n);

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use ployz_core::{ContainerSpec, Logging, Ulimit};
 
-use super::keys::warn_unknown_keys;
+use super::keys::nested_keys;
 use super::shapes::{
     boolean, duration, expect_map, int, size, sorted_unique, string_list, string_map, text,
 };
@@ -156,7 +156,7 @@ fn ulimits(ctx: &mut ServiceCtx<'_>, n: &Node) -> BTreeMap<String, Ulimit> {
 /// `logging:`: a driver and its options; options without a driver are ignored.
 fn logging(ctx: &mut ServiceCtx<'_>, n: &Node) -> Option<Logging> {
     expect_map(ctx, "logging", n)?;
-    warn_unknown_keys(ctx, "logging", n, &["driver", "options"]);
+    nested_keys(ctx, "logging", "logging", n);
     let options = match n.get("options") {
         Some(o) => ctx
             .get("logging.options", o, string_map)

@@ -30,7 +30,7 @@ use ployz_core::{ConfigFile, Mount};
 
 use crate::units::{parse_octal_mode, parse_size_bytes};
 
-use super::keys::warn_unknown_keys;
+use super::keys::nested_keys;
 use super::shapes::{boolean, expect_map, mode, size, text};
 use super::{Node, ServiceCtx};
 
@@ -40,17 +40,6 @@ use super::{Node, ServiceCtx};
 pub(crate) const MAX_FILE_AS_CONFIG_BYTES: u64 = (ployz_core::api::MAX_BODY_BYTES / 4) as u64;
 
 /// The keys of a long-syntax volume.
-const LONG_VOLUME_KEYS: &[&str] = &[
-    "type",
-    "source",
-    "target",
-    "read_only",
-    "volume",
-    "bind",
-    "tmpfs",
-    "consistency",
-];
-
 /// The mounts of one service as its keys give them, settled by [`settle_mounts`].
 #[derive(Default)]
 pub(super) struct Mounts {
@@ -591,7 +580,7 @@ fn long_volume(
     n: &Node,
     used: &mut BTreeSet<String>,
 ) -> Option<Parsed> {
-    warn_unknown_keys(ctx, key, n, LONG_VOLUME_KEYS);
+    nested_keys(ctx, "volumes[]", key, n);
     let m = long_mount(ctx, key, n)?;
     match m.kind.as_str() {
         "volume" => long_named_volume(ctx, key, n, m, used).map(Parsed::Mount),
@@ -692,15 +681,9 @@ fn volume_options(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<bool>
     let mut no_copy = false;
     if let Some(v) = n.get("volume") {
         if expect_map(ctx, &format!("{key}.volume"), v).is_some() {
-            warn_unknown_keys(ctx, &format!("{key}.volume"), v, &["nocopy", "subpath"]);
+            nested_keys(ctx, "volumes[].volume", &format!("{key}.volume"), v);
             if let Some(nc) = v.get("nocopy") {
                 no_copy = ctx.get(&format!("{key}.volume.nocopy"), nc, boolean)?;
-            }
-            if v.get("subpath").is_some() {
-                ctx.warn(
-                    &format!("{key}.volume.subpath"),
-                    "is not supported yet and is ignored; the whole volume is mounted",
-                );
             }
         }
     }
@@ -747,20 +730,7 @@ fn bind_options(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> bool {
     if expect_map(ctx, &format!("{key}.bind"), b).is_none() {
         return true;
     }
-    warn_unknown_keys(
-        ctx,
-        &format!("{key}.bind"),
-        b,
-        &["propagation", "create_host_path", "selinux", "recursive"],
-    );
-    for opt in ["propagation", "selinux", "recursive"] {
-        if b.get(opt).is_some() {
-            ctx.warn(
-                &format!("{key}.bind.{opt}"),
-                "is not supported and is ignored",
-            );
-        }
-    }
+    nested_keys(ctx, "volumes[].bind", &format!("{key}.bind"), b);
     match b.get("create_host_path") {
         Some(c) => ctx
             .get(&format!("{key}.bind.create_host_path"), c, boolean)
@@ -781,7 +751,7 @@ fn long_tmpfs(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node, m: LongMount) -> Op
     let mut mode_bits = None;
     if let Some(t) = n.get("tmpfs") {
         if expect_map(ctx, &format!("{key}.tmpfs"), t).is_some() {
-            warn_unknown_keys(ctx, &format!("{key}.tmpfs"), t, &["size", "mode"]);
+            nested_keys(ctx, "volumes[].tmpfs", &format!("{key}.tmpfs"), t);
             if let Some(s) = t.get("size") {
                 size_bytes = Some(ctx.get(&format!("{key}.tmpfs.size"), s, size)?);
             }
