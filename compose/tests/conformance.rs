@@ -12,6 +12,14 @@ use ployz_compose::{
 };
 use serde_yaml_ng::Value;
 
+// The key lists below are the Compose specification's JSON schema, `schema/compose-spec.json`
+// of github.com/compose-spec/compose-spec at commit 00655e2222608fa6eaecdf12ac5195889ca2244a,
+// compared key by key. The schema's other nested objects are not in SPEC_NESTED_KEYS: most
+// (`deploy.placement`, `deploy.restart_policy`, `deploy.rollback_config`, `build`,
+// `blkio_config`, a long volume's `image`, ...) sit under a key the table warns about or refuses
+// and go with it; the long `env_file` items, `ulimits` entries and a volume's
+// `external: {name}` are read by their modules without rows of their own.
+
 /// The top-level keys of the Compose specification (`properties` of compose-spec.json).
 const SPEC_TOP_LEVEL_KEYS: &[&str] = &[
     "version", "name", "include", "services", "models", "networks", "volumes", "secrets", "configs",
@@ -192,7 +200,7 @@ const SPEC_NESTED_KEYS: &[(&str, &[&str])] = &[
         "volumes[].bind",
         &["propagation", "create_host_path", "recursive", "selinux"],
     ),
-    ("volumes[].volume", &["nocopy", "subpath"]),
+    ("volumes[].volume", &["labels", "nocopy", "subpath"]),
     ("volumes[].tmpfs", &["size", "mode"]),
     ("configs[]", &["source", "target", "uid", "gid", "mode"]),
     ("secrets[]", &["source", "target", "uid", "gid", "mode"]),

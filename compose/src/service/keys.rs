@@ -274,6 +274,7 @@ pub const KEY_RULES: &[KeyRule] = &[
     under("volumes[].bind", "selinux", Warned, "is not supported and is ignored"),
     under("volumes[].tmpfs", "mode", Translated, "the tmpfs's permission bits"),
     under("volumes[].tmpfs", "size", Translated, "the tmpfs's size"),
+    under("volumes[].volume", "labels", Warned, "is ignored: a named volume's labels come from its top-level declaration (volumes.<name>.labels)"),
     under("volumes[].volume", "nocopy", Translated, "the volume is not seeded from the image"),
     under("volumes[].volume", "subpath", Warned, "is not supported yet and is ignored; the whole volume is mounted"),
     under("configs[]", "gid", Kept, "the group owning the file"),
