@@ -323,3 +323,87 @@ fn warnings_go_to_stderr_and_the_plan_to_stdout() {
     );
     assert!(m.docker_containers().is_empty(), "a dry run touched Docker");
 }
+
+#[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
+fn each_refusal_of_what_compose_allows_but_ployz_cannot_run_names_its_fix_and_touches_nothing() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "refusals");
+    let edge = m.daemon.http_port;
+    let taken = ployz_testkit::free_port();
+    write_compose(
+        &lab,
+        &format!(
+            r#"
+services:
+  my_app:
+    image: IMAGE
+  my-app:
+    image: IMAGE
+  badref:
+    image: "nginx:"
+  twice:
+    image: IMAGE
+    environment: [A=1, B=2, A=3]
+  front:
+    image: IMAGE
+    ports: ["{taken}:80"]
+  back:
+    image: IMAGE
+    ports: ["{taken}:8080"]
+  web:
+    image: IMAGE
+    ports: ["127.0.0.1:{edge}:8080"]
+"#
+        ),
+    );
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert_eq!(stdout(&out), "");
+    let errors = error_lines(&out);
+    let all = errors.join("\n");
+    assert!(
+        errors.iter().any(
+            |e| e.contains("has the DNS name my-app.internal, which service '")
+                && e.contains("'my_app'")
+                && e.contains("'my-app'")
+                && e.contains("rename one of them")
+        ),
+        "two Services with one DNS name are refused naming both:\n{all}"
+    );
+    let expected: [&str; 4] = [
+        // An image reference Docker would refuse, named with the rule.
+        "service 'badref': image 'nginx:'",
+        // A name set twice in an environment list.
+        "service 'twice': environment",
+        // One host port, two Services, one Machine: both named.
+        &format!("service 'front' and service 'back' both publish host port {taken}/tcp on Machine refusals"),
+        // The edge's own port, with the fix that fits.
+        &format!("service 'web' publishes host port {edge}/tcp on Machine refusals, where the daemon's"),
+    ];
+    for want in expected {
+        let found = errors.iter().any(|e| e.contains(want))
+            || errors.iter().any(|e| {
+                // Either Service of a pair may be named first.
+                want.contains(" and service ")
+                    && e.contains("service 'back' and service 'front' both publish host port")
+            });
+        assert!(found, "missing '{want}' in:\n{all}");
+    }
+    assert!(
+        all.contains("x-ports: ['app.example.com:8080/https']"),
+        "the edge port refusal names the x-ports fix:\n{all}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("'badref'") && e.contains("tag")),
+        "the image refusal names the rule:\n{all}"
+    );
+    assert_eq!(
+        errors.len(),
+        5,
+        "one line per problem, no follow-on errors:\n{all}"
+    );
+    assert!(m.docker_containers().is_empty(), "Docker was touched");
+}
