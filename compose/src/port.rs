@@ -349,6 +349,12 @@ pub(crate) fn expand_host_ports(
     let host = published
         .map(|p| parse_port_range(p, "published port"))
         .transpose()?;
+    // The hints below are spelled as written, host IP included.
+    let ip = match host_ip.as_deref() {
+        Some(ip) if ip.contains(':') => format!("[{ip}]:"),
+        Some(ip) => format!("{ip}:"),
+        None => String::new(),
+    };
     let spec = |host_port: Option<u16>, container_port: u16| PortSpec::Host {
         host_ip: host_ip.clone(),
         host_port,
@@ -366,7 +372,8 @@ pub(crate) fn expand_host_ports(
                 "the host port range {h_start}-{h_end} for the one container port {t_start} would let Docker pick any port of it, and the plan could not say which"
             ),
             Some(format!(
-                "publish one host port ('{h_start}:{t_start}'), or leave the host port out ('{t_start}') for Docker to pick a free one"
+                "publish one host port ('{ip}{h_start}:{t_start}'), or leave the host port out ('{}') for Docker to pick a free one",
+                if ip.is_empty() { t_start.to_string() } else { format!("{ip}:{t_start}") }
             )),
         )),
         Some((h_start, h_end)) => Err(PortError::new(
@@ -378,7 +385,7 @@ pub(crate) fn expand_host_ports(
                 u32::from(t_end - t_start) + 1
             ),
             Some(format!(
-                "give both sides as many ports, e.g. '{}:{}'",
+                "give both sides as many ports, e.g. '{ip}{}:{}'",
                 range_text(t_start, t_end),
                 range_text(t_start, t_end)
             )),

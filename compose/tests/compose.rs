@@ -92,6 +92,14 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["service 'web': ports[0] '8000-8001:80': the host port range 8000-8001 for the one container port 80 would let Docker pick any port of it, and the plan could not say which; publish one host port ('8000:80'), or leave the host port out ('80') for Docker to pick a free one"],
         ),
         (
+            "host port range for one container port, with a host IP kept in the hint",
+            "services:\n  web:\n    image: nginx\n    ports: [\"127.0.0.1:8000-8001:80\", \"[::1]:7000-7002:9000-9001\"]\n".into(),
+            vec![
+                "publish one host port ('127.0.0.1:8000:80'), or leave the host port out ('127.0.0.1::80')",
+                "e.g. '[::1]:9000-9001:9000-9001'",
+            ],
+        ),
+        (
             "ranges of different lengths",
             "services:\n  web:\n    image: nginx\n    ports: [\"8000-8010:9000-9005\"]\n".into(),
             vec!["ports[0] '8000-8010:9000-9005'", "the host ports 8000-8010 hold 11 port(s) but the container ports 9000-9005 hold 6", "e.g. '9000-9005:9000-9005'"],
