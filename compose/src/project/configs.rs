@@ -4,7 +4,7 @@
 use ployz_core::ConfigFile;
 
 use crate::service::keys::{note_under, unknown_under};
-use crate::service::{boolean, text, Converted, ServiceCtx};
+use crate::service::{boolean, text, ConfigUse, Converted, ServiceCtx};
 use crate::yaml::Node;
 use crate::Diagnostics;
 
@@ -13,26 +13,14 @@ use super::Project;
 impl Project<'_> {
     /// Turns the service's config uses into files, reading `file:` configs now.
     pub(super) fn resolve_configs(&self, ctx: &mut ServiceCtx<'_>, c: &mut Converted) {
-        let top = self.root.get("configs");
         // Read-only file binds the service carries as configs are already there.
         let mut files: Vec<ConfigFile> = std::mem::take(&mut c.spec.container.configs);
         for u in std::mem::take(&mut c.configs) {
-            let Some(decl) = top.and_then(|t| t.get(&u.source)) else {
-                ctx.err(
-                    &format!("{}.source", u.key),
-                    Some(u.source.clone()),
-                    format!(
-                        "the config '{}' is not declared in the top-level configs:",
-                        u.source
-                    ),
-                    Some(&format!(
-                        "add it at the top level: configs: {{ {}: {{ file: ./{} }} }}",
-                        u.source, u.source
-                    )),
-                );
+            let example = format!("configs: {{ {0}: {{ file: ./{0} }} }}", u.source);
+            let Some((decl, decl_file)) = self.declaration(ctx, "configs", "config", &u, &example)
+            else {
                 continue;
             };
-            let decl_file = self.section_file("configs", &u.source).to_owned();
             let Some(content) = self.config_content(&u.source, decl, &decl_file, ctx.d) else {
                 continue;
             };
@@ -46,20 +34,39 @@ impl Project<'_> {
             });
         }
         files.sort_by(|a, b| a.target.cmp(&b.target));
-        for pair in files.windows(2) {
-            if pair[0].target == pair[1].target {
+        let named: Vec<(&str, &str)> = files
+            .iter()
+            .map(|f| (f.name.as_str(), f.target.as_str()))
+            .collect();
+        refuse_shared_targets(ctx, "configs", "config", &named);
+        c.spec.container.configs = files;
+    }
+
+    /// The top-level declaration a service's `configs`/`secrets` entry names, with the file that
+    /// declares it; an entry naming nothing declared is an error with the declaration to add.
+    pub(super) fn declaration<'n>(
+        &'n self,
+        ctx: &mut ServiceCtx<'_>,
+        section: &str,
+        kind: &str,
+        u: &ConfigUse,
+        example: &str,
+    ) -> Option<(&'n Node, String)> {
+        match self.root.get(section).and_then(|t| t.get(&u.source)) {
+            Some(decl) => Some((decl, self.section_file(section, &u.source).to_owned())),
+            None => {
                 ctx.err(
-                    "configs",
-                    Some(pair[1].target.clone()),
+                    &format!("{}.source", u.key),
+                    Some(u.source.clone()),
                     format!(
-                        "the configs '{}' and '{}' share one target",
-                        pair[0].name, pair[1].name
+                        "the {kind} '{}' is not declared in the top-level {section}:",
+                        u.source
                     ),
-                    Some("give each config its own target"),
+                    Some(&format!("add it at the top level: {example}")),
                 );
+                None
             }
         }
-        c.spec.container.configs = files;
     }
 
     /// The content of the top-level config `name`, declared in `file`.
@@ -225,4 +232,26 @@ fn config_source(
         return None;
     };
     Some((kind, v))
+}
+
+/// Refuses two files of one kind (`(name, target)`, sorted by target) at one target.
+pub(super) fn refuse_shared_targets(
+    ctx: &mut ServiceCtx<'_>,
+    key: &str,
+    kind: &str,
+    files: &[(&str, &str)],
+) {
+    for pair in files.windows(2) {
+        if pair[0].1 == pair[1].1 {
+            ctx.err(
+                key,
+                Some(pair[1].1.to_owned()),
+                format!(
+                    "the {key} '{}' and '{}' share one target",
+                    pair[0].0, pair[1].0
+                ),
+                Some(&format!("give each {kind} its own target")),
+            );
+        }
+    }
 }

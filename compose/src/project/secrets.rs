@@ -10,6 +10,7 @@ use crate::service::{boolean, text, Converted, ServiceCtx};
 use crate::yaml::Node;
 use crate::Diagnostics;
 
+use super::configs::refuse_shared_targets;
 use super::Project;
 
 impl Project<'_> {
@@ -43,25 +44,16 @@ impl Project<'_> {
 
     /// Turns the service's secret uses into files, reading each value now.
     pub(super) fn resolve_secrets(&self, ctx: &mut ServiceCtx<'_>, c: &mut Converted) {
-        let top = self.root.get("secrets");
         let mut files: Vec<SecretFile> = Vec::new();
         for u in std::mem::take(&mut c.secrets) {
-            let Some(decl) = top.and_then(|t| t.get(&u.source)) else {
-                ctx.err(
-                    &format!("{}.source", u.key),
-                    Some(u.source.clone()),
-                    format!(
-                        "the secret '{}' is not declared in the top-level secrets:",
-                        u.source
-                    ),
-                    Some(&format!(
-                        "add it at the top level: secrets: {{ {}: {{ file: ./{}.txt }} }} (or environment: VARIABLE)",
-                        u.source, u.source
-                    )),
-                );
+            let example = format!(
+                "secrets: {{ {0}: {{ file: ./{0}.txt }} }} (or environment: VARIABLE)",
+                u.source
+            );
+            let Some((decl, decl_file)) = self.declaration(ctx, "secrets", "secret", &u, &example)
+            else {
                 continue;
             };
-            let decl_file = self.section_file("secrets", &u.source).to_owned();
             let Some(value) = self.secret_value(&u.source, decl, &decl_file, ctx.d) else {
                 continue;
             };
@@ -70,19 +62,11 @@ impl Project<'_> {
             ));
         }
         files.sort_by(|a, b| a.target.cmp(&b.target));
-        for pair in files.windows(2) {
-            if pair[0].target == pair[1].target {
-                ctx.err(
-                    "secrets",
-                    Some(pair[1].target.clone()),
-                    format!(
-                        "the secrets '{}' and '{}' share one target",
-                        pair[0].name, pair[1].name
-                    ),
-                    Some("give each secret its own target"),
-                );
-            }
-        }
+        let named: Vec<(&str, &str)> = files
+            .iter()
+            .map(|f| (f.name.as_str(), f.target.as_str()))
+            .collect();
+        refuse_shared_targets(ctx, "secrets", "secret", &named);
         for s in &files {
             if let Some(cfg) = c
                 .spec
