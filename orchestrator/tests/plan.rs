@@ -868,3 +868,91 @@ fn the_preview_shows_each_host_port_with_its_machines() {
     }
     assert_eq!(text.matches("│ port:").count(), 4, "{text}");
 }
+
+// Service Names: a Service whose DNS name another deployed Service already answers at is
+// refused, and the preview shows the DNS name when it is not the Service Name.
+
+#[test]
+fn a_dns_name_another_deployed_service_has_is_refused_naming_it() {
+    let mut m = machine("a");
+    let owner = ServiceId::generate();
+    add(&mut m, &owner, &spec("my-app"), ContainerState::Running);
+    let err = plan(
+        &DeployIntent::all(vec![spec("my_app")], vec![]),
+        std::slice::from_ref(&m),
+        &PlanOptions::default(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.0,
+        [PlanError::DnsLabelTaken {
+            name: "my_app".into(),
+            label: "my-app".into(),
+            owner: "my-app".into(),
+            owner_id: owner.to_string(),
+        }]
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "service 'my_app' has the DNS name my-app.internal, which Service 'my-app' ({owner}) \
+             already answers at; rename 'my_app', or remove that Service (`ployz rm {owner}`)"
+        )
+    );
+    // Case alone collides too.
+    let err = plan(
+        &DeployIntent::all(vec![spec("My-App")], vec![]),
+        std::slice::from_ref(&m),
+        &PlanOptions::default(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err.0.as_slice(), [PlanError::DnsLabelTaken { .. }]),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_same_name_and_other_labels_are_not_collisions() {
+    let mut m = machine("a");
+    let id = ServiceId::generate();
+    add(&mut m, &id, &spec("my_app"), ContainerState::Running);
+    // The same Service again, and a Service with another label, plan as usual.
+    let mut changed = spec("my_app");
+    changed.container.image = "other:2".into();
+    let p = plan(
+        &DeployIntent::all(vec![changed, spec("my_app2")], vec![]),
+        std::slice::from_ref(&m),
+        &PlanOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(p.services.len(), 2);
+    assert_eq!(p.services[0].service_id, id);
+}
+
+#[test]
+fn the_preview_shows_the_dns_name_when_it_differs() {
+    let m = machine("a");
+    let p = plan(
+        &DeployIntent::all(vec![spec("my_app"), spec("web"), spec("Api.V2")], vec![]),
+        std::slice::from_ref(&m),
+        &PlanOptions::default(),
+    )
+    .unwrap();
+    let text = preview::render(
+        &DeployPreview {
+            plan: p,
+            warnings: vec![],
+        },
+        &[m],
+    );
+    assert!(
+        text.contains("+ create service my_app (DNS: my-app.internal)\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("+ create service Api.V2 (DNS: api-v2.internal)\n"),
+        "{text}"
+    );
+    assert!(text.contains("+ create service web\n"), "{text}");
+}
