@@ -813,11 +813,15 @@ fn a_host_port_the_daemon_listens_on_is_refused_with_the_fix() {
     web.ports = vec![bound(None, Some(9090), 9090, false)];
     assert_eq!(
         plan_err(vec![web.clone()], std::slice::from_ref(&m)),
-        "service 'web' publishes host port 9090/tcp on Machine m1, where the daemon's metrics listener listens (127.0.0.1:9090); pick another host port"
+        "service 'web' publishes host port 9090/tcp on Machine m1, where the daemon's metrics listener listens (127.0.0.1:9090); pick another host port, or publish it on one of the Machine's other addresses (e.g. 'MACHINE_IP:9090:9090/tcp', with an address other than 127.0.0.1)"
     );
     web.ports = vec![bound(None, Some(53), 53, true)];
     assert!(plan_err(vec![web.clone()], std::slice::from_ref(&m))
-        .contains("host port 53/udp on Machine m1, where the daemon's internal DNS listens (10.210.0.1:53); pick another host port"));
+        .contains("host port 53/udp on Machine m1, where the daemon's internal DNS listens (10.210.0.1:53); pick another host port, or publish it on one of the Machine's other addresses (e.g. 'MACHINE_IP:53:53/udp', with an address other than 10.210.0.1)"));
+    // A port already bound to one address gets the plain fix: another address is its own choice.
+    web.ports = vec![bound(Some("10.210.0.1"), Some(53), 53, true)];
+    assert!(plan_err(vec![web.clone()], std::slice::from_ref(&m))
+        .ends_with("(10.210.0.1:53); pick another host port"));
 
     // Another address than the listener's, another protocol, or a port Docker picks is fine.
     for ports in [

@@ -151,22 +151,32 @@ fn held_by_listener(b: &Binding, l: &Listener) -> bool {
 /// The refusal for a host port one of the daemon's listeners holds, with the fix: a web port
 /// belongs behind the edge.
 fn listener_error(spec: &ServiceSpec, b: &Binding, l: &Listener, machine: String) -> PlanError {
+    let container_port = spec
+        .ports
+        .iter()
+        .find_map(|p| match p {
+            PortSpec::Host {
+                host_port: Some(port),
+                container_port,
+                protocol,
+                ..
+            } if *port == b.port && *protocol == b.protocol => Some(*container_port),
+            _ => None,
+        })
+        .unwrap_or(b.port);
+    let on_one_address = l
+        .address
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| !ip.is_unspecified());
     let fix = if l.role.is_edge() {
-        let container_port = spec
-            .ports
-            .iter()
-            .find_map(|p| match p {
-                PortSpec::Host {
-                    host_port: Some(port),
-                    container_port,
-                    protocol,
-                    ..
-                } if *port == b.port && *protocol == b.protocol => Some(*container_port),
-                _ => None,
-            })
-            .unwrap_or(b.port);
         format!(
             "publish the web port through the edge with x-ports (e.g. x-ports: ['app.example.com:{container_port}/https']) or pick another host port"
+        )
+    } else if b.host_ip.is_none() && on_one_address {
+        // The listener holds one address; the port is free on the Machine's others.
+        format!(
+            "pick another host port, or publish it on one of the Machine's other addresses (e.g. 'MACHINE_IP:{}:{container_port}/{}', with an address other than {})",
+            b.port, b.protocol, l.address
         )
     } else {
         "pick another host port".to_owned()
