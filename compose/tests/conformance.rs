@@ -259,6 +259,10 @@ const ACCEPTED_WITHOUT_EFFECT: &[(&str, &str)] = &[
     // host and ingress both publish on the Machine where the container runs (one engine per
     // Machine); any other value is refused.
     ("ports[]", "mode"),
+    // A port's name and application protocol describe it for people and tools; Docker publishes
+    // the port the same with or without them, so a warning would only be noise.
+    ("ports[]", "name"),
+    ("ports[]", "app_protocol"),
 ];
 
 /// How a kept or translated key shows in the spec: a path into the spec (as YAML) and what
