@@ -672,6 +672,18 @@ fn rm_drains_first_and_a_stop_grace_period_bounds_the_drain(position: Position) 
         "rm did not wait: {:?}",
         started.elapsed()
     );
+    // Once rm returns, the store no longer holds the removed container: its drain mark was
+    // lifted only after that, so nothing can route to it again (a 502 until the observer's
+    // next pass, otherwise).
+    let ps = json(&run(&lab, &m, &["ps", "--replicated", "--json"]));
+    let left: Vec<&str> = ps
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["service_name"] == "patient")
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert!(left.is_empty(), "the store still holds {left:?} after rm");
     assert_eq!(http_get(port, "patient.test.localhost", "/").0, 404);
 
     // A stop_grace_period of 1 s bounds the drain of a request that would take 8 s: rm says

@@ -233,12 +233,19 @@ async fn stop_container(
     body: Bytes,
 ) -> Result<Response, Failure> {
     let req: StopContainerRequest = crate::api::parse_body(&body)?;
-    docker(&machine)?
-        .stop(
-            checked_id(&id)?,
-            req.timeout_seconds.map(Duration::from_secs),
-        )
-        .await?;
+    let d = docker(&machine)?;
+    d.stop(
+        checked_id(&id)?,
+        req.timeout_seconds.map(Duration::from_secs),
+    )
+    .await?;
+    // The store says the container stopped before the call returns, so nothing routed by it
+    // outlives the stop (the observer's next pass would say it too, a moment later).
+    if let Some(store) = machine.store() {
+        if let Err(e) = ployz_orchestrator::observer::resync(&d, &store).await {
+            tracing::warn!(container = %id, error = %e, "the stopped container's observation waits for the observer's next pass");
+        }
+    }
     Ok(Json(serde_json::json!({})).into_response())
 }
 
@@ -246,13 +253,23 @@ async fn remove_container(
     State(machine): State<Arc<LocalMachine>>,
     Path(id): Path<String>,
 ) -> Result<Response, Failure> {
-    let full = docker(&machine)?.remove(checked_id(&id)?).await?;
+    let d = docker(&machine)?;
+    let full = d.remove(checked_id(&id)?).await?;
     if let (Some(store), Ok(container)) = (machine.store(), full.parse::<ployz_core::ContainerId>())
     {
-        // The container is gone either way; a mark left behind is swept as the mark of a
-        // container that no longer exists.
-        if let Err(e) = lift_drain_mark(&store, &container).await {
-            tracing::warn!(container = %id, error = %e, "the removed container's drain mark stays until the sweep");
+        // The store forgets the container before its mark goes: lifted first, the mark would
+        // hand the edge back an observation of a container that no longer exists (502s until
+        // the observer's next pass). Either way the container is gone; a mark left behind is
+        // swept as the mark of a container that no longer exists.
+        match ployz_orchestrator::observer::resync(&d, &store).await {
+            Ok(_) => {
+                if let Err(e) = lift_drain_mark(&store, &container).await {
+                    tracing::warn!(container = %id, error = %e, "the removed container's drain mark stays until the sweep");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(container = %id, error = %e, "the removed container's observation and drain mark stay until the observer's next pass and the sweep");
+            }
         }
     }
     tracing::info!(container = %id, "container removed");
