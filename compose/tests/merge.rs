@@ -97,3 +97,39 @@ fn reset_and_override_tags_still_win_over_the_merge_rules() {
     let ports: Vec<String> = spec.ports.iter().map(|p| p.to_string()).collect();
     assert_eq!(ports, ["other.example.com:80/https"]);
 }
+
+#[test]
+fn one_secret_written_short_then_long_merges_into_one_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("db.txt"), "pw").unwrap();
+    std::fs::write(
+        dir.path().join("compose.yaml"),
+        "services:\n  web:\n    image: nginx\n    secrets: [db]\nsecrets:\n  db: { file: ./db.txt }\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("compose.override.yaml"),
+        "services:\n  web:\n    secrets:\n      - { source: db, target: db, mode: 0400 }\n",
+    )
+    .unwrap();
+    let p = load(&input(dir.path())).unwrap_or_else(|e| panic!("the files load: {e}"));
+    let secrets = &web(&p).container.secrets;
+    assert_eq!(secrets.len(), 1, "{secrets:?}");
+    assert_eq!(secrets[0].target, "/run/secrets/db");
+    assert_eq!(secrets[0].mode, Some(0o400), "the later file's entry wins");
+}
+
+#[test]
+fn an_override_file_moves_a_service_and_replaces_its_hook_command() {
+    let p = load_two(
+        "services:\n  web:\n    image: nginx\n    x-machines: [m1]\n    x-pre_deploy:\n      command: [./manage.py, migrate]\n",
+        "services:\n  web:\n    x-machines: [m2]\n    x-pre_deploy:\n      command: [./manage.py, migrate, --noinput]\n",
+    );
+    let spec = web(&p);
+    let machines: Vec<String> = spec.machines.iter().map(|m| m.to_string()).collect();
+    assert_eq!(machines, ["m2"]);
+    assert_eq!(
+        spec.pre_deploy.as_ref().unwrap().command,
+        ["./manage.py", "migrate", "--noinput"]
+    );
+}

@@ -329,7 +329,8 @@ pub(super) fn record_origins(doc: &Node, idx: usize, origins: &mut Origins) {
 /// (recursively); sequences appended, except that `command`, `entrypoint` and `healthcheck.test`
 /// are replaced and that `volumes`, `secrets` and `configs` entries replace the entry with the
 /// same target (`ports` and `x-ports` entries already present are not added twice); scalars
-/// replaced. `!reset` removes a key, `!override` replaces it without merging.
+/// replaced (and so are `x-pre_deploy.command` and `x-machines`). `!reset` removes a key,
+/// `!override` replaces it without merging.
 pub(super) fn merge_value(base: &mut Node, over: Node) {
     merge_at(base, over, &mut Vec::new());
 }
@@ -407,10 +408,17 @@ fn sequence_rule(path: &[String]) -> SequenceRule {
         _ => return SequenceRule::Append,
     };
     match in_service.as_slice() {
-        ["command"] | ["entrypoint"] | ["healthcheck", "test"] => SequenceRule::Replace,
+        // Ployz's own lists that name one thing whole: the hook's command and where the
+        // Service may run (an override that names other Machines moves it there).
+        ["command"]
+        | ["entrypoint"]
+        | ["healthcheck", "test"]
+        | ["x-pre_deploy", "command"]
+        | ["x-machines"] => SequenceRule::Replace,
         ["ports"] | ["x-ports"] => SequenceRule::AppendNew,
         ["volumes"] => SequenceRule::ByTarget(volume_target),
-        ["secrets"] | ["configs"] => SequenceRule::ByTarget(file_target),
+        ["secrets"] => SequenceRule::ByTarget(secret_target),
+        ["configs"] => SequenceRule::ByTarget(config_target),
         _ => SequenceRule::Append,
     }
 }
@@ -433,13 +441,31 @@ fn volume_target(n: &Node) -> Option<String> {
     }
 }
 
-/// The target of a `secrets` or `configs` entry: the short syntax's name, or the long syntax's
-/// `target:` (its `source:` when it has none).
-fn file_target(n: &Node) -> Option<String> {
+/// Where a `secrets` entry lands: `/run/secrets/<name>` for the short syntax, the long
+/// syntax's `target:` (a relative one under `/run/secrets`) or its `source:`, as Compose keys
+/// them, so one secret written both ways merges into one entry.
+fn secret_target(n: &Node) -> Option<String> {
+    file_target(n, "/run/secrets")
+}
+
+/// Where a `configs` entry lands: `/<name>` for the short syntax, the long syntax's `target:`
+/// or `/<source>`.
+fn config_target(n: &Node) -> Option<String> {
+    file_target(n, "")
+}
+
+fn file_target(n: &Node, dir: &str) -> Option<String> {
+    let under = |t: &str| {
+        if t.starts_with('/') {
+            t.to_owned()
+        } else {
+            format!("{dir}/{t}")
+        }
+    };
     match n {
-        Node::Str(s) => Some(s.clone()),
+        Node::Str(s) => Some(under(s)),
         Node::Map(_) => match (n.get("target"), n.get("source")) {
-            (Some(Node::Str(t)), _) | (None, Some(Node::Str(t))) => Some(t.clone()),
+            (Some(Node::Str(t)), _) | (None, Some(Node::Str(t))) => Some(under(t)),
             _ => None,
         },
         _ => None,
