@@ -92,6 +92,14 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["service 'web': ports[0] '8000-8001:80': the host port range 8000-8001 for the one container port 80 would let Docker pick any port of it, and the plan could not say which; publish one host port ('8000:80'), or leave the host port out ('80') for Docker to pick a free one"],
         ),
         (
+            "one host port bound on every address and on one address",
+            "services:\n  web:\n    image: nginx\n    ports: [\"8080:80\", \"127.0.0.1:8080:81\", \"0.0.0.0:9090:90\", \"10.0.0.5:9090:91\"]\n".into(),
+            vec![
+                "host port 8080 is bound twice (to container ports 80 and 81)",
+                "host port 9090 is bound twice (to container ports 90 and 91)",
+            ],
+        ),
+        (
             "host port range for one container port, with a host IP kept in the hint",
             "services:\n  web:\n    image: nginx\n    ports: [\"127.0.0.1:8000-8001:80\", \"[::1]:7000-7002:9000-9001\"]\n".into(),
             vec![

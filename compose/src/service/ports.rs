@@ -5,9 +5,7 @@
 //! on the Machine that runs the container, as docker compose does on one engine; without a host
 //! port Docker picks a free one. `x-ports` is Ployz's: it publishes web ports through the edge by
 //! Ingress Hostname (and can bind host ports too, `8080:80/tcp@host`). Both may be used on one
-//! Service; a host port bound twice (same address, port and protocol) is an error.
-
-use std::collections::BTreeMap;
+//! Service; a host port bound twice (overlapping addresses, same port and protocol) is an error.
 
 use ployz_core::{HostProtocol, PortSpec};
 
@@ -231,7 +229,8 @@ fn check_host_ports(
 ) -> Vec<PortSpec> {
     ports.sort();
     ports.dedup();
-    let mut seen: BTreeMap<(Option<String>, u16, HostProtocol), u16> = BTreeMap::new();
+    // Each fixed binding seen so far: (host IP, port, protocol, container port).
+    let mut seen: Vec<(Option<&str>, u16, HostProtocol, u16)> = Vec::new();
     for p in &ports {
         if let PortSpec::Host {
             host_ip,
@@ -240,9 +239,10 @@ fn check_host_ports(
             protocol,
         } = p
         {
-            if let Some(other) =
-                seen.insert((host_ip.clone(), *host_port, *protocol), *container_port)
-            {
+            let ip = host_ip.as_deref();
+            if let Some((_, _, _, other)) = seen.iter().find(|(other_ip, port, proto, _)| {
+                port == host_port && proto == protocol && ips_overlap(*other_ip, ip)
+            }) {
                 ctx.err(
                     key,
                     Some(p.to_string()),
@@ -250,7 +250,26 @@ fn check_host_ports(
                     Some("bind each host port once"),
                 );
             }
+            seen.push((ip, *host_port, *protocol, *container_port));
         }
     }
     ports
+}
+
+/// Whether two host addresses of one port collide when Docker binds them: no address (every
+/// address) or an unspecified one of the same family collides with any address of it.
+fn ips_overlap(a: Option<&str>, b: Option<&str>) -> bool {
+    let parse = |ip: Option<&str>| {
+        ip.and_then(|s| s.trim_matches(['[', ']']).parse::<std::net::IpAddr>().ok())
+    };
+    match (a, b) {
+        (None, _) | (_, None) => true,
+        _ => match (parse(a), parse(b)) {
+            (Some(x), Some(y)) => {
+                x == y || (x.is_ipv4() == y.is_ipv4() && (x.is_unspecified() || y.is_unspecified()))
+            }
+            // A CIDR or another form: only the same text collides for certain.
+            _ => a == b,
+        },
+    }
 }
