@@ -14,6 +14,7 @@ services:
     command: ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
     volumes:
       - ./conf/app.conf:/etc/app.conf:ro
+      - ./conf/hello.sh:/usr/local/bin/hello.sh:ro
       - ./data:/data
       - /cache
 "#;
@@ -76,6 +77,16 @@ fn project_binds_travel_and_anonymous_volumes_go_with_their_container() {
     std::fs::create_dir_all(lab.path("data")).unwrap();
     std::fs::write(lab.path("conf/app.conf"), "greeting = hello\n").unwrap();
     std::fs::write(
+        lab.path("conf/hello.sh"),
+        "#!/bin/sh\necho hello-from-script\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        lab.path("conf/hello.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(
         lab.path("compose.yaml"),
         PROJECT.replace("IMAGE", TEST_IMAGE),
     )
@@ -102,6 +113,16 @@ fn project_binds_travel_and_anonymous_volumes_go_with_their_container() {
     let conf = run(&lab, &m, &["exec", "app", "cat", "/etc/app.conf"]);
     assert!(conf.status.success(), "{}", stderr(&conf));
     assert_eq!(stdout(&conf), "greeting = hello\n");
+    // A script keeps its execute bit, and nothing of the files' content is in any label.
+    let script = run(&lab, &m, &["exec", "app", "/usr/local/bin/hello.sh"]);
+    assert!(script.status.success(), "{}", stderr(&script));
+    assert_eq!(stdout(&script), "hello-from-script\n");
+    let labels = docker(&["inspect", "--format", "{{json .Config.Labels}}", &container]);
+    let labels = String::from_utf8_lossy(&labels.stdout);
+    assert!(
+        !labels.contains("greeting") && !labels.contains("hello-from-script"),
+        "a bound file's content is in the labels: {labels}"
+    );
 
     // The data directory is the project's: a file written here is seen in the container.
     std::fs::write(lab.path("data/from-host.txt"), "written on the host\n").unwrap();

@@ -519,9 +519,9 @@ fn reference_mounts(r: &Value) -> Vec<MountLine> {
     out
 }
 
-/// Our mounts (tmpfs left out), plus the read-only single-file binds that travel as configs:
-/// a config whose name is a path (`./nginx.conf`) was a bind of that file, resolved against the
-/// first Compose file's folder.
+/// Our mounts (tmpfs left out), plus the read-only single-file binds that travel like secrets:
+/// a secret file whose name is a path (`./nginx.conf`) was a bind of that file, resolved
+/// against the first Compose file's folder.
 fn our_mounts(service: &ServiceSpec, compose_dir: &Path) -> Vec<MountLine> {
     let container = serde_yaml_ng::to_value(&service.container).unwrap();
     let mut out: Vec<MountLine> = container["mounts"]
@@ -537,9 +537,9 @@ fn our_mounts(service: &ServiceSpec, compose_dir: &Path) -> Vec<MountLine> {
             )
         })
         .collect();
-    for c in container["configs"].as_sequence().into_iter().flatten() {
+    for c in container["secrets"].as_sequence().into_iter().flatten() {
         let name = c["name"].as_str().unwrap();
-        if name.starts_with('.') || name.starts_with('/') || name.starts_with('~') {
+        if is_bound_file(name) {
             let source = match name.strip_prefix("~/") {
                 Some(rest) => Path::new(&std::env::var("HOME").unwrap()).join(rest),
                 None => compose_dir.join(name),
@@ -574,12 +574,19 @@ fn reference_secret_targets(r: &Value) -> Vec<String> {
     out
 }
 
+/// Whether a secret file of ours was a read-only bind of a file (named by its path) rather
+/// than a `secrets:` entry (named by its key).
+fn is_bound_file(name: &str) -> bool {
+    name.starts_with('.') || name.starts_with('/') || name.starts_with('~')
+}
+
 fn our_secret_targets(service: &ServiceSpec) -> Vec<String> {
     let container = serde_yaml_ng::to_value(&service.container).unwrap();
     let mut out: Vec<String> = container["secrets"]
         .as_sequence()
         .into_iter()
         .flatten()
+        .filter(|s| !is_bound_file(s["name"].as_str().unwrap()))
         .map(|s| s["target"].as_str().unwrap().to_owned())
         .collect();
     out.sort();

@@ -358,7 +358,7 @@ fn service_landings() -> Vec<(&'static str, &'static str, Lands)> {
         (
             "tmpfs",
             "web",
-            Has("container.mounts", "{type: tmpfs, target: /run}"),
+            Has("container.mounts", "{type: tmpfs, target: /var/run/app}"),
         ),
         (
             "ulimits",

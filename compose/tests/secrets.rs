@@ -415,3 +415,34 @@ fn the_configs_short_form_must_name_a_declared_config() {
         "{text}"
     );
 }
+
+#[test]
+fn a_tmpfs_over_a_secret_or_config_target_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("pw.txt"), "pw").unwrap();
+    std::fs::write(
+        dir.path().join("compose.yaml"),
+        "services:\n  db:\n    image: postgres:16\n    tmpfs: [/run]\n    secrets: [pw]\n    configs: [conf]\n  web:\n    image: nginx\n    tmpfs: [/run/nginx]\n    secrets: [pw]\nsecrets:\n  pw: { file: ./pw.txt }\nconfigs:\n  conf: { content: x }\n",
+    )
+    .unwrap();
+    let errors = ployz_compose::load(&ployz_compose::ComposeInput {
+        files: vec![dir.path().join("compose.yaml")],
+        profiles: Vec::new(),
+        env: Default::default(),
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        errors.contains("service 'db': secrets '/run/secrets/pw': the secret 'pw' at /run/secrets/pw would be hidden by the tmpfs mounted at /run"),
+        "{errors}"
+    );
+    assert!(
+        errors.contains("mount the tmpfs elsewhere (e.g. /run/tmp)"),
+        "{errors}"
+    );
+    assert_eq!(
+        errors.lines().count(),
+        1,
+        "a config at /conf and /run/nginx hide nothing: {errors}"
+    );
+}

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ployz_compose::{load, ComposeError, ComposeErrors, ComposeInput, LoadedProject};
-use ployz_core::{ConfigFile, Mount, ServiceSpec};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use ployz_core::{Mount, ServiceSpec};
 
 /// A temporary tree: the project directory is `proj/` (holding `compose.yaml`), with `home/`
 /// beside it for `HOME`.
@@ -327,12 +329,13 @@ fn a_bare_relative_short_source_is_a_volume_name_and_cannot_hold_a_slash() {
 }
 
 #[test]
-fn a_read_only_file_is_carried_as_a_config() {
+fn a_read_only_file_is_carried_like_a_secret_with_its_mode_and_owner() {
     let t = Tree::new(
         r#"
 services:
   web:
     image: nginx
+    entrypoint: /entrypoint.sh
     volumes:
       - ./conf/nginx.conf:/etc/nginx/nginx.conf:ro
       - type: bind
@@ -340,33 +343,75 @@ services:
         target: /etc/app.conf
         read_only: true
       - ~/motd:/etc/motd:ro
+      - ./entrypoint.sh:/entrypoint.sh:ro
 "#,
     );
     t.write("proj/conf/nginx.conf", b"worker_processes 1;\n");
     t.write("proj/conf/app.conf", b"key = value\n");
     t.write("home/motd", b"hello\n");
+    t.write("proj/entrypoint.sh", b"#!/bin/sh\nexec nginx\n");
+    let script = t.path("proj/entrypoint.sh");
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o750)).unwrap();
     let p = t.ok();
     let w = web(&p);
     assert!(w.container.mounts.is_empty(), "{:#?}", w.container.mounts);
-    let file = |name: &str, target: &str, content: &str| ConfigFile {
-        name: name.into(),
-        target: target.into(),
-        content: content.into(),
-        mode: None,
-        uid: None,
-        gid: None,
-    };
+    assert!(w.container.configs.is_empty(), "{:#?}", w.container.configs);
+    let owner = std::fs::metadata(&script).unwrap();
+    let got: Vec<(&str, &str, &[u8], Option<u32>, Option<u32>)> = w
+        .container
+        .secrets
+        .iter()
+        .map(|s| {
+            assert_eq!(s.gid, Some(owner.gid()), "{s:?}");
+            (
+                s.name.as_str(),
+                s.target.as_str(),
+                s.value.as_ref().expect("the value travels").as_bytes(),
+                s.mode,
+                s.uid,
+            )
+        })
+        .collect();
+    let mode_of = |rel: &str| Some(std::fs::metadata(t.path(rel)).unwrap().mode() & 0o7777);
+    let uid = Some(owner.uid());
     assert_eq!(
-        w.container.configs,
+        got,
         [
-            file("./conf/app.conf", "/etc/app.conf", "key = value\n"),
-            file("~/motd", "/etc/motd", "hello\n"),
-            file(
+            (
+                "./entrypoint.sh",
+                "/entrypoint.sh",
+                &b"#!/bin/sh\nexec nginx\n"[..],
+                Some(0o750),
+                uid
+            ),
+            (
+                "./conf/app.conf",
+                "/etc/app.conf",
+                &b"key = value\n"[..],
+                mode_of("proj/conf/app.conf"),
+                uid
+            ),
+            (
+                "~/motd",
+                "/etc/motd",
+                &b"hello\n"[..],
+                mode_of("home/motd"),
+                uid
+            ),
+            (
                 "./conf/nginx.conf",
                 "/etc/nginx/nginx.conf",
-                "worker_processes 1;\n"
+                &b"worker_processes 1;\n"[..],
+                mode_of("proj/conf/nginx.conf"),
+                uid
             ),
         ]
+    );
+    // What labels, previews and reports carry: a digest, never the file's content.
+    let shown = format!("{:?}", w.without_secret_values());
+    assert!(
+        !shown.contains("worker_processes") && !shown.contains("key = value"),
+        "{shown}"
     );
     assert!(p.warnings.is_empty(), "{:#?}", p.warnings);
 }
@@ -547,7 +592,7 @@ services:
 }
 
 #[test]
-fn a_file_carried_as_a_config_still_owns_its_target() {
+fn a_file_carried_like_a_secret_still_owns_its_target() {
     let t = Tree::new(
         r#"
 services:
@@ -583,8 +628,8 @@ configs:
             ),
             (
                 Some("api"),
-                Some("configs"),
-                "the configs './a.conf' and 'other' share one target"
+                Some("secrets"),
+                "the secret './a.conf' and the config 'other' share one target"
             ),
         ]
     );

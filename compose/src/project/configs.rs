@@ -13,8 +13,7 @@ use super::Project;
 impl Project<'_> {
     /// Turns the service's config uses into files, reading `file:` configs now.
     pub(super) fn resolve_configs(&self, ctx: &mut ServiceCtx<'_>, c: &mut Converted) {
-        // Read-only file binds the service carries as configs are already there.
-        let mut files: Vec<ConfigFile> = std::mem::take(&mut c.spec.container.configs);
+        let mut files: Vec<ConfigFile> = Vec::new();
         for u in std::mem::take(&mut c.configs) {
             let example = format!("configs: {{ {0}: {{ file: ./{0} }} }}", u.source);
             let Some((decl, decl_file)) = self.declaration(ctx, "configs", "config", &u, &example)

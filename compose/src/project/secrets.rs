@@ -44,7 +44,8 @@ impl Project<'_> {
 
     /// Turns the service's secret uses into files, reading each value now.
     pub(super) fn resolve_secrets(&self, ctx: &mut ServiceCtx<'_>, c: &mut Converted) {
-        let mut files: Vec<SecretFile> = Vec::new();
+        // Read-only file binds the service carries like secrets are already there.
+        let mut files: Vec<SecretFile> = std::mem::take(&mut c.spec.container.secrets);
         for u in std::mem::take(&mut c.secrets) {
             let example = format!(
                 "secrets: {{ {0}: {{ file: ./{0}.txt }} }} (or environment: VARIABLE)",
@@ -87,6 +88,7 @@ impl Project<'_> {
             }
         }
         c.spec.container.secrets = files;
+        refuse_files_under_tmpfs(ctx, &c.spec.container);
     }
 
     /// The value of the top-level secret `name`, declared in `file`. Its errors were checked
@@ -284,4 +286,40 @@ fn secret_source(
         return None;
     };
     Some((kind, v))
+}
+
+/// Refuses a config or secret whose target a tmpfs mount covers: files are copied into the
+/// container before it starts, and the tmpfs, mounted at start, would hide them.
+fn refuse_files_under_tmpfs(ctx: &mut ServiceCtx<'_>, container: &ployz_core::ContainerSpec) {
+    let under = |target: &str, dir: &str| {
+        target == dir || dir == "/" || target.starts_with(&format!("{dir}/"))
+    };
+    let files = container
+        .secrets
+        .iter()
+        .map(|s| ("secrets", "secret", s.name.as_str(), s.target.as_str()))
+        .chain(
+            container
+                .configs
+                .iter()
+                .map(|c| ("configs", "config", c.name.as_str(), c.target.as_str())),
+        );
+    for (key, kind, name, target) in files {
+        let tmpfs = container.mounts.iter().find_map(|m| match m {
+            ployz_core::Mount::Tmpfs { target: dir, .. } if under(target, dir) => Some(dir),
+            _ => None,
+        });
+        if let Some(dir) = tmpfs {
+            ctx.err(
+                key,
+                Some(target.to_owned()),
+                format!(
+                    "the {kind} '{name}' at {target} would be hidden by the tmpfs mounted at {dir}: files are copied in before the container starts, and the tmpfs is mounted over them"
+                ),
+                Some(&format!(
+                    "mount the tmpfs elsewhere (e.g. {dir}/tmp), or give the {kind} a target outside {dir}"
+                )),
+            );
+        }
+    }
 }

@@ -241,7 +241,7 @@ fn finish(ctx: &mut ServiceCtx<'_>, p: Parts<'_>, errors_before: usize) -> Optio
     let mut c = p.container;
     c.image = image::check_image(ctx, p.image, p.build);
     c.env = environment::merge(ctx, p.env_file_entries, p.environment);
-    (c.mounts, c.configs) = volumes::settle_mounts(ctx, p.mounts);
+    (c.mounts, c.secrets) = volumes::settle_mounts(ctx, p.mounts);
     c.resources = deploy::resources(p.top_resources, p.deploy_resources);
     let ports = ports::ports(ctx, p.compose_ports, p.x_ports);
     let replicas = deploy::replicas(ctx, p.scale, &p.deploy);

@@ -9,9 +9,11 @@
 //!   a long-syntax bind) or from the home directory (`~`, `~/x`, with `HOME` from the loader's
 //!   environment) names a path on the computer that deploys. It is resolved to a normalised
 //!   absolute path and looked at now: a regular UTF-8 file of at most
-//!   [`MAX_FILE_AS_CONFIG_BYTES`] mounted read-only becomes a [`ConfigFile`] (named by the
-//!   source as written, e.g. `./nginx.conf`), whose content is copied into the container at
-//!   creation on whichever Machine runs it. Anything else (a directory, a writable file, a
+//!   [`MAX_FILE_AS_CONFIG_BYTES`] mounted read-only becomes a [`SecretFile`] (named by the
+//!   source as written, e.g. `./nginx.conf`, with the file's mode and owner), whose content is
+//!   copied into the container at creation on whichever Machine runs it. It travels as a
+//!   secret does (labels, previews and reports show its digest, never its content), since a
+//!   file bound read-only is often a key or a password file. Anything else (a directory, a writable file, a
 //!   missing path) stays a bind of the resolved path, and the Service gets one warning listing
 //!   those paths: they must exist on every Machine it runs on. Ployz never creates a missing
 //!   host path; with `bind.create_host_path: false` a missing one is an error now.
@@ -26,7 +28,9 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use ployz_core::{ConfigFile, Mount};
+use std::os::unix::fs::MetadataExt;
+
+use ployz_core::{Mount, SecretFile, SecretValue};
 
 use crate::units::{parse_octal_mode, parse_size_bytes};
 
@@ -34,7 +38,7 @@ use super::keys::nested_keys;
 use super::shapes::{boolean, expect_map, mode, size, text};
 use super::{Node, ServiceCtx};
 
-/// The largest read-only file bind carried as a [`ConfigFile`] (512 KiB); a larger one stays a
+/// The largest read-only file bind carried as a [`SecretFile`] (512 KiB); a larger one stays a
 /// bind. Its content travels in the deploy request, which may not exceed
 /// [`ployz_core::api::MAX_BODY_BYTES`] for the whole project.
 pub(crate) const MAX_FILE_AS_CONFIG_BYTES: u64 = (ployz_core::api::MAX_BODY_BYTES / 4) as u64;
@@ -53,8 +57,8 @@ pub(super) struct Mounts {
 /// What one mount entry became.
 enum Entry {
     Mount(Mount),
-    /// A read-only file bind carried as a config.
-    File(ConfigFile),
+    /// A read-only file bind carried like a secret.
+    File(SecretFile),
 }
 
 impl Entry {
@@ -73,7 +77,7 @@ impl Entry {
 pub(super) fn settle_mounts(
     ctx: &mut ServiceCtx<'_>,
     mounts: Mounts,
-) -> (Vec<Mount>, Vec<ConfigFile>) {
+) -> (Vec<Mount>, Vec<SecretFile>) {
     let Mounts {
         mut list,
         local_binds,
@@ -378,14 +382,16 @@ fn local_bind(ctx: &mut ServiceCtx<'_>, key: String, b: LocalBind, mounts: &mut 
                 if let Some(content) = read_text(Path::new(&b.path)) {
                     mounts.list.push((
                         key,
-                        Entry::File(ConfigFile {
-                            name: b.written,
-                            target: b.target,
-                            content,
-                            mode: None,
-                            uid: None,
-                            gid: None,
-                        }),
+                        // Copied with the file's permission bits and owner, as the bind
+                        // would show it (an entrypoint script keeps its execute bit).
+                        Entry::File(SecretFile::new(
+                            b.written,
+                            b.target,
+                            SecretValue::new(content.into_bytes()),
+                            Some(m.mode() & 0o7777),
+                            Some(m.uid()),
+                            Some(m.gid()),
+                        )),
                     ));
                     return;
                 }
