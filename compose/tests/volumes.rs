@@ -328,6 +328,9 @@ fn a_bare_relative_short_source_is_a_volume_name_and_cannot_hold_a_slash() {
     );
 }
 
+/// A file carried into the container: name, target, content, mode, owner.
+type CarriedFile<'a> = (&'a str, &'a str, &'a [u8], Option<u32>, Option<u32>);
+
 #[test]
 fn a_read_only_file_is_carried_like_a_secret_with_its_mode_and_owner() {
     let t = Tree::new(
@@ -357,7 +360,7 @@ services:
     assert!(w.container.mounts.is_empty(), "{:#?}", w.container.mounts);
     assert!(w.container.configs.is_empty(), "{:#?}", w.container.configs);
     let owner = std::fs::metadata(&script).unwrap();
-    let got: Vec<(&str, &str, &[u8], Option<u32>, Option<u32>)> = w
+    let got: Vec<CarriedFile> = w
         .container
         .secrets
         .iter()
