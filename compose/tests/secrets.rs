@@ -446,3 +446,30 @@ fn a_tmpfs_over_a_secret_or_config_target_is_refused() {
         "a config at /conf and /run/nginx hide nothing: {errors}"
     );
 }
+
+#[test]
+fn a_secret_or_config_file_under_the_home_directory_is_read_from_there() {
+    let project = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join(".config/app")).unwrap();
+    std::fs::write(home.path().join(".config/app/token"), "t0k3n").unwrap();
+    std::fs::write(home.path().join("app.conf"), "key = value\n").unwrap();
+    std::fs::write(
+        project.path().join("compose.yaml"),
+        "services:\n  web:\n    image: nginx\n    secrets: [tok]\n    configs: [conf]\nsecrets:\n  tok: { file: ~/.config/app/token }\nconfigs:\n  conf: { file: ~/app.conf }\n",
+    )
+    .unwrap();
+    let p = ployz_compose::load(&ployz_compose::ComposeInput {
+        files: vec![project.path().join("compose.yaml")],
+        profiles: Vec::new(),
+        env: [(
+            "HOME".to_owned(),
+            home.path().to_string_lossy().into_owned(),
+        )]
+        .into(),
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let web = &p.services[0].container;
+    assert_eq!(web.secrets[0].value.as_ref().unwrap().as_bytes(), b"t0k3n");
+    assert_eq!(web.configs[0].content, "key = value\n");
+}

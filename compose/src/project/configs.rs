@@ -68,6 +68,17 @@ impl Project<'_> {
         }
     }
 
+    /// A `file:` path of a config or secret: `~` and `~/...` from the home directory (`HOME`
+    /// of the project's variables), anything else from the project directory.
+    pub(super) fn local_path(&self, v: &str) -> std::path::PathBuf {
+        let home = self.vars.get("HOME").map(std::path::Path::new);
+        match (v, v.strip_prefix("~/"), home) {
+            ("~", _, Some(home)) => home.to_path_buf(),
+            (_, Some(rest), Some(home)) => home.join(rest),
+            _ => self.dir.join(v),
+        }
+    }
+
     /// The content of the top-level config `name`, declared in `file`.
     fn config_content(
         &self,
@@ -101,7 +112,7 @@ impl Project<'_> {
 
     /// A `file:` config's content, read relative to the project directory; UTF-8 text only.
     fn config_file(&self, key: &str, v: String, file: &str, d: &mut Diagnostics) -> Option<String> {
-        let path = self.dir.join(&v);
+        let path = self.local_path(&v);
         match std::fs::read(&path) {
             Ok(bytes) => match String::from_utf8(bytes) {
                 Ok(s) => Some(s),

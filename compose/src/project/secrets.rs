@@ -131,7 +131,7 @@ impl Project<'_> {
         file: &str,
         d: &mut Diagnostics,
     ) -> Option<SecretValue> {
-        let path = self.dir.join(&v);
+        let path = self.local_path(&v);
         let error = |d: &mut Diagnostics, why: String, fix: &str| {
             d.error(
                 file,
