@@ -78,6 +78,8 @@ pub struct DaemonConfig {
     pub certificates: CertificateSettings,
     /// `[dns]`: the internal DNS.
     pub dns: DnsSettings,
+    /// `[mesh]`: the WireGuard mesh, membership and replication.
+    pub mesh: MeshSettings,
     /// Start even though the data dir lost acknowledged data (the store, its acknowledgement
     /// record, the WireGuard key), keeping what is left. A flag only, never in the file: it is
     /// meant for one start.
@@ -102,6 +104,7 @@ impl Default for DaemonConfig {
             shutdown: ShutdownSettings::default(),
             certificates: CertificateSettings::default(),
             dns: DnsSettings::default(),
+            mesh: MeshSettings::default(),
             accept_data_loss: false,
         }
     }
@@ -258,6 +261,114 @@ pub struct DnsSettings {
     /// `/etc/resolv.conf`.
     #[serde(deserialize_with = "socket_addr::list")]
     pub upstreams: Vec<SocketAddr>,
+}
+
+/// `[mesh]`: how this Machine joins the others: the WireGuard interface, the management API's
+/// mesh listener, membership gossip and the store's replication.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MeshSettings {
+    /// Off: no interface, no firewall chain, no gossip, no replication (a Machine on its own).
+    pub enabled: bool,
+    /// The WireGuard interface's name. The userspace backend's control socket is
+    /// `/var/run/wireguard/<interface>.sock`, shared by every network namespace of the host, so
+    /// Machines sharing a host need different names.
+    pub interface: String,
+    /// `auto` (the kernel module where it exists, otherwise userspace), `kernel` or `userspace`.
+    pub backend: WireGuardBackendSetting,
+    /// WireGuard's UDP port.
+    pub wireguard_port: u16,
+    /// The management API's mesh listener (TCP, on the Management Address).
+    pub management_port: u16,
+    /// Membership gossip (UDP, on the Management Address).
+    pub gossip_port: u16,
+    /// Membership timing: `lan` (a stopped Machine is down within 5 s) or `wan` (slower, fewer
+    /// false downs over lossy long links).
+    pub profile: MembershipProfileSetting,
+    /// A remote record stamped further ahead of this Machine's clock than this is not merged
+    /// (counted and logged): one Machine with a clock far ahead would otherwise win every
+    /// cluster-scoped key until the others' clocks caught up.
+    pub max_clock_drift_ms: u64,
+    /// How often the interface, peers, routes and firewall rules are put back as they should be.
+    pub reconcile_interval_ms: u64,
+    /// Test only: shifts this daemon's clock (the store's timestamps) by this many milliseconds,
+    /// so a lab can give one Machine a skewed clock without touching the host's.
+    pub clock_offset_ms: i64,
+}
+
+impl Default for MeshSettings {
+    fn default() -> Self {
+        MeshSettings {
+            enabled: true,
+            interface: "ployz0".into(),
+            backend: WireGuardBackendSetting::Auto,
+            wireguard_port: 51820,
+            management_port: 51000,
+            gossip_port: 51001,
+            profile: MembershipProfileSetting::Lan,
+            max_clock_drift_ms: 500,
+            reconcile_interval_ms: 10_000,
+            clock_offset_ms: 0,
+        }
+    }
+}
+
+impl MeshSettings {
+    /// Checks what the types cannot say; run before any side effect.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let name = &self.interface;
+        if name.is_empty()
+            || name.len() > 15
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        {
+            anyhow::bail!(
+                "mesh.interface '{name}' is not a usable interface name: use 1 to 15 letters, digits, '-', '_' or '.' (e.g. ployz0)"
+            );
+        }
+        let ports = [
+            ("mesh.wireguard_port", self.wireguard_port),
+            ("mesh.management_port", self.management_port),
+            ("mesh.gossip_port", self.gossip_port),
+        ];
+        for (key, port) in ports {
+            if port == 0 {
+                anyhow::bail!("{key} 0 is not a port this Machine's peers can reach; give a fixed port (e.g. the default)");
+            }
+        }
+        if self.reconcile_interval_ms < 100 {
+            anyhow::bail!(
+                "mesh.reconcile_interval_ms {} is too short; use at least 100",
+                self.reconcile_interval_ms
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `mesh.backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum WireGuardBackendSetting {
+    /// The kernel module where it exists, otherwise userspace.
+    #[default]
+    Auto,
+    /// The kernel module; the daemon refuses to start without it.
+    Kernel,
+    /// The in-process userspace implementation (a TUN device).
+    Userspace,
+}
+
+/// `mesh.profile`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum MembershipProfileSetting {
+    /// Machines on one network: fast probes, a stopped Machine is down within 5 s.
+    #[default]
+    Lan,
+    /// Machines across the internet: slower probes and more patience.
+    Wan,
 }
 
 /// How log lines are written to stderr.
@@ -449,6 +560,7 @@ impl DaemonConfig {
     pub fn validate(&self) -> anyhow::Result<()> {
         self.limits.validate()?;
         self.edge.validate()?;
+        self.mesh.validate()?;
         let listeners = [
             ("http_listen", self.http_listen),
             ("https_listen", self.https_listen),
