@@ -16,7 +16,7 @@ PORT="${PORT:-18380}"
 work="$(mktemp -d)"
 "$PLOYZ" daemon run --data-dir "$work/data" --socket "$work/ployz.sock" \
   --http-listen "127.0.0.1:$PORT" --https-listen 127.0.0.1:$((PORT + 1)) \
-  --metrics-listen 127.0.0.1:$((PORT + 2)) --no-certificates --dns-listen off \
+  --metrics-listen 127.0.0.1:$((PORT + 2)) --no-certificates --dns-listen off --no-mesh \
   --no-access-log 2>"$work/daemon.log" &
 daemon=$!
 export PLOYZ_CONNECT="unix://$work/ployz.sock"

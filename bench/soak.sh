@@ -40,7 +40,7 @@ HTTP=$PORT HTTPS=$((PORT + 1)) METRICS=$((PORT + 2))
 work="$(mktemp -d)"
 "$PLOYZ" daemon run --data-dir "$work/data" --socket "$work/ployz.sock" \
   --http-listen "127.0.0.1:$HTTP" --https-listen "127.0.0.1:$HTTPS" \
-  --metrics-listen "127.0.0.1:$METRICS" --no-certificates --dns-listen off \
+  --metrics-listen "127.0.0.1:$METRICS" --no-certificates --dns-listen off --no-mesh \
   --no-access-log 2>"$work/daemon.log" &
 daemon=$!
 export PLOYZ_CONNECT="unix://$work/ployz.sock"

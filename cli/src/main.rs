@@ -80,7 +80,7 @@ pub struct GlobalArgs {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Manage Machines: init, ls.
+    /// Manage Machines: init, add, ls, rm, rename, update.
     #[command(subcommand, visible_alias = "m")]
     Machine(commands::machine::MachineCommand),
     /// Deploy Services from a Compose file: preview, confirm, roll out one operation at a time.
@@ -116,6 +116,9 @@ enum Command {
     /// Manage Docker Volumes.
     #[command(subcommand)]
     Volume(commands::volume::VolumeCommand),
+    /// The WireGuard mesh as the Machine reached observes it.
+    #[command(subcommand)]
+    Wg(commands::wg::WgCommand),
     /// Manage contexts: named ways to reach a Cluster.
     #[command(subcommand, visible_alias = "context")]
     Ctx(commands::ctx::CtxCommand),
@@ -180,6 +183,7 @@ fn main() -> ExitCode {
         }
         Command::Ctx(cmd) => commands::ctx::run(&cli.global, cmd),
         Command::Machine(cmd) => client_runtime(commands::machine::run(&cli.global, cmd)),
+        Command::Wg(cmd) => client_runtime(commands::wg::run(&cli.global, cmd)),
         Command::Version(args) => client_runtime(commands::version::run(&cli.global, args)),
         Command::Deploy(args) => client_runtime(commands::deploy::run(&cli.global, args)),
         Command::Run(args) => client_runtime(commands::run::run(&cli.global, args)),

@@ -311,7 +311,7 @@ fn under_a_permissive_umask_no_socket_or_data_file_is_ever_open_to_others() {
     let log = std::fs::File::create(lab.path("umask.log")).unwrap();
     let mut daemon = Command::new(PLOYZ);
     daemon
-        .args(["daemon", "run", "--data-dir"])
+        .args(["daemon", "run", "--no-mesh", "--data-dir"])
         .arg(&data_dir)
         .arg("--socket")
         .arg(&socket)

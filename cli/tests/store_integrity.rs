@@ -77,6 +77,7 @@ fn daemon_refusing(lab: &Lab, data_dir: &Path, extra: &[&str]) -> Refusal {
         .args(["--https-listen", &format!("127.0.0.1:{https}")])
         .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
         .args(QUIET_DAEMON)
+        .arg("--no-mesh")
         .args(extra)
         .env("PLOYZ_LOG", "info")
         .stdin(Stdio::null())

@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    LocalMachinePhase, MachineId, MachineName, MachineSubnet, ManagementAddress,
+    ClusterNetwork, LocalMachinePhase, MachineId, MachineName, MachineSubnet, ManagementAddress,
     MembershipObservation, PartialResult,
 };
 
@@ -21,6 +21,23 @@ pub mod paths {
     /// `GET`: this Machine's [`super::PublicAddresses`]; `PUT`
     /// [`super::SetPublicAddressesRequest`]: the addresses now in force.
     pub const MACHINE_PUBLIC_ADDRESSES: &str = "/v1/machines/public-addresses";
+    /// `GET`: this Machine's [`super::JoinRequest`] (an uninitialised Machine makes its key
+    /// pair and Machine ID on the first call and keeps them until it joins or is initialised).
+    pub const JOIN_REQUEST: &str = "/v1/join/request";
+    /// `POST` [`super::AdmitRequest`] to a Machine of a Cluster: it admits the requesting Machine
+    /// (allocates its Machine Subnet, writes its member record) and answers an
+    /// [`super::Admission`].
+    pub const MACHINE_ADMIT: &str = "/v1/machines/admit";
+    /// `POST` [`super::JoinGrant`] to the admitted Machine: it takes its identity and starts
+    /// joining; answers its [`super::MachineView`].
+    pub const JOIN: &str = "/v1/join";
+    /// `POST` [`super::RemoveMachineRequest`]: [`super::RemoveMachineOutcome`].
+    pub const MACHINE_REMOVE: &str = "/v1/machines/remove";
+    /// `POST` [`super::UpdateMachineRequest`]: the updated [`super::Member`].
+    pub const MACHINE_UPDATE: &str = "/v1/machines/update";
+    /// `GET`: [`super::MeshStatus`], this Machine's WireGuard interface and peers as it
+    /// observes them.
+    pub const MESH: &str = "/v1/mesh";
     /// `GET`: [`crate::CertificateSummary`]s; `POST` [`super::ImportCertificateRequest`]
     /// stores Certificate Material.
     pub const CERTIFICATES: &str = "/v1/certificates";
@@ -64,6 +81,13 @@ pub struct MachineInfo {
     /// The WireGuard public key, base64 as `wg` prints it.
     pub public_key: String,
     pub management_address: ManagementAddress,
+    /// The endpoints it advertises for WireGuard (its interface addresses with its WireGuard
+    /// port); what peers try after the endpoints given by hand.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<std::net::SocketAddr>,
+    /// Its daemon's release, when it said.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
 }
 
 /// One Machine as the answering Machine observes it: what that Machine published plus the
@@ -72,6 +96,164 @@ pub struct MachineInfo {
 pub struct MachineView {
     #[serde(flatten)]
     pub info: MachineInfo,
+    pub membership: MembershipObservation,
+    /// Where this observer reaches it over WireGuard (its Selected Endpoint), when it is a peer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selected_endpoint: Option<std::net::SocketAddr>,
+    /// Other Machines whose Machine Subnet is the same as this one's (after concurrent joins
+    /// through different Machines): a collision to resolve by removing one of them and adding it
+    /// again. Empty when the subnet is its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subnet_collisions: Vec<MachineId>,
+}
+
+/// A Machine of the Cluster as the member roster holds it: the cluster-scoped record the
+/// admitting Machine wrote when it joined (changed by `machine rename` and `machine update`,
+/// deleted by `machine rm`). Every Machine makes a WireGuard peer of every member.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub id: MachineId,
+    pub name: MachineName,
+    pub subnet: MachineSubnet,
+    /// The WireGuard public key, base64 as `wg` prints it.
+    pub public_key: String,
+    pub management_address: ManagementAddress,
+    /// Endpoints given by hand (`--public-ip` at join, `machine update --endpoint`), tried before
+    /// the ones the Machine advertises itself.
+    #[serde(default)]
+    pub endpoints: Vec<std::net::SocketAddr>,
+}
+
+/// What a Machine that wants to join says about itself (`GET` [`paths::JOIN_REQUEST`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinRequest {
+    /// The daemon's release.
+    pub version: String,
+    /// The wire format it speaks ([`API_VERSION`]).
+    pub api: u32,
+    /// Its phase: only an uninitialised Machine can join.
+    pub phase: LocalMachinePhase,
+    /// The Cluster it is in, when it is in one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::ClusterId>,
+    /// The Machine ID it will take.
+    pub id: MachineId,
+    /// Its WireGuard public key.
+    pub public_key: String,
+    /// The endpoints it advertises (interface addresses and the WireGuard port).
+    pub endpoints: Vec<std::net::SocketAddr>,
+    /// Its hostname, the Machine Name when none is given.
+    pub hostname: String,
+}
+
+/// `POST` [`paths::MACHINE_ADMIT`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmitRequest {
+    pub request: JoinRequest,
+    /// The Machine Name to give it; absent: its sanitised hostname.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its public address (`--public-ip`): tried first as its endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ip: Option<std::net::IpAddr>,
+}
+
+/// What the admitting Machine hands the joining one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinGrant {
+    pub cluster: crate::ClusterId,
+    pub network: ClusterNetwork,
+    /// The joining Machine's own member record.
+    pub member: Member,
+    /// Every other member the admitting Machine observes, itself included: the joining
+    /// Machine's first peers.
+    pub peers: Vec<Member>,
+    /// The admitting Machine's store digest (per origin, the highest sequence it holds): the
+    /// joining Machine is `joining` until its store has caught up to it.
+    pub catch_up: std::collections::BTreeMap<MachineId, u64>,
+    /// The WireGuard port the admitting Machine's peers listen on.
+    pub wireguard_port: u16,
+}
+
+/// The answer to [`AdmitRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admission {
+    pub grant: JoinGrant,
+    /// Things the admitting Machine noticed that do not stop the join (a Machine Name another
+    /// Machine already has).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// `POST` [`paths::MACHINE_REMOVE`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveMachineRequest {
+    pub id: MachineId,
+    /// Stop and remove its Service Containers too when it is reachable (default: they keep
+    /// running, outside any Cluster).
+    #[serde(default)]
+    pub stop_containers: bool,
+}
+
+/// What `machine rm` did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveMachineOutcome {
+    pub id: MachineId,
+    pub name: MachineName,
+    /// Whether the Machine was reached and reset to uninitialised; when not, why.
+    pub reset: Result<(), String>,
+}
+
+/// `POST` [`paths::MACHINE_UPDATE`]: every field absent is left as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateMachineRequest {
+    #[serde(default)]
+    pub id: Option<MachineId>,
+    /// A new Machine Name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Replaces the endpoints given by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<Vec<std::net::SocketAddr>>,
+}
+
+/// This Machine's WireGuard interface and its peers, as it observes them (`ployz wg show`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeshStatus {
+    /// The interface's name.
+    pub interface: String,
+    /// `kernel` or `userspace`.
+    pub backend: String,
+    pub public_key: String,
+    pub listen_port: u16,
+    pub mtu: u32,
+    pub management_address: ManagementAddress,
+    pub peers: Vec<MeshPeer>,
+}
+
+/// One WireGuard peer as this Machine observes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeshPeer {
+    pub id: MachineId,
+    pub name: MachineName,
+    pub public_key: String,
+    pub subnet: MachineSubnet,
+    /// The endpoint this Machine selected for it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selected_endpoint: Option<std::net::SocketAddr>,
+    /// `unknown`, `up` or `down`: the Selected Endpoint's state.
+    pub endpoint_status: String,
+    /// Every endpoint it advertises, in the order they are tried.
+    pub endpoints: Vec<std::net::SocketAddr>,
+    /// Seconds since the last WireGuard handshake, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_handshake_secs: Option<u64>,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    /// This Machine's Membership Observation of it.
     pub membership: MembershipObservation,
 }
 

@@ -118,6 +118,14 @@ generated_id!(
 );
 
 generated_id!(
+    /// The identity of one Cluster, created by `ployz machine init` on its first Machine and
+    /// handed to every Machine that joins it: what tells "already in this Cluster" from
+    /// "in another Cluster".
+    ClusterId,
+    "Cluster ID"
+);
+
+generated_id!(
     /// The durable opaque identity that groups Service Containers into a Service. Assigned on a
     /// Service's first Deploy. Distinct from the Service Name.
     ServiceId,

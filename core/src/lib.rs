@@ -35,7 +35,7 @@ pub use deploy::{
     ListenerRole, MachineSnapshot, Operation, ServicePlan,
 };
 pub use healthcheck::{ConfiguredHealthcheck, Healthcheck};
-pub use id::{ContainerId, IdError, MachineId, ServiceId};
+pub use id::{ClusterId, ContainerId, IdError, MachineId, ServiceId};
 pub use membership::MembershipObservation;
 pub use name::{MachineName, NameError, ServiceName};
 pub use network::{

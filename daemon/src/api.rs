@@ -81,6 +81,21 @@ impl From<MachineError> for Failure {
                 format!("name: {message}"),
                 None,
             ),
+            MachineError::Refused { ref fix, .. } => {
+                let fix = fix.clone();
+                failure(
+                    StatusCode::CONFLICT,
+                    FailedPrecondition,
+                    message,
+                    Some(&fix),
+                )
+            }
+            MachineError::NoSuchMember(_) => failure(
+                StatusCode::NOT_FOUND,
+                NotFound,
+                message,
+                Some("`ployz machine ls` lists the members and their IDs"),
+            ),
             MachineError::UnusableHostname(_) => failure(
                 StatusCode::BAD_REQUEST,
                 InvalidArgument,
@@ -170,11 +185,6 @@ async fn version(State(machine): State<Arc<LocalMachine>>) -> Json<VersionInfo> 
         api: api::API_VERSION,
         phase: machine.phase(),
     })
-}
-
-async fn machines(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Failure> {
-    let list = blocking(move || machine.machines()).await?;
-    Ok(Json(list).into_response())
 }
 
 async fn machine_init(
@@ -361,16 +371,17 @@ pub fn router(
     machine: Arc<LocalMachine>,
     routes: ployz_edge::RouteController,
     dns: Option<ployz_dns::DnsController>,
+    mesh: Arc<crate::mesh::MeshView>,
 ) -> Router {
     Router::new()
         .route(api::paths::VERSION, get(version))
-        .route(api::paths::MACHINES, get(machines))
         .route(api::paths::MACHINE_INIT, post(machine_init))
         .route(
             api::paths::MACHINE_PUBLIC_ADDRESSES,
             get(public_addresses).put(set_public_addresses),
         )
         .with_state(machine.clone())
+        .merge(crate::cluster_api::router(machine.clone(), mesh))
         .merge(crate::docker_api::router(machine.clone()))
         .merge(crate::cert_api::router(machine.clone()))
         .merge(crate::drain::drain_router(machine, routes))

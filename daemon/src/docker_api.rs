@@ -141,6 +141,8 @@ async fn snapshot(
         machine: MachineView {
             info,
             membership: MembershipObservation::Up,
+            selected_endpoint: None,
+            subnet_collisions: Vec::new(),
         },
         containers: d.observe().await?,
         // Every volume on the engine: a Deploy mounts `external` ones made outside Ployz.

@@ -9,9 +9,13 @@
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
-use ployz_core::api::MachineInfo;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use ployz_core::api::{MachineInfo, Member};
 use ployz_core::{
-    ClusterNetwork, LocalMachinePhase, MachineId, MachineName, MachineSubnet, ManagementAddress,
+    ClusterId, ClusterNetwork, LocalMachinePhase, MachineId, MachineName, MachineSubnet,
+    ManagementAddress,
 };
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +53,48 @@ impl DataDir {
     pub fn acknowledged_file(&self) -> PathBuf {
         self.root.join("store.ack")
     }
+
+    /// The Machine ID and public key an uninitialised Machine offers when asked to join
+    /// ([`PendingJoin`]); its private key is in [`DataDir::private_key_file`].
+    pub fn pending_join_file(&self) -> PathBuf {
+        self.root.join("join.json")
+    }
+}
+
+/// What an uninitialised Machine offers to a Cluster it is asked to join: kept from the first
+/// join request until it joins (or is initialised), so that asking twice offers the same key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingJoin {
+    pub id: MachineId,
+    pub public_key: String,
+}
+
+impl PendingJoin {
+    /// The pending offer, made (key pair included) when there is none or its key is gone.
+    pub fn load_or_make(dir: &DataDir) -> std::io::Result<PendingJoin> {
+        if let Ok(bytes) = std::fs::read(dir.pending_join_file()) {
+            if let Ok(p) = serde_json::from_slice::<PendingJoin>(&bytes) {
+                if KeyPair::check(dir, &p.public_key).is_ok() {
+                    return Ok(p);
+                }
+            }
+        }
+        let keys = KeyPair::generate();
+        keys.save_private(dir)?;
+        let pending = PendingJoin {
+            id: MachineId::generate(),
+            public_key: keys.public_key,
+        };
+        let bytes = serde_json::to_vec_pretty(&pending).expect("pending join serialises");
+        write_atomic(&dir.pending_join_file(), &bytes, 0o600)?;
+        Ok(pending)
+    }
+
+    /// The pending offer, if one was made.
+    pub fn load(dir: &DataDir) -> Option<PendingJoin> {
+        let bytes = std::fs::read(dir.pending_join_file()).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
 }
 
 /// What this Machine knows about itself, independent of the store.
@@ -61,6 +107,21 @@ pub struct LocalIdentity {
     pub subnet: MachineSubnet,
     /// WireGuard public key, base64.
     pub public_key: String,
+    /// The Cluster this Machine is in. Absent only in identity files written before Clusters
+    /// had an identity; one is made for them at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterId>,
+    /// The members the admitting Machine named when this Machine joined: its first peers, used
+    /// while it is `joining` (its store has not caught up to the roster yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bootstrap: Vec<Member>,
+    /// The admitting Machine's digest when this Machine joined: it is `joining` until its store
+    /// holds at least that much of every origin.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub catch_up: BTreeMap<MachineId, u64>,
+    /// The WireGuard endpoints it advertises, as last detected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub advertised: Vec<SocketAddr>,
 }
 
 impl LocalIdentity {
@@ -104,6 +165,21 @@ impl LocalIdentity {
             subnet: self.subnet,
             public_key: self.public_key.clone(),
             management_address: self.management_address(),
+            endpoints: self.advertised.clone(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+
+    /// This Machine as the member roster holds it (what `machine init` writes for the first
+    /// Machine, and what a Machine whose record is missing writes again).
+    pub fn member(&self) -> Member {
+        Member {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            subnet: self.subnet,
+            public_key: self.public_key.clone(),
+            management_address: self.management_address(),
+            endpoints: Vec::new(),
         }
     }
 }
@@ -231,6 +307,10 @@ mod tests {
             cluster_network: net,
             subnet: net.first_free_subnet(&[]).unwrap(),
             public_key: KeyPair::generate().public_key,
+            cluster: Some(ClusterId::generate()),
+            bootstrap: vec![],
+            catch_up: BTreeMap::new(),
+            advertised: vec![],
         };
         id.save(&dd).unwrap();
         assert_eq!(LocalIdentity::load(&dd).unwrap().unwrap(), id);

@@ -11,6 +11,7 @@
 
 mod api;
 mod cert_api;
+mod cluster_api;
 mod config;
 mod docker_api;
 mod drain;
@@ -18,11 +19,13 @@ mod fsutil;
 mod identity;
 mod lease;
 mod local_machine;
+mod mesh;
 mod public_addresses;
 mod server;
 
 pub use config::{
     parse_socket_addr, CertificateSettings, DaemonConfig, DnsListen, DnsSettings, EdgeSettings,
-    LimitSettings, LogFormat, ShutdownSettings, UnderscoreHeaders,
+    LimitSettings, LogFormat, MembershipProfileSetting, MeshSettings, ShutdownSettings,
+    UnderscoreHeaders, WireGuardBackendSetting,
 };
 pub use server::{parse_route, run, run_edge_alone};

@@ -4,16 +4,18 @@
 use std::sync::{Arc, Mutex};
 
 use ployz_core::api::PublicAddresses;
-use ployz_core::api::{MachineInfo, MachineList, MachineView};
+use ployz_core::api::{MachineInfo, MachineView};
 use ployz_core::{
     ClusterNetwork, LocalMachinePhase, MachineId, MachineName, MembershipObservation, NameError,
-    PartialResult, TargetFailure,
 };
 use ployz_orchestrator::docker::MachineDocker;
-use ployz_store::machines::{machine_key, public_addresses_key, INFO, MACHINES_NAMESPACE};
-use ployz_store::{KeyPrefix, OpenOptions, Store, StoreError};
+use ployz_store::machines::{machine_key, public_addresses_key};
+use ployz_store::{OpenOptions, Store, StoreError};
 
 use crate::identity::{DataDir, KeyPair, KeyProblem, LocalIdentity};
+
+mod cluster;
+pub use cluster::{MeshMember, PeerObservation};
 
 /// The flag that starts the daemon on a data dir that lost acknowledged data.
 pub const ACCEPT_DATA_LOSS_FLAG: &str = "--accept-data-loss";
@@ -33,6 +35,13 @@ pub enum MachineError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Docker(String),
+    /// A join, removal or update refused before anything changed: the message says why, the
+    /// fix how to go on.
+    #[error("{message}")]
+    Refused { message: String, fix: String },
+    /// No member has this Machine ID.
+    #[error("no Machine with ID {0} is a member of this Cluster")]
+    NoSuchMember(MachineId),
     #[error("{action}: {source}")]
     Io {
         action: String,
@@ -55,6 +64,8 @@ pub struct LocalMachine {
     /// True from the moment this Machine is initialised (at open, when it already was): what
     /// [`LocalMachine::initialised`] waits for.
     initialised: tokio::sync::watch::Sender<bool>,
+    /// The mesh's WireGuard interface, which the Docker network trusts; `None` without a mesh.
+    mesh_interface: Mutex<Option<String>>,
 }
 
 /// What an initialised Machine has, for the tasks that wait for it
@@ -146,13 +157,31 @@ impl LocalMachine {
         std::fs::create_dir_all(dir.root())
             .map_err(|e| anyhow::anyhow!("cannot create data dir {}: {e}", dir.root().display()))?;
         let mut identity = LocalIdentity::load(&dir)?;
+        if identity
+            .as_ref()
+            .is_some_and(|i| i.phase == LocalMachinePhase::Resetting)
+        {
+            // A reset that did not finish: finish it, and start uninitialised.
+            tracing::warn!("finishing a reset to uninitialised that was interrupted");
+            remove_identity_files(&dir)
+                .map_err(|e| anyhow::anyhow!("cannot finish the reset: {e}"))?;
+            identity = None;
+        }
         if let Some(identity) = identity.as_mut() {
             check_key(&dir, identity, accept_data_loss)?;
+            if identity.cluster.is_none() {
+                // Written before Clusters had an identity: this Machine founded its own.
+                identity.cluster = Some(ployz_core::ClusterId::generate());
+                identity.save(&dir).map_err(|e| {
+                    anyhow::anyhow!("cannot write {}: {e}", dir.identity_file().display())
+                })?;
+            }
         }
         let store = match &identity {
             Some(identity) => {
                 let store = open_store(&dir, identity, accept_data_loss)?;
                 publish(&store, &identity.info())?;
+                cluster::ensure_member(&store, identity)?;
                 publish_public_addresses(&store, PublicAddressMode::Refresh)?;
                 Some(Arc::new(store))
             }
@@ -176,7 +205,39 @@ impl LocalMachine {
                 docker,
             }),
             initialised,
+            mesh_interface: Mutex::new(None),
         })
+    }
+
+    /// Makes the Docker network trust the mesh's interface (set once at start, before the mesh
+    /// runs).
+    pub fn set_mesh_interface(&self, interface: &str) {
+        *self.mesh_interface.lock().expect("mesh interface poisoned") = Some(interface.to_owned());
+        let mut state = self.state.lock().expect("machine state poisoned");
+        if let Some(docker) = state.docker.take() {
+            state.docker = Some(docker.with_mesh_interface(interface));
+        }
+    }
+
+    /// This Machine's Docker client for `identity`.
+    fn connect_docker(&self, identity: &LocalIdentity) -> Result<MachineDocker, MachineError> {
+        let docker = MachineDocker::connect(
+            self.docker_host.as_deref(),
+            identity.id.clone(),
+            identity.subnet,
+        )
+        .map_err(|e| MachineError::Docker(e.to_string()))?;
+        Ok(
+            match self
+                .mesh_interface
+                .lock()
+                .expect("mesh interface poisoned")
+                .as_deref()
+            {
+                Some(interface) => docker.with_mesh_interface(interface),
+                None => docker,
+            },
+        )
     }
 
     /// This Machine's own phase.
@@ -290,10 +351,12 @@ impl LocalMachine {
             cluster_network: network,
             subnet,
             public_key: keys.public_key,
+            cluster: Some(ployz_core::ClusterId::generate()),
+            bootstrap: Vec::new(),
+            catch_up: Default::default(),
+            advertised: Vec::new(),
         };
-        let docker =
-            MachineDocker::connect(self.docker_host.as_deref(), identity.id.clone(), subnet)
-                .map_err(|e| MachineError::Docker(e.to_string()))?;
+        let docker = self.connect_docker(&identity)?;
         let (store, _) = Store::open_with(
             &store_dir,
             identity.id.clone(),
@@ -303,14 +366,18 @@ impl LocalMachine {
             },
         )?;
         publish(&store, &identity.info())?;
+        cluster::write_member(&store, &identity.member())?;
         publish_public_addresses(&store, PublicAddressMode::Given(public_addresses))?;
         identity
             .save(&self.dir)
             .map_err(io("writing the identity file"))?;
+        let _ = std::fs::remove_file(self.dir.pending_join_file());
         tracing::info!(machine_id = %identity.id, machine_name = %identity.name, subnet = %identity.subnet, "machine initialised");
         let view = MachineView {
             info: identity.info(),
             membership: MembershipObservation::Up,
+            selected_endpoint: None,
+            subnet_collisions: Vec::new(),
         };
         state.identity = Some(identity);
         state.store = Some(Arc::new(store));
@@ -389,40 +456,6 @@ impl LocalMachine {
             PublicAddressMode::Given(addresses)
         };
         publish_public_addresses(&store, mode)
-    }
-
-    /// Every Machine this Machine observes: what each published in the store, with this
-    /// Machine's Membership Observation of it. A record that does not decode is reported as a
-    /// failure for that Machine, beside the others.
-    pub fn machines(&self) -> Result<MachineList, MachineError> {
-        let (identity, store) = {
-            let state = self.state.lock().expect("machine state poisoned");
-            match (&state.identity, &state.store) {
-                (Some(i), Some(s)) => (i.clone(), s.clone()),
-                _ => return Err(MachineError::NotInitialised),
-            }
-        };
-        let mut result = PartialResult::default();
-        for record in store.scan_live(&KeyPrefix::machine_namespace(MACHINES_NAMESPACE))? {
-            if record.key.name() != INFO {
-                continue;
-            }
-            match serde_json::from_slice::<MachineInfo>(&record.value) {
-                Ok(info) => {
-                    let membership = if info.id == identity.id {
-                        MembershipObservation::Up
-                    } else {
-                        MembershipObservation::Unknown
-                    };
-                    result.values.push(MachineView { info, membership });
-                }
-                Err(e) => result.failures.push(TargetFailure {
-                    target: record.origin.to_string(),
-                    reason: format!("its machine record does not decode: {e}"),
-                }),
-            }
-        }
-        Ok(result)
     }
 
     /// Flushes the store; called on shutdown.
@@ -552,6 +585,30 @@ fn open_store(
 }
 
 /// This system's hostname.
+/// Deletes this Machine's identity, keys and store, the identity file first: a crash midway
+/// leaves an uninitialised Machine whose leftovers the next init or join removes. Says which
+/// path could not be removed.
+pub(crate) fn remove_identity_files(dir: &DataDir) -> Result<(), String> {
+    for file in [
+        dir.identity_file(),
+        dir.private_key_file(),
+        dir.pending_join_file(),
+        dir.acknowledged_file(),
+    ] {
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("removing {}: {e}", file.display())),
+        }
+    }
+    let store = dir.store_dir();
+    if store.exists() {
+        std::fs::remove_dir_all(&store)
+            .map_err(|e| format!("removing {}: {e}", store.display()))?;
+    }
+    Ok(())
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())

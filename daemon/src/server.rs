@@ -129,6 +129,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         ));
     }
     let lease = crate::lease::MachineLease::new(machine.clone());
+    let mesh_view = Arc::new(crate::mesh::MeshView::new(config.mesh.clone()));
     server.add_service(background_service(
         "management API",
         ApiService {
@@ -139,6 +140,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             lease: lease.clone(),
             header_timeout: config.limits.header_timeout(),
             listeners: crate::docker_api::OwnListeners::from_config(&config),
+            mesh: mesh_view.clone(),
         },
     ));
     server.add_service(background_service(
@@ -317,6 +319,8 @@ struct ApiService {
     header_timeout: std::time::Duration,
     /// The daemon's own listeners, which the Deploy Snapshot reports.
     listeners: crate::docker_api::OwnListeners,
+    /// What the mesh observes.
+    mesh: Arc<crate::mesh::MeshView>,
 }
 
 #[async_trait]
@@ -333,8 +337,13 @@ impl BackgroundService for ApiService {
             }
         };
         let app = api::with_api_errors(crate::lease::guarded(
-            api::router(self.machine.clone(), self.routes.clone(), self.dns.clone())
-                .layer(axum::Extension(self.listeners.clone())),
+            api::router(
+                self.machine.clone(),
+                self.routes.clone(),
+                self.dns.clone(),
+                self.mesh.clone(),
+            )
+            .layer(axum::Extension(self.listeners.clone())),
             self.lease.clone(),
         ));
         api::serve(

@@ -227,7 +227,14 @@ pub struct MachineDocker {
     host: std::sync::Arc<str>,
     machine_id: MachineId,
     subnet: MachineSubnet,
+    /// The mesh's WireGuard interface, which the `ployz` network trusts: Docker 28 drops
+    /// packets for container addresses arriving from other interfaces unless the network names
+    /// the interface in `trusted_host_interfaces`.
+    mesh_interface: Option<std::sync::Arc<str>>,
 }
+
+/// The bridge name Docker gives the `ployz` network, so the mesh's forwarding rules can name it.
+pub const BRIDGE_NAME: &str = "ployz";
 
 fn random_suffix() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
@@ -260,6 +267,12 @@ fn ms_to_ns(ms: Option<u64>) -> Option<i64> {
 impl MachineDocker {
     /// Connects to Docker at `host` (`unix:///path`), or where `DOCKER_HOST` or the default
     /// socket says. Connecting is lazy: the first call reports an unreachable engine.
+    /// The same Machine's Docker with the `ployz` network trusting `interface` (the mesh's).
+    pub fn with_mesh_interface(mut self, interface: &str) -> MachineDocker {
+        self.mesh_interface = Some(interface.into());
+        self
+    }
+
     pub fn connect(
         host: Option<&str>,
         machine_id: MachineId,
@@ -285,6 +298,7 @@ impl MachineDocker {
             host: shown_host.into(),
             machine_id,
             subnet,
+            mesh_interface: None,
         })
     }
 
@@ -388,6 +402,7 @@ impl MachineDocker {
                         options: None,
                     }),
                     labels: Some(HashMap::from([(labels::MANAGED.to_owned(), String::new())])),
+                    options: Some(self.network_options()),
                     ..Default::default()
                 };
                 match self
@@ -412,6 +427,23 @@ impl MachineDocker {
             }
             Err(e) => Err(self.classify(e)),
         }
+    }
+
+    /// The bridge options of the `ployz` network: a fixed bridge name (the firewall names it),
+    /// and the mesh interface as trusted, so containers of other Machines reach this Machine's
+    /// containers by Container Address.
+    fn network_options(&self) -> HashMap<String, String> {
+        let mut options = HashMap::from([(
+            "com.docker.network.bridge.name".to_owned(),
+            BRIDGE_NAME.to_owned(),
+        )]);
+        if let Some(interface) = &self.mesh_interface {
+            options.insert(
+                "com.docker.network.bridge.trusted_host_interfaces".to_owned(),
+                interface.to_string(),
+            );
+        }
+        options
     }
 
     fn classify(&self, e: bollard::errors::Error) -> DockerError {

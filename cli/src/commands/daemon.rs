@@ -139,6 +139,19 @@ pub struct RunArgs {
     #[arg(long)]
     #[serde(rename = "certificates.enabled", serialize_with = "off_if_given")]
     no_certificates: bool,
+    /// Run without the mesh: no WireGuard interface, firewall chain, gossip or replication (a
+    /// Machine on its own).
+    #[arg(long)]
+    #[serde(rename = "mesh.enabled", serialize_with = "off_if_given")]
+    no_mesh: bool,
+    /// The WireGuard interface's name [default: ployz0].
+    #[arg(long, value_name = "NAME")]
+    #[serde(rename = "mesh.interface")]
+    wg_interface: Option<String>,
+    /// WireGuard's UDP port [default: 51820].
+    #[arg(long, value_name = "PORT")]
+    #[serde(rename = "mesh.wireguard_port")]
+    wg_port: Option<u16>,
     /// The DNS server the Cluster DNS Verdict asks, ADDR:PORT [default: the system's].
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr)]
     #[serde(rename = "certificates.verdict_resolver")]
@@ -221,6 +234,9 @@ mod tests {
             "--dns-upstream=127.0.0.53:53",
             "--dns-upstream=[::1]:53",
             "--no-certificates",
+            "--no-mesh",
+            "--wg-interface=plz9",
+            "--wg-port=51821",
             "--verdict-resolver=127.0.0.1:53",
             "--log-format=json",
             "--upstream-connect-timeout-ms=300",
@@ -250,6 +266,9 @@ mod tests {
             ]
         );
         assert!(!c.certificates.enabled);
+        assert!(!c.mesh.enabled);
+        assert_eq!(c.mesh.interface, "plz9");
+        assert_eq!(c.mesh.wireguard_port, 51821);
         assert_eq!(
             c.certificates.verdict_resolver,
             Some("127.0.0.1:53".parse().unwrap())

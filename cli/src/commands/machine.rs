@@ -1,8 +1,17 @@
-//! `ployz machine`: init, ls.
+//! `ployz machine`: init, add, ls, rm, rename, update.
 
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
 use clap::{Args, Subcommand};
-use ployz_core::api::{self, MachineInitRequest, MachineList, MachineView};
-use ployz_core::MachineName;
+use ployz_core::api::{
+    self, Admission, AdmitRequest, JoinRequest, MachineInitRequest, MachineList, MachineView,
+    Member, RemoveMachineOutcome, RemoveMachineRequest, UpdateMachineRequest, VersionInfo,
+};
+use ployz_core::{ContainerRuntimeObservation, LocalMachinePhase, MachineName};
+
+use crate::client::ApiClient;
+use crate::connection::Connection;
 
 use crate::output::{print_json, print_table, table};
 use crate::GlobalArgs;
@@ -11,21 +20,79 @@ use crate::GlobalArgs;
 pub enum MachineCommand {
     /// Create this Cluster's first Machine on the daemon reached.
     Init(InitArgs),
+    /// Add a Machine to the Cluster of the daemon reached, over SSH to the new host.
+    Add(AddArgs),
     /// List the Machines the daemon reached observes.
     #[command(visible_alias = "list")]
     Ls(LsArgs),
-    /// Change the Machine the daemon reached runs on.
+    /// Remove a Machine from the Cluster (and reset it, when it can be reached).
+    #[command(visible_alias = "remove")]
+    Rm(RmArgs),
+    /// Give a Machine another Machine Name.
+    Rename(RenameArgs),
+    /// Change a Machine: its public addresses, its WireGuard endpoints.
     Update(UpdateArgs),
 }
 
 #[derive(Debug, Args)]
+pub struct AddArgs {
+    /// The new host: ssh://user@host[:port] (its `ployz daemon run` must be running).
+    #[arg(value_name = "SSH_URL")]
+    host: Connection,
+    /// The Machine Name [default: the new host's sanitised hostname].
+    #[arg(short, long)]
+    name: Option<String>,
+    /// The new Machine's public address: tried first as its WireGuard endpoint.
+    #[arg(long = "public-ip", value_name = "IP")]
+    public_ip: Option<std::net::IpAddr>,
+    /// Seconds to wait for the new Machine to catch up and participate (0: do not wait).
+    #[arg(long, default_value_t = 120, value_name = "SECONDS")]
+    wait: u64,
+    /// Print the new Machine as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    /// The Machine: its Name or Machine ID.
+    machine: String,
+    /// Remove without asking.
+    #[arg(short, long)]
+    yes: bool,
+    /// Stop and remove its containers too (default: they keep running outside the Cluster).
+    #[arg(long)]
+    stop_containers: bool,
+    /// Print the outcome as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RenameArgs {
+    /// The Machine: its Name or Machine ID.
+    machine: String,
+    /// Its new Machine Name.
+    new_name: String,
+    /// Print the member record as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct UpdateArgs {
+    /// The Machine (Name or Machine ID) whose WireGuard endpoints `--endpoint` sets [default:
+    /// the Machine the CLI reaches].
+    machine: Option<String>,
+    /// A WireGuard endpoint of the Machine, ADDR:PORT (repeatable); replaces the ones given
+    /// before and is tried before the ones it advertises.
+    #[arg(long = "endpoint", value_name = "ADDR:PORT")]
+    endpoints: Vec<std::net::SocketAddr>,
+    /// Forget the endpoints given before.
+    #[arg(long, conflicts_with = "endpoints")]
+    clear_endpoints: bool,
     /// A public address of this Machine (repeatable); replaces the current ones.
-    #[arg(
-        long = "public-ip",
-        value_name = "IP",
-        required_unless_present = "detect_public_ip"
-    )]
+    #[arg(long = "public-ip", value_name = "IP")]
     public_ips: Vec<std::net::IpAddr>,
     /// Detect the public addresses from the Machine's interfaces instead.
     #[arg(long, conflicts_with = "public_ips")]
@@ -59,7 +126,10 @@ pub struct LsArgs {
 pub async fn run(global: &GlobalArgs, cmd: MachineCommand) -> anyhow::Result<()> {
     match cmd {
         MachineCommand::Init(args) => init(global, args).await,
+        MachineCommand::Add(args) => add(global, args).await,
         MachineCommand::Ls(args) => ls(global, args).await,
+        MachineCommand::Rm(args) => rm(global, args).await,
+        MachineCommand::Rename(args) => rename(global, args).await,
         MachineCommand::Update(args) => update(global, args).await,
     }
 }
@@ -82,23 +152,330 @@ fn describe_public(p: &api::PublicAddresses) -> String {
 }
 
 async fn update(global: &GlobalArgs, args: UpdateArgs) -> anyhow::Result<()> {
+    let public = !args.public_ips.is_empty() || args.detect_public_ip;
+    let endpoints = !args.endpoints.is_empty() || args.clear_endpoints;
+    if !public && !endpoints {
+        bail!("nothing to change: give --public-ip IP, --detect-public-ip, --endpoint ADDR:PORT or --clear-endpoints");
+    }
+    if public && args.machine.is_some() {
+        bail!("--public-ip and --detect-public-ip change the Machine the CLI reaches: run them with --connect to that Machine, without MACHINE");
+    }
     let mut client = super::connect(global).await?;
-    let now: api::PublicAddresses = client
-        .put(
-            api::paths::MACHINE_PUBLIC_ADDRESSES,
-            &api::SetPublicAddressesRequest {
-                addresses: if args.detect_public_ip {
-                    Vec::new()
-                } else {
-                    args.public_ips
+    let target = match &args.machine {
+        Some(m) => {
+            let list: MachineList = client.get(api::paths::MACHINES).await?;
+            Some(resolve(&list, m)?.info.id.clone())
+        }
+        None => None,
+    };
+    let mut result = serde_json::Map::new();
+    if public {
+        let now: api::PublicAddresses = client
+            .put(
+                api::paths::MACHINE_PUBLIC_ADDRESSES,
+                &api::SetPublicAddressesRequest {
+                    addresses: if args.detect_public_ip {
+                        Vec::new()
+                    } else {
+                        args.public_ips.clone()
+                    },
                 },
+            )
+            .await?;
+        if !args.json {
+            println!("Public addresses: {}.", describe_public(&now));
+        }
+        result.insert("public_addresses".into(), serde_json::to_value(&now)?);
+    }
+    if endpoints {
+        let member: Member = client
+            .post(
+                api::paths::MACHINE_UPDATE,
+                &UpdateMachineRequest {
+                    id: target,
+                    name: None,
+                    endpoints: Some(args.endpoints.clone()),
+                },
+            )
+            .await?;
+        if !args.json {
+            println!(
+                "WireGuard endpoints of '{}' given by hand: {}.",
+                member.name,
+                list_or_none(&member.endpoints)
+            );
+        }
+        result.insert("member".into(), serde_json::to_value(&member)?);
+    }
+    if args.json {
+        return print_json(&result);
+    }
+    Ok(())
+}
+
+fn list_or_none<T: ToString>(items: &[T]) -> String {
+    if items.is_empty() {
+        "none".to_owned()
+    } else {
+        items
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The one Machine `wanted` (a Name or a Machine ID) names among those `list` shows; several
+/// with that Name are listed with their IDs (Name Ambiguity), none is an error naming the ones
+/// there are.
+fn resolve<'a>(list: &'a MachineList, wanted: &str) -> anyhow::Result<&'a MachineView> {
+    if let Some(v) = list.values.iter().find(|v| v.info.id.as_str() == wanted) {
+        return Ok(v);
+    }
+    let named: Vec<&MachineView> = list
+        .values
+        .iter()
+        .filter(|v| v.info.name.as_str() == wanted)
+        .collect();
+    match named.as_slice() {
+        [one] => Ok(one),
+        [] => bail!(
+            "no Machine is named or has the ID '{wanted}'; the Machines are: {}",
+            list.values
+                .iter()
+                .map(|v| format!("{} ({})", v.info.name, v.info.id))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        several => bail!(
+            "{} Machines are named '{wanted}': {}; give the Machine ID instead",
+            several.len(),
+            several
+                .iter()
+                .map(|v| v.info.id.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+async fn add(global: &GlobalArgs, args: AddArgs) -> anyhow::Result<()> {
+    if !matches!(args.host, Connection::Ssh(_)) {
+        bail!(
+            "the new host must be given as ssh://user@host[:port], not '{}'",
+            args.host
+        );
+    }
+    if let Some(name) = &args.name {
+        name.parse::<MachineName>()
+            .map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+    }
+    let mut entry = super::connect(global).await?;
+    let entry_version: VersionInfo = entry.get(api::paths::VERSION).await?;
+    if entry_version.phase != LocalMachinePhase::Participating {
+        bail!(
+            "the Machine the CLI reaches is {}, not participating; add Machines through a participating Machine (`ployz machine ls`)",
+            entry_version.phase
+        );
+    }
+    progress(&args, &format!("reaching {} ...", args.host));
+    let mut new = tokio::time::timeout(Duration::from_secs(30), ApiClient::connect(&args.host))
+        .await
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "{} did not answer within 30 s; check that the host is reachable over SSH",
+                args.host
+            )
+        })?
+        .map_err(|e| missing_daemon(&args.host, e))?;
+    let request: JoinRequest =
+        tokio::time::timeout(Duration::from_secs(30), new.get(api::paths::JOIN_REQUEST))
+            .await
+            .map_err(|_| anyhow::anyhow!("the daemon on {} did not answer within 30 s", args.host))?
+            .map_err(|e| missing_daemon(&args.host, e))?;
+    let admission: Admission = entry
+        .post(
+            api::paths::MACHINE_ADMIT,
+            &AdmitRequest {
+                request,
+                name: args.name.clone(),
+                public_ip: args.public_ip,
             },
         )
         .await?;
-    if args.json {
-        return print_json(&now);
+    for w in &admission.warnings {
+        eprintln!("warning: {w}");
     }
-    println!("Public addresses: {}.", describe_public(&now));
+    let member = admission.grant.member.clone();
+    let joined: Result<MachineView, _> = new.post(api::paths::JOIN, &admission.grant).await;
+    if let Err(e) = joined {
+        // Undo the admission, so that nothing is left half-added.
+        let undo: anyhow::Result<RemoveMachineOutcome> = entry
+            .post(
+                api::paths::MACHINE_REMOVE,
+                &RemoveMachineRequest {
+                    id: member.id.clone(),
+                    stop_containers: false,
+                },
+            )
+            .await;
+        let undone = match undo {
+            Ok(_) => "its admission was withdrawn".to_owned(),
+            Err(u) => format!("withdrawing its admission failed too ({u:#}); remove it with `ployz machine rm {}`", member.id),
+        };
+        return Err(e.context(format!("the new Machine did not take its grant; {undone}")));
+    }
+    progress(
+        &args,
+        &format!(
+            "Machine '{}' ({}) admitted with subnet {}; catching up with the Cluster ...",
+            member.name, member.id, member.subnet
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(args.wait);
+    let mut phase = LocalMachinePhase::Joining;
+    while args.wait > 0 && Instant::now() < deadline {
+        let v: VersionInfo = new.get(api::paths::VERSION).await?;
+        phase = v.phase;
+        if phase == LocalMachinePhase::Participating {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    if args.json {
+        return print_json(&serde_json::json!({
+            "member": member,
+            "phase": phase,
+            "warnings": admission.warnings,
+        }));
+    }
+    if phase == LocalMachinePhase::Participating {
+        println!(
+            "Machine '{}' ({}) joined and is participating; subnet {}, Management Address {}.",
+            member.name, member.id, member.subnet, member.management_address
+        );
+    } else if args.wait > 0 {
+        println!(
+            "Machine '{}' ({}) joined and is still {} after {} s; `ployz machine ls` shows when it participates.",
+            member.name, member.id, phase, args.wait
+        );
+    } else {
+        println!("Machine '{}' ({}) joined; it participates once its store has caught up (`ployz machine ls`).", member.name, member.id);
+    }
+    Ok(())
+}
+
+fn progress(args: &AddArgs, line: &str) {
+    if !args.json {
+        eprintln!("{line}");
+    }
+}
+
+/// Reaching the new host failed: most likely no daemon runs there yet.
+fn missing_daemon(host: &Connection, e: anyhow::Error) -> anyhow::Error {
+    e.context(format!(
+        "cannot reach a Ployz daemon on {host}: install ployz there and start `ployz daemon run` (as a service), then add it again"
+    ))
+}
+
+async fn rm(global: &GlobalArgs, args: RmArgs) -> anyhow::Result<()> {
+    let mut client = super::connect(global).await?;
+    let list: MachineList = client.get(api::paths::MACHINES).await?;
+    let target = resolve(&list, &args.machine)?.clone();
+    let containers: Vec<ContainerRuntimeObservation> = client
+        .get(api::docker_paths::STORED_CONTAINERS)
+        .await
+        .unwrap_or_default();
+    let theirs: Vec<&ContainerRuntimeObservation> = containers
+        .iter()
+        .filter(|c| c.machine_id == target.info.id)
+        .collect();
+    if !args.json || !args.yes {
+        println!(
+            "Removing Machine '{}' ({}, subnet {}) from the Cluster:",
+            target.info.name, target.info.id, target.info.subnet
+        );
+        if theirs.is_empty() {
+            println!("  it runs no Service Containers as this Machine observes it.");
+        } else {
+            println!(
+                "  its {} Service Container(s) {}: {}",
+                theirs.len(),
+                if args.stop_containers {
+                    "are stopped and removed"
+                } else {
+                    "keep running outside the Cluster (no routes, no DNS)"
+                },
+                theirs
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        println!("  its volumes stay on it, and no other Machine has their data.");
+    }
+    if !args.yes {
+        super::deploy::confirm("Remove it?")?;
+    }
+    let outcome: RemoveMachineOutcome = client
+        .post(
+            api::paths::MACHINE_REMOVE,
+            &RemoveMachineRequest {
+                id: target.info.id.clone(),
+                stop_containers: args.stop_containers,
+            },
+        )
+        .await
+        .context("removing the Machine")?;
+    if args.json {
+        return print_json(&outcome);
+    }
+    println!(
+        "Machine '{}' ({}) removed from the Cluster.",
+        outcome.name, outcome.id
+    );
+    match &outcome.reset {
+        Ok(()) => println!("It was reset to uninitialised."),
+        Err(why) => println!("It was not reset ({why}); reset it there, or reinstall it, before it joins a Cluster again."),
+    }
+    Ok(())
+}
+
+async fn rename(global: &GlobalArgs, args: RenameArgs) -> anyhow::Result<()> {
+    args.new_name
+        .parse::<MachineName>()
+        .map_err(|e| anyhow::anyhow!("NEW_NAME: {e}"))?;
+    let mut client = super::connect(global).await?;
+    let list: MachineList = client.get(api::paths::MACHINES).await?;
+    let target = resolve(&list, &args.machine)?;
+    let taken: Vec<String> = list
+        .values
+        .iter()
+        .filter(|v| v.info.name.as_str() == args.new_name && v.info.id != target.info.id)
+        .map(|v| v.info.id.to_string())
+        .collect();
+    let member: Member = client
+        .post(
+            api::paths::MACHINE_UPDATE,
+            &UpdateMachineRequest {
+                id: Some(target.info.id.clone()),
+                name: Some(args.new_name.clone()),
+                endpoints: None,
+            },
+        )
+        .await?;
+    if !taken.is_empty() {
+        eprintln!(
+            "warning: Machine Name '{}' is also taken by {}; refer to them by Machine ID",
+            args.new_name,
+            taken.join(", ")
+        );
+    }
+    if args.json {
+        return print_json(&member);
+    }
+    println!("Machine {} is now named '{}'.", member.id, member.name);
     Ok(())
 }
 
@@ -143,17 +520,38 @@ async fn ls(global: &GlobalArgs, args: LsArgs) -> anyhow::Result<()> {
     if args.json {
         return print_json(&list);
     }
-    let mut t = table(&["NAME", "ID", "PHASE", "SUBNET", "MEMBERSHIP"]);
+    let mut t = table(&["NAME", "ID", "PHASE", "MEMBERSHIP", "SUBNET", "ENDPOINT"]);
     for m in &list.values {
+        let subnet = if m.subnet_collisions.is_empty() {
+            m.info.subnet.to_string()
+        } else {
+            format!("{} (COLLISION)", m.info.subnet)
+        };
         t.add_row(vec![
             m.info.name.to_string(),
             m.info.id.to_string(),
             m.info.phase.to_string(),
-            m.info.subnet.to_string(),
             m.membership.to_string(),
+            subnet,
+            m.selected_endpoint
+                .map(|e| e.to_string())
+                .unwrap_or_else(|| "-".to_owned()),
         ]);
     }
     print_table(&t);
+    for m in list
+        .values
+        .iter()
+        .filter(|m| !m.subnet_collisions.is_empty())
+    {
+        eprintln!(
+            "warning: Machine '{}' ({}) shares subnet {} with {}: remove one of them (`ployz machine rm`) and add it again",
+            m.info.name,
+            m.info.id,
+            m.info.subnet,
+            m.subnet_collisions.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        );
+    }
     for f in &list.failures {
         eprintln!("warning: Machine {}: {}", f.target, f.reason);
     }

@@ -11,6 +11,7 @@ pub mod run;
 pub mod service;
 pub mod version;
 pub mod volume;
+pub mod wg;
 
 use std::path::PathBuf;
 

@@ -62,6 +62,9 @@ impl Lab {
 
 /// What test daemons run without: certificate ordering (it would reach for the internet) and
 /// the internal DNS on the Machine Gateway (port 53 is one per host; the DNS tests ask for it).
+/// None of them runs the mesh ([`spawn_daemon`] adds `--no-mesh`): one WireGuard interface name
+/// and firewall chain per network namespace, and these share the host's; the lab's Machines,
+/// each in a namespace of its own, run it.
 pub const QUIET_DAEMON: &[&str] = &["--no-certificates", "--dns-listen", "off"];
 
 /// A running `ployz daemon run`.
@@ -219,6 +222,7 @@ fn spawn_daemon(
         .arg(format!("127.0.0.1:{metrics_port}"))
         .args(["--drain-delay", &drain_delay.to_string()])
         .args(["--max-body-bytes", "1048576"])
+        .arg("--no-mesh")
         .args(args)
         .env("PLOYZ_LOG", "info")
         .stdin(Stdio::null())

@@ -1,0 +1,134 @@
+//! The management API's Cluster routes: joining (both sides), the member list, removal and
+//! updates, and the mesh's status.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use ployz_core::api::{
+    self, AdmitRequest, ErrorCode, JoinGrant, RemoveMachineOutcome, RemoveMachineRequest,
+    UpdateMachineRequest,
+};
+
+use crate::api::{failure, Failure};
+use crate::local_machine::{LocalMachine, MachineError};
+use crate::mesh::MeshView;
+
+#[derive(Clone)]
+struct Cluster {
+    machine: Arc<LocalMachine>,
+    mesh: Arc<MeshView>,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, MachineError> + Send + 'static,
+) -> Result<T, Failure> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(Failure::from),
+        Err(e) => Err(failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Internal,
+            format!("request handler failed: {e}"),
+            None,
+        )),
+    }
+}
+
+fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, Failure> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            format!("request body is not valid: {e}"),
+            None,
+        )
+    })
+}
+
+async fn machines(State(c): State<Cluster>) -> Result<Response, Failure> {
+    let observed = c.mesh.observations();
+    let list = blocking(move || c.machine.machines(&observed)).await?;
+    Ok(Json(list).into_response())
+}
+
+async fn join_request(State(c): State<Cluster>) -> Result<Response, Failure> {
+    let endpoints = c.mesh.advertised_endpoints();
+    let request = blocking(move || c.machine.join_request(endpoints)).await?;
+    Ok(Json(request).into_response())
+}
+
+async fn admit(State(c): State<Cluster>, bytes: Bytes) -> Result<Response, Failure> {
+    let request: AdmitRequest = body(&bytes)?;
+    let port = c.mesh.settings().wireguard_port;
+    let endpoints = c.mesh.advertised_endpoints();
+    let admission = blocking(move || c.machine.admit(request, port, endpoints)).await?;
+    Ok((StatusCode::CREATED, Json(admission)).into_response())
+}
+
+async fn join(State(c): State<Cluster>, bytes: Bytes) -> Result<Response, Failure> {
+    let grant: JoinGrant = body(&bytes)?;
+    let view = blocking(move || c.machine.join(grant)).await?;
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+async fn remove(State(c): State<Cluster>, bytes: Bytes) -> Result<Response, Failure> {
+    let request: RemoveMachineRequest = body(&bytes)?;
+    let own = c.machine.identity().map(|i| i.id);
+    if own.as_ref() == Some(&request.id) {
+        return Err(failure(
+            StatusCode::CONFLICT,
+            ErrorCode::FailedPrecondition,
+            "a Machine cannot remove itself through its own daemon".to_owned(),
+            Some("run `ployz machine rm` against another Machine of the Cluster"),
+        ));
+    }
+    let machine = c.machine.clone();
+    let id = request.id.clone();
+    let member = blocking(move || machine.member(&id)).await?;
+    // Reset it first, while it is still a peer: once its record is gone, no Machine reaches it.
+    let reset = c.mesh.reset_peer(&member, request.stop_containers).await;
+    let machine = c.machine.clone();
+    let id = request.id.clone();
+    let member = blocking(move || machine.remove_member(&id)).await?;
+    Ok(Json(RemoveMachineOutcome {
+        id: member.id,
+        name: member.name,
+        reset,
+    })
+    .into_response())
+}
+
+async fn update(State(c): State<Cluster>, bytes: Bytes) -> Result<Response, Failure> {
+    let request: UpdateMachineRequest = body(&bytes)?;
+    let member = blocking(move || c.machine.update_member(request)).await?;
+    Ok(Json(member).into_response())
+}
+
+async fn mesh_status(State(c): State<Cluster>) -> Result<Response, Failure> {
+    match c.mesh.status() {
+        Some(status) => Ok(Json(status).into_response()),
+        None => Err(failure(
+            StatusCode::CONFLICT,
+            ErrorCode::FailedPrecondition,
+            c.mesh.not_running_reason(),
+            None,
+        )),
+    }
+}
+
+/// The Cluster routes over one Machine.
+pub fn router(machine: Arc<LocalMachine>, mesh: Arc<MeshView>) -> Router {
+    Router::new()
+        .route(api::paths::MACHINES, get(machines))
+        .route(api::paths::JOIN_REQUEST, get(join_request))
+        .route(api::paths::MACHINE_ADMIT, post(admit))
+        .route(api::paths::JOIN, post(join))
+        .route(api::paths::MACHINE_REMOVE, post(remove))
+        .route(api::paths::MACHINE_UPDATE, post(update))
+        .route(api::paths::MESH, get(mesh_status))
+        .with_state(Cluster { machine, mesh })
+}

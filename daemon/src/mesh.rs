@@ -1,0 +1,182 @@
+//! The mesh module of the daemon: what this Machine observes of its peers (shared with the
+//! management API), and the task that keeps the WireGuard interface, membership and replication
+//! in line with the member roster.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use ployz_core::api::{Member, MeshStatus};
+use ployz_core::MachineId;
+
+use crate::config::MeshSettings;
+use crate::local_machine::PeerObservation;
+
+/// What the mesh task observes, for the API to show: per peer, its Membership Observation and
+/// Selected Endpoint; the interface's status. Empty until the mesh runs.
+pub struct MeshView {
+    settings: MeshSettings,
+    observations: Mutex<BTreeMap<MachineId, PeerObservation>>,
+    status: Mutex<Option<MeshStatus>>,
+    not_running: Mutex<String>,
+}
+
+/// How long `machine rm` waits for the removed Machine to answer its reset.
+const RESET_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl MeshView {
+    /// A view for a mesh run with `settings`; nothing observed yet.
+    pub fn new(settings: MeshSettings) -> MeshView {
+        let not_running = if settings.enabled {
+            "the mesh is not running yet: it starts once this Machine is initialised".to_owned()
+        } else {
+            "the mesh is off on this Machine (mesh.enabled = false, or --no-mesh)".to_owned()
+        };
+        MeshView {
+            settings,
+            observations: Mutex::default(),
+            status: Mutex::default(),
+            not_running: Mutex::new(not_running),
+        }
+    }
+
+    /// The settings the mesh runs with.
+    pub fn settings(&self) -> &MeshSettings {
+        &self.settings
+    }
+
+    /// Why there is no status to show.
+    pub fn not_running_reason(&self) -> String {
+        self.not_running.lock().expect("mesh view poisoned").clone()
+    }
+
+    /// Says why the mesh does not run (a start that failed).
+    pub fn set_not_running(&self, reason: String) {
+        *self.not_running.lock().expect("mesh view poisoned") = reason;
+    }
+
+    /// The WireGuard endpoints this Machine advertises: its interface addresses (not loopback,
+    /// link-local, the mesh's or Docker's own) with the WireGuard port.
+    pub fn advertised_endpoints(&self) -> Vec<SocketAddr> {
+        let port = self.settings.wireguard_port;
+        let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for interface in interfaces {
+            let name = interface.interface_name.as_str();
+            if name == "lo"
+                || name == self.settings.interface
+                || name.starts_with("docker")
+                || name.starts_with("br-")
+                || name.starts_with("veth")
+            {
+                continue;
+            }
+            let Some(address) = interface.address else {
+                continue;
+            };
+            let ip = if let Some(v4) = address.as_sockaddr_in() {
+                IpAddr::V4(v4.ip())
+            } else if let Some(v6) = address.as_sockaddr_in6() {
+                IpAddr::V6(v6.ip())
+            } else {
+                continue;
+            };
+            let usable = match ip {
+                IpAddr::V4(a) => !(a.is_loopback() || a.is_link_local() || a.is_unspecified()),
+                IpAddr::V6(a) => {
+                    let s = a.segments();
+                    !(a.is_loopback()
+                        || a.is_unspecified()
+                        || (s[0] & 0xffc0) == 0xfe80
+                        || s[0] == 0xfdcc)
+                }
+            };
+            let endpoint = SocketAddr::new(ip, port);
+            if usable && !out.contains(&endpoint) {
+                out.push(endpoint);
+            }
+        }
+        out
+    }
+
+    /// Asks a member, over the mesh, to reset itself to uninitialised (`machine rm`); `Err`
+    /// says why it was not reached or refused.
+    pub async fn reset_peer(&self, member: &Member, stop_containers: bool) -> Result<(), String> {
+        let addr = SocketAddr::new(
+            IpAddr::V6(member.management_address.addr()),
+            self.settings.management_port,
+        );
+        let body = serde_json::json!({ "stop_containers": stop_containers }).to_string();
+        match tokio::time::timeout(
+            RESET_TIMEOUT,
+            peer_request(addr, "POST", PEER_RESET, Some(body)),
+        )
+        .await
+        {
+            Ok(Ok((status, _))) if status.is_success() => Ok(()),
+            Ok(Ok((status, text))) => Err(format!("it answered {status}: {text}")),
+            Ok(Err(e)) => Err(format!("it could not be reached at {addr}: {e}")),
+            Err(_) => Err(format!(
+                "it did not answer at {addr} within {} s",
+                RESET_TIMEOUT.as_secs()
+            )),
+        }
+    }
+
+    /// Per peer, what this Machine observes of it now.
+    pub fn observations(&self) -> BTreeMap<MachineId, PeerObservation> {
+        self.observations
+            .lock()
+            .expect("mesh view poisoned")
+            .clone()
+    }
+
+    /// Replaces the observations.
+    pub fn set_observations(&self, observations: BTreeMap<MachineId, PeerObservation>) {
+        *self.observations.lock().expect("mesh view poisoned") = observations;
+    }
+
+    /// The WireGuard interface and its peers, when the mesh runs.
+    pub fn status(&self) -> Option<MeshStatus> {
+        self.status.lock().expect("mesh view poisoned").clone()
+    }
+
+    /// Replaces the interface's status.
+    pub fn set_status(&self, status: Option<MeshStatus>) {
+        *self.status.lock().expect("mesh view poisoned") = status;
+    }
+}
+
+/// The peer route a removed Machine is reset through.
+pub const PEER_RESET: &str = "/v1/peer/reset";
+
+/// One HTTP/1.1 request to a peer's management API over the mesh; the status and body text.
+pub async fn peer_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<String>,
+) -> anyhow::Result<(axum::http::StatusCode, String)> {
+    use http_body_util::BodyExt as _;
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, "ployz")
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.unwrap_or_default(),
+        )))?;
+    let response = sender.send_request(request).await?;
+    let status = response.status();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
