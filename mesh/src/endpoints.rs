@@ -259,7 +259,10 @@ impl PeerState {
             .selected
             .and_then(|s| self.advertised.iter().position(|a| *a == s));
         match position {
-            Some(i) => self.advertised.get((i + 1) % self.advertised.len()).copied(),
+            Some(i) => self
+                .advertised
+                .get((i + 1) % self.advertised.len())
+                .copied(),
             None => self.advertised.first().copied(),
         }
     }
@@ -450,7 +453,10 @@ mod tests {
         let endpoints = advertised_endpoints(
             &interfaces,
             "ployz0",
-            &["203.0.113.7".parse().unwrap(), "198.18.0.2".parse().unwrap()],
+            &[
+                "203.0.113.7".parse().unwrap(),
+                "198.18.0.2".parse().unwrap(),
+            ],
             &[sa("203.0.113.9:4000"), sa("203.0.113.9:4000")],
             51820,
         );
@@ -463,6 +469,17 @@ mod tests {
                 sa("[2001:db8::2]:51820"),
                 sa("10.1.2.3:51820"),
             ]
+        );
+    }
+
+    #[test]
+    fn interface_addresses_are_read_from_this_namespace() {
+        let addresses = interface_addresses().unwrap();
+        assert!(
+            addresses
+                .iter()
+                .any(|a| a.interface == "lo" && a.address == IpAddr::from([127, 0, 0, 1]) && a.up),
+            "{addresses:?}"
         );
     }
 
@@ -495,21 +512,33 @@ mod tests {
     #[test]
     fn a_peer_starts_unknown_on_its_first_endpoint_and_comes_up_with_a_handshake() {
         let mut s = EndpointSelector::new();
-        let changes = s.set_advertised(at(0), &[advertise("A", &["198.18.0.2:51820", "198.18.0.3:51820"])]);
-        assert_eq!(changes, vec![EndpointChange {
-            public_key: "A".into(),
-            endpoint: sa("198.18.0.2:51820"),
-            reason: ChangeReason::Initial,
-        }]);
-        assert!(s.tick(at(1), &[stats("A", "198.18.0.2:51820", None)]).is_empty());
+        let changes = s.set_advertised(
+            at(0),
+            &[advertise("A", &["198.18.0.2:51820", "198.18.0.3:51820"])],
+        );
+        assert_eq!(
+            changes,
+            vec![EndpointChange {
+                public_key: "A".into(),
+                endpoint: sa("198.18.0.2:51820"),
+                reason: ChangeReason::Initial,
+            }]
+        );
+        assert!(s
+            .tick(at(1), &[stats("A", "198.18.0.2:51820", None)])
+            .is_empty());
         assert_eq!(status(&s, "A"), LinkStatus::Unknown);
-        assert!(s.tick(at(3), &[stats("A", "198.18.0.2:51820", Some(at(2)))]).is_empty());
+        assert!(s
+            .tick(at(3), &[stats("A", "198.18.0.2:51820", Some(at(2)))])
+            .is_empty());
         assert_eq!(status(&s, "A"), LinkStatus::Up);
         let view = &s.peers()[0];
         assert_eq!(view.since, at(3));
         assert_eq!(view.last_handshake, Some(at(2)));
         // Handshakes keep coming: it stays up, nothing changes.
-        assert!(s.tick(at(200), &[stats("A", "198.18.0.2:51820", Some(at(190)))]).is_empty());
+        assert!(s
+            .tick(at(200), &[stats("A", "198.18.0.2:51820", Some(at(190)))])
+            .is_empty());
         assert_eq!(status(&s, "A"), LinkStatus::Up);
         assert_eq!(s.peers()[0].since, at(3));
     }
@@ -517,18 +546,28 @@ mod tests {
     #[test]
     fn no_handshake_15_s_after_a_change_is_down_and_rotates() {
         let mut s = EndpointSelector::new();
-        s.set_advertised(at(0), &[advertise("A", &["198.18.0.2:51820", "198.18.0.3:51820"])]);
-        assert!(s.tick(at(14), &[stats("A", "198.18.0.2:51820", None)]).is_empty());
+        s.set_advertised(
+            at(0),
+            &[advertise("A", &["198.18.0.2:51820", "198.18.0.3:51820"])],
+        );
+        assert!(s
+            .tick(at(14), &[stats("A", "198.18.0.2:51820", None)])
+            .is_empty());
         assert_eq!(status(&s, "A"), LinkStatus::Unknown);
         let changes = s.tick(at(15), &[stats("A", "198.18.0.2:51820", None)]);
-        assert_eq!(changes, vec![EndpointChange {
-            public_key: "A".into(),
-            endpoint: sa("198.18.0.3:51820"),
-            reason: ChangeReason::Rotated,
-        }]);
+        assert_eq!(
+            changes,
+            vec![EndpointChange {
+                public_key: "A".into(),
+                endpoint: sa("198.18.0.3:51820"),
+                reason: ChangeReason::Rotated,
+            }]
+        );
         // After the rotation it is unknown again for 15 s, then rotates back to the first.
         assert_eq!(status(&s, "A"), LinkStatus::Unknown);
-        assert!(s.tick(at(29), &[stats("A", "198.18.0.3:51820", None)]).is_empty());
+        assert!(s
+            .tick(at(29), &[stats("A", "198.18.0.3:51820", None)])
+            .is_empty());
         let changes = s.tick(at(30), &[stats("A", "198.18.0.3:51820", None)]);
         assert_eq!(changes[0].endpoint, sa("198.18.0.2:51820"));
         assert_eq!(s.selected("A"), Some(sa("198.18.0.2:51820")));
@@ -537,10 +576,15 @@ mod tests {
     #[test]
     fn an_established_link_is_down_after_275_s_without_handshake() {
         let mut s = EndpointSelector::new();
-        s.set_advertised(at(0), &[advertise("A", &["198.18.0.2:51820", "198.18.0.3:51820"])]);
+        s.set_advertised(
+            at(0),
+            &[advertise("A", &["198.18.0.2:51820", "198.18.0.3:51820"])],
+        );
         s.tick(at(5), &[stats("A", "198.18.0.2:51820", Some(at(5)))]);
         assert_eq!(status(&s, "A"), LinkStatus::Up);
-        assert!(s.tick(at(280), &[stats("A", "198.18.0.2:51820", Some(at(5)))]).is_empty());
+        assert!(s
+            .tick(at(280), &[stats("A", "198.18.0.2:51820", Some(at(5)))])
+            .is_empty());
         assert_eq!(status(&s, "A"), LinkStatus::Up);
         let changes = s.tick(at(281), &[stats("A", "198.18.0.2:51820", Some(at(5)))]);
         assert_eq!(changes.len(), 1);
@@ -568,22 +612,29 @@ mod tests {
         s.set_advertised(at(0), &[advertise("A", &["198.18.0.2:51820"])]);
         // The peer reached us from behind a NAT: WireGuard now sends to where it came from.
         let changes = s.tick(at(3), &[stats("A", "203.0.113.50:40000", Some(at(2)))]);
-        assert_eq!(changes, vec![EndpointChange {
-            public_key: "A".into(),
-            endpoint: sa("203.0.113.50:40000"),
-            reason: ChangeReason::Learned,
-        }]);
+        assert_eq!(
+            changes,
+            vec![EndpointChange {
+                public_key: "A".into(),
+                endpoint: sa("203.0.113.50:40000"),
+                reason: ChangeReason::Learned,
+            }]
+        );
         assert_eq!(status(&s, "A"), LinkStatus::Up);
         assert!(s.peers()[0].learned);
         // A stale handshake from before a change is not a reason to adopt anything.
         let mut s = EndpointSelector::new();
         s.set_advertised(at(100), &[advertise("A", &["198.18.0.2:51820"])]);
-        assert!(s.tick(at(101), &[stats("A", "203.0.113.50:40000", Some(at(50)))]).is_empty());
+        assert!(s
+            .tick(at(101), &[stats("A", "203.0.113.50:40000", Some(at(50)))])
+            .is_empty());
         // Re-advertising the same list keeps the learned endpoint while the link is up.
         let mut s = EndpointSelector::new();
         s.set_advertised(at(0), &[advertise("A", &["198.18.0.2:51820"])]);
         s.tick(at(3), &[stats("A", "203.0.113.50:40000", Some(at(2)))]);
-        assert!(s.set_advertised(at(4), &[advertise("A", &["198.18.0.2:51820"])]).is_empty());
+        assert!(s
+            .set_advertised(at(4), &[advertise("A", &["198.18.0.2:51820"])])
+            .is_empty());
         assert_eq!(s.selected("A"), Some(sa("203.0.113.50:40000")));
     }
 
@@ -600,11 +651,17 @@ mod tests {
     #[test]
     fn readvertising_keeps_a_listed_endpoint_and_moves_off_an_unlisted_one() {
         let mut s = EndpointSelector::new();
-        s.set_advertised(at(0), &[advertise("A", &["198.18.0.2:51820", "198.18.0.3:51820"])]);
+        s.set_advertised(
+            at(0),
+            &[advertise("A", &["198.18.0.2:51820", "198.18.0.3:51820"])],
+        );
         s.tick(at(15), &[]);
         assert_eq!(s.selected("A"), Some(sa("198.18.0.3:51820")));
         assert!(s
-            .set_advertised(at(16), &[advertise("A", &["198.18.0.7:51820", "198.18.0.3:51820"])])
+            .set_advertised(
+                at(16),
+                &[advertise("A", &["198.18.0.7:51820", "198.18.0.3:51820"])]
+            )
             .is_empty());
         let changes = s.set_advertised(at(17), &[advertise("A", &["198.18.0.7:51820"])]);
         assert_eq!(changes[0].reason, ChangeReason::Readvertised);
@@ -618,7 +675,10 @@ mod tests {
     #[test]
     fn membership_up_keeps_the_endpoint_from_rotating() {
         let mut s = EndpointSelector::new();
-        s.set_advertised(at(0), &[advertise("A", &["198.18.0.2:51820", "198.18.0.3:51820"])]);
+        s.set_advertised(
+            at(0),
+            &[advertise("A", &["198.18.0.2:51820", "198.18.0.3:51820"])],
+        );
         s.set_membership_up("A", true);
         assert!(s.tick(at(20), &[]).is_empty());
         assert_eq!(status(&s, "A"), LinkStatus::Down);

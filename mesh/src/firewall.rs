@@ -217,13 +217,25 @@ impl<R: CommandRunner> Firewall<R> {
             placement: Placement::At(position),
         };
         let mut rules = vec![
-            own(Family::V4, 1, &["-p", "udp", "--dport", &wg, "-j", "ACCEPT"]),
+            own(
+                Family::V4,
+                1,
+                &["-p", "udp", "--dport", &wg, "-j", "ACCEPT"],
+            ),
             own(Family::V6, 1, &["-i", "lo", "-j", "RETURN"]),
             own(
                 Family::V6,
                 2,
                 &[
-                    "-s", MANAGEMENT_NETWORK, "-i", mesh, "-p", "tcp", "--dport", &management, "-j",
+                    "-s",
+                    MANAGEMENT_NETWORK,
+                    "-i",
+                    mesh,
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    &management,
+                    "-j",
                     "ACCEPT",
                 ],
             ),
@@ -231,12 +243,28 @@ impl<R: CommandRunner> Firewall<R> {
                 Family::V6,
                 3,
                 &[
-                    "-s", MANAGEMENT_NETWORK, "-i", mesh, "-p", "udp", "--dport", &gossip, "-j",
+                    "-s",
+                    MANAGEMENT_NETWORK,
+                    "-i",
+                    mesh,
+                    "-p",
+                    "udp",
+                    "--dport",
+                    &gossip,
+                    "-j",
                     "ACCEPT",
                 ],
             ),
-            own(Family::V6, 4, &["-p", "tcp", "--dport", &management, "-j", "DROP"]),
-            own(Family::V6, 5, &["-p", "udp", "--dport", &gossip, "-j", "DROP"]),
+            own(
+                Family::V6,
+                4,
+                &["-p", "tcp", "--dport", &management, "-j", "DROP"],
+            ),
+            own(
+                Family::V6,
+                5,
+                &["-p", "udp", "--dport", &gossip, "-j", "DROP"],
+            ),
         ];
         for family in [Family::V4, Family::V6] {
             rules.push(Rule {
@@ -255,16 +283,37 @@ impl<R: CommandRunner> Firewall<R> {
             placement: Placement::At(1),
         };
         rules.extend([
-            top("filter", DOCKER_USER, &["-i", mesh, "-o", bridge, "-j", "ACCEPT"]),
-            top("filter", DOCKER_USER, &["-i", bridge, "-o", mesh, "-j", "ACCEPT"]),
-            top("nat", "POSTROUTING", &["-s", &subnet, "-d", &cluster, "-j", "RETURN"]),
-            top("raw", "PREROUTING", &["-i", mesh, "-d", &subnet, "-j", "ACCEPT"]),
+            top(
+                "filter",
+                DOCKER_USER,
+                &["-i", mesh, "-o", bridge, "-j", "ACCEPT"],
+            ),
+            top(
+                "filter",
+                DOCKER_USER,
+                &["-i", bridge, "-o", mesh, "-j", "ACCEPT"],
+            ),
+            top(
+                "nat",
+                "POSTROUTING",
+                &["-s", &subnet, "-d", &cluster, "-j", "RETURN"],
+            ),
+            top(
+                "raw",
+                "PREROUTING",
+                &["-i", mesh, "-d", &subnet, "-j", "ACCEPT"],
+            ),
         ]);
         rules
     }
 
     fn iptables(&self, family: Family, table: &str, args: &[&str]) -> Result<CommandOutput> {
-        let mut full: Vec<String> = vec!["-w".into(), LOCK_WAIT_SECONDS.into(), "-t".into(), table.into()];
+        let mut full: Vec<String> = vec![
+            "-w".into(),
+            LOCK_WAIT_SECONDS.into(),
+            "-t".into(),
+            table.into(),
+        ];
         full.extend(args.iter().map(|a| (*a).to_owned()));
         let program = family.program();
         self.runner
@@ -281,7 +330,11 @@ impl<R: CommandRunner> Firewall<R> {
             Ok(output)
         } else {
             Err(FirewallError::Refused {
-                command: format!("{} -w {LOCK_WAIT_SECONDS} -t {table} {}", family.program(), args.join(" ")),
+                command: format!(
+                    "{} -w {LOCK_WAIT_SECONDS} -t {table} {}",
+                    family.program(),
+                    args.join(" ")
+                ),
                 stderr: output.stderr.trim().to_owned(),
             })
         }
@@ -344,7 +397,9 @@ impl<R: CommandRunner> Firewall<R> {
             }
             let position = match rule.placement {
                 Placement::At(position) => position,
-                Placement::BeforeFirstDrop => self.before_first_drop(rule.family, rule.table, rule.chain)?,
+                Placement::BeforeFirstDrop => {
+                    self.before_first_drop(rule.family, rule.table, rule.chain)?
+                }
             };
             let position = position.to_string();
             let mut args = vec!["-I", rule.chain, &position];
@@ -434,8 +489,14 @@ mod tests {
 
     impl CommandRunner for FakeTables {
         fn run(&self, program: &str, args: &[String]) -> std::io::Result<CommandOutput> {
-            self.log.borrow_mut().push(format!("{program} {}", args.join(" ")));
-            assert_eq!(&args[..2], ["-w", LOCK_WAIT_SECONDS], "every call waits for the lock");
+            self.log
+                .borrow_mut()
+                .push(format!("{program} {}", args.join(" ")));
+            assert_eq!(
+                &args[..2],
+                ["-w", LOCK_WAIT_SECONDS],
+                "every call waits for the lock"
+            );
             assert_eq!(args[2], "-t");
             let table = args[3].clone();
             let rest = &args[4..];
@@ -457,11 +518,18 @@ mod tests {
                 Ok(CommandOutput {
                     success: false,
                     stdout: String::new(),
-                    stderr: "iptables: Bad rule (does a matching rule exist in that chain?).".into(),
+                    stderr: "iptables: Bad rule (does a matching rule exist in that chain?)."
+                        .into(),
                 })
             };
             match op {
-                "-L" => if chains.contains_key(&key) { ok(String::new()) } else { fail() },
+                "-L" => {
+                    if chains.contains_key(&key) {
+                        ok(String::new())
+                    } else {
+                        fail()
+                    }
+                }
                 "-N" => {
                     assert!(!chains.contains_key(&key), "-N of an existing chain");
                     chains.insert(key, Vec::new());
@@ -501,7 +569,12 @@ mod tests {
                         }
                         ("-I", _) => {
                             let at = position.unwrap() - 1;
-                            assert!(at <= rules.len(), "-I {} in a chain of {}", at + 1, rules.len());
+                            assert!(
+                                at <= rules.len(),
+                                "-I {} in a chain of {}",
+                                at + 1,
+                                rules.len()
+                            );
                             rules.insert(at, spec);
                             ok(String::new())
                         }
@@ -561,13 +634,22 @@ mod tests {
             ],
             "the jump goes before the first DROP"
         );
-        assert_eq!(fake.chain("ip6tables", "filter", "INPUT").unwrap(), ["-j PLOYZ-INPUT"]);
-        assert_eq!(fake.chain("iptables", "filter", "FORWARD").unwrap(), ["-j DOCKER-USER"]);
+        assert_eq!(
+            fake.chain("ip6tables", "filter", "INPUT").unwrap(),
+            ["-j PLOYZ-INPUT"]
+        );
+        assert_eq!(
+            fake.chain("iptables", "filter", "FORWARD").unwrap(),
+            ["-j DOCKER-USER"]
+        );
         let mut docker_user = fake.chain("iptables", "filter", DOCKER_USER).unwrap();
         docker_user.sort();
         assert_eq!(
             docker_user,
-            ["-i ployz -o ployz0 -j ACCEPT", "-i ployz0 -o ployz -j ACCEPT"]
+            [
+                "-i ployz -o ployz0 -j ACCEPT",
+                "-i ployz0 -o ployz -j ACCEPT"
+            ]
         );
         assert_eq!(
             fake.chain("iptables", "nat", "POSTROUTING").unwrap(),
@@ -588,21 +670,42 @@ mod tests {
         firewall.runner().log.borrow_mut().clear();
         assert_eq!(firewall.reconcile().unwrap(), 0);
         assert!(
-            firewall.runner().log.borrow().iter().all(|c| c.contains(" -C ") || c.contains(" -L ")),
+            firewall
+                .runner()
+                .log
+                .borrow()
+                .iter()
+                .all(|c| c.contains(" -C ") || c.contains(" -L ")),
             "a second reconcile only checks: {:?}",
             firewall.runner().log.borrow()
         );
         assert_eq!(*firewall.runner().chains.borrow(), before);
 
         // An ACCEPT deleted from the middle of the chain comes back ahead of the DROPs.
-        let key = ("ip6tables".to_owned(), "filter".to_owned(), CHAIN.to_owned());
-        firewall.runner().chains.borrow_mut().get_mut(&key).unwrap().remove(2);
+        let key = (
+            "ip6tables".to_owned(),
+            "filter".to_owned(),
+            CHAIN.to_owned(),
+        );
+        firewall
+            .runner()
+            .chains
+            .borrow_mut()
+            .get_mut(&key)
+            .unwrap()
+            .remove(2);
         assert_eq!(firewall.reconcile().unwrap(), 1);
         assert_eq!(*firewall.runner().chains.borrow(), before);
 
         // A deleted jump and a deleted chain come back too.
-        firewall.runner().set_chain("iptables", "filter", "INPUT", &[]);
-        firewall.runner().chains.borrow_mut().remove(&("iptables".into(), "filter".into(), CHAIN.into()));
+        firewall
+            .runner()
+            .set_chain("iptables", "filter", "INPUT", &[]);
+        firewall.runner().chains.borrow_mut().remove(&(
+            "iptables".into(),
+            "filter".into(),
+            CHAIN.into(),
+        ));
         assert_eq!(firewall.reconcile().unwrap(), 2);
         assert_eq!(*firewall.runner().chains.borrow(), before);
     }
@@ -610,23 +713,45 @@ mod tests {
     #[test]
     fn remove_takes_away_everything_it_added_and_is_idempotent() {
         let fake = FakeTables::with_builtins();
-        fake.set_chain("iptables", "nat", "POSTROUTING", &["-s 172.17.0.0/16 ! -o docker0 -j MASQUERADE"]);
+        fake.set_chain(
+            "iptables",
+            "nat",
+            "POSTROUTING",
+            &["-s 172.17.0.0/16 ! -o docker0 -j MASQUERADE"],
+        );
         let firewall = Firewall::new(config(), fake);
         firewall.reconcile().unwrap();
         // A duplicate someone added by hand goes too.
-        firewall.runner().set_chain("ip6tables", "filter", "INPUT", &["-j PLOYZ-INPUT", "-j PLOYZ-INPUT"]);
+        firewall.runner().set_chain(
+            "ip6tables",
+            "filter",
+            "INPUT",
+            &["-j PLOYZ-INPUT", "-j PLOYZ-INPUT"],
+        );
         firewall.remove().unwrap();
         let fake = firewall.runner();
         assert!(fake.chain("iptables", "filter", CHAIN).is_none());
         assert!(fake.chain("ip6tables", "filter", CHAIN).is_none());
-        assert!(fake.chain("iptables", "filter", "INPUT").unwrap().is_empty());
-        assert!(fake.chain("ip6tables", "filter", "INPUT").unwrap().is_empty());
-        assert!(fake.chain("iptables", "filter", DOCKER_USER).unwrap().is_empty());
+        assert!(fake
+            .chain("iptables", "filter", "INPUT")
+            .unwrap()
+            .is_empty());
+        assert!(fake
+            .chain("ip6tables", "filter", "INPUT")
+            .unwrap()
+            .is_empty());
+        assert!(fake
+            .chain("iptables", "filter", DOCKER_USER)
+            .unwrap()
+            .is_empty());
         assert_eq!(
             fake.chain("iptables", "nat", "POSTROUTING").unwrap(),
             ["-s 172.17.0.0/16 ! -o docker0 -j MASQUERADE"]
         );
-        assert!(fake.chain("iptables", "raw", "PREROUTING").unwrap().is_empty());
+        assert!(fake
+            .chain("iptables", "raw", "PREROUTING")
+            .unwrap()
+            .is_empty());
         firewall.remove().unwrap();
     }
 
@@ -642,8 +767,14 @@ mod tests {
                 })
             }
         }
-        let err = Firewall::new(config(), Refusing).reconcile().unwrap_err().to_string();
-        assert!(err.contains("iptables -w 5 -t filter -N PLOYZ-INPUT"), "{err}");
+        let err = Firewall::new(config(), Refusing)
+            .reconcile()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("iptables -w 5 -t filter -N PLOYZ-INPUT"),
+            "{err}"
+        );
         assert!(err.contains("you must be root"), "{err}");
     }
 }

@@ -26,7 +26,9 @@ use defguard_wireguard_rs::host::Host;
 use defguard_wireguard_rs::key::Key;
 use defguard_wireguard_rs::net::IpAddrMask;
 use defguard_wireguard_rs::peer::Peer;
-use defguard_wireguard_rs::{InterfaceConfiguration, Kernel, Userspace, WGApi, WireguardInterfaceApi};
+use defguard_wireguard_rs::{
+    InterfaceConfiguration, Kernel, Userspace, WGApi, WireguardInterfaceApi,
+};
 use ployz_core::{MachineSubnet, ManagementAddress};
 
 /// WireGuard's persistent keepalive for every peer, in seconds (as Uncloud and KubeSpan).
@@ -253,7 +255,10 @@ impl PrivateKey {
             return Ok(PrivateKey(bytes));
         }
         let text = std::str::from_utf8(contents).map_err(|_| WireGuardError::BadPrivateKey {
-            reason: format!("{} bytes that are neither 32 raw bytes nor text", contents.len()),
+            reason: format!(
+                "{} bytes that are neither 32 raw bytes nor text",
+                contents.len()
+            ),
         })?;
         text.trim().parse()
     }
@@ -326,7 +331,9 @@ fn key_base64(key: &Key) -> String {
 /// overhead over IPv6), kept within 1280..=1420; 1420 when the egress MTU is unknown.
 pub fn mesh_mtu(egress_mtu: Option<u32>) -> u32 {
     match egress_mtu {
-        Some(mtu) => mtu.saturating_sub(WIREGUARD_OVERHEAD).clamp(MIN_MTU, MAX_MTU),
+        Some(mtu) => mtu
+            .saturating_sub(WIREGUARD_OVERHEAD)
+            .clamp(MIN_MTU, MAX_MTU),
         None => DEFAULT_MTU,
     }
 }
@@ -538,7 +545,7 @@ impl MeshInterface {
             fwmark: None,
         };
         interface
-            .api()
+            .api()?
             .configure_interface(&configuration)
             .map_err(interface_error("configure"))?;
         run_ip(&["link", "set", "dev", &name, "up"])?;
@@ -553,11 +560,17 @@ impl MeshInterface {
         Ok(interface)
     }
 
-    fn api(&self) -> &dyn WireguardInterfaceApi {
-        match &self.api {
-            Some(api) => api.get(),
-            None => unreachable!("the api is only taken when the handle is consumed"),
-        }
+    /// The WireGuard API. It is only taken away while the handle is being consumed, so the
+    /// error cannot be seen from outside; it exists so no path here can panic.
+    fn api(&self) -> Result<&dyn WireguardInterfaceApi> {
+        self.api
+            .as_ref()
+            .map(Api::get)
+            .ok_or_else(|| WireGuardError::Interface {
+                interface: self.name.clone(),
+                action: "use",
+                detail: "the interface was already removed".into(),
+            })
     }
 
     /// The interface name.
@@ -575,7 +588,10 @@ impl MeshInterface {
         self.mtu
     }
 
-    fn interface_error(&self, action: &'static str) -> impl Fn(defguard_wireguard_rs::error::WireguardInterfaceError) -> WireGuardError + '_ {
+    fn interface_error(
+        &self,
+        action: &'static str,
+    ) -> impl Fn(defguard_wireguard_rs::error::WireguardInterfaceError) -> WireGuardError + '_ {
         move |err| WireGuardError::Interface {
             interface: self.name.clone(),
             action,
@@ -584,7 +600,7 @@ impl MeshInterface {
     }
 
     fn read(&self) -> Result<Host> {
-        self.api()
+        self.api()?
             .read_interface_data()
             .map_err(self.interface_error("read peers"))
     }
@@ -603,9 +619,10 @@ impl MeshInterface {
     /// subnet routes carry no source (the kernel cannot use an address it does not hold) and the
     /// next call after the bridge appears adds it.
     ///
-    /// The userspace backend cannot change a peer in place, so an update there removes and
-    /// re-adds the peer (its session restarts with a new handshake).
-    pub fn set_peers(&self, peers: &[PeerConfig]) -> Result<PeerChanges> {
+    /// The userspace backend cannot change a peer in place (boringtun asserts against it), so an
+    /// update there removes and re-adds the peer (its session restarts with a new handshake).
+    /// `&mut self` keeps two reconciliations from interleaving.
+    pub fn set_peers(&mut self, peers: &[PeerConfig]) -> Result<PeerChanges> {
         let mut desired: BTreeMap<[u8; 32], (&PeerConfig, Peer)> = BTreeMap::new();
         for config in peers {
             let key = parse_public_key(&config.public_key)?;
@@ -625,18 +642,18 @@ impl MeshInterface {
         for (key, (_, peer)) in &desired {
             match host.peers.get(&Key::new(*key)) {
                 None => {
-                    self.api()
+                    self.api()?
                         .configure_peer(peer)
                         .map_err(self.interface_error("add peer"))?;
                     changes.added += 1;
                 }
                 Some(current) if peer_differs(current, peer) => {
                     if self.backend == Backend::Userspace {
-                        self.api()
+                        self.api()?
                             .remove_peer(&peer.public_key)
                             .map_err(self.interface_error("remove peer"))?;
                     }
-                    self.api()
+                    self.api()?
                         .configure_peer(peer)
                         .map_err(self.interface_error("update peer"))?;
                     changes.updated += 1;
@@ -646,7 +663,7 @@ impl MeshInterface {
         }
         for key in host.peers.keys() {
             if !desired.contains_key(&key.as_array()) {
-                self.api()
+                self.api()?
                     .remove_peer(key)
                     .map_err(self.interface_error("remove peer"))?;
                 changes.removed += 1;
@@ -676,7 +693,10 @@ impl MeshInterface {
 
     /// Makes the routes through the interface tagged [`ROUTE_PROTOCOL`] exactly `wanted`
     /// (destination -> preferred source). Returns (set, removed).
-    fn reconcile_routes(&self, wanted: &BTreeMap<String, Option<IpAddr>>) -> Result<(usize, usize)> {
+    fn reconcile_routes(
+        &self,
+        wanted: &BTreeMap<String, Option<IpAddr>>,
+    ) -> Result<(usize, usize)> {
         let current = self.routes()?;
         let mut set = 0;
         for (dst, src) in wanted {
@@ -685,7 +705,14 @@ impl MeshInterface {
             }
             let family = if dst.contains(':') { "-6" } else { "-4" };
             let mut args = vec![
-                family, "route", "replace", dst, "dev", &self.name, "proto", ROUTE_PROTOCOL,
+                family,
+                "route",
+                "replace",
+                dst,
+                "dev",
+                &self.name,
+                "proto",
+                ROUTE_PROTOCOL,
             ];
             let src_text = src.map(|s| s.to_string());
             if let Some(src) = &src_text {
@@ -698,7 +725,16 @@ impl MeshInterface {
         for dst in current.keys() {
             if !wanted.contains_key(dst) {
                 let family = if dst.contains(':') { "-6" } else { "-4" };
-                run_ip(&[family, "route", "del", dst, "dev", &self.name, "proto", ROUTE_PROTOCOL])?;
+                run_ip(&[
+                    family,
+                    "route",
+                    "del",
+                    dst,
+                    "dev",
+                    &self.name,
+                    "proto",
+                    ROUTE_PROTOCOL,
+                ])?;
                 removed += 1;
             }
         }
@@ -710,7 +746,15 @@ impl MeshInterface {
     pub fn routes(&self) -> Result<BTreeMap<String, Option<IpAddr>>> {
         let mut routes = BTreeMap::new();
         for family in ["-4", "-6"] {
-            let listed = ip_json(&[family, "route", "show", "dev", &self.name, "proto", ROUTE_PROTOCOL])?;
+            let listed = ip_json(&[
+                family,
+                "route",
+                "show",
+                "dev",
+                &self.name,
+                "proto",
+                ROUTE_PROTOCOL,
+            ])?;
             for route in listed.as_array().map(Vec::as_slice).unwrap_or_default() {
                 let Some(dst) = route.get("dst").and_then(|d| d.as_str()) else {
                     continue;
@@ -908,7 +952,10 @@ mod tests {
         let without = KernelProbe {
             module_present: false,
         };
-        assert_eq!(choose_backend(BackendSetting::Auto, with).unwrap(), Backend::Kernel);
+        assert_eq!(
+            choose_backend(BackendSetting::Auto, with).unwrap(),
+            Backend::Kernel
+        );
         assert_eq!(
             choose_backend(BackendSetting::Auto, without).unwrap(),
             Backend::Userspace
@@ -917,7 +964,10 @@ mod tests {
             choose_backend(BackendSetting::Userspace, with).unwrap(),
             Backend::Userspace
         );
-        assert_eq!(choose_backend(BackendSetting::Kernel, with).unwrap(), Backend::Kernel);
+        assert_eq!(
+            choose_backend(BackendSetting::Kernel, with).unwrap(),
+            Backend::Kernel
+        );
     }
 
     #[test]
@@ -937,14 +987,26 @@ mod tests {
 
     #[test]
     fn backend_settings_parse() {
-        assert_eq!("auto".parse::<BackendSetting>().unwrap(), BackendSetting::Auto);
-        assert_eq!("kernel".parse::<BackendSetting>().unwrap(), BackendSetting::Kernel);
+        assert_eq!(
+            "auto".parse::<BackendSetting>().unwrap(),
+            BackendSetting::Auto
+        );
+        assert_eq!(
+            "kernel".parse::<BackendSetting>().unwrap(),
+            BackendSetting::Kernel
+        );
         assert_eq!(
             "userspace".parse::<BackendSetting>().unwrap(),
             BackendSetting::Userspace
         );
-        let err = "boringtun".parse::<BackendSetting>().unwrap_err().to_string();
-        assert!(err.contains("boringtun") && err.contains("auto, kernel or userspace"), "{err}");
+        let err = "boringtun"
+            .parse::<BackendSetting>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("boringtun") && err.contains("auto, kernel or userspace"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -966,7 +1028,9 @@ mod tests {
         let parsed = PrivateKey::from_file_contents(text.as_bytes()).unwrap();
         assert_eq!(parsed, key);
         assert_eq!(format!("{key:?}"), "PrivateKey(<redacted>)");
-        let err = PrivateKey::from_file_contents(b"c2hvcnQ=").unwrap_err().to_string();
+        let err = PrivateKey::from_file_contents(b"c2hvcnQ=")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("5 bytes instead of 32"), "{err}");
         assert_eq!(
             parse_public_key(&key.public_key_base64()).unwrap(),
@@ -1005,7 +1069,10 @@ mod tests {
         let mut current = wanted.clone();
         current.allowed_ips.reverse();
         current.endpoint = Some("198.18.0.2:51820".parse().unwrap());
-        assert!(!peer_differs(&current, &wanted), "order and a learned endpoint do not count");
+        assert!(
+            !peer_differs(&current, &wanted),
+            "order and a learned endpoint do not count"
+        );
         wanted.endpoint = Some("198.18.0.3:51820".parse().unwrap());
         assert!(peer_differs(&current, &wanted));
         wanted.endpoint = current.endpoint;

@@ -22,6 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
 use nix::sched::{setns, CloneFlags};
+use ployz_mesh::endpoints::{EndpointSelector, LinkStatus, PeerAdvertisement};
 use ployz_mesh::wireguard::{
     link_exists, Backend, MeshConfig, MeshInterface, PeerConfig, PeerStats, PrivateKey,
 };
@@ -47,8 +48,21 @@ fn must(program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// Deletes namespaces with this file's prefix whose creating process is gone.
+/// Deletes namespaces with this file's prefix whose creating process is gone, and userspace
+/// control sockets of test interfaces nobody listens on any more.
 fn sweep_leftovers() {
+    if let Ok(entries) = std::fs::read_dir("/var/run/wireguard") {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("plzt")
+                && name.ends_with(".sock")
+                && std::os::unix::net::UnixStream::connect(&path).is_err()
+            {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
     let listing = must("ip", &["netns", "list"]);
     for line in listing.lines() {
         let name = line.split_whitespace().next().unwrap_or_default();
@@ -209,7 +223,7 @@ impl Machine {
 
     fn set_peers(&self, peers: Vec<PeerConfig>) -> ployz_mesh::wireguard::PeerChanges {
         self.worker.run(move |slot| {
-            slot.as_ref()
+            slot.as_mut()
                 .expect("up")
                 .set_peers(&peers)
                 .expect("set_peers")
@@ -225,14 +239,16 @@ impl Machine {
     fn bind(&self, address: IpAddr) -> UdpSocket {
         self.worker.run(move |_| {
             let mut last = None;
-            let bound = wait_until(Duration::from_secs(5), || match UdpSocket::bind((address, 0)) {
-                Ok(socket) => {
-                    last = Some(Ok(socket));
-                    true
-                }
-                Err(err) => {
-                    last = Some(Err(err));
-                    false
+            let bound = wait_until(Duration::from_secs(5), || {
+                match UdpSocket::bind((address, 0)) {
+                    Ok(socket) => {
+                        last = Some(Ok(socket));
+                        true
+                    }
+                    Err(err) => {
+                        last = Some(Err(err));
+                        false
+                    }
                 }
             });
             match last {
@@ -266,7 +282,11 @@ fn exchange(from: &UdpSocket, to: &UdpSocket) -> bool {
         match to.recv_from(&mut buf) {
             Ok((n, peer)) => {
                 assert_eq!(&buf[..n], b"ployz");
-                assert_eq!(peer.ip(), source.ip(), "the receiver sees the sender's own address");
+                assert_eq!(
+                    peer.ip(),
+                    source.ip(),
+                    "the receiver sees the sender's own address"
+                );
                 true
             }
             Err(_) => false,
@@ -294,12 +314,25 @@ fn diagnose(machines: &[&Machine]) -> String {
             let mut full = vec!["-n", m.netns.name.as_str()];
             full.extend_from_slice(args);
             let o = run("ip", &full);
-            out.push_str(&format!("\n$ ip {}\n{}{}", full.join(" "), String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)));
+            out.push_str(&format!(
+                "\n$ ip {}\n{}{}",
+                full.join(" "),
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ));
         }
         let o = run("wg", &["show", &m.interface]);
-        out.push_str(&format!("\n$ wg show {}\n{}{}", m.interface, String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)));
+        out.push_str(&format!(
+            "\n$ wg show {}\n{}{}",
+            m.interface,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ));
         let o = m.netns.exec(&["ss", "-uanp"]);
-        out.push_str(&format!("\n$ ss -uanp\n{}", String::from_utf8_lossy(&o.stdout)));
+        out.push_str(&format!(
+            "\n$ ss -uanp\n{}",
+            String::from_utf8_lossy(&o.stdout)
+        ));
     }
     out
 }
@@ -320,7 +353,10 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
     let veth_b = format!("plztv{suffix}b");
     must(
         "ip",
-        &["link", "add", &veth_a, "netns", &ns_a.name, "type", "veth", "peer", "name", &veth_b, "netns", &ns_b.name],
+        &[
+            "link", "add", &veth_a, "netns", &ns_a.name, "type", "veth", "peer", "name", &veth_b,
+            "netns", &ns_b.name,
+        ],
     );
     ns_a.ip(&["addr", "add", "198.18.0.1/24", "dev", &veth_a]);
     ns_b.ip(&["addr", "add", "198.18.0.2/24", "dev", &veth_b]);
@@ -350,12 +386,27 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
         "the interfaces live in their namespaces, not in the test's"
     );
     let links = a.netns.ip(&["-j", "link", "show", "dev", &a.interface]);
-    assert!(links.contains("\"mtu\":1420"), "no egress route: the default MTU; {links}");
+    assert!(
+        links.contains("\"mtu\":1420"),
+        "no egress route: the default MTU; {links}"
+    );
     let addrs = a.netns.ip(&["-6", "addr", "show", "dev", &a.interface]);
     let mgmt_a = a.key.management_address().to_string();
     assert!(addrs.contains(&format!("{mgmt_a}/128")), "{addrs}");
 
-    let first = a.set_peers(vec![b.peer_config()]);
+    // A's Selected Endpoint for B starts on B's first Advertised Endpoint.
+    let mut selector = EndpointSelector::new();
+    let initial = selector.set_advertised(
+        SystemTime::now(),
+        &[PeerAdvertisement {
+            public_key: b.key.public_key_base64(),
+            endpoints: vec![b.peer_config().endpoint.expect("B has an endpoint")],
+        }],
+    );
+    assert_eq!(initial.len(), 1);
+    let mut b_as_seen_by_a = b.peer_config();
+    b_as_seen_by_a.endpoint = Some(initial[0].endpoint);
+    let first = a.set_peers(vec![b_as_seen_by_a]);
     assert_eq!((first.added, first.routes_set), (1, 2), "{first:?}");
     b.set_peers(vec![a.peer_config()]);
 
@@ -368,7 +419,10 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
         "A does not reach B's Management Address: {}",
         diagnose(&[&a, &b])
     );
-    assert!(exchange(&sock_b, &sock_a), "B does not reach A's Management Address");
+    assert!(
+        exchange(&sock_b, &sock_a),
+        "B does not reach A's Management Address"
+    );
 
     let stats = a.stats();
     assert_eq!(stats.len(), 1);
@@ -379,14 +433,26 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
     let age = SystemTime::now()
         .duration_since(handshake)
         .unwrap_or(Duration::ZERO);
-    assert!(age < Duration::from_secs(60), "a recent handshake, not {age:?} ago");
+    assert!(
+        age < Duration::from_secs(60),
+        "a recent handshake, not {age:?} ago"
+    );
     assert!(peer.rx_bytes > 0 && peer.tx_bytes > 0, "{peer:?}");
+
+    // The real handshake brings the link up in A's endpoint selection, with nothing to change.
+    assert!(selector.tick(SystemTime::now(), &stats).is_empty());
+    let view = &selector.peers()[0];
+    assert_eq!(view.status, LinkStatus::Up);
+    assert_eq!(view.last_handshake, Some(handshake));
 
     // `wg show` reads the userspace interface through its control socket.
     let shown = must("wg", &["show", &a.interface]);
     assert!(shown.contains(&b.key.public_key_base64()), "{shown}");
     assert!(shown.contains("latest handshake"), "{shown}");
-    assert!(shown.contains("persistent keepalive: every 25 seconds"), "{shown}");
+    assert!(
+        shown.contains("persistent keepalive: every 25 seconds"),
+        "{shown}"
+    );
     assert!(shown.contains("10.210.1.0/24"), "{shown}");
 
     // Without the Machine Gateway present the subnet route has no source; once the Docker
@@ -399,10 +465,20 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
         m.netns.ip(&["link", "set", "plztbr", "up"]);
     }
     let with_source = a.set_peers(vec![b.peer_config()]);
-    assert_eq!((with_source.added, with_source.updated, with_source.routes_set), (0, 0, 1));
+    assert_eq!(
+        (
+            with_source.added,
+            with_source.updated,
+            with_source.routes_set
+        ),
+        (0, 0, 1)
+    );
     b.set_peers(vec![a.peer_config()]);
     let routes = a.routes();
-    assert_eq!(routes.get("10.210.1.0/24"), Some(&Some(IpAddr::V4(a.subnet.gateway()))));
+    assert_eq!(
+        routes.get("10.210.1.0/24"),
+        Some(&Some(IpAddr::V4(a.subnet.gateway())))
+    );
     assert_eq!(routes.get(&format!("{mgmt_b}/128")), Some(&None));
     let from_gateway_a = a.bind(a.subnet.gateway().into());
     let at_gateway_b = b.bind(b.subnet.gateway().into());
@@ -420,17 +496,28 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
     let mut moved = b.peer_config();
     moved.endpoint = Some("198.18.0.2:51821".parse().unwrap());
     assert_eq!(a.set_peers(vec![moved]).updated, 1);
-    assert_eq!(a.stats()[0].endpoint, Some("198.18.0.2:51821".parse().unwrap()));
+    assert_eq!(
+        a.stats()[0].endpoint,
+        Some("198.18.0.2:51821".parse().unwrap())
+    );
 
     // Removing the peer removes its routes.
     let removed = a.set_peers(Vec::new());
-    assert_eq!((removed.removed, removed.routes_removed), (1, 2), "{removed:?}");
+    assert_eq!(
+        (removed.removed, removed.routes_removed),
+        (1, 2),
+        "{removed:?}"
+    );
     assert!(a.routes().is_empty());
     assert!(a.stats().is_empty());
     let unreachable = sock_a
         .send_to(b"ployz", sock_b.local_addr().unwrap())
         .expect_err("no route to B's Management Address any more");
-    assert_eq!(unreachable.raw_os_error(), Some(libc_enetunreach()), "{unreachable}");
+    assert_eq!(
+        unreachable.raw_os_error(),
+        Some(libc_enetunreach()),
+        "{unreachable}"
+    );
 
     // Down removes the interface from its namespace.
     let name = a.interface.clone();
