@@ -481,9 +481,10 @@ impl MeshInterface {
     /// Creates the interface in the calling thread's network namespace, gives it the private
     /// key, listen port, MTU and the Management Address (/128), with no peers, and brings it up.
     ///
-    /// With the kernel backend an interface of the same name left by an earlier run is deleted
-    /// first (the daemon owns that name). With the userspace backend an existing interface of
-    /// that name belongs to a live process, and this refuses ([`WireGuardError::InterfaceInUse`]).
+    /// With the kernel backend a WireGuard interface of the same name left by an earlier run is
+    /// deleted first (the daemon owns that name); an interface of another kind is refused. With
+    /// the userspace backend an existing interface of that name belongs to a live process, and
+    /// this refuses ([`WireGuardError::InterfaceInUse`]).
     pub fn up(config: MeshConfig) -> Result<MeshInterface> {
         validate_interface_name(&config.interface)?;
         let mtu = match config.mtu {
@@ -506,6 +507,9 @@ impl MeshInterface {
         let mut api = match config.backend {
             Backend::Kernel => {
                 if exists {
+                    if link_kind(&name).as_deref() != Some("wireguard") {
+                        return Err(WireGuardError::InterfaceInUse { name });
+                    }
                     tracing::info!(interface = %name, "deleting the WireGuard interface left by an earlier run");
                     run_ip(&["link", "del", "dev", &name])?;
                 }
@@ -894,6 +898,19 @@ fn validate_interface_name(name: &str) -> Result<()> {
 /// Whether an interface of that name exists in the calling thread's network namespace.
 pub fn link_exists(name: &str) -> bool {
     nix::net::if_::if_nametoindex(name).is_ok()
+}
+
+/// The kind of a link (`wireguard`, `tun`, `veth`...), as `ip -d link` shows it; `None` when
+/// it cannot be read or the link has no kind (a plain device).
+fn link_kind(name: &str) -> Option<String> {
+    let links = ip_json(&["-d", "link", "show", "dev", name]).ok()?;
+    links
+        .as_array()?
+        .first()?
+        .get("linkinfo")?
+        .get("info_kind")?
+        .as_str()
+        .map(str::to_owned)
 }
 
 /// The IPv4 addresses held by interfaces of the calling thread's network namespace.

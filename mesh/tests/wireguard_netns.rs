@@ -24,7 +24,8 @@ use std::time::{Duration, Instant, SystemTime};
 use nix::sched::{setns, CloneFlags};
 use ployz_mesh::endpoints::{EndpointSelector, LinkStatus, PeerAdvertisement};
 use ployz_mesh::wireguard::{
-    link_exists, Backend, MeshConfig, MeshInterface, PeerConfig, PeerStats, PrivateKey,
+    egress_mtu, link_exists, Backend, KernelProbe, MeshConfig, MeshInterface, PeerConfig,
+    PeerStats, PrivateKey,
 };
 
 const PREFIX: &str = "plztw";
@@ -360,8 +361,13 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
     );
     ns_a.ip(&["addr", "add", "198.18.0.1/24", "dev", &veth_a]);
     ns_b.ip(&["addr", "add", "198.18.0.2/24", "dev", &veth_b]);
+    // A's egress (its default route's device) has a smaller MTU than B's, which has no route
+    // out at all.
+    ns_a.ip(&["link", "set", &veth_a, "mtu", "1400"]);
+    ns_b.ip(&["link", "set", &veth_b, "mtu", "1400"]);
     ns_a.ip(&["link", "set", &veth_a, "up"]);
     ns_b.ip(&["link", "set", &veth_b, "up"]);
+    ns_a.ip(&["route", "add", "default", "via", "198.18.0.2"]);
 
     let a = Machine {
         worker: Worker::new(&ns_a),
@@ -385,7 +391,15 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
         !link_exists(&a.interface) && !link_exists(&b.interface),
         "the interfaces live in their namespaces, not in the test's"
     );
+    assert_eq!(a.worker.run(|_| egress_mtu()), Some(1400));
+    assert_eq!(
+        a.worker.run(|slot| slot.as_ref().map(MeshInterface::mtu)),
+        Some(1320)
+    );
     let links = a.netns.ip(&["-j", "link", "show", "dev", &a.interface]);
+    assert!(links.contains("\"mtu\":1320"), "egress 1400 - 80; {links}");
+    assert_eq!(b.worker.run(|_| egress_mtu()), None);
+    let links = b.netns.ip(&["-j", "link", "show", "dev", &b.interface]);
     assert!(
         links.contains("\"mtu\":1420"),
         "no egress route: the default MTU; {links}"
@@ -445,15 +459,24 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
     assert_eq!(view.status, LinkStatus::Up);
     assert_eq!(view.last_handshake, Some(handshake));
 
-    // `wg show` reads the userspace interface through its control socket.
-    let shown = must("wg", &["show", &a.interface]);
-    assert!(shown.contains(&b.key.public_key_base64()), "{shown}");
-    assert!(shown.contains("latest handshake"), "{shown}");
-    assert!(
-        shown.contains("persistent keepalive: every 25 seconds"),
-        "{shown}"
-    );
-    assert!(shown.contains("10.210.1.0/24"), "{shown}");
+    // `wg show` (wireguard-tools) reads the userspace interface through its control socket.
+    match Command::new("wg").args(["show", &a.interface]).output() {
+        Ok(output) => {
+            assert!(output.status.success(), "wg show: {output:?}");
+            let shown = String::from_utf8_lossy(&output.stdout);
+            assert!(shown.contains(&b.key.public_key_base64()), "{shown}");
+            assert!(shown.contains("latest handshake"), "{shown}");
+            assert!(
+                shown.contains("persistent keepalive: every 25 seconds"),
+                "{shown}"
+            );
+            assert!(shown.contains("10.210.1.0/24"), "{shown}");
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("wireguard-tools is not installed: `wg show` not checked");
+        }
+        Err(err) => panic!("wg show: {err}"),
+    }
 
     // Without the Machine Gateway present the subnet route has no source; once the Docker
     // bridge's stand-in holds it, the next reconcile adds it, and the subnets talk.
@@ -527,4 +550,63 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
     });
     assert!(gone);
     assert!(!std::path::Path::new(&format!("/var/run/wireguard/{}.sock", a.interface)).exists());
+}
+
+#[test]
+#[ignore = "needs root"]
+fn an_interface_name_taken_by_another_device_is_refused() {
+    sweep_leftovers();
+    let netns = Netns::new("c");
+    let taken = format!("plzt{}c", random_suffix());
+    netns.ip(&["link", "add", &taken, "type", "bridge"]);
+    let worker = Worker::new(&netns);
+    for backend in [Backend::Userspace, Backend::Kernel] {
+        let config = MeshConfig {
+            interface: taken.clone(),
+            backend,
+            private_key: PrivateKey::generate(),
+            listen_port: 51820,
+            management_address: PrivateKey::generate().management_address(),
+            gateway: Ipv4Addr::new(10, 210, 0, 1),
+            mtu: Some(1420),
+        };
+        let err = worker
+            .run(move |_| MeshInterface::up(config).map(|_| ()))
+            .expect_err("the name is taken");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("interface {taken} already exists")),
+            "{backend}: {text}"
+        );
+        assert!(text.contains("[mesh] interface"), "{text}");
+    }
+    // The bridge is untouched.
+    let kind = netns.ip(&["-d", "-j", "link", "show", "dev", &taken]);
+    assert!(kind.contains("\"info_kind\":\"bridge\""), "{kind}");
+
+    // The kernel path runs as far as the host lets it: without the module, creating the link
+    // is what fails, and nothing is left behind.
+    let free = format!("plzt{}k", random_suffix());
+    let config = MeshConfig {
+        interface: free.clone(),
+        backend: Backend::Kernel,
+        private_key: PrivateKey::generate(),
+        listen_port: 51820,
+        management_address: PrivateKey::generate().management_address(),
+        gateway: Ipv4Addr::new(10, 210, 0, 1),
+        mtu: None,
+    };
+    let outcome = worker.run(move |_| {
+        let outcome = MeshInterface::up(config).and_then(MeshInterface::down);
+        (outcome.map_err(|e| e.to_string()), link_exists(&free))
+    });
+    if KernelProbe::detect().module_present {
+        assert_eq!(outcome, (Ok(()), false));
+    } else {
+        let (result, left) = outcome;
+        let err = result.expect_err("no kernel module here");
+        assert!(err.contains("create failed"), "{err}");
+        assert!(!left);
+    }
+    drop(worker);
 }
