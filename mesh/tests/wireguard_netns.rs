@@ -1,7 +1,8 @@
 //! Two Machines in two network namespaces joined by a veth pair, each with a userspace WireGuard
 //! interface made by `MeshInterface`: their Management Addresses reach each other, WireGuard
 //! reports the handshake and the traffic, `wg show` reads the interface, peers and routes are
-//! reconciled exactly and idempotently.
+//! reconciled exactly and idempotently, and B's firewall lets its management port be reached
+//! through the mesh but not from the underlay while WireGuard's port stays open.
 //!
 //! One process holds both interfaces: each lives on a worker thread that has `setns`ed into its
 //! namespace before creating it. A network namespace is a per-thread attribute on Linux, and
@@ -14,7 +15,7 @@
 //! by a process that no longer runs are swept at start. Needs root.
 
 use std::fs::File;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use nix::sched::{setns, CloneFlags};
 use ployz_mesh::endpoints::{EndpointSelector, LinkStatus, PeerAdvertisement};
+use ployz_mesh::firewall::{Firewall, FirewallConfig};
 use ployz_mesh::wireguard::{
     egress_mtu, link_exists, Backend, KernelProbe, MeshConfig, MeshInterface, PeerConfig,
     PeerStats, PrivateKey,
@@ -368,6 +370,8 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
     ns_a.ip(&["link", "set", &veth_a, "up"]);
     ns_b.ip(&["link", "set", &veth_b, "up"]);
     ns_a.ip(&["route", "add", "default", "via", "198.18.0.2"]);
+    ns_a.ip(&["addr", "add", "2001:db8::1/64", "dev", &veth_a, "nodad"]);
+    ns_b.ip(&["addr", "add", "2001:db8::2/64", "dev", &veth_b, "nodad"]);
 
     let a = Machine {
         worker: Worker::new(&ns_a),
@@ -510,6 +514,46 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
         "Machine Subnet to Machine Subnet: {}",
         diagnose(&[&a, &b])
     );
+
+    // The firewall on B: its management port is reached through the mesh, not from the underlay.
+    let mgmt_port = SocketAddr::new(b.key.management_address().addr().into(), 51000);
+    let underlay_port: SocketAddr = "[2001:db8::2]:51000".parse().unwrap();
+    let _listener = b
+        .worker
+        .run(|_| TcpListener::bind("[::]:51000").expect("listen in B"));
+    let connects = |target: SocketAddr, wait: Duration| {
+        a.worker
+            .run(move |_| TcpStream::connect_timeout(&target, wait).map_err(|e| e.kind()))
+            .is_ok()
+    };
+    assert!(
+        connects(underlay_port, Duration::from_secs(5)),
+        "open before the firewall"
+    );
+    let firewall_config = FirewallConfig {
+        mesh_interface: b.interface.clone(),
+        docker_bridge: "plztbr".into(),
+        wireguard_port: 51820,
+        management_port: 51000,
+        gossip_port: 51001,
+        machine_subnet: b.subnet,
+        cluster_network: ployz_core::ClusterNetwork::default(),
+    };
+    let restored = b.worker.run(move |_| {
+        Firewall::system(firewall_config.clone())
+            .reconcile()
+            .map_err(|e| e.to_string())
+    });
+    assert_eq!(restored, Ok(13));
+    assert!(
+        connects(mgmt_port, Duration::from_secs(5)),
+        "through the mesh"
+    );
+    assert!(
+        !connects(underlay_port, Duration::from_millis(500)),
+        "dropped from the underlay"
+    );
+    assert!(exchange(&sock_a, &sock_b), "WireGuard's port stays open");
 
     // The same set again changes nothing.
     assert!(a.set_peers(vec![b.peer_config()]).is_empty());
