@@ -1,0 +1,656 @@
+//! Two Machines in two network namespaces joined by a veth pair, each with a userspace WireGuard
+//! interface made by `MeshInterface`: their Management Addresses reach each other, WireGuard
+//! reports the handshake and the traffic, `wg show` reads the interface, peers and routes are
+//! reconciled exactly and idempotently, and B's firewall lets its management port be reached
+//! through the mesh but not from the underlay while WireGuard's port stays open.
+//!
+//! One process holds both interfaces: each lives on a worker thread that has `setns`ed into its
+//! namespace before creating it. A network namespace is a per-thread attribute on Linux, and
+//! threads and processes inherit it from the thread that spawns them, so the TUN device, the
+//! boringtun threads and their UDP sockets, and the `ip` commands `MeshInterface` runs all land
+//! in the worker's namespace (the test checks the interface is absent from its own). The daemon
+//! runs inside its namespace from the start and needs none of this.
+//!
+//! Namespaces are named `plztw-<pid>-<n>`; each is deleted on drop (also on panic), and ones left
+//! by a process that no longer runs are swept at start. Needs root.
+
+use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
+
+use nix::sched::{setns, CloneFlags};
+use ployz_mesh::endpoints::{EndpointSelector, LinkStatus, PeerAdvertisement};
+use ployz_mesh::firewall::{Firewall, FirewallConfig};
+use ployz_mesh::wireguard::{
+    egress_mtu, link_exists, Backend, KernelProbe, MeshConfig, MeshInterface, PeerConfig,
+    PeerStats, PrivateKey,
+};
+
+const PREFIX: &str = "plztw";
+
+fn run(program: &str, args: &[&str]) -> Output {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|err| panic!("{program} {args:?}: {err}"));
+    output
+}
+
+fn must(program: &str, args: &[&str]) -> String {
+    let output = run(program, args);
+    assert!(
+        output.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Deletes namespaces with this file's prefix whose creating process is gone, and userspace
+/// control sockets of test interfaces nobody listens on any more.
+fn sweep_leftovers() {
+    if let Ok(entries) = std::fs::read_dir("/var/run/wireguard") {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with("plzt")
+                && name.ends_with(".sock")
+                && std::os::unix::net::UnixStream::connect(&path).is_err()
+            {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    let listing = must("ip", &["netns", "list"]);
+    for line in listing.lines() {
+        let name = line.split_whitespace().next().unwrap_or_default();
+        let Some(rest) = name.strip_prefix(&format!("{PREFIX}-")) else {
+            continue;
+        };
+        let pid = rest.split('-').next().unwrap_or_default();
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = run("ip", &["netns", "del", name]);
+        }
+    }
+}
+
+fn unique(tag: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{PREFIX}-{}-{}{tag}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A network namespace, deleted on drop.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new(tag: &str) -> Netns {
+        let name = unique(tag);
+        must("ip", &["netns", "add", &name]);
+        let netns = Netns { name };
+        netns.ip(&["link", "set", "lo", "up"]);
+        netns
+    }
+
+    fn ip(&self, args: &[&str]) -> String {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        must("ip", &full)
+    }
+
+    fn exec(&self, args: &[&str]) -> Output {
+        let mut full = vec!["netns", "exec", self.name.as_str()];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = run("ip", &["netns", "del", &self.name]);
+    }
+}
+
+type Job = Box<dyn FnOnce(&mut Option<MeshInterface>) + Send>;
+
+/// A thread inside a namespace, owning that namespace's `MeshInterface` and running jobs on it.
+/// Dropping it ends the thread, which drops the interface there.
+struct Worker {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    fn new(netns: &Netns) -> Worker {
+        let path = format!("/var/run/netns/{}", netns.name);
+        let (jobs, receiver) = mpsc::channel::<Job>();
+        let (ready, entered) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let entered = File::open(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|file| setns(&file, CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string()));
+            let ok = entered.is_ok();
+            let _ = ready.send(entered);
+            if !ok {
+                return;
+            }
+            let mut interface = None;
+            while let Ok(job) = receiver.recv() {
+                job(&mut interface);
+            }
+            if let Some(interface) = interface.take() {
+                let _ = interface.down();
+            }
+        });
+        entered
+            .recv()
+            .expect("the worker reports")
+            .expect("setns into the namespace");
+        Worker {
+            jobs: Some(jobs),
+            thread: Some(thread),
+        }
+    }
+
+    fn run<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut Option<MeshInterface>) -> T + Send + 'static,
+    ) -> T {
+        let (sender, receiver) = mpsc::channel();
+        let job: Job = Box::new(move |interface| {
+            let _ = sender.send(job(interface));
+        });
+        self.jobs
+            .as_ref()
+            .expect("the worker runs")
+            .send(job)
+            .expect("the worker takes jobs");
+        receiver.recv().expect("the job finished without panicking")
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One Machine: a namespace, a worker in it, its key and addresses. The worker is declared
+/// first so it (and the interface) goes before the namespace.
+struct Machine {
+    worker: Worker,
+    netns: Netns,
+    key: PrivateKey,
+    interface: String,
+    subnet: ployz_core::MachineSubnet,
+    underlay: Ipv4Addr,
+}
+
+impl Machine {
+    fn peer_config(&self) -> PeerConfig {
+        PeerConfig {
+            public_key: self.key.public_key_base64(),
+            management_address: self.key.management_address().addr(),
+            subnet: self.subnet,
+            endpoint: Some(SocketAddr::new(IpAddr::V4(self.underlay), 51820)),
+        }
+    }
+
+    fn up(&self) {
+        let config = MeshConfig {
+            interface: self.interface.clone(),
+            backend: Backend::Userspace,
+            private_key: self.key.clone(),
+            listen_port: 51820,
+            management_address: self.key.management_address(),
+            gateway: self.subnet.gateway(),
+            mtu: None,
+        };
+        self.worker.run(move |slot| {
+            *slot = Some(MeshInterface::up(config).expect("the interface comes up"));
+        });
+    }
+
+    fn set_peers(&self, peers: Vec<PeerConfig>) -> ployz_mesh::wireguard::PeerChanges {
+        self.worker.run(move |slot| {
+            slot.as_mut()
+                .expect("up")
+                .set_peers(&peers)
+                .expect("set_peers")
+        })
+    }
+
+    fn stats(&self) -> Vec<PeerStats> {
+        self.worker
+            .run(|slot| slot.as_ref().expect("up").stats().expect("stats"))
+    }
+
+    /// A UDP socket made in this Machine's namespace (it stays there wherever it is used).
+    fn bind(&self, address: IpAddr) -> UdpSocket {
+        self.worker.run(move |_| {
+            let mut last = None;
+            let bound = wait_until(Duration::from_secs(5), || {
+                match UdpSocket::bind((address, 0)) {
+                    Ok(socket) => {
+                        last = Some(Ok(socket));
+                        true
+                    }
+                    Err(err) => {
+                        last = Some(Err(err));
+                        false
+                    }
+                }
+            });
+            match last {
+                Some(Ok(socket)) if bound => socket,
+                other => panic!("binding {address} in the namespace: {other:?}"),
+            }
+        })
+    }
+
+    fn routes(&self) -> std::collections::BTreeMap<String, Option<IpAddr>> {
+        self.worker
+            .run(|slot| slot.as_ref().expect("up").routes().expect("routes"))
+    }
+}
+
+/// ENETUNREACH.
+fn libc_enetunreach() -> i32 {
+    nix::errno::Errno::ENETUNREACH as i32
+}
+
+/// Sends datagrams from `from` to `to` until one arrives (true) or 20 s pass (false), and checks
+/// the receiver sees the sender's own address.
+fn exchange(from: &UdpSocket, to: &UdpSocket) -> bool {
+    let target = to.local_addr().expect("bound");
+    let source = from.local_addr().expect("bound");
+    to.set_read_timeout(Some(Duration::from_millis(200)))
+        .expect("a read timeout");
+    let mut buf = [0u8; 64];
+    wait_until(Duration::from_secs(20), || {
+        let _ = from.send_to(b"ployz", target);
+        match to.recv_from(&mut buf) {
+            Ok((n, peer)) => {
+                assert_eq!(&buf[..n], b"ployz");
+                assert_eq!(
+                    peer.ip(),
+                    source.ip(),
+                    "the receiver sees the sender's own address"
+                );
+                true
+            }
+            Err(_) => false,
+        }
+    })
+}
+
+/// Runs `check` until it returns true (true) or `limit` passes (false).
+fn wait_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    true
+}
+
+/// What a failed exchange looks like from each Machine.
+fn diagnose(machines: &[&Machine]) -> String {
+    let mut out = String::new();
+    for m in machines {
+        for args in [&["addr"][..], &["-6", "route"], &["route"], &["-s", "link"]] {
+            let mut full = vec!["-n", m.netns.name.as_str()];
+            full.extend_from_slice(args);
+            let o = run("ip", &full);
+            out.push_str(&format!(
+                "\n$ ip {}\n{}{}",
+                full.join(" "),
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ));
+        }
+        let o = run("wg", &["show", &m.interface]);
+        out.push_str(&format!(
+            "\n$ wg show {}\n{}{}",
+            m.interface,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ));
+        let o = m.netns.exec(&["ss", "-uanp"]);
+        out.push_str(&format!(
+            "\n$ ss -uanp\n{}",
+            String::from_utf8_lossy(&o.stdout)
+        ));
+    }
+    out
+}
+
+fn random_suffix() -> String {
+    format!("{:06x}", rand::random::<u32>() & 0xff_ffff)
+}
+
+#[test]
+#[ignore = "needs root"]
+fn two_machines_reach_each_other_over_userspace_wireguard() {
+    sweep_leftovers();
+    let suffix = random_suffix();
+    let ns_a = Netns::new("a");
+    let ns_b = Netns::new("b");
+    // The veth pair is made in this namespace under unique names and moved at once.
+    let veth_a = format!("plztv{suffix}a");
+    let veth_b = format!("plztv{suffix}b");
+    must(
+        "ip",
+        &[
+            "link", "add", &veth_a, "netns", &ns_a.name, "type", "veth", "peer", "name", &veth_b,
+            "netns", &ns_b.name,
+        ],
+    );
+    ns_a.ip(&["addr", "add", "198.18.0.1/24", "dev", &veth_a]);
+    ns_b.ip(&["addr", "add", "198.18.0.2/24", "dev", &veth_b]);
+    // A's egress (its default route's device) has a smaller MTU than B's, which has no route
+    // out at all.
+    ns_a.ip(&["link", "set", &veth_a, "mtu", "1400"]);
+    ns_b.ip(&["link", "set", &veth_b, "mtu", "1400"]);
+    ns_a.ip(&["link", "set", &veth_a, "up"]);
+    ns_b.ip(&["link", "set", &veth_b, "up"]);
+    ns_a.ip(&["route", "add", "default", "via", "198.18.0.2"]);
+    ns_a.ip(&["addr", "add", "2001:db8::1/64", "dev", &veth_a, "nodad"]);
+    ns_b.ip(&["addr", "add", "2001:db8::2/64", "dev", &veth_b, "nodad"]);
+
+    let a = Machine {
+        worker: Worker::new(&ns_a),
+        netns: ns_a,
+        key: PrivateKey::generate(),
+        interface: format!("plzt{suffix}a"),
+        subnet: "10.210.0.0/24".parse().unwrap(),
+        underlay: Ipv4Addr::new(198, 18, 0, 1),
+    };
+    let b = Machine {
+        worker: Worker::new(&ns_b),
+        netns: ns_b,
+        key: PrivateKey::generate(),
+        interface: format!("plzt{suffix}b"),
+        subnet: "10.210.1.0/24".parse().unwrap(),
+        underlay: Ipv4Addr::new(198, 18, 0, 2),
+    };
+    a.up();
+    b.up();
+    assert!(
+        !link_exists(&a.interface) && !link_exists(&b.interface),
+        "the interfaces live in their namespaces, not in the test's"
+    );
+    assert_eq!(a.worker.run(|_| egress_mtu()), Some(1400));
+    assert_eq!(
+        a.worker.run(|slot| slot.as_ref().map(MeshInterface::mtu)),
+        Some(1320)
+    );
+    let links = a.netns.ip(&["-j", "link", "show", "dev", &a.interface]);
+    assert!(links.contains("\"mtu\":1320"), "egress 1400 - 80; {links}");
+    assert_eq!(b.worker.run(|_| egress_mtu()), None);
+    let links = b.netns.ip(&["-j", "link", "show", "dev", &b.interface]);
+    assert!(
+        links.contains("\"mtu\":1420"),
+        "no egress route: the default MTU; {links}"
+    );
+    let addrs = a.netns.ip(&["-6", "addr", "show", "dev", &a.interface]);
+    let mgmt_a = a.key.management_address().to_string();
+    assert!(addrs.contains(&format!("{mgmt_a}/128")), "{addrs}");
+
+    // A's Selected Endpoint for B starts on B's first Advertised Endpoint.
+    let mut selector = EndpointSelector::new();
+    let initial = selector.set_advertised(
+        SystemTime::now(),
+        &[PeerAdvertisement {
+            public_key: b.key.public_key_base64(),
+            endpoints: vec![b.peer_config().endpoint.expect("B has an endpoint")],
+        }],
+    );
+    assert_eq!(initial.len(), 1);
+    let mut b_as_seen_by_a = b.peer_config();
+    b_as_seen_by_a.endpoint = Some(initial[0].endpoint);
+    let first = a.set_peers(vec![b_as_seen_by_a]);
+    assert_eq!((first.added, first.routes_set), (1, 2), "{first:?}");
+    b.set_peers(vec![a.peer_config()]);
+
+    // Management Address to Management Address, through the tunnel, both ways.
+    let mgmt_b = b.key.management_address().to_string();
+    let sock_a = a.bind(a.key.management_address().addr().into());
+    let sock_b = b.bind(b.key.management_address().addr().into());
+    assert!(
+        exchange(&sock_a, &sock_b),
+        "A does not reach B's Management Address: {}",
+        diagnose(&[&a, &b])
+    );
+    assert!(
+        exchange(&sock_b, &sock_a),
+        "B does not reach A's Management Address"
+    );
+
+    let stats = a.stats();
+    assert_eq!(stats.len(), 1);
+    let peer = &stats[0];
+    assert_eq!(peer.public_key, b.key.public_key_base64());
+    assert_eq!(peer.endpoint, Some("198.18.0.2:51820".parse().unwrap()));
+    let handshake = peer.last_handshake.expect("a handshake happened");
+    let age = SystemTime::now()
+        .duration_since(handshake)
+        .unwrap_or(Duration::ZERO);
+    assert!(
+        age < Duration::from_secs(60),
+        "a recent handshake, not {age:?} ago"
+    );
+    assert!(peer.rx_bytes > 0 && peer.tx_bytes > 0, "{peer:?}");
+
+    // The real handshake brings the link up in A's endpoint selection, with nothing to change.
+    assert!(selector.tick(SystemTime::now(), &stats).is_empty());
+    let view = &selector.peers()[0];
+    assert_eq!(view.status, LinkStatus::Up);
+    assert_eq!(view.last_handshake, Some(handshake));
+
+    // `wg show` (wireguard-tools) reads the userspace interface through its control socket.
+    match Command::new("wg").args(["show", &a.interface]).output() {
+        Ok(output) => {
+            assert!(output.status.success(), "wg show: {output:?}");
+            let shown = String::from_utf8_lossy(&output.stdout);
+            assert!(shown.contains(&b.key.public_key_base64()), "{shown}");
+            assert!(shown.contains("latest handshake"), "{shown}");
+            assert!(
+                shown.contains("persistent keepalive: every 25 seconds"),
+                "{shown}"
+            );
+            assert!(shown.contains("10.210.1.0/24"), "{shown}");
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            eprintln!("wireguard-tools is not installed: `wg show` not checked");
+        }
+        Err(err) => panic!("wg show: {err}"),
+    }
+
+    // Without the Machine Gateway present the subnet route has no source; once the Docker
+    // bridge's stand-in holds it, the next reconcile adds it, and the subnets talk.
+    assert_eq!(a.routes().get("10.210.1.0/24"), Some(&None));
+    for m in [&a, &b] {
+        m.netns.ip(&["link", "add", "plztbr", "type", "bridge"]);
+        let gateway = format!("{}/24", m.subnet.gateway());
+        m.netns.ip(&["addr", "add", &gateway, "dev", "plztbr"]);
+        m.netns.ip(&["link", "set", "plztbr", "up"]);
+    }
+    let with_source = a.set_peers(vec![b.peer_config()]);
+    assert_eq!(
+        (
+            with_source.added,
+            with_source.updated,
+            with_source.routes_set
+        ),
+        (0, 0, 1)
+    );
+    b.set_peers(vec![a.peer_config()]);
+    let routes = a.routes();
+    assert_eq!(
+        routes.get("10.210.1.0/24"),
+        Some(&Some(IpAddr::V4(a.subnet.gateway())))
+    );
+    assert_eq!(routes.get(&format!("{mgmt_b}/128")), Some(&None));
+    let from_gateway_a = a.bind(a.subnet.gateway().into());
+    let at_gateway_b = b.bind(b.subnet.gateway().into());
+    assert!(
+        exchange(&from_gateway_a, &at_gateway_b),
+        "Machine Subnet to Machine Subnet: {}",
+        diagnose(&[&a, &b])
+    );
+
+    // The firewall on B: its management port is reached through the mesh, not from the underlay.
+    let mgmt_port = SocketAddr::new(b.key.management_address().addr().into(), 51000);
+    let underlay_port: SocketAddr = "[2001:db8::2]:51000".parse().unwrap();
+    let _listener = b
+        .worker
+        .run(|_| TcpListener::bind("[::]:51000").expect("listen in B"));
+    let connects = |target: SocketAddr, wait: Duration| {
+        a.worker
+            .run(move |_| TcpStream::connect_timeout(&target, wait).map_err(|e| e.kind()))
+            .is_ok()
+    };
+    assert!(
+        connects(underlay_port, Duration::from_secs(5)),
+        "open before the firewall"
+    );
+    let firewall_config = FirewallConfig {
+        mesh_interface: b.interface.clone(),
+        docker_bridge: "plztbr".into(),
+        wireguard_port: 51820,
+        management_port: 51000,
+        gossip_port: 51001,
+        machine_subnet: b.subnet,
+        cluster_network: ployz_core::ClusterNetwork::default(),
+    };
+    let restored = b.worker.run(move |_| {
+        Firewall::system(firewall_config.clone())
+            .reconcile()
+            .map_err(|e| e.to_string())
+    });
+    assert_eq!(restored, Ok(13));
+    assert!(
+        connects(mgmt_port, Duration::from_secs(5)),
+        "through the mesh"
+    );
+    assert!(
+        !connects(underlay_port, Duration::from_millis(500)),
+        "dropped from the underlay"
+    );
+    assert!(exchange(&sock_a, &sock_b), "WireGuard's port stays open");
+
+    // The same set again changes nothing.
+    assert!(a.set_peers(vec![b.peer_config()]).is_empty());
+    assert!(a.set_peers(vec![b.peer_config()]).is_empty());
+
+    // An endpoint change is applied (remove and re-add on userspace).
+    let mut moved = b.peer_config();
+    moved.endpoint = Some("198.18.0.2:51821".parse().unwrap());
+    assert_eq!(a.set_peers(vec![moved]).updated, 1);
+    assert_eq!(
+        a.stats()[0].endpoint,
+        Some("198.18.0.2:51821".parse().unwrap())
+    );
+
+    // Removing the peer removes its routes.
+    let removed = a.set_peers(Vec::new());
+    assert_eq!(
+        (removed.removed, removed.routes_removed),
+        (1, 2),
+        "{removed:?}"
+    );
+    assert!(a.routes().is_empty());
+    assert!(a.stats().is_empty());
+    let unreachable = sock_a
+        .send_to(b"ployz", sock_b.local_addr().unwrap())
+        .expect_err("no route to B's Management Address any more");
+    assert_eq!(
+        unreachable.raw_os_error(),
+        Some(libc_enetunreach()),
+        "{unreachable}"
+    );
+
+    // Down removes the interface from its namespace.
+    let name = a.interface.clone();
+    let gone = a.worker.run(move |slot| {
+        slot.take().expect("up").down().expect("down");
+        !link_exists(&name)
+    });
+    assert!(gone);
+    assert!(!std::path::Path::new(&format!("/var/run/wireguard/{}.sock", a.interface)).exists());
+}
+
+#[test]
+#[ignore = "needs root"]
+fn an_interface_name_taken_by_another_device_is_refused() {
+    sweep_leftovers();
+    let netns = Netns::new("c");
+    let taken = format!("plzt{}c", random_suffix());
+    netns.ip(&["link", "add", &taken, "type", "bridge"]);
+    let worker = Worker::new(&netns);
+    for backend in [Backend::Userspace, Backend::Kernel] {
+        let config = MeshConfig {
+            interface: taken.clone(),
+            backend,
+            private_key: PrivateKey::generate(),
+            listen_port: 51820,
+            management_address: PrivateKey::generate().management_address(),
+            gateway: Ipv4Addr::new(10, 210, 0, 1),
+            mtu: Some(1420),
+        };
+        let err = worker
+            .run(move |_| MeshInterface::up(config).map(|_| ()))
+            .expect_err("the name is taken");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("interface {taken} already exists")),
+            "{backend}: {text}"
+        );
+        assert!(text.contains("[mesh] interface"), "{text}");
+    }
+    // The bridge is untouched.
+    let kind = netns.ip(&["-d", "-j", "link", "show", "dev", &taken]);
+    assert!(kind.contains("\"info_kind\":\"bridge\""), "{kind}");
+
+    // The kernel path runs as far as the host lets it: without the module, creating the link
+    // is what fails, and nothing is left behind.
+    let free = format!("plzt{}k", random_suffix());
+    let config = MeshConfig {
+        interface: free.clone(),
+        backend: Backend::Kernel,
+        private_key: PrivateKey::generate(),
+        listen_port: 51820,
+        management_address: PrivateKey::generate().management_address(),
+        gateway: Ipv4Addr::new(10, 210, 0, 1),
+        mtu: None,
+    };
+    let outcome = worker.run(move |_| {
+        let outcome = MeshInterface::up(config).and_then(MeshInterface::down);
+        (outcome.map_err(|e| e.to_string()), link_exists(&free))
+    });
+    if KernelProbe::detect().module_present {
+        assert_eq!(outcome, (Ok(()), false));
+    } else {
+        let (result, left) = outcome;
+        let err = result.expect_err("no kernel module here");
+        assert!(err.contains("create failed"), "{err}");
+        assert!(!left);
+    }
+    drop(worker);
+}
