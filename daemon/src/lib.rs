@@ -20,6 +20,7 @@ mod identity;
 mod lease;
 mod local_machine;
 mod mesh;
+mod mesh_service;
 mod public_addresses;
 mod server;
 

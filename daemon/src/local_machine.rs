@@ -15,7 +15,7 @@ use ployz_store::{OpenOptions, Store, StoreError};
 use crate::identity::{DataDir, KeyPair, KeyProblem, LocalIdentity};
 
 mod cluster;
-pub use cluster::{MeshMember, PeerObservation};
+pub use cluster::{MeshMember, PeerObservation, MEMBERS_NAMESPACE};
 
 /// The flag that starts the daemon on a data dir that lost acknowledged data.
 pub const ACCEPT_DATA_LOSS_FLAG: &str = "--accept-data-loss";
@@ -207,6 +207,11 @@ impl LocalMachine {
             initialised,
             mesh_interface: Mutex::new(None),
         })
+    }
+
+    /// The file holding this Machine's WireGuard private key.
+    pub fn private_key_file(&self) -> std::path::PathBuf {
+        self.dir.private_key_file()
     }
 
     /// Makes the Docker network trust the mesh's interface (set once at start, before the mesh

@@ -20,6 +20,10 @@ pub struct MeshView {
     observations: Mutex<BTreeMap<MachineId, PeerObservation>>,
     status: Mutex<Option<MeshStatus>>,
     not_running: Mutex<String>,
+    metrics: Mutex<MeshMetrics>,
+    /// Set by a peer's reset request (`machine rm` elsewhere): the mesh task tears down and the
+    /// daemon starts again uninitialised.
+    reset: tokio::sync::watch::Sender<Option<bool>>,
 }
 
 /// How long `machine rm` waits for the removed Machine to answer its reset.
@@ -38,7 +42,19 @@ impl MeshView {
             observations: Mutex::default(),
             status: Mutex::default(),
             not_running: Mutex::new(not_running),
+            metrics: Mutex::default(),
+            reset: tokio::sync::watch::channel(None).0,
         }
+    }
+
+    /// Asks the mesh task to reset this Machine (`Some(stop_containers)`).
+    pub fn request_reset(&self, stop_containers: bool) {
+        self.reset.send_replace(Some(stop_containers));
+    }
+
+    /// Watches for a reset request.
+    pub fn reset_requests(&self) -> tokio::sync::watch::Receiver<Option<bool>> {
+        self.reset.subscribe()
     }
 
     /// The settings the mesh runs with.
@@ -179,4 +195,122 @@ pub async fn peer_request(
     let status = response.status();
     let bytes = response.into_body().collect().await?.to_bytes();
     Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// What the mesh task counted, for `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct MeshMetrics {
+    /// `kernel` or `userspace`, once the interface is up.
+    pub backend: Option<&'static str>,
+    /// Peers per Membership Observation word.
+    pub membership: BTreeMap<&'static str, u64>,
+    /// Members whose Machine Subnet another member holds too.
+    pub subnet_collisions: u64,
+    /// Remote records refused for a clock too far ahead, per origin.
+    pub clock_refusals: BTreeMap<MachineId, u64>,
+    /// Replication's totals.
+    pub replication: crate::replication::ReplicationCounters,
+    /// Membership gossip's totals: datagrams and bytes each way.
+    pub gossip: [u64; 4],
+    /// Firewall rules put back by reconciliation.
+    pub firewall_repairs: u64,
+}
+
+impl MeshView {
+    /// Replaces the metrics.
+    pub fn set_metrics(&self, metrics: MeshMetrics) {
+        *self.metrics.lock().expect("mesh view poisoned") = metrics;
+    }
+
+    /// Appends the mesh's series in the Prometheus text format.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let m = self.metrics.lock().expect("mesh view poisoned").clone();
+        if !self.settings.enabled {
+            return;
+        }
+        let _ = writeln!(out, "# HELP ployz_mesh_info The mesh's WireGuard backend on this Machine (1 once the interface is up).");
+        let _ = writeln!(out, "# TYPE ployz_mesh_info gauge");
+        if let Some(backend) = m.backend {
+            let _ = writeln!(
+                out,
+                "ployz_mesh_info{{backend=\"{backend}\",interface=\"{}\"}} 1",
+                self.settings.interface
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ployz_mesh_peers Peers by this Machine's Membership Observation of them."
+        );
+        let _ = writeln!(out, "# TYPE ployz_mesh_peers gauge");
+        for (state, n) in &m.membership {
+            let _ = writeln!(out, "ployz_mesh_peers{{membership=\"{state}\"}} {n}");
+        }
+        let _ = writeln!(out, "# HELP ployz_mesh_subnet_collisions Members whose Machine Subnet another member holds too.");
+        let _ = writeln!(out, "# TYPE ployz_mesh_subnet_collisions gauge");
+        let _ = writeln!(out, "ployz_mesh_subnet_collisions {}", m.subnet_collisions);
+        let _ = writeln!(out, "# HELP ployz_store_clock_refusals_total Remote records not merged because their timestamp was too far ahead of this Machine's clock.");
+        let _ = writeln!(out, "# TYPE ployz_store_clock_refusals_total counter");
+        for (origin, n) in &m.clock_refusals {
+            let _ = writeln!(
+                out,
+                "ployz_store_clock_refusals_total{{origin=\"{origin}\"}} {n}"
+            );
+        }
+        let r = &m.replication;
+        for (name, help, value) in [
+            (
+                "records_pushed",
+                "Records sent to peers as they were written",
+                r.records_pushed,
+            ),
+            (
+                "records_pulled",
+                "Records fetched from peers by anti-entropy",
+                r.records_pulled,
+            ),
+            (
+                "records_applied",
+                "Records from peers this store took",
+                r.records_applied,
+            ),
+            ("bytes_sent", "Replication bytes sent", r.bytes_sent),
+            (
+                "bytes_received",
+                "Replication bytes received",
+                r.bytes_received,
+            ),
+            (
+                "anti_entropy_rounds",
+                "Anti-entropy rounds run",
+                r.anti_entropy_rounds,
+            ),
+            ("failures", "Replication requests that failed", r.failures),
+        ] {
+            let _ = writeln!(out, "# HELP ployz_replication_{name}_total {help}.");
+            let _ = writeln!(out, "# TYPE ployz_replication_{name}_total counter");
+            let _ = writeln!(out, "ployz_replication_{name}_total {value}");
+        }
+        let [sent, received, bytes_sent, bytes_received] = m.gossip;
+        for (name, value) in [
+            ("datagrams_sent", sent),
+            ("datagrams_received", received),
+            ("bytes_sent", bytes_sent),
+            ("bytes_received", bytes_received),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP ployz_gossip_{name}_total Membership gossip {}.",
+                name.replace('_', " ")
+            );
+            let _ = writeln!(out, "# TYPE ployz_gossip_{name}_total counter");
+            let _ = writeln!(out, "ployz_gossip_{name}_total {value}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP ployz_firewall_repairs_total Firewall rules put back by reconciliation."
+        );
+        let _ = writeln!(out, "# TYPE ployz_firewall_repairs_total counter");
+        let _ = writeln!(out, "ployz_firewall_repairs_total {}", m.firewall_repairs);
+    }
 }

@@ -130,6 +130,17 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     }
     let lease = crate::lease::MachineLease::new(machine.clone());
     let mesh_view = Arc::new(crate::mesh::MeshView::new(config.mesh.clone()));
+    if config.mesh.enabled {
+        machine.set_mesh_interface(&config.mesh.interface);
+        server.add_service(background_service(
+            "mesh",
+            crate::mesh_service::MeshService {
+                machine: machine.clone(),
+                view: mesh_view.clone(),
+                header_timeout: config.limits.header_timeout(),
+            },
+        ));
+    }
     server.add_service(background_service(
         "management API",
         ApiService {
@@ -160,6 +171,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
                 issuer: config.certificates.enabled.then(|| issuer_counters.clone()),
             },
             header_timeout: config.limits.header_timeout(),
+            mesh: mesh_view.clone(),
         },
     ));
     if config.dns.listen != DnsListen::Off {
@@ -491,6 +503,8 @@ struct MetricsService {
     dns: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>>,
     /// What the modules reading the store counted when it could not be read or written.
     failures: StoreFailures,
+    /// The mesh's series.
+    mesh: Arc<crate::mesh::MeshView>,
     /// How long a client has to send a request head.
     header_timeout: std::time::Duration,
 }
@@ -509,6 +523,7 @@ impl BackgroundService for MetricsService {
         let routes = self.routes.clone();
         let dns = self.dns.clone();
         let failures = self.failures.clone();
+        let mesh = self.mesh.clone();
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
@@ -516,6 +531,7 @@ impl BackgroundService for MetricsService {
                 let routes = routes.clone();
                 let dns = dns.clone();
                 let failures = failures.clone();
+                let mesh = mesh.clone();
                 async move {
                     let table = routes.table().load();
                     let mut text = metrics.render(table.generation(), table.len());
@@ -523,6 +539,7 @@ impl BackgroundService for MetricsService {
                         d.render_prometheus(&mut text);
                     }
                     failures.render(&mut text);
+                    mesh.render(&mut text);
                     ([("content-type", "text/plain; version=0.0.4")], text)
                 }
             }),
@@ -872,4 +889,19 @@ mod tests {
             "{text}"
         );
     }
+}
+
+/// Starts this daemon again in place (same executable, same arguments, same PID), after a reset
+/// to uninitialised: every listener and open file closes with the old image (they are opened
+/// close-on-exec), and the new one starts from the data dir as it now is. Returns only if the
+/// exec failed, after logging why; the process then exits so a service manager restarts it.
+pub(crate) fn restart_process() -> ! {
+    use std::os::unix::process::CommandExt as _;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    tracing::warn!("starting the daemon again, uninitialised");
+    let error = std::process::Command::new("/proc/self/exe")
+        .args(&args)
+        .exec();
+    tracing::error!(error = %error, "cannot start the daemon again; exiting");
+    std::process::exit(1)
 }

@@ -360,6 +360,30 @@ impl MachineDocker {
 
     /// Creates the `ployz` bridge network on the Machine Subnet with the Machine Gateway, leaves
     /// a matching one alone, and reports a conflicting one.
+    /// The name of the `ployz` network's bridge interface on this Machine: [`BRIDGE_NAME`] for
+    /// networks Ployz created with it, `br-<id>` for older ones. Creates the network first when
+    /// it is missing.
+    pub async fn bridge_name(&self) -> Result<String, DockerError> {
+        self.ensure_network().await?;
+        let api = self.api().await?;
+        let net = self
+            .answer(
+                "inspecting the network",
+                CALL_TIMEOUT,
+                api.inspect_network(NETWORK, None::<InspectNetworkOptions>),
+            )
+            .await??;
+        if let Some(name) = net
+            .options
+            .as_ref()
+            .and_then(|o| o.get("com.docker.network.bridge.name"))
+        {
+            return Ok(name.clone());
+        }
+        let id = net.id.unwrap_or_default();
+        Ok(format!("br-{}", &id[..id.len().min(12)]))
+    }
+
     pub async fn ensure_network(&self) -> Result<(), DockerError> {
         let wanted = self.subnet.to_string();
         let api = self.api().await?;

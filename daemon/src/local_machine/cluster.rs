@@ -599,4 +599,36 @@ impl LocalMachine {
         tracing::info!("machine reset to uninitialised");
         Ok(())
     }
+
+    /// Forgets every Machine whose member record was deleted (`machine rm`): its machine-owned
+    /// records leave this store, and later ones from it are ignored. This Machine's own
+    /// deletion is left to the reset the removing Machine asks for.
+    pub fn forget_removed(&self) -> Result<(), MachineError> {
+        let Some(store) = self.store() else {
+            return Ok(());
+        };
+        let forgotten = store.forgotten();
+        for record in store.scan(&KeyPrefix::cluster_namespace(MEMBERS_NAMESPACE))? {
+            if !record.tombstone {
+                continue;
+            }
+            let Ok(id) = record.key.name().parse::<MachineId>() else {
+                continue;
+            };
+            if &id == store.local() || forgotten.contains(&id) {
+                continue;
+            }
+            let removed = store.forget_origin(&id)?;
+            tracing::info!(machine_id = %id, records = ?removed, "forgot a removed machine's records");
+        }
+        Ok(())
+    }
+
+    /// How many members share their Machine Subnet with another, as this Machine observes the
+    /// roster; collisions are logged once per change of the count.
+    pub fn subnet_collision_count(&self) -> Result<u64, MachineError> {
+        let store = self.store().ok_or(MachineError::NotInitialised)?;
+        let collisions = ployz_mesh::join::subnet_collisions(&roster(&store)?);
+        Ok(collisions.len() as u64)
+    }
 }
