@@ -1,8 +1,9 @@
-//! The store's costs: a durable local write, merging 10,000 remote records, computing a digest.
+//! The store's costs: a durable local write, merging 10,000 remote records (applied or all
+//! ignored), computing a digest.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use ployz_core::MachineId;
-use ployz_store::{Key, OpenOptions, Store, SyncRequest};
+use ployz_store::{Key, OpenOptions, Store, SyncBatch, SyncRequest};
 
 fn on_disk(dir: &tempfile::TempDir) -> Store {
     Store::open(dir.path(), MachineId::generate()).unwrap()
@@ -44,8 +45,9 @@ fn local_write_acknowledged(c: &mut Criterion) {
     bench_writes(c, "store/local_write_durable_acknowledged_512B", &store);
 }
 
-/// 10,000 records written by one origin, as a peer would send them.
-fn remote_records(count: usize) -> Vec<ployz_store::Record> {
+/// `count` records written by one origin, as a peer would send them: one batch answering
+/// "everything after 0".
+fn remote_batch(count: usize) -> SyncBatch {
     let id = MachineId::generate();
     let dir = tempfile::tempdir().unwrap();
     let source = Store::open(dir.path(), id.clone()).unwrap();
@@ -57,7 +59,7 @@ fn remote_records(count: usize) -> Vec<ployz_store::Record> {
             )
             .unwrap();
     }
-    source
+    let batch = source
         .records_after(
             &SyncRequest {
                 origin: id,
@@ -65,25 +67,53 @@ fn remote_records(count: usize) -> Vec<ployz_store::Record> {
             },
             count,
         )
-        .unwrap()
-        .records
+        .unwrap();
+    assert_eq!(batch.records.len(), count);
+    batch
 }
 
+/// Merging 10,000 remote records: into an empty store (by `merge` and by `apply_batch`, each
+/// record applied), and into a store already holding them (each ignored). The store's own
+/// closing is left out of the measure (the routine hands the store back).
 fn merge_10k(c: &mut Criterion) {
-    let records = remote_records(10_000);
+    let batch = remote_batch(10_000);
     let mut group = c.benchmark_group("store");
     group.sample_size(10);
-    group.throughput(Throughput::Elements(records.len() as u64));
+    group.throughput(Throughput::Elements(batch.records.len() as u64));
+    let empty_store = || {
+        let dir = tempfile::tempdir().unwrap();
+        let store = on_disk(&dir);
+        (dir, store)
+    };
     group.bench_function("merge_10k_remote_records", |b| {
         b.iter_batched(
-            || {
-                let dir = tempfile::tempdir().unwrap();
-                let store = on_disk(&dir);
+            empty_store,
+            |(dir, store)| {
+                let report = store.merge(&batch.records).unwrap();
+                assert_eq!(report.applied, batch.records.len());
                 (dir, store)
             },
-            |(_dir, store)| store.merge(&records).unwrap(),
             BatchSize::PerIteration,
         )
+    });
+    group.bench_function("apply_batch_10k_remote_records_into_empty_store", |b| {
+        b.iter_batched(
+            empty_store,
+            |(dir, store)| {
+                let report = store.apply_batch(&batch).unwrap();
+                assert_eq!(report.applied, batch.records.len());
+                (dir, store)
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    let (_dir, holding) = empty_store();
+    holding.apply_batch(&batch).unwrap();
+    group.bench_function("apply_batch_10k_remote_records_all_held", |b| {
+        b.iter(|| {
+            let report = holding.apply_batch(&batch).unwrap();
+            assert_eq!(report.ignored, batch.records.len());
+        })
     });
     group.finish();
 }

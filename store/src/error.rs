@@ -19,6 +19,9 @@ pub enum StoreError {
     /// A local write named another Machine's machine-owned key.
     #[error("this Machine ({local}) may not write '{key}': it belongs to another Machine")]
     NotOwner { key: String, local: MachineId },
+    /// A Machine was asked to forget itself.
+    #[error("this Machine ({machine}) cannot forget its own records: forget a Machine on the others, once it is removed from the Cluster")]
+    ForgetLocal { machine: MachineId },
     /// An earlier write failed on disk and the store has not been able to write since; reads
     /// show what was durable. The store reopens itself once the disk takes writes again.
     #[error("the store cannot write: {reason}")]

@@ -14,6 +14,11 @@
 //! the highest sequence it has incorporated per origin, and a peer answers with the records of
 //! origin O after sequence N. The transport is not this crate's business.
 //!
+//! A remote record whose HLC runs further ahead of this store's clock than a bound
+//! ([`Store::set_max_drift`]) is not merged until the clocks agree; a Machine removed from the
+//! Cluster is forgotten ([`Store::forget_origin`]): its machine-owned records go and do not come
+//! back.
+//!
 //! **Architecture Invariant:** sled is used here and nowhere else. Local writes are flushed to
 //! disk before they return, and no read shows a change the disk did not take.
 //!
@@ -43,6 +48,6 @@ pub use error::StoreError;
 pub use hlc::Hlc;
 pub use key::{Key, KeyPrefix, Owner};
 pub use record::Record;
-pub use store::{MergeReport, OpenOptions, OpenReport, Store};
+pub use store::{MergeReport, OpenOptions, OpenReport, Store, DEFAULT_MAX_DRIFT};
 pub use sync::{Digest, SyncBatch, SyncRequest};
 pub use watch::{Change, Watch, WatchEvent};

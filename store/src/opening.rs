@@ -2,7 +2,7 @@
 //! caught), every entry is read back and checked against the others, and the store is compared
 //! with its acknowledgement record.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use crate::error::sled_error_text;
 use crate::hlc::wall_now_ms;
 use crate::store::{
     decode_hlc, decode_origin, decode_u64, log_key, panic_message, record_key, Sled, CLOCK, DIGEST,
-    LOG, RECORD, TREE,
+    FORGOTTEN, LOG, RECORD, TREE,
 };
 use crate::{Digest, Hlc, Key, OpenOptions, OpenReport, Record, StoreError};
 
@@ -57,6 +57,8 @@ pub(crate) struct Inventory {
     pub(crate) entries: usize,
     pub(crate) digest: Digest,
     pub(crate) clock: Option<Hlc>,
+    /// The Machines forgotten.
+    pub(crate) forgotten: BTreeSet<MachineId>,
     /// Entries that do not decode or do not agree with the others, and why.
     pub(crate) bad: Vec<(Vec<u8>, String)>,
     /// Log entries a held record lacks (key, value), to put back.
@@ -243,6 +245,14 @@ fn inventory(tree: &sled::Tree, local: &MachineId) -> Result<Inventory, StoreErr
                 }
                 _ => inv.bad.push(bad("a digest entry that does not decode")),
             },
+            Some(&FORGOTTEN) => match decode_origin(&k[1..]) {
+                Some(origin) => {
+                    inv.forgotten.insert(origin);
+                }
+                None => inv
+                    .bad
+                    .push(bad("a forgotten Machine's ID does not decode")),
+            },
             _ if k.as_ref() == CLOCK => match decode_hlc(&v) {
                 Some(h) => inv.clock = Some(h),
                 None => inv.bad.push(bad("the clock does not decode")),
@@ -285,17 +295,18 @@ fn inventory(tree: &sled::Tree, local: &MachineId) -> Result<Inventory, StoreErr
     Ok(inv)
 }
 
-/// What the store lacks of what `ack` says it acknowledged, a sentence each.
+/// What the store lacks of what `ack` says it acknowledged, a sentence each. What it held of a
+/// Machine it has forgotten since is not missing.
 pub(crate) fn shortfalls(
     local: &MachineId,
     ack: &Acknowledged,
-    digest: &Digest,
+    inventory: &Inventory,
     tree: &sled::Tree,
 ) -> Result<Vec<String>, StoreError> {
     let mut missing = Vec::new();
     for (origin, &acked) in &ack.digest.0 {
-        let held = digest.get(origin);
-        if held >= acked {
+        let held = inventory.digest.get(origin);
+        if held >= acked || inventory.forgotten.contains(origin) {
             continue;
         }
         missing.push(if origin == local {

@@ -8,7 +8,9 @@
 //! - `l` + origin + seq (big-endian): the key that record was written under, for the records
 //!   currently held (an entry is removed when its record is superseded);
 //! - `d` + origin: the highest sequence incorporated from that origin (the digest);
-//! - `h`: the clock's last timestamp.
+//! - `h`: the clock's last timestamp;
+//! - `f` + origin: a Machine forgotten ([`Store::forget_origin`]), its records for
+//!   machine-owned keys ignored from then on.
 //!
 //! Durability. A change is applied as one batch and flushed before the call returns, and readers
 //! wait meanwhile, so no read shows a change the disk has not taken. When the disk refuses
@@ -18,16 +20,25 @@
 //! succeeds ([`Store::recover`], also tried by every write). A failed local write that reached
 //! the disk after all is undone on reopening, so a write reported failed never shows up later.
 //!
+//! Clocks. A remote record whose HLC is further ahead of this store's wall clock than the drift
+//! bound ([`Store::set_max_drift`], 500 ms by default) is not merged: a Machine whose clock runs
+//! ahead would otherwise win every cluster-scoped key it writes until the others' clocks caught
+//! up. The rest of the call merges; the refusals are counted per origin
+//! ([`Store::clock_refusals`]) and logged once per origin per minute. The store's wall clock can
+//! be shifted ([`Store::set_clock_offset_ms`], for tests of exactly this).
+//!
 //! Opening. Files an interrupted snapshot left behind are removed; sled failing to open or
 //! panicking, and entries that do not decode, make the store unreadable; with an acknowledgement
 //! record ([`OpenOptions::acknowledged`]), a store holding less than it acknowledged is refused.
 //! [`OpenOptions::accept_loss`] opens anyway, keeping what can be kept.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::{Bound, ControlFlow};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 use ployz_core::MachineId;
 use tokio::sync::{broadcast, watch};
@@ -49,6 +60,12 @@ pub(crate) const RECORD: u8 = b'r';
 pub(crate) const LOG: u8 = b'l';
 pub(crate) const DIGEST: u8 = b'd';
 pub(crate) const CLOCK: &[u8] = b"h";
+pub(crate) const FORGOTTEN: u8 = b'f';
+
+/// How far ahead of this store's wall clock a remote record's HLC may be, by default.
+pub const DEFAULT_MAX_DRIFT: Duration = Duration::from_millis(500);
+/// How often refusals of one origin's records for its clock are logged, at most.
+const CLOCK_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 /// The sled tree holding everything.
 pub(crate) const TREE: &str = "ployz";
@@ -62,8 +79,12 @@ const PROBE_FILE: &str = "space-probe";
 pub struct MergeReport {
     /// Records that won and replaced (or created) their key's version.
     pub applied: usize,
-    /// Records that lost to, or equalled, the version already held.
+    /// Records that lost to, or equalled, the version already held, and records for the
+    /// machine-owned keys of a forgotten Machine ([`Store::forget_origin`]).
     pub ignored: usize,
+    /// Records refused because their HLC is further ahead of this store's wall clock than the
+    /// drift bound ([`Store::set_max_drift`]); a later sync round brings them again.
+    pub too_far_ahead: usize,
 }
 
 /// How [`Store::open_with`] opens a store.
@@ -102,9 +123,23 @@ pub struct Store {
     changes: broadcast::Sender<Change>,
     /// Why writes are refused, while they are.
     writability: watch::Sender<Option<String>>,
+    /// How far ahead of the wall clock a remote record's HLC may be, in milliseconds.
+    max_drift_ms: AtomicU64,
+    /// Milliseconds added to the system's wall clock ([`Store::set_clock_offset_ms`]).
+    clock_offset_ms: AtomicI64,
+    /// Records refused for their clock, per origin.
+    clock_refusals: Mutex<ClockRefusals>,
     /// While set, reads fail ([`Store::fail_reads`], [`Store::fail_reads_under`]).
     #[cfg(any(test, feature = "test-hooks"))]
     read_failure: Mutex<Option<ReadFailure>>,
+}
+
+/// Records refused because their origin's clock runs ahead.
+#[derive(Default)]
+struct ClockRefusals {
+    counts: BTreeMap<MachineId, u64>,
+    /// When each origin's refusals were last logged.
+    warned: HashMap<MachineId, Instant>,
 }
 
 impl std::fmt::Debug for Store {
@@ -187,6 +222,13 @@ pub(crate) fn log_key(origin: &MachineId, seq: u64) -> Vec<u8> {
     k.push(LOG);
     k.extend_from_slice(origin.as_str().as_bytes());
     k.extend_from_slice(&seq.to_be_bytes());
+    k
+}
+
+pub(crate) fn forgotten_key(origin: &MachineId) -> Vec<u8> {
+    let mut k = Vec::with_capacity(33);
+    k.push(FORGOTTEN);
+    k.extend_from_slice(origin.as_str().as_bytes());
     k
 }
 
@@ -317,13 +359,20 @@ fn unreadable_while_frozen(reason: &str) -> StoreError {
 
 /// One atomic change being assembled under the writer lock: a sled batch plus an overlay of
 /// what it will have written, so later steps of the same change read their own writes.
+///
+/// It reads each record key and digest entry at most once, and remembers what every key it
+/// touches held before, so that a batch sled refuses can be left out of reads without reading
+/// anything again: a record key and a digest entry were read before being written; a log entry
+/// removed held the key of the version it names (the store keeps the two in step, which opening
+/// checks); a log entry inserted is new (an origin never numbers two writes alike).
 struct Pending<'a> {
     tree: &'a sled::Tree,
     batch: sled::Batch,
-    records: HashMap<Vec<u8>, Record>,
+    /// Per record key read or written: the version it holds once the batch applies.
+    records: HashMap<Vec<u8>, Option<Record>>,
     digests: HashMap<MachineId, u64>,
-    /// Every key the batch writes or removes, so that a failed batch can be left out of reads.
-    touched: Vec<Vec<u8>>,
+    /// Per key read or written: what it held before the batch (the first value seen counts).
+    before: HashMap<Vec<u8>, Option<sled::IVec>>,
 }
 
 /// A batch that sled did not take: what its keys held before, and why.
@@ -339,74 +388,127 @@ impl<'a> Pending<'a> {
             batch: sled::Batch::default(),
             records: HashMap::new(),
             digests: HashMap::new(),
-            touched: Vec::new(),
+            before: HashMap::new(),
         }
     }
 
+    /// Remembers what `key` held before the batch, unless already known.
+    fn held_before(&mut self, key: &[u8], value: Option<sled::IVec>) {
+        if !self.before.contains_key(key) {
+            self.before.insert(key.to_vec(), value);
+        }
+    }
+
+    /// Writes `key`; a key not read before is taken to be new.
     fn insert(&mut self, key: Vec<u8>, value: impl Into<sled::IVec>) {
         self.batch.insert(key.as_slice(), value);
-        self.touched.push(key);
+        self.before.entry(key).or_insert(None);
     }
 
-    fn remove(&mut self, key: Vec<u8>) {
+    /// Removes `key`, which held `held` before the batch (unless the batch wrote it first).
+    fn remove(&mut self, key: Vec<u8>, held: Option<sled::IVec>) {
         self.batch.remove(key.as_slice());
-        self.touched.push(key);
+        self.before.entry(key).or_insert(held);
     }
 
-    fn digest(&self, origin: &MachineId) -> Result<u64, StoreError> {
+    fn digest(&mut self, origin: &MachineId) -> Result<u64, StoreError> {
         if let Some(n) = self.digests.get(origin) {
             return Ok(*n);
         }
-        match self.tree.get(digest_key(origin))? {
-            Some(v) => decode_u64(&v),
-            None => Ok(0),
-        }
+        let key = digest_key(origin);
+        let raw = self.tree.get(&key)?;
+        let seq = match &raw {
+            Some(v) => decode_u64(v)?,
+            None => 0,
+        };
+        self.held_before(&key, raw);
+        self.digests.insert(origin.clone(), seq);
+        Ok(seq)
     }
 
-    fn set_digest(&mut self, origin: &MachineId, seq: u64) {
+    fn set_digest(&mut self, origin: &MachineId, seq: u64) -> Result<(), StoreError> {
+        self.digest(origin)?;
         self.insert(digest_key(origin), &seq.to_be_bytes());
         self.digests.insert(origin.clone(), seq);
+        Ok(())
     }
 
-    fn current(&self, key: &Key, rkey: &[u8]) -> Result<Option<Record>, StoreError> {
-        if let Some(r) = self.records.get(rkey) {
-            return Ok(Some(r.clone()));
+    /// Removes the digest entry of `origin`.
+    fn remove_digest(&mut self, origin: &MachineId) -> Result<(), StoreError> {
+        self.digest(origin)?;
+        let key = digest_key(origin);
+        self.batch.remove(key.as_slice());
+        self.digests.insert(origin.clone(), 0);
+        Ok(())
+    }
+
+    /// Reads the version `rkey` holds into the overlay, unless it is there already.
+    fn load(&mut self, key: &Key, rkey: &[u8]) -> Result<(), StoreError> {
+        if self.records.contains_key(rkey) {
+            return Ok(());
         }
-        match self.tree.get(rkey)? {
-            Some(v) => Ok(Some(Record::decode(key.clone(), &v)?)),
-            None => Ok(None),
-        }
+        let raw = self.tree.get(rkey)?;
+        let held = match &raw {
+            Some(v) => Some(Record::decode(key.clone(), v)?),
+            None => None,
+        };
+        self.held_before(rkey, raw);
+        self.records.insert(rkey.to_vec(), held);
+        Ok(())
+    }
+
+    fn current(&mut self, key: &Key, rkey: &[u8]) -> Result<Option<Record>, StoreError> {
+        self.load(key, rkey)?;
+        Ok(self.records.get(rkey).cloned().flatten())
     }
 
     /// Installs `record` if it beats what is held for its key. Returns whether it did.
     fn merge_one(&mut self, record: &Record) -> Result<bool, StoreError> {
-        let rkey = record_key(&record.key.encode());
-        if let Some(current) = self.current(&record.key, &rkey)? {
-            if current.precedence(record).is_ge() {
-                return Ok(false);
-            }
-            self.remove(log_key(&current.origin, current.seq));
+        let key_bytes = record.key.encode();
+        let rkey = record_key(&key_bytes);
+        self.load(&record.key, &rkey)?;
+        let superseded = match self.records.get(&rkey).and_then(Option::as_ref) {
+            Some(current) if current.precedence(record).is_ge() => return Ok(false),
+            Some(current) => Some(log_key(&current.origin, current.seq)),
+            None => None,
+        };
+        if let Some(lkey) = superseded {
+            self.remove(lkey, Some(sled::IVec::from(key_bytes.as_slice())));
         }
         self.insert(rkey.clone(), record.encode_value());
-        self.insert(log_key(&record.origin, record.seq), record.key.encode());
-        self.records.insert(rkey, record.clone());
+        self.insert(log_key(&record.origin, record.seq), key_bytes);
+        self.records.insert(rkey, Some(record.clone()));
         Ok(true)
     }
 
-    /// Applies the batch and flushes it. On failure, says what the touched keys held before
-    /// (read before applying), so that reads can go on showing only what is durable.
+    /// Removes `held`, the version held for its key, and its log entry.
+    fn remove_record(&mut self, held: &Record) {
+        let key_bytes = held.key.encode();
+        let rkey = record_key(&key_bytes);
+        self.remove(
+            log_key(&held.origin, held.seq),
+            Some(key_bytes.as_slice().into()),
+        );
+        self.remove(rkey.clone(), Some(held.encode_value().into()));
+        self.records.insert(rkey, None);
+    }
+
+    /// Applies the batch and flushes it. On failure, says what the touched keys held before,
+    /// so that reads can go on showing only what is durable.
     fn commit(mut self, clock: Hlc, db: &sled::Db) -> Result<(), Result<Refused, StoreError>> {
-        self.insert(CLOCK.to_vec(), &encode_hlc(clock));
-        let mut before = Vec::with_capacity(self.touched.len());
-        for k in std::mem::take(&mut self.touched) {
-            let v = self.tree.get(&k).map_err(|e| Err(e.into()))?;
-            before.push((k, v));
-        }
+        let held_clock = self.tree.get(CLOCK).map_err(|e| Err(e.into()))?;
+        self.held_before(CLOCK, held_clock);
+        self.batch.insert(CLOCK, &encode_hlc(clock));
         let applied = self
             .tree
             .apply_batch(self.batch)
             .and_then(|()| db.flush().map(drop));
-        applied.map_err(|error| Ok(Refused { before, error }))
+        applied.map_err(|error| {
+            Ok(Refused {
+                before: self.before.into_iter().collect(),
+                error,
+            })
+        })
     }
 }
 
@@ -490,7 +592,7 @@ impl Store {
                 .push(format!("{what}; they were removed"));
         }
         if let Some(ack) = &acknowledged {
-            let missing = shortfalls(&local, ack, &inventory.digest, &sled.tree)?;
+            let missing = shortfalls(&local, ack, &inventory, &sled.tree)?;
             if !missing.is_empty() {
                 if !options.accept_loss {
                     return Err(StoreError::Behind { path, missing });
@@ -575,6 +677,9 @@ impl Store {
             }),
             changes,
             writability,
+            max_drift_ms: AtomicU64::new(DEFAULT_MAX_DRIFT.as_millis() as u64),
+            clock_offset_ms: AtomicI64::new(0),
+            clock_refusals: Mutex::new(ClockRefusals::default()),
             #[cfg(any(test, feature = "test-hooks"))]
             read_failure: Mutex::new(None),
         }
@@ -654,7 +759,7 @@ impl Store {
             return Err(self.refusal(writer));
         };
         let mut next_clock = writer.clock;
-        let hlc = next_clock.tick(wall_now_ms());
+        let hlc = next_clock.tick(self.wall_ms());
         let mut pending = Pending::new(&sled.tree);
         let seq = pending.digest(&self.local)? + 1;
         let record = Record {
@@ -672,7 +777,7 @@ impl Store {
                 "local write to '{key}' lost to a record already held; the clock went wrong"
             )));
         }
-        pending.set_digest(&self.local, seq);
+        pending.set_digest(&self.local, seq)?;
         match pending.commit(hlc, &sled.db) {
             Ok(()) => {}
             Err(Err(e)) => return Err(e),
@@ -780,13 +885,18 @@ impl Store {
 
     /// Merges records from a peer. Each wins or loses against what is held by precedence;
     /// merging the same records again, or in another order, ends the same. The digest is not
-    /// raised (that is [`Store::apply_batch`]'s job). Durable when it returns.
+    /// raised (that is [`Store::apply_batch`]'s job). Records too far ahead of this store's clock
+    /// ([`Store::set_max_drift`]) are left out, and records for the machine-owned keys of a
+    /// forgotten Machine ([`Store::forget_origin`]) ignored; the others merge. One atomic batch,
+    /// durable when it returns.
     pub fn merge(&self, records: &[Record]) -> Result<MergeReport, StoreError> {
         self.merge_inner(records, None)
     }
 
     /// Merges a [`SyncBatch`] and, when it starts at or below this store's digest for its origin,
-    /// raises the digest to the batch's `up_to`, in one atomic step. Durable when it returns.
+    /// raises the digest to the batch's `up_to` (to just below a record refused for its clock,
+    /// when one is: see [`sync`](crate::SyncBatch)), in one atomic step. Durable when it
+    /// returns.
     pub fn apply_batch(&self, batch: &SyncBatch) -> Result<MergeReport, StoreError> {
         self.merge_inner(&batch.records, Some(batch))
     }
@@ -818,29 +928,55 @@ impl Store {
         let Backend::Open(sled) = &*backend else {
             return Err(self.refusal(&writer));
         };
+        let forgotten = forgotten_in(&sled.tree)?;
+        let now = self.wall_ms();
+        let max_drift_ms = self.max_drift_ms.load(Ordering::Relaxed);
+        let latest_accepted = now.saturating_add(max_drift_ms);
         let mut next_clock = writer.clock;
-        for r in incoming {
-            next_clock.observe(r.hlc);
-        }
-        let last = next_clock.tick(wall_now_ms());
         let mut pending = Pending::new(&sled.tree);
         let mut applied = Vec::new();
-        for r in incoming {
-            if pending.merge_one(r)? {
-                applied.push(r.clone());
-            }
+        let mut too_far_ahead: Vec<(&MachineId, u64)> = Vec::new();
+        // How far the batch's origin's digest may be raised, and the highest sequence of that
+        // origin among the records seen so far (see sync.rs on why).
+        let mut raise_to = batch.map_or(0, |b| b.up_to);
+        let mut origin_seen = batch.map_or(0, |b| b.after);
+        for (i, r) in incoming.iter().enumerate() {
+            let of_batch_origin = batch.is_some_and(|b| b.origin == r.origin);
             // Our own writes coming back from a peer (after data loss here): never reuse
-            // their sequence numbers.
+            // their sequence numbers, whether they merge or not.
             if r.origin == self.local && r.seq > pending.digest(&self.local)? {
-                pending.set_digest(&self.local, r.seq);
+                pending.set_digest(&self.local, r.seq)?;
+            }
+            if r.hlc.wall_ms > latest_accepted {
+                too_far_ahead.push((&r.origin, r.hlc.wall_ms - now));
+                let below = if of_batch_origin {
+                    r.seq.saturating_sub(1)
+                } else {
+                    origin_seen
+                };
+                raise_to = raise_to.min(below);
+                continue;
+            }
+            if of_batch_origin {
+                origin_seen = origin_seen.max(r.seq);
+            }
+            if matches!(r.key.owner(), Owner::Machine(owner) if forgotten.contains(owner)) {
+                continue;
+            }
+            next_clock.observe(r.hlc);
+            if pending.merge_one(r)? {
+                applied.push(i);
             }
         }
         if let Some(b) = batch {
             let have = pending.digest(&b.origin)?;
-            if b.after <= have && b.up_to > have {
-                pending.set_digest(&b.origin, b.up_to);
+            let raise_to = raise_to.min(b.up_to);
+            if b.after <= have && raise_to > have {
+                pending.set_digest(&b.origin, raise_to)?;
             }
         }
+        self.count_clock_refusals(&too_far_ahead, max_drift_ms);
+        let last = next_clock.tick(now);
         match pending.commit(last, &sled.db) {
             Ok(()) => {}
             Err(Err(e)) => return Err(e),
@@ -848,7 +984,12 @@ impl Store {
         }
         drop(backend);
         writer.clock = next_clock;
-        if let Some(mine) = applied.iter().rev().find(|r| r.origin == self.local) {
+        if let Some(mine) = applied
+            .iter()
+            .rev()
+            .map(|&i| &incoming[i])
+            .find(|r| r.origin == self.local)
+        {
             writer.last_local = Some(AcknowledgedWrite::of(mine));
         }
         self.acknowledge(&mut writer);
@@ -856,12 +997,167 @@ impl Store {
         drop(writer);
         let report = MergeReport {
             applied: applied.len(),
-            ignored: incoming.len() - applied.len(),
+            ignored: incoming.len() - applied.len() - too_far_ahead.len(),
+            too_far_ahead: too_far_ahead.len(),
         };
-        for record in applied {
-            let _ = self.changes.send(Change { record });
+        for i in applied {
+            let _ = self.changes.send(Change {
+                record: incoming[i].clone(),
+            });
         }
         Ok(report)
+    }
+
+    /// Counts records refused for their clock, and logs each origin's once a minute at most.
+    fn count_clock_refusals(&self, refused: &[(&MachineId, u64)], max_drift_ms: u64) {
+        if refused.is_empty() {
+            return;
+        }
+        let mut ahead_by: BTreeMap<&MachineId, u64> = BTreeMap::new();
+        let mut refusals = lock(&self.clock_refusals);
+        for &(origin, ahead_ms) in refused {
+            *refusals.counts.entry(origin.clone()).or_default() += 1;
+            let most = ahead_by.entry(origin).or_default();
+            *most = (*most).max(ahead_ms);
+        }
+        let now = Instant::now();
+        for (origin, ahead_ms) in ahead_by {
+            let due = refusals
+                .warned
+                .get(origin)
+                .is_none_or(|at| now.duration_since(*at) >= CLOCK_WARNING_EVERY);
+            if !due {
+                continue;
+            }
+            refusals.warned.insert(origin.clone(), now);
+            let total = refusals.counts.get(origin).copied().unwrap_or(0);
+            tracing::warn!(
+                %origin,
+                ahead_ms,
+                max_drift_ms,
+                refused_so_far = total,
+                "records from Machine {origin} are {ahead_ms} ms ahead of this Machine's clock, \
+                 beyond the allowed drift of {max_drift_ms} ms: they are not merged until the \
+                 clocks agree; set the clock of whichever Machine is wrong right (NTP), or raise \
+                 mesh.max_clock_drift_ms"
+            );
+        }
+    }
+
+    /// How far ahead of this store's wall clock a remote record's HLC may be before the record
+    /// is refused ([`MergeReport::too_far_ahead`]). [`DEFAULT_MAX_DRIFT`] until set; the daemon
+    /// sets it from `mesh.max_clock_drift_ms`. Takes effect from the next merge.
+    pub fn set_max_drift(&self, bound: Duration) {
+        let ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+        self.max_drift_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The drift bound in force ([`Store::set_max_drift`]).
+    pub fn max_drift(&self) -> Duration {
+        Duration::from_millis(self.max_drift_ms.load(Ordering::Relaxed))
+    }
+
+    /// Shifts this store's wall clock by `offset_ms` milliseconds (negative: behind the system's
+    /// clock), for the timestamps of local writes and for the drift check of merges. For tests
+    /// of Machines whose clocks disagree (the daemon's `mesh.clock_offset_ms`); 0 by default.
+    pub fn set_clock_offset_ms(&self, offset_ms: i64) {
+        self.clock_offset_ms.store(offset_ms, Ordering::Relaxed);
+    }
+
+    /// This store's wall clock: the system's, shifted by [`Store::set_clock_offset_ms`].
+    fn wall_ms(&self) -> u64 {
+        wall_now_ms().saturating_add_signed(self.clock_offset_ms.load(Ordering::Relaxed))
+    }
+
+    /// Per origin, how many of its records were refused because their HLC ran further ahead of
+    /// this store's clock than the drift bound, since the store opened. For a metric.
+    pub fn clock_refusals(&self) -> BTreeMap<MachineId, u64> {
+        lock(&self.clock_refusals).counts.clone()
+    }
+
+    /// Forgets a Machine removed from the Cluster, in one atomic, durable step: removes every
+    /// record of its machine-owned keys (`m/*/<machine>/...`) with their log entries, removes its
+    /// digest entry when nothing it wrote is held any more, and remembers it as forgotten
+    /// (persisted), so that later merges ignore records for its machine-owned keys
+    /// ([`MergeReport::ignored`]). Cluster-scoped records it wrote stay, with their log entries
+    /// (and its digest entry), so they still travel and every store keeps the same winner; see
+    /// [`sync`](crate::SyncBatch). Watchers are told of each removed key by a tombstone that is
+    /// not stored (the removed version's origin, HLC and sequence, no value). Forgetting again
+    /// does nothing more. Returns how many records were removed.
+    pub fn forget_origin(&self, machine: &MachineId) -> Result<usize, StoreError> {
+        if machine == &self.local {
+            return Err(StoreError::ForgetLocal {
+                machine: machine.clone(),
+            });
+        }
+        let mut writer = self.lock_writer();
+        self.ready_to_write(&mut writer)?;
+        let mut backend = self.write_backend();
+        let Backend::Open(sled) = &*backend else {
+            return Err(self.refusal(&writer));
+        };
+        let mut pending = Pending::new(&sled.tree);
+        let mut removed = Vec::new();
+        let mut still_held = false;
+        for item in sled
+            .tree
+            .range(log_key(machine, 0)..=log_key(machine, u64::MAX))
+        {
+            let (lkey, key_bytes) = item?;
+            let key = Key::decode(&key_bytes)?;
+            if !matches!(key.owner(), Owner::Machine(owner) if owner == machine) {
+                still_held = true;
+                continue;
+            }
+            match pending.current(&key, &record_key(&key_bytes))? {
+                Some(held) => {
+                    pending.remove_record(&held);
+                    removed.push(held);
+                }
+                None => pending.remove(lkey.to_vec(), Some(key_bytes)),
+            }
+        }
+        if !still_held {
+            pending.remove_digest(machine)?;
+        }
+        let fkey = forgotten_key(machine);
+        let was_forgotten = sled.tree.get(&fkey)?;
+        pending.held_before(&fkey, was_forgotten);
+        pending.insert(fkey, Vec::new());
+        match pending.commit(writer.clock.last(), &sled.db) {
+            Ok(()) => {}
+            Err(Err(e)) => return Err(e),
+            Err(Ok(refused)) => return Err(self.freeze(&mut writer, &mut backend, refused, None)),
+        }
+        drop(backend);
+        self.acknowledge(&mut writer);
+        self.publish_writability(&writer);
+        drop(writer);
+        tracing::info!(%machine, removed = removed.len(), "forgot a removed Machine's records");
+        let count = removed.len();
+        for held in removed {
+            let _ = self.changes.send(Change {
+                record: Record {
+                    value: Vec::new(),
+                    tombstone: true,
+                    ..held
+                },
+            });
+        }
+        Ok(count)
+    }
+
+    /// The Machines this store has forgotten ([`Store::forget_origin`]).
+    pub fn forgotten(&self) -> Result<BTreeSet<MachineId>, StoreError> {
+        self.readable(None)?;
+        let mut out = BTreeSet::new();
+        self.read_backend().each_with_prefix(&[FORGOTTEN], |k, _| {
+            out.insert(decode_origin(&k[1..]).ok_or_else(|| {
+                StoreError::Malformed("a forgotten Machine's ID does not decode".into())
+            })?);
+            Ok(ControlFlow::Continue(()))
+        })?;
+        Ok(out)
     }
 
     /// Per origin, the highest sequence this store has incorporated.
@@ -883,6 +1179,20 @@ impl Store {
         request: &SyncRequest,
         limit: usize,
     ) -> Result<SyncBatch, StoreError> {
+        self.records_after_within(request, limit, usize::MAX)
+    }
+
+    /// Answers "records of origin O after sequence N" with at most `max_records` records
+    /// totalling at most `max_bytes` ([`Record::stored_len`]), except that a batch holds at
+    /// least one record when one is due (and `max_records` is not 0), however large: a record
+    /// bigger than the bound still travels, alone. A batch cut short ends (`up_to`) just before
+    /// the first record left out.
+    pub fn records_after_within(
+        &self,
+        request: &SyncRequest,
+        max_records: usize,
+        max_bytes: usize,
+    ) -> Result<SyncBatch, StoreError> {
         self.readable(None)?;
         let backend = self.read_backend();
         let have = match backend.get(&digest_key(&request.origin))? {
@@ -900,15 +1210,23 @@ impl Store {
         }
         let start = log_key(&request.origin, request.after + 1);
         let end = log_key(&request.origin, have);
+        let mut bytes = 0usize;
         backend.each_between(&start, &end, |lk, key_bytes| {
             let seq = decode_u64(&lk[33..])?;
-            if batch.records.len() == limit {
+            if batch.records.len() == max_records {
                 batch.up_to = seq - 1;
                 return Ok(ControlFlow::Break(()));
             }
-            let key = Key::decode(key_bytes)?;
             if let Some(v) = backend.get(&record_key(key_bytes))? {
-                batch.records.push(Record::decode(key, &v)?);
+                let size = key_bytes.len() + v.len();
+                if !batch.records.is_empty() && bytes.saturating_add(size) > max_bytes {
+                    batch.up_to = seq - 1;
+                    return Ok(ControlFlow::Break(()));
+                }
+                bytes = bytes.saturating_add(size);
+                batch
+                    .records
+                    .push(Record::decode(Key::decode(key_bytes)?, &v)?);
             }
             Ok(ControlFlow::Continue(()))
         })?;
@@ -1064,7 +1382,7 @@ impl Store {
         }
         if let Some(ack_path) = &self.acknowledged {
             if let Ok(Some(ack)) = Acknowledged::read(ack_path) {
-                let missing = shortfalls(&self.local, &ack, &inventory.digest, &sled.tree)
+                let missing = shortfalls(&self.local, &ack, &inventory, &sled.tree)
                     .map_err(|e| e.to_string())?;
                 if !missing.is_empty() {
                     return Err(format!(
@@ -1123,6 +1441,18 @@ impl Store {
             writer.trouble = Some(Trouble::RecordBehind { reason });
         }
     }
+}
+
+/// The Machines forgotten in `tree`.
+fn forgotten_in(tree: &sled::Tree) -> Result<BTreeSet<MachineId>, StoreError> {
+    let mut out = BTreeSet::new();
+    for item in tree.scan_prefix([FORGOTTEN]) {
+        let (k, _) = item?;
+        out.insert(decode_origin(&k[1..]).ok_or_else(|| {
+            StoreError::Malformed("a forgotten Machine's ID does not decode".into())
+        })?);
+    }
+    Ok(out)
 }
 
 /// Everything in `tree`, with the keys of a refused batch put back as they were.

@@ -4,10 +4,13 @@ use tokio::sync::broadcast;
 
 use crate::{KeyPrefix, Record};
 
-/// A record that changed what a key resolves to, locally written or merged from a peer.
+/// A record that changed what a key resolves to, locally written or merged from a peer, or a key
+/// removed because its Machine was forgotten.
 #[derive(Debug, Clone)]
 pub struct Change {
-    /// The record that now wins for its key (a tombstone for a delete).
+    /// The record that now wins for its key (a tombstone for a delete). For a key removed by
+    /// [`Store::forget_origin`](crate::Store::forget_origin), a tombstone that is not stored: the
+    /// removed version's origin, HLC and sequence, no value; the key now reads as absent.
     pub record: Record,
 }
 

@@ -2,11 +2,14 @@
 //! duplicated, reordered, delayed and cut into small batches, end with identical contents after a
 //! final exchange; and those contents are exactly the winner of every key among all writes ever
 //! made (so a tombstone that won never resurrects, and a cluster-scoped key has one winner).
+//! Machines are forgotten along the way by some stores ([`Store::forget_origin`]), and by every
+//! other store before the final exchange: the stores that remain then hold exactly the winners,
+//! less the machine-owned keys of the forgotten Machines.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ployz_core::MachineId;
-use ployz_store::{Key, KeyPrefix, Record, Store, SyncBatch};
+use ployz_store::{Key, KeyPrefix, Owner, Record, Store, SyncBatch};
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
@@ -31,6 +34,9 @@ enum Op {
     Deliver { pick: usize },
     /// Delivers a queued message and drops it from the queue.
     DeliverOnce { pick: usize },
+    /// Store `store` forgets Machine `target` (never store 0's Machine, so one store always
+    /// remains to compare with).
+    Forget { store: usize, target: usize },
 }
 
 fn op(stores: usize) -> impl Strategy<Value = Op> {
@@ -42,6 +48,7 @@ fn op(stores: usize) -> impl Strategy<Value = Op> {
         2 => (0..stores, 0..stores, 0u64..3).prop_map(|(from, to, back)| Op::Push { from, to, back }),
         2 => any::<usize>().prop_map(|pick| Op::Deliver { pick }),
         2 => any::<usize>().prop_map(|pick| Op::DeliverOnce { pick }),
+        1 => (0..stores, 1..stores).prop_map(|(store, target)| Op::Forget { store, target }),
     ]
 }
 
@@ -89,6 +96,7 @@ fn run(n: usize, ops: Vec<Op>) {
         .collect();
     let mut queue: Vec<(usize, SyncBatch)> = Vec::new();
     let mut written: Vec<Record> = Vec::new();
+    let mut forgotten: BTreeSet<usize> = BTreeSet::new();
     for op in ops {
         match op {
             Op::Write {
@@ -143,6 +151,20 @@ fn run(n: usize, ops: Vec<Op>) {
                 stores[to].apply_batch(&batch).unwrap();
             }
             Op::Deliver { .. } | Op::DeliverOnce { .. } => {}
+            Op::Forget { store, target } => {
+                if store != target {
+                    stores[store].forget_origin(&ids[target]).unwrap();
+                    forgotten.insert(target);
+                }
+            }
+        }
+    }
+    // Every store forgets what any store forgot (but itself); stale copies are still queued.
+    for &target in &forgotten {
+        for (i, s) in stores.iter().enumerate() {
+            if i != target {
+                s.forget_origin(&ids[target]).unwrap();
+            }
         }
     }
     // Late duplicates after everything else, then a final exchange.
@@ -151,17 +173,23 @@ fn run(n: usize, ops: Vec<Op>) {
     }
     quiesce(&stores);
 
+    let gone: BTreeSet<&MachineId> = forgotten.iter().map(|&i| &ids[i]).collect();
     let mut model: BTreeMap<String, Record> = BTreeMap::new();
     for r in written {
+        if matches!(r.key.owner(), Owner::Machine(m) if gone.contains(m)) {
+            continue;
+        }
         let slot = model.entry(r.key.to_string()).or_insert_with(|| r.clone());
         if r.precedence(slot).is_gt() {
             *slot = r;
         }
     }
     let first = contents(&stores[0]);
-    for s in &stores[1..] {
+    let remaining = (1..n).filter(|i| !forgotten.contains(i));
+    for s in remaining.map(|i| &stores[i]) {
         assert_eq!(contents(s), first, "stores differ");
         assert_eq!(s.digest().unwrap(), stores[0].digest().unwrap());
+        assert_eq!(s.forgotten().unwrap(), stores[0].forgotten().unwrap());
     }
     assert_eq!(first, model, "contents are not the winner of every write");
 }

@@ -200,3 +200,69 @@ fn a_store_reopened_on_a_full_disk_opens_once_space_returns_and_keeps_everything
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+#[test]
+#[ignore = "needs root to mount a tmpfs (scripts/test.sh runs it)"]
+fn a_merge_the_full_disk_refuses_is_never_shown_and_merges_once_space_returns() {
+    use ployz_store::{KeyPrefix, SyncRequest};
+    let fs = Tmpfs::mount("2m");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let options = OpenOptions {
+        acknowledged: Some(elsewhere.path().join("store.ack")),
+        accept_loss: false,
+    };
+    let (store, _) =
+        Store::open_with(fs.path().join("store"), MachineId::generate(), &options).unwrap();
+    let peer = Store::temporary(MachineId::generate()).unwrap();
+    let key = |i: usize| Key::cluster("certificates", format!("h{i}"));
+    let batch = |store: &Store| {
+        let after = store.digest().unwrap().get(peer.local());
+        let request = SyncRequest {
+            origin: peer.local().clone(),
+            after,
+        };
+        peer.records_after(&request, usize::MAX).unwrap()
+    };
+    for i in 0..10 {
+        peer.put(&key(i), b"first".to_vec()).unwrap();
+    }
+    store.apply_batch(&batch(&store)).unwrap();
+
+    let filler = fill(fs.path());
+    let mut refused = None;
+    for round in 0..64usize {
+        // New versions of the keys held, and a new key, bigger every round.
+        for i in 0..10 {
+            peer.put(&key(i), vec![round as u8; 64 << (round % 10)])
+                .unwrap();
+        }
+        peer.put(&key(100 + round), vec![1; 512]).unwrap();
+        let before = (
+            store.scan(&KeyPrefix::everything()).unwrap(),
+            store.digest().unwrap(),
+        );
+        let offered = batch(&store);
+        match store.apply_batch(&offered) {
+            Ok(_) => continue,
+            Err(e) => {
+                refused = Some((e, before, offered));
+                break;
+            }
+        }
+    }
+    let (err, before, offered) = refused.expect("a full disk took 64 merges");
+    assert!(err.is_io(), "{err}");
+    // Nothing of the refused merge is shown: every key reads as before, the digest too.
+    assert_eq!(store.scan(&KeyPrefix::everything()).unwrap(), before.0);
+    assert_eq!(store.digest().unwrap(), before.1);
+    assert!(store.write_failure().is_some());
+
+    std::fs::remove_file(&filler).unwrap();
+    assert!(store.recover(), "{:?}", store.write_failure());
+    let report = store.apply_batch(&offered).unwrap();
+    assert!(report.applied > 0, "{report:?}");
+    assert_eq!(
+        store.scan(&KeyPrefix::everything()).unwrap(),
+        peer.scan(&KeyPrefix::everything()).unwrap()
+    );
+}
