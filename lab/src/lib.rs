@@ -916,6 +916,22 @@ impl Lab {
         self.wait_daemon(i)
     }
 
+    /// Replaces Machine `i`'s options (its extra daemon TOML, its clock offset); they take
+    /// effect at its daemon's next start ([`Lab::start_daemon`], [`Lab::start_machine`]).
+    pub fn set_machine_options(&mut self, i: usize, options: MachineOptions) {
+        assert!(
+            i < self.len(),
+            "Machine {i} does not exist (the lab has {})",
+            self.len()
+        );
+        if self.options.per_machine.len() <= i {
+            self.options
+                .per_machine
+                .resize(i + 1, MachineOptions::default());
+        }
+        self.options.per_machine[i] = options;
+    }
+
     /// Stops Machine `i` as a whole: its daemon, then its dockerd (which stops its containers
     /// and containerd), each SIGTERM with a bounded wait, then SIGKILL for anything of them left.
     /// The sshd, like a host's, stays.

@@ -27,6 +27,10 @@ const NFQNL_MSG_VERDICT: u16 = 1;
 const NFQNL_MSG_CONFIG: u16 = 2;
 const NFQA_CFG_CMD: u16 = 1;
 const NFQA_CFG_PARAMS: u16 = 2;
+const NFQA_CFG_QUEUE_MAXLEN: u16 = 3;
+/// Packets the kernel holds for the delayer (its default, 1024, would drop beyond the asked
+/// loss once 1024 packets are in flight within one delay).
+const QUEUE_MAXLEN: u32 = 65_536;
 const NFQA_PACKET_HDR: u16 = 1;
 const NFQA_VERDICT_HDR: u16 = 2;
 const NFQNL_CFG_CMD_BIND: u8 = 1;
@@ -216,6 +220,8 @@ fn bind_in(ns: &File) -> anyhow::Result<OwnedFd> {
     let mut params = 0u32.to_be_bytes().to_vec();
     params.push(NFQNL_COPY_META);
     request(&fd, NFQNL_MSG_CONFIG, &[(NFQA_CFG_PARAMS, params)], 2)?;
+    let maxlen = QUEUE_MAXLEN.to_be_bytes().to_vec();
+    request(&fd, NFQNL_MSG_CONFIG, &[(NFQA_CFG_QUEUE_MAXLEN, maxlen)], 3)?;
     Ok(fd)
 }
 

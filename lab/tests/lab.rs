@@ -9,7 +9,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ployz_lab::{
-    link_exists, list_netns, process_runs, shim_socket, Lab, LabOptions, LabState, LAB_IMAGE,
+    link_exists, list_netns, process_runs, shim_socket, Lab, LabOptions, LabState, MachineOptions,
+    LAB_IMAGE,
 };
 
 fn text(out: &Output) -> String {
@@ -266,11 +267,25 @@ fn three_machines_answer_reach_each_other_fail_and_leave_nothing_behind() {
         "the daemon lost its identity on restart"
     );
 
-    // SIGTERM ends a daemon within its short drain.
+    // SIGTERM ends a daemon within its short drain; it starts again with new options.
     assert!(
         lab.term_daemon(0),
         "daemon 0 needed SIGKILL: {}",
         lab.log(0)
+    );
+    lab.set_machine_options(
+        0,
+        MachineOptions {
+            clock_offset_ms: 3_600_000,
+            daemon_toml: "[mesh]\nprofile = \"wan\"\n".into(),
+        },
+    );
+    let config = lab.daemon_config(0).expect("config");
+    assert!(config.contains("clock_offset_ms = 3600000"), "{config}");
+    assert!(config.contains("profile = \"wan\""), "{config}");
+    assert!(
+        config.contains(&format!("interface = \"{}\"", lab.wg_interface(0))),
+        "{config}"
     );
     lab.start_daemon(0);
     assert_eq!(machine_id(&lab, 0), ids[0]);
