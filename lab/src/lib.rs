@@ -184,7 +184,6 @@ impl Lab {
     /// parallel, each step waiting until what it started answers. On error, what was made is
     /// removed (or kept, with `PLOYZ_LAB_KEEP=1`).
     pub fn try_start(options: LabOptions) -> anyhow::Result<Lab> {
-        let began = Instant::now();
         let n = options.machines;
         if n == 0 || n > MAX_MACHINES {
             bail!("LabOptions.machines = {n}: give 1 to {MAX_MACHINES}");
@@ -193,6 +192,7 @@ impl Lab {
         let ployz = ployz_bin()?;
         let root = lab_root();
         let lock = LabLock::acquire(&root)?;
+        let began = Instant::now();
         for line in lock.sweep() {
             eprintln!("ployz-lab: a leftover of an earlier lab could not be removed: {line}");
         }
@@ -664,7 +664,8 @@ impl Lab {
         self.state.run
     }
 
-    /// How long [`Lab::start`] took, from the call to the last daemon answering.
+    /// How long [`Lab::start`] took, from taking the lab lock (waiting for it excluded) to the
+    /// last daemon answering.
     pub fn raised_in(&self) -> Duration {
         self.raised_in
     }
