@@ -263,27 +263,11 @@ impl Lab {
         run(Command::new("ip").args(["link", "set", &br, "up"]))?;
         // With br_netfilter loaded (Docker loads it), bridged frames cross the root namespace's
         // FORWARD chain, whose policy Docker sets to DROP: accept what stays on this bridge.
-        let nf = std::fs::read_to_string("/proc/sys/net/bridge/bridge-nf-call-iptables")
-            .unwrap_or_default();
-        if nf.trim() == "1" {
+        if !bridge_netfilter_families().is_empty() {
             let comment = format!("{} {}", state::RULE_COMMENT_PREFIX, self.state.run);
-            self.state.forward_rule = Some(comment.clone());
+            self.state.forward_rule = Some(comment);
             self.state.save()?;
-            run(Command::new("iptables").args([
-                "-I",
-                "FORWARD",
-                "1",
-                "-i",
-                &br,
-                "-o",
-                &br,
-                "-m",
-                "comment",
-                "--comment",
-                &comment,
-                "-j",
-                "ACCEPT",
-            ]))?;
+            self.bridge_rule("-I", &br)?;
         }
         let gateway = self.bridge_addr().to_string();
         for m in self.state.machines.clone() {
@@ -1034,24 +1018,37 @@ impl Lab {
         self.group_bridges.push(name.clone());
         run(Command::new("ip").args(["link", "add", &name, "type", "bridge"]))?;
         run(Command::new("ip").args(["link", "set", &name, "up"]))?;
-        if let Some(comment) = &self.state.forward_rule {
-            run(Command::new("iptables").args([
-                "-I",
-                "FORWARD",
-                "1",
+        self.bridge_rule("-I", &name)?;
+        Ok(name)
+    }
+
+    /// Inserts (`-I`) or deletes (`-D`) the root namespace's FORWARD rule accepting what stays
+    /// on `bridge`, for each family whose bridged traffic crosses netfilter; none when the lab
+    /// added no such rule.
+    fn bridge_rule(&self, op: &str, bridge: &str) -> anyhow::Result<()> {
+        let Some(comment) = &self.state.forward_rule else {
+            return Ok(());
+        };
+        for tool in bridge_netfilter_families() {
+            let mut c = Command::new(tool);
+            c.args([op, "FORWARD"]);
+            if op == "-I" {
+                c.arg("1");
+            }
+            c.args([
                 "-i",
-                &name,
+                bridge,
                 "-o",
-                &name,
+                bridge,
                 "-m",
                 "comment",
                 "--comment",
                 comment,
-                "-j",
-                "ACCEPT",
-            ]))?;
+            ]);
+            c.args(["-j", "ACCEPT"]);
+            run(&mut c)?;
         }
-        Ok(name)
+        Ok(())
     }
 
     /// Undoes [`Lab::partition`]: every Machine back on the one underlay bridge.
@@ -1068,22 +1065,7 @@ impl Lab {
             }
         }
         for name in std::mem::take(&mut self.group_bridges) {
-            if let Some(comment) = &self.state.forward_rule {
-                run(Command::new("iptables").args([
-                    "-D",
-                    "FORWARD",
-                    "-i",
-                    &name,
-                    "-o",
-                    &name,
-                    "-m",
-                    "comment",
-                    "--comment",
-                    comment,
-                    "-j",
-                    "ACCEPT",
-                ]))?;
-            }
+            self.bridge_rule("-D", &name)?;
             run(Command::new("ip").args(["link", "delete", &name]))?;
         }
         Ok(())
@@ -1264,6 +1246,23 @@ impl Drop for Lab {
             );
         }
     }
+}
+
+/// The firewall tools of the families whose bridged frames cross the root namespace's
+/// netfilter (`br_netfilter` loaded, `bridge-nf-call-ip{,6}tables` 1).
+fn bridge_netfilter_families() -> Vec<&'static str> {
+    [
+        ("iptables", "bridge-nf-call-iptables"),
+        ("ip6tables", "bridge-nf-call-ip6tables"),
+    ]
+    .into_iter()
+    .filter(|(tool, sysctl)| {
+        let on = std::fs::read_to_string(format!("/proc/sys/net/bridge/{sysctl}"))
+            .is_ok_and(|v| v.trim() == "1");
+        on && which(tool).is_some()
+    })
+    .map(|(tool, _)| tool)
+    .collect()
 }
 
 /// Whether process `pid` runs (exists and is not a zombie): for tests asserting that a lab's

@@ -310,30 +310,36 @@ pub(crate) fn quiet(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Deletes every rule of the root namespace's FORWARD chain carrying `comment`.
+/// Deletes every rule of the root namespace's FORWARD chains (IPv4 and IPv6) carrying
+/// `comment`.
 pub(crate) fn remove_forward_rules(comment: &str) {
-    let Ok(out) = Command::new("iptables").args(["-S", "FORWARD"]).output() else {
-        return;
-    };
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    for line in text.lines() {
-        let Some(rule) = line.strip_prefix("-A FORWARD ") else {
+    remove_forward_rules_where(|c| c == comment);
+}
+
+/// Deletes every rule of the root namespace's FORWARD chains (IPv4 and IPv6) whose comment
+/// `pick` chooses.
+fn remove_forward_rules_where(pick: impl Fn(&str) -> bool) {
+    for tool in ["iptables", "ip6tables"] {
+        let Ok(out) = Command::new(tool).args(["-S", "FORWARD"]).output() else {
             continue;
         };
-        let quoted = format!("--comment \"{comment}\"");
-        let bare = format!("--comment {comment}");
-        if !(rule.contains(&quoted) || rule.ends_with(&bare) || rule.contains(&format!("{bare} ")))
-        {
-            continue;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        for line in text.lines() {
+            let Some(rule) = line.strip_prefix("-A FORWARD ") else {
+                continue;
+            };
+            // iptables -S quotes comments with spaces; the words split as a shell would.
+            let Some(words) = split_words(rule) else {
+                continue;
+            };
+            let tagged = words.windows(2).any(|w| w[0] == "--comment" && pick(&w[1]));
+            if tagged {
+                let _ = Command::new(tool)
+                    .args(["-D", "FORWARD"])
+                    .args(&words)
+                    .output();
+            }
         }
-        // iptables -S quotes comments with spaces; the words split as a shell would.
-        let Some(words) = split_words(rule) else {
-            continue;
-        };
-        let _ = Command::new("iptables")
-            .args(["-D", "FORWARD"])
-            .args(&words)
-            .output();
     }
 }
 
@@ -445,6 +451,7 @@ impl LabLock {
         let mut left = Vec::new();
         let mut known_netns = Vec::new();
         let mut known_links = Vec::new();
+        let mut known_rules = Vec::new();
         if let Ok(entries) = std::fs::read_dir(&self.root) {
             for e in entries.flatten() {
                 let file = e.path().join("state.json");
@@ -474,6 +481,7 @@ impl LabLock {
                     known_netns.extend(state.machines.iter().map(|m| m.netns.clone()));
                     known_links.push(state.bridge.clone());
                     known_links.extend(state.machines.iter().map(|m| m.veth.clone()));
+                    known_rules.extend(state.forward_rule.clone());
                     continue;
                 }
                 for l in state.remove() {
@@ -482,6 +490,11 @@ impl LabLock {
             }
         }
         // Names no state file claims.
+        let claimed_rules: Vec<String> = known_rules;
+        remove_forward_rules_where(|c| {
+            c.starts_with(&format!("{RULE_COMMENT_PREFIX} "))
+                && !claimed_rules.iter().any(|k| k == c)
+        });
         for ns in list_netns() {
             if ns.starts_with(NETNS_PREFIX) && !known_netns.contains(&ns) {
                 let inode: Vec<u64> = procs::netns_inode(&netns_path(&ns)).into_iter().collect();
