@@ -158,6 +158,12 @@ fn three_machines_answer_reach_each_other_fail_and_leave_nothing_behind() {
         assert_eq!(ls["values"][0]["name"], name.as_str(), "{ls}");
         ids.push(machine_id(&lab, i));
     }
+    let in_ns = lab.ployz_in_ns(2, &["machine", "ls", "--json"]);
+    assert!(
+        in_ns.status.success(),
+        "the CLI inside Machine 2: {}",
+        text(&in_ns)
+    );
     assert_ne!(ids[0], ids[1]);
     assert_ne!(ids[1], ids[2]);
 
