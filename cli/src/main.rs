@@ -116,6 +116,10 @@ enum Command {
     /// Manage Docker Volumes.
     #[command(subcommand)]
     Volume(commands::volume::VolumeCommand),
+    /// The store as the Machine reached holds it: its digest, and scratch values for checking
+    /// replication by hand.
+    #[command(subcommand)]
+    Store(commands::store::StoreCommand),
     /// The WireGuard mesh as the Machine reached observes it.
     #[command(subcommand)]
     Wg(commands::wg::WgCommand),
@@ -183,6 +187,7 @@ fn main() -> ExitCode {
         }
         Command::Ctx(cmd) => commands::ctx::run(&cli.global, cmd),
         Command::Machine(cmd) => client_runtime(commands::machine::run(&cli.global, cmd)),
+        Command::Store(cmd) => client_runtime(commands::store::run(&cli.global, cmd)),
         Command::Wg(cmd) => client_runtime(commands::wg::run(&cli.global, cmd)),
         Command::Version(args) => client_runtime(commands::version::run(&cli.global, args)),
         Command::Deploy(args) => client_runtime(commands::deploy::run(&cli.global, args)),

@@ -38,6 +38,11 @@ pub mod paths {
     /// `GET`: [`super::MeshStatus`], this Machine's WireGuard interface and peers as it
     /// observes them.
     pub const MESH: &str = "/v1/mesh";
+    /// `GET`: [`super::StoreDigest`], how much of each origin this Machine's store holds.
+    pub const STORE_DIGEST: &str = "/v1/store/digest";
+    /// `GET`: [`super::ScratchRecord`]s; `PUT` [`super::PutScratchRequest`]: writes them;
+    /// `DELETE ?name=NAME`: deletes one.
+    pub const STORE_SCRATCH: &str = "/v1/store/scratch";
     /// `GET`: [`crate::CertificateSummary`]s; `POST` [`super::ImportCertificateRequest`]
     /// stores Certificate Material.
     pub const CERTIFICATES: &str = "/v1/certificates";
@@ -68,6 +73,9 @@ pub struct VersionInfo {
     pub api: u32,
     /// The answering Machine's own phase.
     pub phase: LocalMachinePhase,
+    /// The answering Machine, once initialised.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<MachineId>,
 }
 
 /// What a Machine publishes about itself, as a machine-owned record in the store.
@@ -218,6 +226,41 @@ pub struct UpdateMachineRequest {
     /// Replaces the endpoints given by hand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<Vec<std::net::SocketAddr>>,
+}
+
+/// How much of each origin this Machine's store holds (`ployz store digest`): equal digests on
+/// two Machines mean equal stores.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreDigest {
+    /// Per origin Machine, the highest sequence incorporated.
+    pub digest: std::collections::BTreeMap<MachineId, u64>,
+    /// Per origin, remote records not merged because they were stamped too far ahead of this
+    /// Machine's clock (`mesh.max_clock_drift_ms`).
+    #[serde(default)]
+    pub clock_refusals: std::collections::BTreeMap<MachineId, u64>,
+    /// Machines removed from the Cluster whose records this store dropped.
+    #[serde(default)]
+    pub forgotten: Vec<MachineId>,
+}
+
+/// One record of the scratch namespace (`ployz store put`): cluster-scoped values nothing in
+/// Ployz reads, for checking replication by hand.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScratchRecord {
+    pub name: String,
+    pub value: String,
+    /// The Machine whose write wins for the name.
+    pub origin: MachineId,
+    /// Its hybrid-logical-clock timestamp, `wall_ms.counter`.
+    pub hlc: String,
+}
+
+/// `PUT` [`paths::STORE_SCRATCH`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PutScratchRequest {
+    /// Name to value; each is one write.
+    pub values: std::collections::BTreeMap<String, String>,
 }
 
 /// This Machine's WireGuard interface and its peers, as it observes them (`ployz wg show`).

@@ -184,6 +184,7 @@ async fn version(State(machine): State<Arc<LocalMachine>>) -> Json<VersionInfo> 
         version: env!("CARGO_PKG_VERSION").to_owned(),
         api: api::API_VERSION,
         phase: machine.phase(),
+        machine: machine.identity().map(|i| i.id),
     })
 }
 
@@ -382,6 +383,7 @@ pub fn router(
         )
         .with_state(machine.clone())
         .merge(crate::cluster_api::router(machine.clone(), mesh))
+        .merge(crate::store_api::router(machine.clone()))
         .merge(crate::docker_api::router(machine.clone()))
         .merge(crate::cert_api::router(machine.clone()))
         .merge(crate::drain::drain_router(machine, routes))

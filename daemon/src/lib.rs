@@ -23,6 +23,7 @@ mod mesh;
 mod mesh_service;
 mod public_addresses;
 mod server;
+mod store_api;
 
 pub use config::{
     parse_socket_addr, CertificateSettings, DaemonConfig, DnsListen, DnsSettings, EdgeSettings,

@@ -66,6 +66,9 @@ pub struct LocalMachine {
     initialised: tokio::sync::watch::Sender<bool>,
     /// The mesh's WireGuard interface, which the Docker network trusts; `None` without a mesh.
     mesh_interface: Mutex<Option<String>>,
+    /// The store's drift bound and clock offset (`mesh.max_clock_drift_ms`,
+    /// `mesh.clock_offset_ms`), applied to every store this Machine opens.
+    store_clock: Mutex<(std::time::Duration, i64)>,
 }
 
 /// What an initialised Machine has, for the tasks that wait for it
@@ -206,7 +209,23 @@ impl LocalMachine {
             }),
             initialised,
             mesh_interface: Mutex::new(None),
+            store_clock: Mutex::new((ployz_store::DEFAULT_MAX_DRIFT, 0)),
         })
+    }
+
+    /// Sets the store's drift bound and clock offset, now and for a store opened later.
+    pub fn set_store_clock(&self, max_drift: std::time::Duration, offset_ms: i64) {
+        *self.store_clock.lock().expect("store clock poisoned") = (max_drift, offset_ms);
+        if let Some(store) = self.store() {
+            self.configure_store(&store);
+        }
+    }
+
+    /// Applies the store clock settings to `store`.
+    fn configure_store(&self, store: &Store) {
+        let (max_drift, offset_ms) = *self.store_clock.lock().expect("store clock poisoned");
+        store.set_max_drift(max_drift);
+        store.set_clock_offset_ms(offset_ms);
     }
 
     /// The file holding this Machine's WireGuard private key.
@@ -370,6 +389,7 @@ impl LocalMachine {
                 accept_loss: false,
             },
         )?;
+        self.configure_store(&store);
         publish(&store, &identity.info())?;
         cluster::write_member(&store, &identity.member())?;
         publish_public_addresses(&store, PublicAddressMode::Given(public_addresses))?;

@@ -113,7 +113,7 @@ impl pingora::services::background::BackgroundService for MeshService {
             tokio::select! {
                 _ = shutdown.changed() => break,
                 _ = tick.tick() => {}
-                _ = changes.changed() => {}
+                event = changes.next() => if event.is_none() { break },
                 _ = resets.changed() => {
                     let stop_containers = resets.borrow_and_update().unwrap_or(false);
                     self.reset(running, stop_containers, &initialised).await;
@@ -244,6 +244,7 @@ impl MeshService {
         })
         .await??;
         running.selector.set_advertised(
+            SystemTime::now(),
             &members
                 .iter()
                 .map(|m| PeerAdvertisement {

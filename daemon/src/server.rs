@@ -43,6 +43,16 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         )
         .context("cannot load this Machine's data")?,
     );
+    machine.set_store_clock(
+        std::time::Duration::from_millis(config.mesh.max_clock_drift_ms),
+        config.mesh.clock_offset_ms,
+    );
+    if config.mesh.clock_offset_ms != 0 {
+        tracing::warn!(
+            offset_ms = config.mesh.clock_offset_ms,
+            "mesh.clock_offset_ms shifts this Machine's clock (a test-only setting)"
+        );
+    }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         socket = %config.socket.display(),

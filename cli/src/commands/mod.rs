@@ -9,6 +9,7 @@ pub mod dns;
 pub mod machine;
 pub mod run;
 pub mod service;
+pub mod store;
 pub mod version;
 pub mod volume;
 pub mod wg;

@@ -346,6 +346,7 @@ impl LocalMachine {
                 accept_loss: false,
             },
         )?;
+        self.configure_store(&store);
         publish(&store, &identity.info())?;
         publish_public_addresses(&store, PublicAddressMode::Detect)?;
         identity
@@ -607,7 +608,7 @@ impl LocalMachine {
         let Some(store) = self.store() else {
             return Ok(());
         };
-        let forgotten = store.forgotten();
+        let forgotten = store.forgotten()?;
         for record in store.scan(&KeyPrefix::cluster_namespace(MEMBERS_NAMESPACE))? {
             if !record.tombstone {
                 continue;
