@@ -31,7 +31,6 @@ mod profile;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -44,9 +43,6 @@ pub use link::{LinkFilter, LinkVerdict};
 pub use profile::Profile;
 
 use driver::{Command, Counters, Driver};
-
-/// The Cluster size foca's timings are derived from when the configuration does not say.
-const DEFAULT_EXPECTED_CLUSTER_SIZE: u32 = 16;
 
 /// How membership runs.
 #[derive(Debug, Clone)]
@@ -61,9 +57,6 @@ pub struct MembershipConfig {
     pub advertise: Option<SocketAddr>,
     /// The timing profile: the daemon's `[mesh] profile`.
     pub profile: Profile,
-    /// About how many Machines the Cluster has: foca scales how often an update is retransmitted
-    /// and how long a suspicion lasts with it (slowly, logarithmically).
-    pub expected_cluster_size: NonZeroU32,
     /// A simulated network every outgoing datagram passes through. Tests set it to simulate loss,
     /// delay and partitions; production leaves it `None`.
     pub link: Option<Arc<dyn LinkFilter>>,
@@ -78,8 +71,6 @@ impl MembershipConfig {
             bind,
             advertise: None,
             profile,
-            expected_cluster_size: NonZeroU32::new(DEFAULT_EXPECTED_CLUSTER_SIZE)
-                .unwrap_or(NonZeroU32::MIN),
             link: None,
         }
     }

@@ -43,7 +43,6 @@ fn start(seat: &Seat, all: &[Seat], link: Option<Arc<dyn LinkFilter>>) -> Member
         .with_test_writer()
         .try_init();
     let mut config = MembershipConfig::new(seat.id.clone(), seat.addr, Profile::Lan);
-    config.expected_cluster_size = std::num::NonZeroU32::new(3).unwrap();
     config.link = link;
     let membership = Membership::spawn(config).unwrap();
     membership.set_peers(peers(all)).unwrap();
@@ -180,15 +179,15 @@ async fn a_graceful_shutdown_is_observed_down_without_suspicion() {
     let mc = start(&c, &seats, None);
     wait_all_up(&[&ma, &mb, &mc], &seats, Duration::from_secs(10)).await;
 
+    let stopping = Instant::now();
     mc.shutdown().await;
-    let stopped = Instant::now();
     let (on_a, on_b) = tokio::join!(
         follow_until_down(&ma, &c.id, Duration::from_secs(8)),
         follow_until_down(&mb, &c.id, Duration::from_secs(8)),
     );
     for (who, (saw_suspect, down_at)) in [("a", on_a), ("b", on_b)] {
-        let took = down_at.saturating_duration_since(stopped);
-        eprintln!("observer {who}: departed Machine down after {took:?}");
+        let took = down_at.saturating_duration_since(stopping);
+        eprintln!("observer {who}: departed Machine down {took:?} after shutdown began");
         // Told, not found out: the failure detector never got to suspect it.
         assert!(
             !saw_suspect,
@@ -200,6 +199,23 @@ async fn a_graceful_shutdown_is_observed_down_without_suspicion() {
 
     ma.shutdown().await;
     mb.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_handle_leaves_the_cluster_too() {
+    let seats = seats::<2>();
+    let [a, b] = seats.clone();
+    let ma = start(&a, &seats, None);
+    let mb = start(&b, &seats, None);
+    wait_all_up(&[&ma, &mb], &seats, Duration::from_secs(10)).await;
+
+    drop(mb);
+    let (saw_suspect, _) = follow_until_down(&ma, &b.id, Duration::from_secs(8)).await;
+    assert!(
+        !saw_suspect,
+        "a dropped membership was found out by probes, not told"
+    );
+    ma.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -17,7 +18,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::identity::MemberIdentity;
 use super::link::{LinkFilter, LinkVerdict};
-use super::profile::MAX_PACKET_SIZE;
+use super::profile::{Profile, MAX_PACKET_SIZE};
 use super::{MembershipConfig, MembershipCounters, PeerObservation};
 
 /// What the handle asks of the task.
@@ -122,6 +123,7 @@ pub(super) struct Driver {
     /// Pending foca timers by deadline, with a sequence number to keep equal deadlines apart.
     timers: BTreeMap<(Instant, u64), Timer<MemberIdentity>>,
     next_timer_seq: u64,
+    profile: Profile,
     announce_interval: Duration,
     peers: BTreeMap<MachineId, SocketAddr>,
     observed: BTreeMap<MachineId, PeerObservation>,
@@ -137,7 +139,8 @@ impl Driver {
         observations: watch::Sender<BTreeMap<MachineId, PeerObservation>>,
         counters: Arc<Counters>,
     ) -> Self {
-        let foca_config = config.profile.foca_config(config.expected_cluster_size);
+        // Sized for this Machine alone until `set_peers` says how many there are.
+        let foca_config = config.profile.foca_config(NonZeroU32::MIN);
         let rng = SmallRng::seed_from_u64(rand::random());
         Self {
             foca: Foca::new(identity.clone(), foca_config, rng, PostcardCodec),
@@ -147,6 +150,7 @@ impl Driver {
             delayed: JoinSet::new(),
             timers: BTreeMap::new(),
             next_timer_seq: 0,
+            profile: config.profile,
             announce_interval: config.profile.announce_interval(),
             peers: BTreeMap::new(),
             observed: BTreeMap::new(),
@@ -246,6 +250,12 @@ impl Driver {
     async fn set_peers(&mut self, peers: Vec<(MachineId, SocketAddr)>) {
         let local = &self.identity.machine;
         self.peers = peers.into_iter().filter(|(id, _)| id != local).collect();
+        // foca scales retransmissions and the suspicion's length with the Cluster's size.
+        let size = u32::try_from(self.peers.len().saturating_add(1)).unwrap_or(u32::MAX);
+        let size = NonZeroU32::new(size).unwrap_or(NonZeroU32::MIN);
+        if let Err(e) = self.foca.set_config(self.profile.foca_config(size)) {
+            self.protocol_error(e);
+        }
         let now = (Instant::now(), SystemTime::now());
         let before = self.observed.len();
         self.observed.retain(|id, _| self.peers.contains_key(id));

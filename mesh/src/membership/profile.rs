@@ -30,12 +30,13 @@ pub enum Profile {
     ///   the period (200 + 200 < 500 ms).
     /// - **3 indirect probes** (foca's value): a lost ping or ack is retried through up to three
     ///   other members, so a 20% lossy link rarely fails a whole probe.
-    /// - **suspect_to_down_after 2.5 s** (foca: 4 s for small clusters): five probe periods for the
-    ///   suspected Machine to hear the suspicion and refute it. Under 20% loss a refutation needs
-    ///   one of the several messages it rides on (pings, acks, gossip every 200 ms, from every
-    ///   member that heard it) to arrive: all of them being lost for 2.5 s is vanishingly rare.
-    ///   Detection is then about 0.25 + 0.5 + 2.5 + 0.2 ≈ 3.5 s, and 4.7 s when the first probe
-    ///   comes late.
+    /// - **suspect_to_down_after 2.5 s** up to 10 Machines (foca: 4 s), growing like foca's with
+    ///   log10 of the Cluster's size beyond (3.3 s for 20 Machines, 5 s for 100: news takes
+    ///   longer to reach everyone). Five probe periods for the suspected Machine to hear the
+    ///   suspicion and refute it: under 20% loss a refutation needs one of the several messages
+    ///   it rides on (pings, acks, gossip every 200 ms, from every member that heard it) to
+    ///   arrive, and all of them being lost for 2.5 s is vanishingly rare. Detection is then about
+    ///   0.25 + 0.5 + 2.5 + 0.2 ≈ 3.5 s, and 4.7 s when the first probe comes late.
     /// - **max transmissions at least 8** (foca: 4 log10(n + 1), 2 for three Machines): each update
     ///   (a suspicion, its refutation, a down) rides on at least eight messages, so one lost
     ///   datagram cannot leave the suspected Machine unaware of the suspicion.
@@ -59,7 +60,7 @@ impl Profile {
         }
     }
 
-    /// foca's configuration for a Cluster of about `cluster_size` Machines.
+    /// foca's configuration for a Cluster of `cluster_size` Machines (this one included).
     pub(crate) fn foca_config(self, cluster_size: NonZeroU32) -> foca::Config {
         let mut config = match self {
             Profile::Lan => {
@@ -67,7 +68,8 @@ impl Profile {
                 config.probe_period = Duration::from_millis(500);
                 config.probe_rtt = Duration::from_millis(200);
                 config.num_indirect_probes = NonZeroUsize::new(3).unwrap_or(NonZeroUsize::MIN);
-                config.suspect_to_down_after = Duration::from_millis(2500);
+                config.suspect_to_down_after =
+                    Duration::from_secs_f64(2.5 * f64::from(cluster_size.get()).log10().max(1.0));
                 config.max_transmissions = config
                     .max_transmissions
                     .max(NonZeroU8::new(8).unwrap_or(NonZeroU8::MIN));
@@ -111,6 +113,19 @@ mod tests {
         assert!(config.notify_down_members);
         assert!(config.periodic_announce.is_some());
         assert!(config.periodic_announce_to_down_members.is_some());
+    }
+
+    #[test]
+    fn lan_suspicion_grows_slowly_with_the_cluster() {
+        let suspicion = |n| {
+            Profile::Lan
+                .foca_config(NonZeroU32::new(n).unwrap())
+                .suspect_to_down_after
+        };
+        assert_eq!(suspicion(1), Duration::from_millis(2500));
+        assert_eq!(suspicion(10), Duration::from_millis(2500));
+        assert_eq!(suspicion(100), Duration::from_secs(5));
+        assert!(suspicion(20) > suspicion(10));
     }
 
     #[test]
