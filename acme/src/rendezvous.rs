@@ -154,6 +154,8 @@ mod tests {
             subnet: "10.210.1.0/24".parse().unwrap(),
             public_key: "k".into(),
             management_address: ployz_core::ManagementAddress::from_public_key(&[7; 32]),
+            endpoints: Vec::new(),
+            version: String::new(),
         };
         store
             .put(

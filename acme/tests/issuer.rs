@@ -35,6 +35,8 @@ fn machine_record(id: &MachineId, n: u8) -> Record {
         subnet: format!("10.210.{n}.0/24").parse().unwrap(),
         public_key: "key".into(),
         management_address: ManagementAddress::from_public_key(&[n; 32]),
+        endpoints: Vec::new(),
+        version: String::new(),
     };
     Record {
         key: machine_key(id),

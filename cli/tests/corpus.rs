@@ -118,8 +118,12 @@ fn empty_machine() -> MachineSnapshot {
                 .expect("the default network has a free subnet"),
             public_key: String::new(),
             management_address: ManagementAddress::from_public_key(&[0; 32]),
+            endpoints: Vec::new(),
+            version: String::new(),
         },
         membership: MembershipObservation::Up,
+        selected_endpoint: None,
+        subnet_collisions: Vec::new(),
     };
     let snapshot = serde_json::json!({
         "machine": serde_json::to_value(&view).expect("a Machine view serialises"),

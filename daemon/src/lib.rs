@@ -22,6 +22,7 @@ mod local_machine;
 mod mesh;
 mod mesh_service;
 mod public_addresses;
+pub mod replication;
 mod server;
 mod store_api;
 

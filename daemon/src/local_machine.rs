@@ -650,7 +650,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let m = LocalMachine::open_with(DataDir::new(dir.path()), None, false).unwrap();
         assert_eq!(m.phase(), LocalMachinePhase::Uninitialized);
-        assert!(matches!(m.machines(), Err(MachineError::NotInitialised)));
+        assert!(matches!(m.machines(&Default::default()), Err(MachineError::NotInitialised)));
         let view = m.init(Some("alpha"), Vec::new()).unwrap();
         assert_eq!(view.info.subnet.to_string(), "10.210.0.0/24");
         assert_eq!(m.phase(), LocalMachinePhase::Participating);
@@ -658,7 +658,7 @@ mod tests {
         assert!(again.to_string().contains("already initialised as 'alpha'"));
         drop(m);
         let reopened = LocalMachine::open_with(DataDir::new(dir.path()), None, false).unwrap();
-        let list = reopened.machines().unwrap();
+        let list = reopened.machines(&Default::default()).unwrap();
         assert_eq!(list.values.len(), 1);
         assert_eq!(list.values[0].info, view.info);
         // Reopening republishes nothing when nothing changed (the Machine's description and
@@ -714,7 +714,7 @@ mod tests {
         );
         assert!(err.contains("holds nothing of this Machine"), "{err}");
         let m = LocalMachine::open_with(dd, None, true).unwrap();
-        assert_eq!(m.machines().unwrap().values.len(), 1);
+        assert_eq!(m.machines(&Default::default()).unwrap().values.len(), 1);
     }
 
     #[tokio::test]

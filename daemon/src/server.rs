@@ -833,6 +833,21 @@ pub fn run_edge_alone(
     Ok(())
 }
 
+/// Starts this daemon again in place (same executable, same arguments, same PID), after a reset
+/// to uninitialised: every listener and open file closes with the old image (they are opened
+/// close-on-exec), and the new one starts from the data dir as it now is. Returns only if the
+/// exec failed, after logging why; the process then exits so a service manager restarts it.
+pub(crate) fn restart_process() -> ! {
+    use std::os::unix::process::CommandExt as _;
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    tracing::warn!("starting the daemon again, uninitialised");
+    let error = std::process::Command::new("/proc/self/exe")
+        .args(&args)
+        .exec();
+    tracing::error!(error = %error, "cannot start the daemon again; exiting");
+    std::process::exit(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -901,17 +916,3 @@ mod tests {
     }
 }
 
-/// Starts this daemon again in place (same executable, same arguments, same PID), after a reset
-/// to uninitialised: every listener and open file closes with the old image (they are opened
-/// close-on-exec), and the new one starts from the data dir as it now is. Returns only if the
-/// exec failed, after logging why; the process then exits so a service manager restarts it.
-pub(crate) fn restart_process() -> ! {
-    use std::os::unix::process::CommandExt as _;
-    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    tracing::warn!("starting the daemon again, uninitialised");
-    let error = std::process::Command::new("/proc/self/exe")
-        .args(&args)
-        .exec();
-    tracing::error!(error = %error, "cannot start the daemon again; exiting");
-    std::process::exit(1)
-}

@@ -116,8 +116,9 @@ async fn delete(
 ) -> Result<Response, Failure> {
     check_name(&q.name).map_err(invalid)?;
     let store = machine.writable_store()?;
+    let name = q.name.clone();
     store_blocking(move || store.delete(&Key::cluster(SCRATCH_NAMESPACE, q.name.as_str()))).await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(Json(serde_json::json!({ "deleted": name })).into_response())
 }
 
 /// The store routes over one Machine.

@@ -244,6 +244,8 @@ pub(crate) mod tests {
             subnet: subnet.parse().unwrap(),
             public_key: String::new(),
             management_address: ManagementAddress::from_public_key(&[0; 32]),
+            endpoints: Vec::new(),
+            version: String::new(),
         }
     }
 

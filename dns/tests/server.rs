@@ -45,6 +45,8 @@ fn machine(name: &str, subnet: &str) -> MachineInfo {
         subnet: subnet.parse().unwrap(),
         public_key: String::new(),
         management_address: ManagementAddress::from_public_key(&[0; 32]),
+        endpoints: Vec::new(),
+        version: String::new(),
     }
 }
 
