@@ -19,6 +19,7 @@ mod identity;
 mod lease;
 mod local_machine;
 mod public_addresses;
+pub mod replication;
 mod server;
 
 pub use config::{
