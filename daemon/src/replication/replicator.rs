@@ -685,6 +685,9 @@ fn follow_peers(
     }
 }
 
+/// How long a woken push worker lets a burst of writes settle before it reads its batch.
+const PUSH_COALESCE: Duration = Duration::from_millis(2);
+
 /// Pushes to one peer whenever woken, one request at a time; after a failure, tries again
 /// after a backoff (from the anti-entropy interval up to 30 s) unless woken first.
 async fn push_worker(shared: Arc<Shared>, peer: Arc<PeerState>) {
@@ -700,6 +703,8 @@ async fn push_worker(shared: Arc<Shared>, peer: Arc<PeerState>) {
                 }
             }
         }
+        // A burst of writes settles into one batch.
+        tokio::time::sleep(PUSH_COALESCE).await;
         match shared.push_to(&peer).await {
             Ok(()) => {
                 shared.succeeded(&peer, Exchange::Push);
