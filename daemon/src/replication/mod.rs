@@ -108,6 +108,7 @@ pub struct PullRequest {
 /// digest, is asked again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PullAnswer {
+    /// The batches, in the order of the requests they answer.
     pub batches: Vec<SyncBatch>,
 }
 

@@ -103,13 +103,16 @@ pub struct PeerError {
 /// Replication with one peer, as this Machine sees it (`ployz machine ls`, debugging).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerReport {
+    /// The peer's Machine ID.
     pub id: MachineId,
+    /// Where its peer routes were last reached (or are to be).
     pub addr: SocketAddr,
     /// Whether the peer is in the current list of up peers.
     pub up: bool,
     /// Where the peer was last known to stand for this Machine's own records (its digest
     /// entry for this Machine); `None` before first contact.
     pub position: Option<u64>,
+    /// What replication with this peer has done.
     pub counters: ReplicationCounters,
     /// When an exchange with it last succeeded.
     pub last_success: Option<SystemTime>,
