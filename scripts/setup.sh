@@ -18,7 +18,7 @@ PLOYZ_TEST_PACKAGES=(
   wireguard-tools                    # `wg` reads the mesh's interfaces
   dnsutils                           # dig, for DNS tests
   docker-compose                     # the reference the Compose loader is compared with
-  iproute2 procps psmisc openssl
+  iproute2 iptables procps psmisc openssl   # the lab: network namespaces, firewalls
 )
 
 # ployz_install_packages PACKAGE... installs those of the named Debian packages that are missing.

@@ -156,6 +156,7 @@ mod tests {
             management_address: ployz_core::ManagementAddress::from_public_key(&[7; 32]),
             endpoints: Vec::new(),
             version: String::new(),
+            wireguard_backend: None,
         };
         store
             .put(

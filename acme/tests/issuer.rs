@@ -37,6 +37,7 @@ fn machine_record(id: &MachineId, n: u8) -> Record {
         management_address: ManagementAddress::from_public_key(&[n; 32]),
         endpoints: Vec::new(),
         version: String::new(),
+        wireguard_backend: None,
     };
     Record {
         key: machine_key(id),

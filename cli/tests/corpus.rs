@@ -120,6 +120,7 @@ fn empty_machine() -> MachineSnapshot {
             management_address: ManagementAddress::from_public_key(&[0; 32]),
             endpoints: Vec::new(),
             version: String::new(),
+            wireguard_backend: None,
         },
         membership: MembershipObservation::Up,
         selected_endpoint: None,

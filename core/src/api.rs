@@ -96,6 +96,9 @@ pub struct MachineInfo {
     /// Its daemon's release, when it said.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub version: String,
+    /// Its WireGuard backend (`kernel` or `userspace`), once its mesh runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wireguard_backend: Option<String>,
 }
 
 /// One Machine as the answering Machine observes it: what that Machine published plus the

@@ -122,6 +122,9 @@ pub struct LocalIdentity {
     /// The WireGuard endpoints it advertises, as last detected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub advertised: Vec<SocketAddr>,
+    /// The WireGuard backend its mesh last started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wireguard_backend: Option<String>,
 }
 
 impl LocalIdentity {
@@ -167,6 +170,7 @@ impl LocalIdentity {
             management_address: self.management_address(),
             endpoints: self.advertised.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
+            wireguard_backend: self.wireguard_backend.clone(),
         }
     }
 
@@ -311,6 +315,7 @@ mod tests {
             bootstrap: vec![],
             catch_up: BTreeMap::new(),
             advertised: vec![],
+            wireguard_backend: None,
         };
         id.save(&dd).unwrap();
         assert_eq!(LocalIdentity::load(&dd).unwrap().unwrap(), id);

@@ -379,6 +379,7 @@ impl LocalMachine {
             bootstrap: Vec::new(),
             catch_up: Default::default(),
             advertised: Vec::new(),
+            wireguard_backend: None,
         };
         let docker = self.connect_docker(&identity)?;
         let (store, _) = Store::open_with(
@@ -650,7 +651,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let m = LocalMachine::open_with(DataDir::new(dir.path()), None, false).unwrap();
         assert_eq!(m.phase(), LocalMachinePhase::Uninitialized);
-        assert!(matches!(m.machines(&Default::default()), Err(MachineError::NotInitialised)));
+        assert!(matches!(
+            m.machines(&Default::default()),
+            Err(MachineError::NotInitialised)
+        ));
         let view = m.init(Some("alpha"), Vec::new()).unwrap();
         assert_eq!(view.info.subnet.to_string(), "10.210.0.0/24");
         assert_eq!(m.phase(), LocalMachinePhase::Participating);

@@ -72,50 +72,16 @@ impl MeshView {
         *self.not_running.lock().expect("mesh view poisoned") = reason;
     }
 
-    /// The WireGuard endpoints this Machine advertises: its interface addresses (not loopback,
-    /// link-local, the mesh's or Docker's own) with the WireGuard port.
+    /// The WireGuard endpoints this Machine advertises: its interface addresses (up, global
+    /// unicast, not the mesh's or Docker's own) with the WireGuard port.
     pub fn advertised_endpoints(&self) -> Vec<SocketAddr> {
-        let port = self.settings.wireguard_port;
-        let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        for interface in interfaces {
-            let name = interface.interface_name.as_str();
-            if name == "lo"
-                || name == self.settings.interface
-                || name.starts_with("docker")
-                || name.starts_with("br-")
-                || name.starts_with("veth")
-            {
-                continue;
-            }
-            let Some(address) = interface.address else {
-                continue;
-            };
-            let ip = if let Some(v4) = address.as_sockaddr_in() {
-                IpAddr::V4(v4.ip())
-            } else if let Some(v6) = address.as_sockaddr_in6() {
-                IpAddr::V6(v6.ip())
-            } else {
-                continue;
-            };
-            let usable = match ip {
-                IpAddr::V4(a) => !(a.is_loopback() || a.is_link_local() || a.is_unspecified()),
-                IpAddr::V6(a) => {
-                    let s = a.segments();
-                    !(a.is_loopback()
-                        || a.is_unspecified()
-                        || (s[0] & 0xffc0) == 0xfe80
-                        || s[0] == 0xfdcc)
-                }
-            };
-            let endpoint = SocketAddr::new(ip, port);
-            if usable && !out.contains(&endpoint) {
-                out.push(endpoint);
-            }
-        }
-        out
+        ployz_mesh::endpoints::advertised_endpoints(
+            &ployz_mesh::endpoints::interface_addresses().unwrap_or_default(),
+            &self.settings.interface,
+            &[],
+            &[],
+            self.settings.wireguard_port,
+        )
     }
 
     /// Asks a member, over the mesh, to reset itself to uninitialised (`machine rm`); `Err`

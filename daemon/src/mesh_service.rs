@@ -30,6 +30,8 @@ use crate::replication::{ReplicationSettings, Replicator, SyncPeer};
 
 /// How often peers, endpoints and observations are brought in line.
 const TICK: Duration = Duration::from_secs(1);
+/// How often this Machine writes its self-description again.
+const REPUBLISH: Duration = Duration::from_secs(60);
 /// How long a failed start waits before trying again.
 const RETRY: Duration = Duration::from_secs(5);
 
@@ -57,6 +59,9 @@ struct Running {
     public_key: String,
     /// The subnet collisions last logged.
     collisions_logged: u64,
+    /// When this Machine's self-description was last written (it is written again every
+    /// [`REPUBLISH`]).
+    published: Option<Instant>,
 }
 
 fn backend_setting(s: WireGuardBackendSetting) -> BackendSetting {
@@ -182,6 +187,8 @@ impl MeshService {
         ))?;
         let listen = mgmt(&own_mgmt, settings.management_port);
         let tcp = bind_when_address_exists(listen).await?;
+        // The replication routes keep their own body limit (batches of about 1 MiB, one large
+        // record alone up to 16 MiB): not the management API's 2 MiB.
         let (stop, stopping) = tokio::sync::watch::channel(false);
         let app = crate::replication::routes(initialised.store.clone()).merge(
             Router::new()
@@ -191,7 +198,7 @@ impl MeshService {
         let header_timeout = self.header_timeout;
         let listener = tokio::spawn(crate::api::serve(
             tcp,
-            crate::api::with_api_errors(app),
+            app,
             header_timeout,
             crate::api::MAX_CONNECTIONS,
             stopping.clone(),
@@ -203,14 +210,6 @@ impl MeshService {
             ReplicationSettings::default(),
             stopping,
         );
-        let advertised = ployz_mesh::endpoints::advertised_endpoints(
-            &ployz_mesh::endpoints::interface_addresses().unwrap_or_default(),
-            &settings.interface,
-            &[],
-            &[],
-            settings.wireguard_port,
-        );
-        self.machine.set_advertised(advertised)?;
         let public_key = identity.public_key.clone();
         let interface = Arc::new(Mutex::new(interface));
         let mut running = Running {
@@ -226,6 +225,7 @@ impl MeshService {
             firewall_repairs: 0,
             public_key,
             collisions_logged: 0,
+            published: None,
         };
         self.step(settings, &mut running).await?;
         Ok(running)
@@ -234,8 +234,20 @@ impl MeshService {
     /// One reconciliation: phase, peers, endpoints, membership, replication peers, firewall,
     /// and what the API shows.
     async fn step(&self, settings: &MeshSettings, running: &mut Running) -> anyhow::Result<()> {
+        let advertised = self.view.advertised_endpoints();
+        let backend = running
+            .interface
+            .lock()
+            .expect("mesh interface poisoned")
+            .backend()
+            .as_str();
+        let republish = running.published.is_none_or(|at| at.elapsed() >= REPUBLISH);
+        if republish {
+            running.published = Some(Instant::now());
+        }
         let machine = self.machine.clone();
         let members: Vec<MeshMember> = tokio::task::spawn_blocking(move || {
+            machine.set_mesh_facts(advertised, backend, republish)?;
             if let Some(phase) = machine.settle()? {
                 tracing::info!(%phase, "local machine phase");
             }

@@ -246,6 +246,7 @@ pub(crate) mod tests {
             management_address: ManagementAddress::from_public_key(&[0; 32]),
             endpoints: Vec::new(),
             version: String::new(),
+            wireguard_backend: None,
         }
     }
 

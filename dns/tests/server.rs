@@ -47,6 +47,7 @@ fn machine(name: &str, subnet: &str) -> MachineInfo {
         management_address: ManagementAddress::from_public_key(&[0; 32]),
         endpoints: Vec::new(),
         version: String::new(),
+        wireguard_backend: None,
     }
 }
 

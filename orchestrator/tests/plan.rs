@@ -24,6 +24,7 @@ fn machine(name: &str) -> MachineSnapshot {
                 management_address: ManagementAddress::from_public_key(&[0; 32]),
                 endpoints: Vec::new(),
                 version: String::new(),
+                wireguard_backend: None,
             },
             membership: MembershipObservation::Up,
             selected_endpoint: None,

@@ -520,7 +520,15 @@ async fn ls(global: &GlobalArgs, args: LsArgs) -> anyhow::Result<()> {
     if args.json {
         return print_json(&list);
     }
-    let mut t = table(&["NAME", "ID", "PHASE", "MEMBERSHIP", "SUBNET", "ENDPOINT"]);
+    let mut t = table(&[
+        "NAME",
+        "ID",
+        "PHASE",
+        "MEMBERSHIP",
+        "SUBNET",
+        "ENDPOINT",
+        "WIREGUARD",
+    ]);
     for m in &list.values {
         let subnet = if m.subnet_collisions.is_empty() {
             m.info.subnet.to_string()
@@ -535,6 +543,10 @@ async fn ls(global: &GlobalArgs, args: LsArgs) -> anyhow::Result<()> {
             subnet,
             m.selected_endpoint
                 .map(|e| e.to_string())
+                .unwrap_or_else(|| "-".to_owned()),
+            m.info
+                .wireguard_backend
+                .clone()
                 .unwrap_or_else(|| "-".to_owned()),
         ]);
     }

@@ -336,6 +336,7 @@ impl LocalMachine {
             bootstrap: grant.peers.clone(),
             catch_up: grant.catch_up.clone(),
             advertised: Vec::new(),
+            wireguard_backend: None,
         };
         let docker = self.connect_docker(&identity)?;
         let (store, _) = Store::open_with(
@@ -417,8 +418,15 @@ impl LocalMachine {
         Ok(phase_changed)
     }
 
-    /// Records the endpoints this Machine advertises (and publishes them when they changed).
-    pub fn set_advertised(&self, endpoints: Vec<SocketAddr>) -> Result<(), MachineError> {
+    /// Records the endpoints this Machine advertises and its WireGuard backend, and publishes
+    /// its self-description when they changed, or when `republish` (every 60 s: what this
+    /// Machine says about itself is refreshed by it alone).
+    pub fn set_mesh_facts(
+        &self,
+        endpoints: Vec<SocketAddr>,
+        backend: &str,
+        republish: bool,
+    ) -> Result<(), MachineError> {
         let Some(store) = self.store() else {
             return Ok(());
         };
@@ -426,16 +434,24 @@ impl LocalMachine {
         let Some(identity) = state.identity.as_mut() else {
             return Ok(());
         };
-        if identity.advertised == endpoints {
-            drop(state);
-            return Ok(());
+        let changed = identity.advertised != endpoints
+            || identity.wireguard_backend.as_deref() != Some(backend);
+        if changed {
+            identity.advertised = endpoints;
+            identity.wireguard_backend = Some(backend.to_owned());
+            identity
+                .save(&self.dir)
+                .map_err(io("writing the identity file"))?;
         }
-        identity.advertised = endpoints;
-        identity
-            .save(&self.dir)
-            .map_err(io("writing the identity file"))?;
         let info = identity.info();
         drop(state);
+        if republish && !changed {
+            store.put(
+                &ployz_store::machines::machine_key(&info.id),
+                serde_json::to_vec(&info).expect("machine info serialises"),
+            )?;
+            return Ok(());
+        }
         publish(&store, &info)
     }
 
@@ -512,6 +528,7 @@ impl LocalMachine {
                     management_address: member.management_address,
                     endpoints: member.endpoints.clone(),
                     version: String::new(),
+                    wireguard_backend: None,
                 },
             };
             let seen = observed.get(&member.id).copied().unwrap_or_default();
@@ -631,5 +648,162 @@ impl LocalMachine {
         let store = self.store().ok_or(MachineError::NotInitialised)?;
         let collisions = ployz_mesh::join::subnet_collisions(&roster(&store)?);
         Ok(collisions.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::{DataDir, KeyPair};
+
+    fn machine(dir: &std::path::Path) -> LocalMachine {
+        LocalMachine::open_with(DataDir::new(dir), None, false).unwrap()
+    }
+
+    fn admit(entry: &LocalMachine, request: JoinRequest) -> Result<Admission, MachineError> {
+        entry.admit(
+            AdmitRequest {
+                request,
+                name: Some("new".into()),
+                public_ip: None,
+            },
+            51820,
+            vec![],
+        )
+    }
+
+    fn refusal(e: MachineError) -> String {
+        match e {
+            MachineError::Refused { message, fix } => format!("{message} / {fix}"),
+            other => panic!("not a refusal: {other}"),
+        }
+    }
+
+    #[test]
+    fn a_join_is_granted_once_and_the_grant_makes_a_joining_machine() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let entry = machine(a.path());
+        entry.init(Some("entry"), vec![]).unwrap();
+        let new = machine(b.path());
+        let request = new
+            .join_request(vec!["198.18.0.2:51820".parse().unwrap()])
+            .unwrap();
+        assert_eq!(request.phase, LocalMachinePhase::Uninitialized);
+        // Asking again offers the same key and ID.
+        assert_eq!(
+            new.join_request(vec![]).unwrap().public_key,
+            request.public_key
+        );
+        let before = entry.store().unwrap().digest().unwrap();
+        let admission = admit(&entry, request.clone()).unwrap();
+        let grant = admission.grant;
+        assert_eq!(grant.member.subnet.to_string(), "10.210.1.0/24");
+        assert_eq!(grant.peers.len(), 1);
+        assert!(grant.catch_up.values().sum::<u64>() > before.0.values().sum::<u64>());
+        // The same Machine again: refused, nothing written.
+        let digest = entry.store().unwrap().digest().unwrap();
+        let e = refusal(admit(&entry, request).unwrap_err());
+        assert!(
+            e.contains("already a member of this Cluster, as 'new'"),
+            "{e}"
+        );
+        assert_eq!(entry.store().unwrap().digest().unwrap(), digest);
+
+        let view = new.join(grant.clone()).unwrap();
+        assert_eq!(view.info.phase, LocalMachinePhase::Joining);
+        assert_eq!(new.identity().unwrap().cluster, Some(grant.cluster.clone()));
+        // Twice: already initialised.
+        assert!(matches!(
+            new.join(grant),
+            Err(MachineError::AlreadyInitialised { .. })
+        ));
+    }
+
+    #[test]
+    fn joins_that_must_not_happen_are_refused_with_the_reason_and_the_fix() {
+        let (a, b, c) = (
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+            tempfile::tempdir().unwrap(),
+        );
+        let entry = machine(a.path());
+        entry.init(Some("entry"), vec![]).unwrap();
+        let digest = entry.store().unwrap().digest().unwrap();
+        let other = machine(b.path());
+        other.init(Some("other"), vec![]).unwrap();
+        let fresh = machine(c.path());
+
+        let e = refusal(admit(&entry, other.join_request(vec![]).unwrap()).unwrap_err());
+        assert!(
+            e.contains("already initialised (participating) and in another Cluster"),
+            "{e}"
+        );
+        assert!(e.contains("ployz machine rm"), "{e}");
+
+        let mut request = fresh.join_request(vec![]).unwrap();
+        request.api = API_VERSION + 1;
+        request.version = "9.9.9".into();
+        let e = refusal(admit(&entry, request).unwrap_err());
+        assert!(
+            e.contains("speaks API version") && e.contains("9.9.9"),
+            "{e}"
+        );
+        assert!(e.contains("install the same Ployz release"), "{e}");
+
+        let mut request = fresh.join_request(vec![]).unwrap();
+        request.public_key = "not a key".into();
+        let e = refusal(admit(&entry, request).unwrap_err());
+        assert!(e.contains("not a base64 32-byte WireGuard key"), "{e}");
+
+        assert_eq!(
+            entry.store().unwrap().digest().unwrap(),
+            digest,
+            "a refusal wrote"
+        );
+
+        // A grant for another Machine is refused by the joining one, which stays uninitialised.
+        let grant = admit(&entry, other_request(&fresh)).unwrap().grant;
+        let mut forged = grant.clone();
+        forged.member.public_key = KeyPair::generate().public_key;
+        let e = refusal(fresh.join(forged).unwrap_err());
+        assert!(e.contains("the grant is for another Machine"), "{e}");
+        assert_eq!(fresh.phase(), LocalMachinePhase::Uninitialized);
+    }
+
+    fn other_request(m: &LocalMachine) -> JoinRequest {
+        m.join_request(vec![]).unwrap()
+    }
+
+    #[test]
+    fn a_joining_machine_participates_once_its_store_caught_up() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let entry = machine(a.path());
+        entry.init(Some("entry"), vec![]).unwrap();
+        let new = machine(b.path());
+        let grant = admit(&entry, new.join_request(vec![]).unwrap())
+            .unwrap()
+            .grant;
+        new.join(grant).unwrap();
+        assert_eq!(
+            new.settle().unwrap(),
+            None,
+            "participating before catching up"
+        );
+        // Replicate the entry's records by hand, as the replicator would.
+        let from = entry.store().unwrap();
+        let to = new.store().unwrap();
+        for request in to.digest().unwrap().requests_for(&from.digest().unwrap()) {
+            to.apply_batch(&from.records_after(&request, 10_000).unwrap())
+                .unwrap();
+        }
+        assert_eq!(
+            new.settle().unwrap(),
+            Some(LocalMachinePhase::Participating)
+        );
+        assert_eq!(new.phase(), LocalMachinePhase::Participating);
+        // Its view of the roster: both members, no collision.
+        let list = new.machines(&BTreeMap::new()).unwrap();
+        assert_eq!(list.values.len(), 2);
+        assert!(list.values.iter().all(|v| v.subnet_collisions.is_empty()));
     }
 }
