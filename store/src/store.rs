@@ -361,17 +361,19 @@ fn unreadable_while_frozen(reason: &str) -> StoreError {
 /// what it will have written, so later steps of the same change read their own writes.
 ///
 /// It reads each record key and digest entry at most once, and remembers what every key it
-/// touches held before, so that a batch sled refuses can be left out of reads without reading
-/// anything again: a record key and a digest entry were read before being written; a log entry
-/// removed held the key of the version it names (the store keeps the two in step, which opening
-/// checks); a log entry inserted is new (an origin never numbers two writes alike).
+/// writes held before, so that a batch sled refuses can be left out of reads without reading
+/// anything again: a record key held the version read (encoded again: the encoding is
+/// deterministic), a digest entry the value read; a log entry removed held the key of the
+/// version it names (the store keeps the two in step, which opening checks); a log entry
+/// inserted is new (an origin never numbers two writes alike). Keys only read are not
+/// remembered, so a merge whose records are all held already keeps nothing.
 struct Pending<'a> {
     tree: &'a sled::Tree,
     batch: sled::Batch,
-    /// Per record key read or written: the version it holds once the batch applies.
+    /// Per record key written: the version it holds once the batch applies.
     records: HashMap<Vec<u8>, Option<Record>>,
     digests: HashMap<MachineId, u64>,
-    /// Per key read or written: what it held before the batch (the first value seen counts).
+    /// Per key written: what it held before the batch (the first value seen counts).
     before: HashMap<Vec<u8>, Option<sled::IVec>>,
 }
 
@@ -442,39 +444,44 @@ impl<'a> Pending<'a> {
         Ok(())
     }
 
-    /// Reads the version `rkey` holds into the overlay, unless it is there already.
-    fn load(&mut self, key: &Key, rkey: &[u8]) -> Result<(), StoreError> {
-        if self.records.contains_key(rkey) {
-            return Ok(());
+    /// The version `rkey` holds: as this batch leaves it, or as read from the store.
+    fn current(&self, key: &Key, rkey: &[u8]) -> Result<Option<Record>, StoreError> {
+        if let Some(written) = self.records.get(rkey) {
+            return Ok(written.clone());
         }
-        let raw = self.tree.get(rkey)?;
-        let held = match &raw {
-            Some(v) => Some(Record::decode(key.clone(), v)?),
-            None => None,
-        };
-        self.held_before(rkey, raw);
-        self.records.insert(rkey.to_vec(), held);
-        Ok(())
-    }
-
-    fn current(&mut self, key: &Key, rkey: &[u8]) -> Result<Option<Record>, StoreError> {
-        self.load(key, rkey)?;
-        Ok(self.records.get(rkey).cloned().flatten())
+        match self.tree.get(rkey)? {
+            Some(v) => Ok(Some(Record::decode(key.clone(), &v)?)),
+            None => Ok(None),
+        }
     }
 
     /// Installs `record` if it beats what is held for its key. Returns whether it did.
     fn merge_one(&mut self, record: &Record) -> Result<bool, StoreError> {
         let key_bytes = record.key.encode();
         let rkey = record_key(&key_bytes);
-        self.load(&record.key, &rkey)?;
-        let superseded = match self.records.get(&rkey).and_then(Option::as_ref) {
+        let read;
+        let held = match self.records.get(&rkey) {
+            Some(written) => written.as_ref(),
+            None => {
+                read = match self.tree.get(&rkey)? {
+                    Some(v) => Some(Record::decode(record.key.clone(), &v)?),
+                    None => None,
+                };
+                read.as_ref()
+            }
+        };
+        let (superseded, held_value) = match held {
             Some(current) if current.precedence(record).is_ge() => return Ok(false),
-            Some(current) => Some(log_key(&current.origin, current.seq)),
-            None => None,
+            Some(current) => (
+                Some(log_key(&current.origin, current.seq)),
+                Some(sled::IVec::from(current.encode_value())),
+            ),
+            None => (None, None),
         };
         if let Some(lkey) = superseded {
             self.remove(lkey, Some(sled::IVec::from(key_bytes.as_slice())));
         }
+        self.held_before(&rkey, held_value);
         self.insert(rkey.clone(), record.encode_value());
         self.insert(log_key(&record.origin, record.seq), key_bytes);
         self.records.insert(rkey, Some(record.clone()));
