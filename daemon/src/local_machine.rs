@@ -665,10 +665,10 @@ mod tests {
         let list = reopened.machines(&Default::default()).unwrap();
         assert_eq!(list.values.len(), 1);
         assert_eq!(list.values[0].info, view.info);
-        // Reopening republishes nothing when nothing changed (the Machine's description and
-        // its public addresses: two records).
+        // Reopening republishes nothing when nothing changed (the Machine's description, its
+        // public addresses and its member record: three records).
         let store = reopened.store().unwrap();
-        assert_eq!(store.digest().unwrap().get(&view.info.id), 2);
+        assert_eq!(store.digest().unwrap().get(&view.info.id), 3);
     }
 
     #[test]

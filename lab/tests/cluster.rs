@@ -250,6 +250,19 @@ fn three_machines_form_a_cluster_replicate_and_outlive_a_dead_machine() {
             (v["daemon"]["phase"] == "uninitialized").then_some(())
         },
     );
+    // Its firewall chain went with the reset.
+    wait_for(
+        &lab,
+        "Machine 2's PLOYZ-INPUT chain removed",
+        Duration::from_secs(10),
+        || {
+            (!lab
+                .exec_in(2, &["iptables", "-S", "PLOYZ-INPUT"])
+                .status
+                .success())
+            .then_some(())
+        },
+    );
     // Reset, it can join again (as a new Machine); a Machine Name another Machine has is
     // allowed (Name Ambiguity) and warned about.
     let out = ok(
@@ -363,4 +376,53 @@ fn wait_until_whole_of(lab: &ployz_lab::Lab, which: &[usize], n: usize) {
                 .then_some(())
         },
     );
+}
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn a_deleted_firewall_rule_comes_back_within_the_reconcile_period() {
+    let lab = ployz_lab::Lab::start(ployz_lab::LabOptions {
+        per_machine: vec![ployz_lab::MachineOptions {
+            daemon_toml: "[mesh]\nreconcile_interval_ms = 1000\n".into(),
+            ..ployz_lab::MachineOptions::default()
+        }],
+        ..ployz_lab::LabOptions::machines(1)
+    });
+    ok(&lab, 0, &["machine", "init", "--name", "m0"]);
+    let rule = [
+        "PLOYZ-INPUT",
+        "-p",
+        "udp",
+        "-m",
+        "udp",
+        "--dport",
+        "51820",
+        "-j",
+        "ACCEPT",
+    ];
+    let has_rule = || {
+        let mut check = vec!["iptables", "-w", "-C"];
+        check.extend(rule);
+        lab.exec_in(0, &check).status.success()
+    };
+    wait_for(
+        &lab,
+        "the WireGuard port's rule",
+        Duration::from_secs(20),
+        || has_rule().then_some(()),
+    );
+    let mut delete = vec!["iptables", "-w", "-D"];
+    delete.extend(rule);
+    let out = lab.exec_in(0, &delete);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!has_rule());
+    wait_for(
+        &lab,
+        "the deleted rule back",
+        Duration::from_secs(10),
+        || has_rule().then_some(()),
+    );
+    wait_for(&lab, "the repair logged", Duration::from_secs(5), || {
+        lab.log(0).contains("firewall rules put back").then_some(())
+    });
 }

@@ -208,7 +208,13 @@ async fn update(global: &GlobalArgs, args: UpdateArgs) -> anyhow::Result<()> {
         result.insert("member".into(), serde_json::to_value(&member)?);
     }
     if args.json {
-        return print_json(&result);
+        // One change prints its own document (what `--public-ip --json` always printed);
+        // both print both, by name.
+        return match (result.remove("public_addresses"), result.remove("member")) {
+            (Some(p), None) => print_json(&p),
+            (None, Some(m)) => print_json(&m),
+            (p, m) => print_json(&serde_json::json!({ "public_addresses": p, "member": m })),
+        };
     }
     Ok(())
 }

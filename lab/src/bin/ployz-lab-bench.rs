@@ -1,0 +1,429 @@
+//! Measures a Cluster in the lab: replication throughput and latency, failure detection, the
+//! idle cost of the mesh, and userspace WireGuard throughput against the plain underlay. Prints
+//! one line per figure; nothing is asserted.
+//!
+//! ```sh
+//! cargo build --release -p ployz -p ployz-lab
+//! PLOYZ_BIN=target/release/ployz target/release/ployz-lab-bench [replication|latency|detection|idle|wireguard]...
+//! ```
+//!
+//! Without arguments every measurement runs (about 6 minutes on 2 cores).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use ployz_lab::{Lab, LabOptions, MachineOptions};
+use serde_json::Value;
+
+/// One HTTP/1.1 GET over a daemon's unix socket; the body as JSON.
+fn api_get(socket: &Path, path: &str) -> anyhow::Result<Value> {
+    let mut s = UnixStream::connect(socket).with_context(|| format!("{}", socket.display()))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: ployz\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("an HTTP answer without a body")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("{path}: {head}");
+    }
+    // A chunked body: the JSON starts at the first '{' or '['.
+    let start = body.find(['{', '[']).context("no JSON in the body")?;
+    let end = body.rfind(['}', ']']).context("no JSON in the body")?;
+    Ok(serde_json::from_str(&body[start..=end])?)
+}
+
+fn run(lab: &Lab, i: usize, args: &[&str]) -> anyhow::Result<String> {
+    let out = lab.ployz(i, args);
+    if !out.status.success() {
+        bail!(
+            "ployz {args:?} on Machine {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn wait(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    while !check() {
+        if Instant::now() > deadline {
+            bail!("{what}: not within {} s", within.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+fn digest(lab: &Lab, i: usize) -> Option<BTreeMap<String, u64>> {
+    let v = api_get(&lab.socket(i), "/v1/store/digest").ok()?;
+    serde_json::from_value(v["digest"].clone()).ok()
+}
+
+fn membership(lab: &Lab, observer: usize, of: &str) -> Option<String> {
+    let v = api_get(&lab.socket(observer), "/v1/machines").ok()?;
+    v["values"]
+        .as_array()?
+        .iter()
+        .find(|m| m["id"] == of)
+        .and_then(|m| m["membership"].as_str().map(str::to_owned))
+}
+
+fn own_id(lab: &Lab, i: usize) -> anyhow::Result<String> {
+    let v = api_get(&lab.socket(i), "/v1/version")?;
+    Ok(v["machine"].as_str().context("no Machine ID")?.to_owned())
+}
+
+/// A lab of `n` Machines formed into a Cluster through Machine 0.
+fn cluster(n: usize, per_machine: Vec<MachineOptions>) -> anyhow::Result<Lab> {
+    let lab = Lab::try_start(LabOptions {
+        sshd: true,
+        per_machine,
+        log_filter: Some("warn".into()),
+        ..LabOptions::machines(n)
+    })?;
+    run(&lab, 0, &["machine", "init", "--name", "m0"])?;
+    for i in 1..n {
+        run(
+            &lab,
+            0,
+            &[
+                "machine",
+                "add",
+                "--name",
+                &format!("m{i}"),
+                &lab.ssh_url(i),
+            ],
+        )?;
+    }
+    let ids: Vec<String> = (0..n).map(|i| own_id(&lab, i)).collect::<Result<_, _>>()?;
+    wait(
+        "every Machine up everywhere",
+        Duration::from_secs(60),
+        || {
+            (0..n).all(|o| {
+                ids.iter()
+                    .enumerate()
+                    .all(|(i, id)| i == o || membership(&lab, o, id).as_deref() == Some("up"))
+            })
+        },
+    )?;
+    Ok(lab)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    percentile(&v, 0.5)
+}
+
+fn replication() -> anyhow::Result<()> {
+    let lab = cluster(3, vec![])?;
+    let origin = own_id(&lab, 0)?;
+    let before = digest(&lab, 0)
+        .unwrap_or_default()
+        .get(&origin)
+        .copied()
+        .unwrap_or(0);
+    let pairs: Vec<String> = (0..10_000).map(|n| format!("bench{n:05}=value-{n:05}-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx")).collect();
+    let mut args = vec!["store", "put"];
+    args.extend(pairs.iter().map(String::as_str));
+    let start = Instant::now();
+    run(&lab, 0, &args)?;
+    let written = start.elapsed();
+    let target = before + 10_000;
+    wait(
+        "10,000 records on Machines 1 and 2",
+        Duration::from_secs(300),
+        || {
+            [1, 2].iter().all(|&i| {
+                digest(&lab, i).is_some_and(|d| d.get(&origin).copied().unwrap_or(0) >= target)
+            })
+        },
+    )?;
+    let all = start.elapsed();
+    println!(
+        "replication: 10,000 records written on m0 in {:.2} s, on m1 and m2 (equal digests) after {:.2} s: {:.0} records/s end to end",
+        written.as_secs_f64(),
+        all.as_secs_f64(),
+        10_000.0 / all.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// One write on Machine 0 to visible on Machine 2 (the farthest in the lab's sense: never the
+/// writer), `n` times.
+fn write_to_visible(lab: &Lab, n: usize) -> anyhow::Result<Vec<f64>> {
+    let origin = own_id(lab, 0)?;
+    let mut times = Vec::new();
+    for k in 0..n {
+        let start = Instant::now();
+        run(lab, 0, &["store", "put", &format!("lat{k}=x")])?;
+        let seq = digest(lab, 0)
+            .and_then(|d| d.get(&origin).copied())
+            .context("m0's digest")?;
+        wait("the write on m2", Duration::from_secs(30), || {
+            digest(lab, 2).is_some_and(|d| d.get(&origin).copied().unwrap_or(0) >= seq)
+        })?;
+        times.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times)
+}
+
+fn latency() -> anyhow::Result<()> {
+    let mut lab = cluster(3, vec![])?;
+    let quiet = write_to_visible(&lab, 100)?;
+    println!(
+        "write to visible on m2 (includes the CLI's own start, ~{:.0} ms): p50 {:.1} ms, p99 {:.1} ms (100 writes, no loss)",
+        cli_cost(&lab)?,
+        percentile(&quiet, 0.5),
+        percentile(&quiet, 0.99)
+    );
+    lab.netem(20.0, 50);
+    let lossy = write_to_visible(&lab, 100)?;
+    lab.clear_netem();
+    println!(
+        "write to visible on m2: p50 {:.1} ms, p99 {:.1} ms (100 writes, 20% loss and 50 ms delay on every link)",
+        percentile(&lossy, 0.5),
+        percentile(&lossy, 0.99)
+    );
+    Ok(())
+}
+
+/// The median time of a `ployz version` (what every write above pays for the CLI itself).
+fn cli_cost(lab: &Lab) -> anyhow::Result<f64> {
+    let mut t = Vec::new();
+    for _ in 0..10 {
+        let s = Instant::now();
+        run(lab, 0, &["version"])?;
+        t.push(s.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(median(t))
+}
+
+fn detection() -> anyhow::Result<()> {
+    let mut lab = cluster(3, vec![])?;
+    let victim = own_id(&lab, 1)?;
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        lab.kill_daemon(1);
+        let killed = Instant::now();
+        let mut seen: [Option<f64>; 2] = [None, None];
+        wait("m1 down on m0 and m2", Duration::from_secs(30), || {
+            for (slot, observer) in [0, 2].into_iter().enumerate() {
+                if seen[slot].is_none()
+                    && membership(&lab, observer, &victim).as_deref() == Some("down")
+                {
+                    seen[slot] = Some(killed.elapsed().as_secs_f64());
+                }
+            }
+            seen.iter().all(Option::is_some)
+        })?;
+        let slowest = seen.iter().flatten().copied().fold(0.0, f64::max);
+        times.push(slowest);
+        lab.start_daemon(1);
+        wait("m1 up again", Duration::from_secs(60), || {
+            [0, 2]
+                .iter()
+                .all(|&o| membership(&lab, o, &victim).as_deref() == Some("up"))
+        })?;
+    }
+    println!(
+        "kill -9 to down on every observer: median {:.2} s (runs: {})",
+        median(times.clone()),
+        times
+            .iter()
+            .map(|t| format!("{t:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
+
+/// CPU seconds (user + system) and RSS (KiB) of a process.
+fn usage(pid: u32) -> anyhow::Result<(f64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .context("stat")?
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    let hz = 100.0;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .context("VmRSS")?
+        .parse()?;
+    Ok((ticks / hz, rss))
+}
+
+fn idle_figures(lab: &Lab, label: &str) -> anyhow::Result<()> {
+    let pids: Vec<u32> = (0..lab.len())
+        .map(|i| lab.daemon_pid(i).context("a daemon runs"))
+        .collect::<Result<_, _>>()?;
+    let before: Vec<(f64, u64)> = pids.iter().map(|&p| usage(p)).collect::<Result<_, _>>()?;
+    std::thread::sleep(Duration::from_secs(60));
+    let after: Vec<(f64, u64)> = pids.iter().map(|&p| usage(p)).collect::<Result<_, _>>()?;
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        println!(
+            "idle {label}: Machine {i}: {:.2}% of a core over 60 s, RSS {:.1} MiB",
+            (a.0 - b.0) / 60.0 * 100.0,
+            a.1 as f64 / 1024.0
+        );
+    }
+    Ok(())
+}
+
+fn idle() -> anyhow::Result<()> {
+    {
+        let lab = Lab::try_start(LabOptions {
+            per_machine: vec![MachineOptions {
+                daemon_toml: "[mesh]\nenabled = false\n".into(),
+                ..MachineOptions::default()
+            }],
+            log_filter: Some("warn".into()),
+            ..LabOptions::machines(1)
+        })?;
+        run(&lab, 0, &["machine", "init", "--name", "alone"])?;
+        std::thread::sleep(Duration::from_secs(5));
+        idle_figures(&lab, "single Machine, no mesh")?;
+    }
+    let lab = cluster(3, vec![])?;
+    std::thread::sleep(Duration::from_secs(5));
+    idle_figures(&lab, "three-Machine Cluster")
+}
+
+/// Bytes per second from Machine `from` to `addr` (a listener in Machine `to`): 256 MiB, timed
+/// at the receiver from the first byte to the end.
+fn throughput(lab: &Lab, from: usize, to: usize, addr: SocketAddr) -> anyhow::Result<f64> {
+    const TOTAL: usize = 256 << 20;
+    let listen_ns = netns_file(lab, to);
+    let send_ns = netns_file(lab, from);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let receiver = std::thread::spawn(move || -> anyhow::Result<f64> {
+        enter(&listen_ns)?;
+        let listener = TcpListener::bind(("0.0.0.0", addr.port()))?;
+        ready_tx.send(()).ok();
+        let (mut s, _) = listener.accept()?;
+        let mut buf = vec![0u8; 1 << 16];
+        let n = s.read(&mut buf)?;
+        let start = Instant::now();
+        let mut got = n;
+        loop {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        Ok(got as f64 / start.elapsed().as_secs_f64())
+    });
+    ready_rx.recv_timeout(Duration::from_secs(10))?;
+    let sender = std::thread::spawn(move || -> anyhow::Result<()> {
+        enter(&send_ns)?;
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
+        let chunk = vec![0x5au8; 1 << 16];
+        let mut sent = 0;
+        while sent < TOTAL {
+            s.write_all(&chunk)?;
+            sent += chunk.len();
+        }
+        Ok(())
+    });
+    sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("the sender panicked"))??;
+    receiver
+        .join()
+        .map_err(|_| anyhow::anyhow!("the receiver panicked"))?
+}
+
+fn netns_file(lab: &Lab, i: usize) -> PathBuf {
+    PathBuf::from("/var/run/netns").join(lab.netns(i))
+}
+
+/// Moves the calling thread into a network namespace.
+fn enter(ns: &Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(ns)?;
+    // SAFETY: setns on this thread only, with a valid namespace file descriptor.
+    let rc = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    if rc != 0 {
+        bail!(
+            "setns {}: {}",
+            ns.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}
+
+fn wireguard() -> anyhow::Result<()> {
+    let lab = cluster(2, vec![])?;
+    let mut underlay = Vec::new();
+    let mut mesh = Vec::new();
+    for run in 0..3 {
+        let port = 15_000 + run * 2;
+        let u = throughput(
+            &lab,
+            0,
+            1,
+            SocketAddr::new(lab.underlay_addr(1).into(), port),
+        )?;
+        // Machine 1's Machine Gateway, reached through the WireGuard interface.
+        let m = throughput(
+            &lab,
+            0,
+            1,
+            SocketAddr::new(std::net::Ipv4Addr::new(10, 210, 1, 1).into(), port + 1),
+        )?;
+        underlay.push(u / 1e6);
+        mesh.push(m / 1e6);
+    }
+    let (u, m) = (median(underlay.clone()), median(mesh.clone()));
+    println!(
+        "TCP m0 -> m1: underlay {u:.0} MB/s, userspace WireGuard {m:.0} MB/s ({:.2}x the underlay; runs underlay {underlay:.0?}, mesh {mesh:.0?})",
+        m / u
+    );
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let all = ["replication", "latency", "detection", "idle", "wireguard"];
+    let asked: Vec<String> = std::env::args().skip(1).collect();
+    let which: Vec<&str> = if asked.is_empty() {
+        all.to_vec()
+    } else {
+        asked.iter().map(String::as_str).collect()
+    };
+    for w in which {
+        match w {
+            "replication" => replication()?,
+            "latency" => latency()?,
+            "detection" => detection()?,
+            "idle" => idle()?,
+            "wireguard" => wireguard()?,
+            other => bail!("unknown measurement '{other}'; one of: {}", all.join(", ")),
+        }
+    }
+    Ok(())
+}
