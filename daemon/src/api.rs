@@ -148,7 +148,8 @@ pub async fn store_blocking<T: Send + 'static, E: std::fmt::Display + Send + 'st
     }
 }
 
-async fn blocking<T: Send + 'static>(
+/// Runs a Machine operation off the runtime; its error becomes the API's.
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, MachineError> + Send + 'static,
 ) -> Result<T, Failure> {
     match tokio::task::spawn_blocking(f).await {

@@ -14,28 +14,14 @@ use ployz_core::api::{
     UpdateMachineRequest,
 };
 
-use crate::api::{failure, Failure};
-use crate::local_machine::{LocalMachine, MachineError};
+use crate::api::{blocking, failure, Failure};
+use crate::local_machine::LocalMachine;
 use crate::mesh::MeshView;
 
 #[derive(Clone)]
 struct Cluster {
     machine: Arc<LocalMachine>,
     mesh: Arc<MeshView>,
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, MachineError> + Send + 'static,
-) -> Result<T, Failure> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(result) => result.map_err(Failure::from),
-        Err(e) => Err(failure(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Internal,
-            format!("request handler failed: {e}"),
-            None,
-        )),
-    }
 }
 
 fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, Failure> {

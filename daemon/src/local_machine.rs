@@ -341,7 +341,7 @@ impl LocalMachine {
                 MachineName::sanitize_hostname(&host).ok_or(MachineError::UnusableHostname(host))?
             }
         };
-        let mut state = self.state.lock().expect("machine state poisoned");
+        let state = self.state.lock().expect("machine state poisoned");
         if let Some(existing) = &state.identity {
             return Err(MachineError::AlreadyInitialised {
                 name: existing.name.clone(),
@@ -355,19 +355,6 @@ impl LocalMachine {
         let keys = KeyPair::generate();
         keys.save_private(&self.dir)
             .map_err(io("writing the WireGuard private key"))?;
-        // A store left by an init that crashed before writing the identity belongs to no one,
-        // and so does its acknowledgement record.
-        let store_dir = self.dir.store_dir();
-        if store_dir.exists() {
-            std::fs::remove_dir_all(&store_dir)
-                .map_err(io("removing a store left by an interrupted init"))?;
-        }
-        let acknowledged = self.dir.acknowledged_file();
-        if acknowledged.exists() {
-            std::fs::remove_file(&acknowledged).map_err(io(
-                "removing the acknowledgement record of a store left by an interrupted init",
-            ))?;
-        }
         let identity = LocalIdentity {
             id: MachineId::generate(),
             name,
@@ -382,23 +369,54 @@ impl LocalMachine {
             wireguard_backend: None,
         };
         let docker = self.connect_docker(&identity)?;
+        let store = self.fresh_store(&identity.id)?;
+        publish(&store, &identity.info())?;
+        cluster::write_member(&store, &identity.member())?;
+        publish_public_addresses(&store, PublicAddressMode::Given(public_addresses))?;
+        tracing::info!(machine_id = %identity.id, machine_name = %identity.name, subnet = %identity.subnet, "machine initialised");
+        self.take_identity(state, identity, store, docker)
+    }
+
+    /// Opens a new, empty store for this Machine: a store (and acknowledgement record) left by
+    /// an init or join that crashed before writing the identity belongs to no one and goes.
+    fn fresh_store(&self, id: &MachineId) -> Result<Store, MachineError> {
+        let store_dir = self.dir.store_dir();
+        if store_dir.exists() {
+            std::fs::remove_dir_all(&store_dir)
+                .map_err(io("removing a store left by an interrupted init or join"))?;
+        }
+        let acknowledged = self.dir.acknowledged_file();
+        if acknowledged.exists() {
+            std::fs::remove_file(&acknowledged).map_err(io(
+                "removing the acknowledgement record of a store left by an interrupted init or join",
+            ))?;
+        }
         let (store, _) = Store::open_with(
             &store_dir,
-            identity.id.clone(),
+            id.clone(),
             &OpenOptions {
                 acknowledged: Some(acknowledged),
                 accept_loss: false,
             },
         )?;
         self.configure_store(&store);
-        publish(&store, &identity.info())?;
-        cluster::write_member(&store, &identity.member())?;
-        publish_public_addresses(&store, PublicAddressMode::Given(public_addresses))?;
+        Ok(store)
+    }
+
+    /// Writes the identity file (last: before it, a crash leaves an uninitialised Machine),
+    /// drops the pending join offer, and makes this Machine initialised with `store` and
+    /// `docker`.
+    fn take_identity(
+        &self,
+        mut state: std::sync::MutexGuard<'_, State>,
+        identity: LocalIdentity,
+        store: Store,
+        docker: MachineDocker,
+    ) -> Result<MachineView, MachineError> {
         identity
             .save(&self.dir)
             .map_err(io("writing the identity file"))?;
         let _ = std::fs::remove_file(self.dir.pending_join_file());
-        tracing::info!(machine_id = %identity.id, machine_name = %identity.name, subnet = %identity.subnet, "machine initialised");
         let view = MachineView {
             info: identity.info(),
             membership: MembershipObservation::Up,

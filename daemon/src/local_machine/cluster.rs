@@ -9,7 +9,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
 
 use ployz_core::api::{
     Admission, AdmitRequest, JoinGrant, JoinRequest, MachineInfo, MachineList, MachineView, Member,
@@ -19,7 +18,7 @@ use ployz_core::{
     LocalMachinePhase, MachineId, MachineName, MembershipObservation, PartialResult, TargetFailure,
 };
 use ployz_store::machines::{INFO, MACHINES_NAMESPACE};
-use ployz_store::{Key, KeyPrefix, OpenOptions, Store, StoreError};
+use ployz_store::{Key, KeyPrefix, Store, StoreError};
 
 use super::{io, publish, publish_public_addresses, LocalMachine, MachineError, PublicAddressMode};
 use crate::identity::{LocalIdentity, PendingJoin};
@@ -297,7 +296,7 @@ impl LocalMachine {
     /// Takes the identity a grant gives this (uninitialised) Machine and starts joining: the
     /// phase is `joining` until the store has caught up to the admitting Machine's digest.
     pub fn join(&self, grant: JoinGrant) -> Result<MachineView, MachineError> {
-        let mut state = self.state.lock().expect("machine state poisoned");
+        let state = self.state.lock().expect("machine state poisoned");
         if let Some(existing) = &state.identity {
             return Err(MachineError::AlreadyInitialised {
                 name: existing.name.clone(),
@@ -314,17 +313,6 @@ impl LocalMachine {
                 "start the join again (`ployz machine add` asks this Machine afresh)",
             ));
         }
-        let store_dir = self.dir.store_dir();
-        if store_dir.exists() {
-            std::fs::remove_dir_all(&store_dir)
-                .map_err(io("removing a store left by an interrupted init or join"))?;
-        }
-        let acknowledged = self.dir.acknowledged_file();
-        if acknowledged.exists() {
-            std::fs::remove_file(&acknowledged).map_err(io(
-                "removing the acknowledgement record of a store left by an interrupted init or join",
-            ))?;
-        }
         let identity = LocalIdentity {
             id: grant.member.id.clone(),
             name: grant.member.name.clone(),
@@ -339,34 +327,11 @@ impl LocalMachine {
             wireguard_backend: None,
         };
         let docker = self.connect_docker(&identity)?;
-        let (store, _) = Store::open_with(
-            &store_dir,
-            identity.id.clone(),
-            &OpenOptions {
-                acknowledged: Some(acknowledged),
-                accept_loss: false,
-            },
-        )?;
-        self.configure_store(&store);
+        let store = self.fresh_store(&identity.id)?;
         publish(&store, &identity.info())?;
         publish_public_addresses(&store, PublicAddressMode::Detect)?;
-        identity
-            .save(&self.dir)
-            .map_err(io("writing the identity file"))?;
-        let _ = std::fs::remove_file(self.dir.pending_join_file());
         tracing::info!(machine_id = %identity.id, machine_name = %identity.name, subnet = %identity.subnet, cluster = %grant.cluster, "joining the cluster");
-        let view = MachineView {
-            info: identity.info(),
-            membership: MembershipObservation::Up,
-            selected_endpoint: None,
-            subnet_collisions: Vec::new(),
-        };
-        state.identity = Some(identity);
-        state.store = Some(Arc::new(store));
-        state.docker = Some(docker);
-        drop(state);
-        self.initialised.send_replace(true);
-        Ok(view)
+        self.take_identity(state, identity, store, docker)
     }
 
     /// Brings this Machine's phase and name in line with its store: `joining` becomes
