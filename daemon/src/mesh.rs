@@ -73,10 +73,16 @@ impl MeshView {
     }
 
     /// The WireGuard endpoints this Machine advertises: its interface addresses (up, global
-    /// unicast, not the mesh's or Docker's own) with the WireGuard port.
+    /// unicast, not the mesh's, Docker's or the `ployz` bridge's) with the WireGuard port.
     pub fn advertised_endpoints(&self) -> Vec<SocketAddr> {
+        // The `ployz` bridge holds the Machine Gateway, reachable only through the mesh itself.
+        let interfaces: Vec<_> = ployz_mesh::endpoints::interface_addresses()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|a| a.interface != ployz_orchestrator::docker::BRIDGE_NAME)
+            .collect();
         ployz_mesh::endpoints::advertised_endpoints(
-            &ployz_mesh::endpoints::interface_addresses().unwrap_or_default(),
+            &interfaces,
             &self.settings.interface,
             &[],
             &[],

@@ -62,6 +62,8 @@ struct Running {
     /// When this Machine's self-description was last written (it is written again every
     /// [`REPUBLISH`]).
     published: Option<Instant>,
+    /// Whether the last reconciliation failed (a failing streak is logged once).
+    failing: bool,
 }
 
 fn backend_setting(s: WireGuardBackendSetting) -> BackendSetting {
@@ -125,8 +127,18 @@ impl pingora::services::background::BackgroundService for MeshService {
                     return;
                 }
             }
-            if let Err(e) = self.step(&settings, &mut running).await {
-                tracing::warn!(error = %format!("{e:#}"), "mesh reconciliation failed; trying again");
+            // The first tick comes at once: the first reconciliation follows the start.
+            match self.step(&settings, &mut running).await {
+                Ok(()) if running.failing => {
+                    running.failing = false;
+                    tracing::info!("mesh reconciliation works again");
+                }
+                Ok(()) => {}
+                Err(e) if !running.failing => {
+                    running.failing = true;
+                    tracing::warn!(error = %format!("{e:#}"), "mesh reconciliation failed; trying again every second (logged once until it works)");
+                }
+                Err(_) => {}
             }
         }
         running.membership.shutdown().await;
@@ -180,13 +192,13 @@ impl MeshService {
         let fw = firewall.clone();
         tokio::task::spawn_blocking(move || fw.reconcile()).await??;
         let own_mgmt = identity.management_address();
+        // The listener waits until the Management Address can be bound; gossip binds it after.
+        let tcp = bind_when_address_exists(mgmt(&own_mgmt, settings.management_port)).await?;
         let membership = Membership::spawn(MembershipConfig::new(
             identity.id.clone(),
             mgmt(&own_mgmt, settings.gossip_port),
             profile(settings.profile),
         ))?;
-        let listen = mgmt(&own_mgmt, settings.management_port);
-        let tcp = bind_when_address_exists(listen).await?;
         // The replication routes keep their own body limit (batches of about 1 MiB, one large
         // record alone up to 16 MiB): not the management API's 2 MiB.
         let (stop, stopping) = tokio::sync::watch::channel(false);
@@ -212,7 +224,7 @@ impl MeshService {
         );
         let public_key = identity.public_key.clone();
         let interface = Arc::new(Mutex::new(interface));
-        let mut running = Running {
+        Ok(Running {
             interface,
             firewall,
             membership,
@@ -226,9 +238,8 @@ impl MeshService {
             public_key,
             collisions_logged: 0,
             published: None,
-        };
-        self.step(settings, &mut running).await?;
-        Ok(running)
+            failing: false,
+        })
     }
 
     /// One reconciliation: phase, peers, endpoints, membership, replication peers, firewall,

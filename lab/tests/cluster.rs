@@ -57,6 +57,72 @@ fn three_machines_form_a_cluster_replicate_and_outlive_a_dead_machine() {
         assert_eq!(wg["interface"], lab.wg_interface(i), "{wg}");
     }
 
+    // No Machine advertises an address only the mesh reaches (its Machine Gateway).
+    for i in 0..3 {
+        let v = lab.json(i, &["wg", "show", "--json"]);
+        for p in v["peers"].as_array().unwrap() {
+            for e in p["endpoints"].as_array().unwrap() {
+                assert!(
+                    !e.as_str().unwrap().starts_with("10.210."),
+                    "Machine {i}: {p}"
+                );
+            }
+        }
+    }
+
+    // A rename made on one Machine is seen on all, the renamed one included; renamed back
+    // through another.
+    ok(&lab, 0, &["machine", "rename", "m1", "renamed"]);
+    wait_for(
+        &lab,
+        "the new name everywhere",
+        Duration::from_secs(15),
+        || {
+            (0..3)
+                .all(|i| {
+                    machines(&lab, i).is_some_and(|l| {
+                        l.iter()
+                            .any(|m| m["id"] == ids[1].as_str() && m["name"] == "renamed")
+                    })
+                })
+                .then_some(())
+        },
+    );
+    ok(&lab, 2, &["machine", "rename", "renamed", "m1"]);
+    // An endpoint given by hand is tried before the advertised ones, everywhere; cleared, gone.
+    let hand = format!("{}:51899", lab.underlay_addr(1));
+    ok(&lab, 0, &["machine", "update", "m1", "--endpoint", &hand]);
+    let first_endpoint = |i: usize| {
+        let v = lab.json(i, &["wg", "show", "--json"]);
+        v["peers"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["id"] == ids[1].as_str()).cloned())
+            .and_then(|p| p["endpoints"][0].as_str().map(str::to_owned))
+    };
+    wait_for(
+        &lab,
+        "the hand-given endpoint first",
+        Duration::from_secs(15),
+        || {
+            [0, 2]
+                .iter()
+                .all(|&i| first_endpoint(i).as_deref() == Some(hand.as_str()))
+                .then_some(())
+        },
+    );
+    ok(&lab, 0, &["machine", "update", "m1", "--clear-endpoints"]);
+    wait_for(
+        &lab,
+        "the hand-given endpoint gone",
+        Duration::from_secs(15),
+        || {
+            [0, 2]
+                .iter()
+                .all(|&i| first_endpoint(i).is_some_and(|e| e != hand))
+                .then_some(())
+        },
+    );
+
     // A container on Machine 0 fetches from a container on Machine 2 by Container Address, and
     // the server sees the client's own Container Address (no NAT on the mesh).
     let server = lab.docker(
@@ -215,8 +281,26 @@ fn three_machines_form_a_cluster_replicate_and_outlive_a_dead_machine() {
             .then_some(())
     });
 
-    // Removing Machine 2: it is reset to uninitialised, and the others drop it.
-    let out = ok(&lab, 0, &["machine", "rm", "m2", "-y", "--json"]);
+    // Removing Machine 2 with its containers: it is reset to uninitialised, its Service
+    // Containers are removed, and the others drop it.
+    ok(
+        &lab,
+        2,
+        &["run", "-y", "--name", "keep", LAB_IMAGE, "sleep", "3600"],
+    );
+    let managed = |lab: &ployz_lab::Lab| {
+        let out = lab.docker(2, &["ps", "-aq", "--filter", "label=ployz.managed"]);
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert!(
+        !managed(&lab).is_empty(),
+        "`ployz run` started nothing on m2"
+    );
+    let out = ok(
+        &lab,
+        0,
+        &["machine", "rm", "m2", "-y", "--stop-containers", "--json"],
+    );
     let outcome: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(outcome["reset"]["Ok"], serde_json::Value::Null, "{outcome}");
     for i in [0, 1] {
@@ -249,6 +333,12 @@ fn three_machines_form_a_cluster_replicate_and_outlive_a_dead_machine() {
             let v: serde_json::Value = serde_json::from_slice(&v.stdout).ok()?;
             (v["daemon"]["phase"] == "uninitialized").then_some(())
         },
+    );
+    wait_for(
+        &lab,
+        "Machine 2's Service Containers removed",
+        Duration::from_secs(20),
+        || managed(&lab).is_empty().then_some(()),
     );
     // Its firewall chain went with the reset.
     wait_for(

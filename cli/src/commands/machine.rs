@@ -385,6 +385,9 @@ fn missing_daemon(host: &Connection, e: anyhow::Error) -> anyhow::Error {
 }
 
 async fn rm(global: &GlobalArgs, args: RmArgs) -> anyhow::Result<()> {
+    if args.json && !args.yes {
+        bail!("--json cannot ask for confirmation; add -y to remove the Machine");
+    }
     let mut client = super::connect(global).await?;
     let list: MachineList = client.get(api::paths::MACHINES).await?;
     let target = resolve(&list, &args.machine)?.clone();
@@ -396,7 +399,7 @@ async fn rm(global: &GlobalArgs, args: RmArgs) -> anyhow::Result<()> {
         .iter()
         .filter(|c| c.machine_id == target.info.id)
         .collect();
-    if !args.json || !args.yes {
+    if !args.json {
         println!(
             "Removing Machine '{}' ({}, subnet {}) from the Cluster:",
             target.info.name, target.info.id, target.info.subnet
