@@ -158,6 +158,25 @@ fn three_machines_answer_reach_each_other_fail_and_leave_nothing_behind() {
         assert_eq!(ls["values"][0]["name"], name.as_str(), "{ls}");
         ids.push(machine_id(&lab, i));
     }
+    // Each mesh comes up at the first try: the mesh module and the orchestrator both make the
+    // Docker network `ployz` right after init, and the one that loses that race takes the
+    // other's network instead of failing (Docker says "Pool overlaps" to the loser).
+    for i in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !lab.log(i).contains("mesh interface up") {
+            assert!(
+                Instant::now() < deadline,
+                "Machine {i}'s mesh is not up: {}",
+                lab.log(i)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            !lab.log(i).contains("the mesh could not start"),
+            "Machine {i}'s mesh failed first: {}",
+            lab.log(i)
+        );
+    }
     let in_ns = lab.ployz_in_ns(2, &["machine", "ls", "--json"]);
     assert!(
         in_ns.status.success(),

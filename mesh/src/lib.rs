@@ -6,9 +6,11 @@
 //! - [`firewall`]: the `PLOYZ-INPUT` chain and the forwarding rules mesh traffic needs.
 //! - [`membership`]: SWIM membership (foca) over UDP between Management Addresses.
 //! - [`join`]: join tokens and Machine Subnet allocation.
+//! - [`userspace`]: the userspace WireGuard device and its control socket.
 
 pub mod endpoints;
 pub mod firewall;
 pub mod join;
 pub mod membership;
+pub mod userspace;
 pub mod wireguard;

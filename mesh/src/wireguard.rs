@@ -26,10 +26,10 @@ use defguard_wireguard_rs::host::Host;
 use defguard_wireguard_rs::key::Key;
 use defguard_wireguard_rs::net::IpAddrMask;
 use defguard_wireguard_rs::peer::Peer;
-use defguard_wireguard_rs::{
-    InterfaceConfiguration, Kernel, Userspace, WGApi, WireguardInterfaceApi,
-};
+use defguard_wireguard_rs::{InterfaceConfiguration, Kernel, WGApi, WireguardInterfaceApi};
 use ployz_core::{MachineSubnet, ManagementAddress};
+
+use crate::userspace::UserspaceDevice;
 
 /// WireGuard's persistent keepalive for every peer, in seconds (as Uncloud and KubeSpan).
 pub const PERSISTENT_KEEPALIVE_SECONDS: u16 = 25;
@@ -45,9 +45,6 @@ pub const WIREGUARD_OVERHEAD: u32 = 80;
 
 /// Where the kernel shows a loaded (or built-in) WireGuard module.
 const KERNEL_MODULE_PATH: &str = "/sys/module/wireguard";
-/// Where the userspace backend puts its control sockets (one per interface, shared by every
-/// network namespace of the host).
-const USERSPACE_SOCKET_DIR: &str = "/var/run/wireguard";
 /// The routing protocol tag of the routes this module installs, so it removes only its own.
 const ROUTE_PROTOCOL: &str = "static";
 /// How long [`MeshInterface::down`] waits for the userspace device to disappear.
@@ -442,17 +439,81 @@ pub struct PeerStats {
     pub tx_bytes: u64,
 }
 
+/// The backend's handle. The kernel interface is driven through defguard_wireguard_rs (netlink);
+/// the userspace device through [`UserspaceDevice`]'s private control channel (see that module
+/// for why not defguard's socket client).
 enum Api {
     Kernel(WGApi<Kernel>),
-    Userspace(WGApi<Userspace>),
+    Userspace(UserspaceDevice),
 }
 
+/// What [`Api`] failed at, before it is given the interface name and the action.
+type ApiResult<T> = std::result::Result<T, String>;
+
 impl Api {
-    fn get(&self) -> &dyn WireguardInterfaceApi {
+    fn configure_interface(&self, config: &InterfaceConfiguration) -> ApiResult<()> {
         match self {
-            Api::Kernel(api) => api,
-            Api::Userspace(api) => api,
+            Api::Kernel(api) => api.configure_interface(config).map_err(|e| e.to_string()),
+            Api::Userspace(device) => {
+                let name = device.name();
+                if let Some(mtu) = config.mtu {
+                    run_ip(&["link", "set", "dev", name, "mtu", &mtu.to_string()])
+                        .map_err(|e| e.to_string())?;
+                }
+                for address in &config.addresses {
+                    let family = if address.address.is_ipv6() {
+                        "-6"
+                    } else {
+                        "-4"
+                    };
+                    run_ip(&[family, "addr", "replace", &address.to_string(), "dev", name])
+                        .map_err(|e| e.to_string())?;
+                }
+                let key = Key::from_str(&config.prvkey).map_err(|e| e.to_string())?;
+                let host = Host::new(config.port, key);
+                userspace_set(device, &host.as_uapi())
+            }
         }
+    }
+
+    fn configure_peer(&self, peer: &Peer) -> ApiResult<()> {
+        match self {
+            Api::Kernel(api) => api.configure_peer(peer).map_err(|e| e.to_string()),
+            Api::Userspace(device) => userspace_set(device, &peer.as_uapi_update()),
+        }
+    }
+
+    fn remove_peer(&self, key: &Key) -> ApiResult<()> {
+        match self {
+            Api::Kernel(api) => api.remove_peer(key).map_err(|e| e.to_string()),
+            Api::Userspace(device) => {
+                userspace_set(device, &Peer::new(key.clone()).as_uapi_remove())
+            }
+        }
+    }
+
+    fn read(&self) -> ApiResult<Host> {
+        match self {
+            Api::Kernel(api) => api.read_interface_data().map_err(|e| e.to_string()),
+            Api::Userspace(device) => {
+                let reply = device.get().map_err(|e| e.to_string())?;
+                if reply.errno != 0 {
+                    return Err(format!("the device answered errno {}", reply.errno));
+                }
+                Host::parse_uapi(reply.body.as_bytes()).map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+fn userspace_set(device: &UserspaceDevice, body: &str) -> ApiResult<()> {
+    let reply = device.set(body).map_err(|e| e.to_string())?;
+    match reply.errno {
+        0 => Ok(()),
+        errno => Err(format!(
+            "the device refused the configuration: {}",
+            std::io::Error::from_raw_os_error(errno)
+        )),
     }
 }
 
@@ -493,18 +554,16 @@ impl MeshInterface {
             None => mesh_mtu(egress_mtu()),
         };
         let name = config.interface.clone();
-        let interface_error = |action: &'static str| {
+        let failed = |action: &'static str| {
             let name = name.clone();
-            move |err: defguard_wireguard_rs::error::WireguardInterfaceError| {
-                WireGuardError::Interface {
-                    interface: name,
-                    action,
-                    detail: err.to_string(),
-                }
+            move |detail: String| WireGuardError::Interface {
+                interface: name,
+                action,
+                detail,
             }
         };
         let exists = link_exists(&name);
-        let mut api = match config.backend {
+        let api = match config.backend {
             Backend::Kernel => {
                 if exists {
                     if link_kind(&name).as_deref() != Some("wireguard") {
@@ -513,22 +572,21 @@ impl MeshInterface {
                     tracing::info!(interface = %name, "deleting the WireGuard interface left by an earlier run");
                     run_ip(&["link", "del", "dev", &name])?;
                 }
-                Api::Kernel(WGApi::<Kernel>::new(name.clone()).map_err(interface_error("setup"))?)
+                let mut api = WGApi::<Kernel>::new(name.clone())
+                    .map_err(|e| failed("setup")(e.to_string()))?;
+                api.create_interface()
+                    .map_err(|e| failed("create")(e.to_string()))?;
+                Api::Kernel(api)
             }
             Backend::Userspace => {
                 if exists {
                     return Err(WireGuardError::InterfaceInUse { name });
                 }
                 Api::Userspace(
-                    WGApi::<Userspace>::new(name.clone()).map_err(interface_error("setup"))?,
+                    UserspaceDevice::create(&name).map_err(|e| failed("create")(e.to_string()))?,
                 )
             }
         };
-        match &mut api {
-            Api::Kernel(api) => api.create_interface(),
-            Api::Userspace(api) => api.create_interface(),
-        }
-        .map_err(interface_error("create"))?;
         // From here on the handle owns the interface: an error below drops it, which removes it.
         let interface = MeshInterface {
             name: name.clone(),
@@ -551,7 +609,7 @@ impl MeshInterface {
         interface
             .api()?
             .configure_interface(&configuration)
-            .map_err(interface_error("configure"))?;
+            .map_err(failed("configure"))?;
         run_ip(&["link", "set", "dev", &name, "up"])?;
         tracing::info!(
             interface = %name,
@@ -566,15 +624,12 @@ impl MeshInterface {
 
     /// The WireGuard API. It is only taken away while the handle is being consumed, so the
     /// error cannot be seen from outside; it exists so no path here can panic.
-    fn api(&self) -> Result<&dyn WireguardInterfaceApi> {
-        self.api
-            .as_ref()
-            .map(Api::get)
-            .ok_or_else(|| WireGuardError::Interface {
-                interface: self.name.clone(),
-                action: "use",
-                detail: "the interface was already removed".into(),
-            })
+    fn api(&self) -> Result<&Api> {
+        self.api.as_ref().ok_or_else(|| WireGuardError::Interface {
+            interface: self.name.clone(),
+            action: "use",
+            detail: "the interface was already removed".into(),
+        })
     }
 
     /// The interface name.
@@ -592,20 +647,17 @@ impl MeshInterface {
         self.mtu
     }
 
-    fn interface_error(
-        &self,
-        action: &'static str,
-    ) -> impl Fn(defguard_wireguard_rs::error::WireguardInterfaceError) -> WireGuardError + '_ {
-        move |err| WireGuardError::Interface {
+    fn interface_error(&self, action: &'static str) -> impl Fn(String) -> WireGuardError + '_ {
+        move |detail| WireGuardError::Interface {
             interface: self.name.clone(),
             action,
-            detail: err.to_string(),
+            detail,
         }
     }
 
     fn read(&self) -> Result<Host> {
         self.api()?
-            .read_interface_data()
+            .read()
             .map_err(self.interface_error("read peers"))
     }
 
@@ -820,17 +872,9 @@ impl MeshInterface {
                     tracing::warn!(interface = %self.name, error = %err, "could not delete the WireGuard interface");
                 }
             }
-            Some(Api::Userspace(api)) => {
-                // Dropping the device handle stops its threads and removes its socket.
-                drop(api);
-                let socket = format!("{USERSPACE_SOCKET_DIR}/{}.sock", self.name);
-                match std::fs::remove_file(&socket) {
-                    Ok(()) => {}
-                    Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(err) => {
-                        tracing::warn!(socket, error = %err, "could not remove the userspace WireGuard socket")
-                    }
-                }
+            Some(Api::Userspace(device)) => {
+                // Dropping the device stops its threads and removes its control socket.
+                drop(device);
             }
             None => {}
         }

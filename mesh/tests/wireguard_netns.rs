@@ -654,3 +654,141 @@ fn an_interface_name_taken_by_another_device_is_refused() {
     }
     drop(worker);
 }
+
+/// The signal numbers a set of `/proc` hex masks holds: bit n-1 is signal n.
+fn mask_has(mask_hex: &str, signal: i32) -> bool {
+    u64::from_str_radix(mask_hex.trim(), 16).expect("a hex signal mask") & (1 << (signal - 1)) != 0
+}
+
+/// What `/proc/thread-self/status` says the calling thread blocks.
+fn blocked_here() -> String {
+    let status = std::fs::read_to_string("/proc/thread-self/status").expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .expect("SigBlk line")
+        .trim()
+        .to_owned()
+}
+
+/// The signal masks of every signalfd this process holds (`sigmask:` in its fdinfo).
+fn signalfd_masks() -> Vec<String> {
+    let mut masks = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")
+        .expect("fd dir")
+        .flatten()
+    {
+        let is_signalfd = std::fs::read_link(entry.path())
+            .map(|target| target.to_string_lossy().contains("signalfd"))
+            .unwrap_or(false);
+        if !is_signalfd {
+            continue;
+        }
+        let info = format!("/proc/self/fdinfo/{}", entry.file_name().to_string_lossy());
+        if let Ok(text) = std::fs::read_to_string(info) {
+            masks.extend(
+                text.lines()
+                    .filter_map(|l| l.strip_prefix("sigmask:"))
+                    .map(|m| m.trim().to_owned()),
+            );
+        }
+    }
+    masks
+}
+
+/// The daemon handles SIGTERM itself (drain, then stop). A userspace device that blocked SIGTERM
+/// in its creating thread and read it from a signalfd of its own took some of the daemon's
+/// SIGTERMs: the device stopped and the daemon never learned it was asked to. The device made
+/// here leaves SIGTERM and SIGINT alone, keeps answering, and `wg show` (wireguard-tools) still
+/// reads it through the standard control socket.
+#[test]
+#[ignore = "needs root"]
+fn the_userspace_device_takes_no_signals_and_wg_show_reads_it() {
+    sweep_leftovers();
+    let netns = Netns::new("s");
+    let worker = Worker::new(&netns);
+    let interface = format!("plzt{}s", random_suffix());
+    let key = PrivateKey::generate();
+    let config = MeshConfig {
+        interface: interface.clone(),
+        backend: Backend::Userspace,
+        private_key: key.clone(),
+        listen_port: 51820,
+        management_address: key.management_address(),
+        gateway: Ipv4Addr::new(10, 210, 0, 1),
+        mtu: Some(1400),
+    };
+    let (before, after) = worker.run(move |slot| {
+        let before = blocked_here();
+        *slot = Some(MeshInterface::up(config).expect("the interface comes up"));
+        (before, blocked_here())
+    });
+    assert_eq!(
+        before, after,
+        "creating the device changed this thread's signal mask"
+    );
+    assert!(
+        !mask_has(&after, nix::libc::SIGTERM),
+        "SIGTERM blocked: {after}"
+    );
+    for mask in signalfd_masks() {
+        for signal in [nix::libc::SIGTERM, nix::libc::SIGINT] {
+            assert!(
+                !mask_has(&mask, signal),
+                "a signalfd of this process reads signal {signal} (mask {mask})"
+            );
+        }
+    }
+
+    // The device answers, with the key, port and MTU it was given.
+    let peer = PrivateKey::generate();
+    let peer_config = PeerConfig {
+        public_key: peer.public_key_base64(),
+        management_address: peer.management_address().addr(),
+        subnet: "10.210.7.0/24".parse().unwrap(),
+        endpoint: Some("198.18.0.9:51820".parse().unwrap()),
+    };
+    let changes = worker.run(move |slot| {
+        slot.as_mut()
+            .expect("up")
+            .set_peers(&[peer_config])
+            .expect("set_peers")
+    });
+    assert_eq!(changes.added, 1, "{changes:?}");
+    let link = netns.ip(&["-j", "link", "show", "dev", &interface]);
+    assert!(link.contains("\"mtu\":1400"), "{link}");
+
+    // wg(8), from outside the namespace: the control socket is per host, not per namespace.
+    let shown = must("wg", &["show", &interface, "dump"]);
+    let mut lines = shown.lines();
+    let device: Vec<&str> = lines.next().expect("the device line").split('\t').collect();
+    assert_eq!(device[1], key.public_key_base64(), "{shown}");
+    assert_eq!(device[2], "51820", "{shown}");
+    let peer_line: Vec<&str> = lines.next().expect("a peer line").split('\t').collect();
+    assert_eq!(peer_line[0], peer.public_key_base64(), "{shown}");
+    assert_eq!(peer_line[2], "198.18.0.9:51820", "{shown}");
+    assert!(peer_line[3].contains("10.210.7.0/24"), "{shown}");
+    assert_eq!(lines.next(), None, "{shown}");
+    // A request wg(8) does not make is answered as boringtun answers it, and the device goes on.
+    let socket = format!("/var/run/wireguard/{interface}.sock");
+    let mut raw = std::os::unix::net::UnixStream::connect(&socket).expect("connect");
+    use std::io::{Read as _, Write as _};
+    raw.write_all(b"bogus=1\n\n").unwrap();
+    let mut answer = String::new();
+    raw.read_to_string(&mut answer).unwrap();
+    assert_eq!(answer, "errno=5\n\n");
+    assert_eq!(
+        must("wg", &["show", &interface, "peers"]).trim(),
+        peer.public_key_base64()
+    );
+
+    // Down: the interface and the control socket are gone.
+    let name = interface.clone();
+    let gone = worker.run(move |slot| {
+        slot.take().expect("up").down().expect("down");
+        !link_exists(&name)
+    });
+    assert!(gone);
+    assert!(!std::path::Path::new(&socket).exists());
+    drop(worker);
+}

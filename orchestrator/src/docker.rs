@@ -385,6 +385,11 @@ impl MachineDocker {
     }
 
     pub async fn ensure_network(&self) -> Result<(), DockerError> {
+        // The mesh module and the orchestrator both ensure the network right after init. Docker
+        // refuses the second of two concurrent creates ("Pool overlaps") before the first is
+        // visible by name, so the callers in this process take turns.
+        static ENSURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let _turn = ENSURING.lock().await;
         let wanted = self.subnet.to_string();
         let api = self.api().await?;
         let inspected = self
@@ -395,23 +400,7 @@ impl MachineDocker {
             )
             .await?;
         match inspected {
-            Ok(net) => {
-                let found: Vec<String> = net
-                    .ipam
-                    .and_then(|i| i.config)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(|c| c.subnet)
-                    .collect();
-                if found.iter().any(|s| s == &wanted) {
-                    Ok(())
-                } else {
-                    Err(DockerError::NetworkConflict {
-                        found: found.join(","),
-                        wanted,
-                    })
-                }
-            }
+            Ok(net) => self.has_our_subnet(net),
             Err(e) if is_not_found(&e) => {
                 let request = NetworkCreateRequest {
                     name: NETWORK.to_owned(),
@@ -441,14 +430,59 @@ impl MachineDocker {
                         tracing::info!(subnet = %self.subnet, "created the Docker network '{NETWORK}'");
                         Ok(())
                     }
-                    // Another caller created it meanwhile: check it again.
-                    Err(bollard::errors::Error::DockerResponseServerError {
-                        status_code: 409,
-                        ..
-                    }) => Box::pin(self.ensure_network()).await,
+                    // Another process created it meanwhile: Docker answers 409 for the name,
+                    // or 403 "Pool overlaps" when the other's subnet landed first. Check what
+                    // is there now, once; an overlap with some other network stands.
+                    Err(
+                        e @ bollard::errors::Error::DockerResponseServerError {
+                            status_code: 403 | 409,
+                            ..
+                        },
+                    ) => self.check_network_after_conflict(e).await,
                     Err(e) => Err(e.into()),
                 }
             }
+            Err(e) => Err(self.classify(e)),
+        }
+    }
+
+    /// Whether the existing `ployz` network carries this Machine's subnet.
+    fn has_our_subnet(&self, net: bollard::models::NetworkInspect) -> Result<(), DockerError> {
+        let wanted = self.subnet.to_string();
+        let found: Vec<String> = net
+            .ipam
+            .and_then(|i| i.config)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|c| c.subnet)
+            .collect();
+        if found.iter().any(|s| s == &wanted) {
+            Ok(())
+        } else {
+            Err(DockerError::NetworkConflict {
+                found: found.join(","),
+                wanted,
+            })
+        }
+    }
+
+    /// After a refused create: the `ployz` network as it is now, if another caller made it;
+    /// else the refusal itself.
+    async fn check_network_after_conflict(
+        &self,
+        refusal: bollard::errors::Error,
+    ) -> Result<(), DockerError> {
+        let api = self.api().await?;
+        let inspected = self
+            .answer(
+                "inspecting the network",
+                CALL_TIMEOUT,
+                api.inspect_network(NETWORK, None::<InspectNetworkOptions>),
+            )
+            .await?;
+        match inspected {
+            Ok(net) => self.has_our_subnet(net),
+            Err(e) if is_not_found(&e) => Err(refusal.into()),
             Err(e) => Err(self.classify(e)),
         }
     }
