@@ -31,6 +31,14 @@ pub mod paths {
     /// `POST` [`super::JoinGrant`] to the admitted Machine: it takes its identity and starts
     /// joining; answers its [`super::MachineView`].
     pub const JOIN: &str = "/v1/join";
+    /// `GET`: a [`super::JoinTokenAnswer`], the Join Token of this Machine (`ployz machine
+    /// token`).
+    pub const JOIN_TOKEN: &str = "/v1/join/token";
+    /// `POST` [`super::PendingJoinRequest`] to an uninitialised Machine: it keeps the Join
+    /// Token, reaches the inviting Machine over the mesh, and fetches its grant there once a
+    /// Machine of that Cluster has admitted it; answers a [`super::PendingJoin`] with the join
+    /// request to admit. `GET`: the [`super::PendingJoin`] it waits on (404 when none).
+    pub const JOIN_PENDING: &str = "/v1/join/pending";
     /// `POST` [`super::RemoveMachineRequest`]: [`super::RemoveMachineOutcome`].
     pub const MACHINE_REMOVE: &str = "/v1/machines/remove";
     /// `POST` [`super::UpdateMachineRequest`]: the updated [`super::Member`].
@@ -168,6 +176,163 @@ pub struct AdmitRequest {
     /// Its public address (`--public-ip`): tried first as its endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_ip: Option<std::net::IpAddr>,
+    /// The Cluster of the Join Token the request answers, when it came through one: a Machine
+    /// of another Cluster refuses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_cluster: Option<crate::ClusterId>,
+}
+
+/// What `ployz machine token` prints, decoded: the Cluster a Machine is invited to and the
+/// inviting Machine, enough for the invited one to reach it over WireGuard. Not a secret: it
+/// grants nothing. The admission is made on a Machine of the Cluster, by someone who can reach
+/// its socket (`ployz machine join REQUEST` there).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinToken {
+    /// The Cluster.
+    pub cluster: crate::ClusterId,
+    /// The inviting Machine.
+    pub machine: MachineId,
+    /// Its Machine Name, for messages.
+    pub name: String,
+    /// Its WireGuard public key (base64).
+    pub public_key: String,
+    /// Its Machine Subnet (routed to it once it is a peer).
+    pub subnet: MachineSubnet,
+    /// Its WireGuard endpoints: given by hand and public first, then advertised.
+    pub endpoints: Vec<std::net::SocketAddr>,
+    /// The wire format its daemon speaks ([`API_VERSION`]).
+    pub api: u32,
+    /// Its daemon's release.
+    pub version: String,
+}
+
+/// Why a text is not a Join Token or a join request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// The text does not start with the prefix.
+    #[error("not {what}: it does not start with '{prefix}'; copy the whole line {source_command} printed")]
+    Prefix {
+        what: &'static str,
+        prefix: &'static str,
+        source_command: &'static str,
+    },
+    /// The text after the prefix is not what it should be.
+    #[error("not {what}: {reason}; copy the whole line {source_command} printed (it is one line, with no spaces)")]
+    Garbled {
+        what: &'static str,
+        reason: String,
+        source_command: &'static str,
+    },
+}
+
+/// The prefix of a Join Token's text form.
+pub const JOIN_TOKEN_PREFIX: &str = "ployz-join-token:";
+/// The prefix of a join request's text form.
+pub const JOIN_REQUEST_PREFIX: &str = "ployz-join-request:";
+
+fn encode_text<T: Serialize>(prefix: &str, value: &T) -> String {
+    use base64::Engine as _;
+    let json = serde_json::to_vec(value).expect("the token types serialise");
+    format!(
+        "{prefix}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
+    )
+}
+
+fn decode_text<T: serde::de::DeserializeOwned>(
+    text: &str,
+    prefix: &'static str,
+    what: &'static str,
+    source_command: &'static str,
+) -> Result<T, TokenError> {
+    use base64::Engine as _;
+    let garbled = |reason: String| TokenError::Garbled {
+        what,
+        reason,
+        source_command,
+    };
+    let body = text.trim().strip_prefix(prefix).ok_or(TokenError::Prefix {
+        what,
+        prefix,
+        source_command,
+    })?;
+    let json = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(body)
+        .map_err(|e| garbled(format!("the text after the prefix is not base64url ({e})")))?;
+    serde_json::from_slice(&json).map_err(|e| garbled(format!("the decoded text is not one ({e})")))
+}
+
+impl JoinToken {
+    /// The one-line text form: [`JOIN_TOKEN_PREFIX`] and the base64url of the JSON.
+    pub fn to_text(&self) -> String {
+        encode_text(JOIN_TOKEN_PREFIX, self)
+    }
+
+    /// Reads [`JoinToken::to_text`]'s form (surrounding whitespace ignored).
+    pub fn from_text(text: &str) -> Result<JoinToken, TokenError> {
+        decode_text(
+            text,
+            JOIN_TOKEN_PREFIX,
+            "a Ployz Join Token",
+            "`ployz machine token`",
+        )
+    }
+}
+
+impl AdmitRequest {
+    /// The one-line text form an invited Machine prints (`ployz machine join TOKEN`):
+    /// [`JOIN_REQUEST_PREFIX`] and the base64url of the JSON.
+    pub fn to_text(&self) -> String {
+        encode_text(JOIN_REQUEST_PREFIX, self)
+    }
+
+    /// Reads [`AdmitRequest::to_text`]'s form (surrounding whitespace ignored).
+    pub fn from_text(text: &str) -> Result<AdmitRequest, TokenError> {
+        decode_text(
+            text,
+            JOIN_REQUEST_PREFIX,
+            "a Ployz join request",
+            "`ployz machine join TOKEN` on the new Machine",
+        )
+    }
+}
+
+/// The answer to `GET` [`paths::JOIN_TOKEN`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinTokenAnswer {
+    /// The text to hand to the new Machine.
+    pub text: String,
+    /// What it says.
+    pub token: JoinToken,
+}
+
+/// `POST` [`paths::JOIN_PENDING`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PendingJoinRequest {
+    /// The Join Token's text.
+    pub token: String,
+    /// The Machine Name this Machine asks for; absent: its sanitised hostname.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its public address: tried first as its WireGuard endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_ip: Option<std::net::IpAddr>,
+}
+
+/// An uninitialised Machine waiting to be admitted through a Join Token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingJoin {
+    /// The Join Token it holds.
+    pub token: JoinToken,
+    /// The join request's text, for a Machine of the Cluster to admit.
+    pub request_text: String,
+    /// What it asks for.
+    pub request: AdmitRequest,
+    /// What its last try to fetch its grant from the inviting Machine met, if it tried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attempt: Option<String>,
 }
 
 /// What the admitting Machine hands the joining one.
@@ -786,6 +951,49 @@ pub struct LookupAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn token() -> JoinToken {
+        JoinToken {
+            cluster: crate::ClusterId::generate(),
+            machine: MachineId::generate(),
+            name: "one".into(),
+            public_key: "u2Pf4Zyz0gxw0bt7zJY0tA1nO2a6HhV6aD2tO4fMZmw=".into(),
+            subnet: "10.210.0.0/24".parse().unwrap(),
+            endpoints: vec!["198.18.0.10:51820".parse().unwrap()],
+            api: API_VERSION,
+            version: "0.1.0".into(),
+        }
+    }
+
+    #[test]
+    fn a_join_token_reads_back_from_its_one_line_text() {
+        let token = token();
+        let text = token.to_text();
+        assert!(text.starts_with(JOIN_TOKEN_PREFIX), "{text}");
+        assert!(!text.contains(char::is_whitespace), "{text}");
+        assert_eq!(JoinToken::from_text(&format!("  {text}\n")).unwrap(), token);
+    }
+
+    #[test]
+    fn a_garbled_token_or_the_wrong_kind_says_what_to_copy() {
+        let text = token().to_text();
+        let wrong_prefix = JoinToken::from_text("mtkn:abc").unwrap_err().to_string();
+        assert!(
+            wrong_prefix.contains("does not start with 'ployz-join-token:'")
+                && wrong_prefix.contains("`ployz machine token`"),
+            "{wrong_prefix}"
+        );
+        let cut = JoinToken::from_text(&text[..text.len() - 9]).unwrap_err();
+        assert!(matches!(cut, TokenError::Garbled { .. }), "{cut}");
+        let spaced = format!("{} {}", &text[..30], &text[30..]);
+        let err = JoinToken::from_text(&spaced).unwrap_err().to_string();
+        assert!(err.contains("not base64url"), "{err}");
+        let request = AdmitRequest::from_text(&text).unwrap_err().to_string();
+        assert!(
+            request.contains("a Ployz join request") && request.contains("'ployz-join-request:'"),
+            "{request}"
+        );
+    }
 
     #[test]
     fn a_dns_lookup_answer_keeps_its_json_shape() {

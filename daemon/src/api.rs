@@ -476,17 +476,24 @@ async fn body_within(
     answer
 }
 
+/// The address a request's connection came from (a request extension [`serve`] sets).
+#[derive(Debug, Clone)]
+pub(crate) struct ConnectedFrom<A>(pub A);
+
 /// Serves `app` on `listener` until `shutdown`: HTTP/1.1, at most `max_connections` at once, and
 /// each connection closed when a request head (or the next one, on a kept-alive connection) is
 /// not complete within `header_timeout`, or its body within twice that. Answers carry `Keep-Alive: timeout=N` so a client
 /// knows when to open a new connection rather than reuse an idle one.
-pub(crate) async fn serve<L: axum::serve::Listener>(
+pub(crate) async fn serve<L>(
     mut listener: L,
     app: Router,
     header_timeout: std::time::Duration,
     max_connections: usize,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
+) where
+    L: axum::serve::Listener,
+    L::Addr: Clone + Send + Sync + 'static,
+{
     let keep_alive =
         axum::http::HeaderValue::from_str(&format!("timeout={}", header_timeout.as_secs().max(1)))
             .expect("digits are a header value");
@@ -534,11 +541,18 @@ pub(crate) async fn serve<L: axum::serve::Listener>(
                 }
             }
         };
-        let (io, _) = tokio::select! {
+        let (io, from) = tokio::select! {
             _ = shutdown.changed() => break,
             accepted = listener.accept() => accepted,
         };
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let service =
+            hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(
+                app.clone(),
+                move |mut r: hyper::Request<hyper::body::Incoming>| {
+                    r.extensions_mut().insert(ConnectedFrom(from.clone()));
+                    r
+                },
+            ));
         let mut stopping = stopping.clone();
         connections.spawn(async move {
             let _slot = slot;

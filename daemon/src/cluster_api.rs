@@ -10,8 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use ployz_core::api::{
-    self, AdmitRequest, ErrorCode, JoinGrant, RemoveMachineOutcome, RemoveMachineRequest,
-    UpdateMachineRequest,
+    self, AdmitRequest, ErrorCode, JoinGrant, JoinTokenAnswer, PendingJoinRequest,
+    RemoveMachineOutcome, RemoveMachineRequest, UpdateMachineRequest,
 };
 
 use crate::api::{blocking, failure, Failure};
@@ -59,6 +59,50 @@ async fn join(State(c): State<Cluster>, bytes: Bytes) -> Result<Response, Failur
     let grant: JoinGrant = body(&bytes)?;
     let view = blocking(move || c.machine.join(grant)).await?;
     Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+async fn join_token(State(c): State<Cluster>) -> Result<Response, Failure> {
+    let endpoints = c.mesh.advertised_endpoints();
+    let port = c.mesh.settings().wireguard_port;
+    let token = blocking(move || c.machine.join_token(endpoints, port)).await?;
+    Ok(Json(JoinTokenAnswer {
+        text: token.to_text(),
+        token,
+    })
+    .into_response())
+}
+
+async fn take_join_token(State(c): State<Cluster>, bytes: Bytes) -> Result<Response, Failure> {
+    let request: PendingJoinRequest = body(&bytes)?;
+    if !c.mesh.settings().enabled {
+        return Err(failure(
+            StatusCode::CONFLICT,
+            ErrorCode::FailedPrecondition,
+            "the mesh is off on this Machine (mesh.enabled = false, or --no-mesh), and joining through a Join Token goes over it".to_owned(),
+            Some("start the daemon with the mesh on, then join again"),
+        ));
+    }
+    let endpoints = c.mesh.advertised_endpoints();
+    let mesh = c.mesh.clone();
+    let pending = blocking(move || c.machine.take_join_token(request, endpoints)).await?;
+    mesh.set_pending_attempt(None);
+    Ok((StatusCode::CREATED, Json(pending)).into_response())
+}
+
+async fn pending_join(State(c): State<Cluster>) -> Result<Response, Failure> {
+    let machine = c.machine.clone();
+    match blocking(move || Ok(machine.pending_join())).await? {
+        Some(mut pending) => {
+            pending.last_attempt = c.mesh.pending_attempt();
+            Ok(Json(pending).into_response())
+        }
+        None => Err(failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::NotFound,
+            "this Machine holds no Join Token (it is initialised, or `ployz machine join TOKEN` was not run here)".to_owned(),
+            None,
+        )),
+    }
 }
 
 async fn remove(State(c): State<Cluster>, bytes: Bytes) -> Result<Response, Failure> {
@@ -113,6 +157,11 @@ pub fn router(machine: Arc<LocalMachine>, mesh: Arc<MeshView>) -> Router {
         .route(api::paths::JOIN_REQUEST, get(join_request))
         .route(api::paths::MACHINE_ADMIT, post(admit))
         .route(api::paths::JOIN, post(join))
+        .route(api::paths::JOIN_TOKEN, get(join_token))
+        .route(
+            api::paths::JOIN_PENDING,
+            get(pending_join).post(take_join_token),
+        )
         .route(api::paths::MACHINE_REMOVE, post(remove))
         .route(api::paths::MACHINE_UPDATE, post(update))
         .route(api::paths::MESH, get(mesh_status))

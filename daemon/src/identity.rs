@@ -59,6 +59,12 @@ impl DataDir {
     pub fn pending_join_file(&self) -> PathBuf {
         self.root.join("join.json")
     }
+
+    /// The Join Token an uninitialised Machine was given (`ployz machine join TOKEN`): it
+    /// fetches its grant from the inviting Machine until it joins.
+    pub fn join_token_file(&self) -> PathBuf {
+        self.root.join("join-token.json")
+    }
 }
 
 /// What an uninitialised Machine offers to a Cluster it is asked to join: kept from the first

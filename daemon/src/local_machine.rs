@@ -15,6 +15,7 @@ use ployz_store::{OpenOptions, Store, StoreError};
 use crate::identity::{DataDir, KeyPair, KeyProblem, LocalIdentity};
 
 mod cluster;
+mod token;
 pub use cluster::{MeshMember, PeerObservation, MEMBERS_NAMESPACE};
 
 /// The flag that starts the daemon on a data dir that lost acknowledged data.
@@ -417,6 +418,7 @@ impl LocalMachine {
             .save(&self.dir)
             .map_err(io("writing the identity file"))?;
         let _ = std::fs::remove_file(self.dir.pending_join_file());
+        let _ = std::fs::remove_file(self.dir.join_token_file());
         let view = MachineView {
             info: identity.info(),
             membership: MembershipObservation::Up,
@@ -637,6 +639,7 @@ pub(crate) fn remove_identity_files(dir: &DataDir) -> Result<(), String> {
         dir.identity_file(),
         dir.private_key_file(),
         dir.pending_join_file(),
+        dir.join_token_file(),
         dir.acknowledged_file(),
     ] {
         match std::fs::remove_file(&file) {

@@ -24,6 +24,9 @@ pub struct MeshView {
     /// Set by a peer's reset request (`machine rm` elsewhere): the mesh task tears down and the
     /// daemon starts again uninitialised.
     reset: tokio::sync::watch::Sender<Option<bool>>,
+    /// What the last try to fetch this (uninitialised) Machine's grant from the Machine that
+    /// invited it met.
+    pending_attempt: Mutex<Option<String>>,
 }
 
 /// How long `machine rm` waits for the removed Machine to answer its reset.
@@ -44,7 +47,21 @@ impl MeshView {
             not_running: Mutex::new(not_running),
             metrics: Mutex::default(),
             reset: tokio::sync::watch::channel(None).0,
+            pending_attempt: Mutex::default(),
         }
+    }
+
+    /// What the last try to fetch this Machine's grant met (while it holds a Join Token).
+    pub fn pending_attempt(&self) -> Option<String> {
+        self.pending_attempt
+            .lock()
+            .expect("mesh view poisoned")
+            .clone()
+    }
+
+    /// Records what a try to fetch the grant met.
+    pub fn set_pending_attempt(&self, attempt: Option<String>) {
+        *self.pending_attempt.lock().expect("mesh view poisoned") = attempt;
     }
 
     /// Asks the mesh task to reset this Machine (`Some(stop_containers)`).
@@ -140,6 +157,8 @@ impl MeshView {
 
 /// The peer route a removed Machine is reset through.
 pub const PEER_RESET: &str = "/v1/peer/reset";
+/// The peer route a Machine admitted through a Join Token fetches its grant from (`GET`).
+pub const PEER_GRANT: &str = "/v1/peer/grant";
 
 /// One HTTP/1.1 request to a peer's management API over the mesh; the status and body text.
 pub async fn peer_request(

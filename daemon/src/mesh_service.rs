@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use pingora::server::ShutdownWatch;
 use ployz_core::api::{MeshPeer, MeshStatus};
@@ -25,7 +25,7 @@ use ployz_mesh::wireguard::{
 
 use crate::config::{MembershipProfileSetting, MeshSettings, WireGuardBackendSetting};
 use crate::local_machine::{LocalMachine, MeshMember, PeerObservation};
-use crate::mesh::{MeshMetrics, MeshView, PEER_RESET};
+use crate::mesh::{MeshMetrics, MeshView, PEER_GRANT, PEER_RESET};
 use crate::replication::{ReplicationSettings, Replicator, SyncPeer};
 
 /// How often peers, endpoints and observations are brought in line.
@@ -92,7 +92,7 @@ impl pingora::services::background::BackgroundService for MeshService {
         if !settings.enabled {
             return;
         }
-        let Some(initialised) = self.machine.initialised(&mut shutdown).await else {
+        let Some(initialised) = self.wait_initialised(&settings, &shutdown).await else {
             return;
         };
         let mut resets = self.view.reset_requests();
@@ -147,7 +147,198 @@ impl pingora::services::background::BackgroundService for MeshService {
     }
 }
 
+/// How often a Machine holding a Join Token asks the inviting Machine for its grant.
+const GRANT_POLL: Duration = Duration::from_secs(2);
+/// How long one such ask may take.
+const GRANT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Failed asks before the next of the inviting Machine's endpoints is tried.
+const TRIES_PER_ENDPOINT: u32 = 3;
+
+/// While this Machine holds a Join Token: a WireGuard interface with the inviting Machine as
+/// its only peer, over which it asks for its grant.
+struct PendingSession {
+    token: ployz_core::api::JoinToken,
+    interface: Arc<Mutex<MeshInterface>>,
+    inviting: SocketAddr,
+    endpoint: usize,
+    failures: u32,
+    last_ask: Option<Instant>,
+}
+
+impl PendingSession {
+    async fn down(self) {
+        let interface = self.interface;
+        let name = lock(&interface).name().to_owned();
+        let down = move || match Arc::try_unwrap(interface) {
+            Ok(only) => only
+                .into_inner()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .down(),
+            // A reconciliation still holds it; it goes when that one lets go.
+            Err(_) => Ok(()),
+        };
+        match tokio::task::spawn_blocking(down).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(interface = %name, error = %e, "the interface used while joining did not go away")
+            }
+            Err(e) => {
+                tracing::warn!(interface = %name, error = %e, "taking down the interface used while joining failed")
+            }
+        }
+    }
+}
+
 impl MeshService {
+    /// Waits until this Machine is initialised; meanwhile, whenever it holds a Join Token, keeps
+    /// a WireGuard interface to the inviting Machine and asks it for the grant every
+    /// [`GRANT_POLL`], taking the grant when it comes. `None` at shutdown.
+    async fn wait_initialised(
+        &self,
+        settings: &MeshSettings,
+        shutdown: &ShutdownWatch,
+    ) -> Option<crate::local_machine::Initialised> {
+        let mut waiting = shutdown.clone();
+        let initialised = self.machine.initialised(&mut waiting);
+        tokio::pin!(initialised);
+        let mut session: Option<PendingSession> = None;
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                done = &mut initialised => {
+                    if let Some(s) = session.take() {
+                        s.down().await;
+                    }
+                    return done;
+                }
+                _ = tick.tick() => {}
+            }
+            if let Err(e) = self.pending_step(settings, &mut session).await {
+                let text = format!("{e:#}");
+                self.view.set_pending_attempt(Some(text.clone()));
+                self.view.set_not_running(format!(
+                    "this Machine is not initialised; it holds a Join Token and waits to be admitted: {text}"
+                ));
+            }
+        }
+    }
+
+    /// One step of waiting with a Join Token: the session follows the token held (none: no
+    /// session), and every [`GRANT_POLL`] the inviting Machine is asked for the grant.
+    async fn pending_step(
+        &self,
+        settings: &MeshSettings,
+        session: &mut Option<PendingSession>,
+    ) -> anyhow::Result<()> {
+        let machine = self.machine.clone();
+        let held = tokio::task::spawn_blocking(move || machine.pending_join()).await?;
+        let Some(pending) = held else {
+            if let Some(s) = session.take() {
+                s.down().await;
+            }
+            return Ok(());
+        };
+        if session.as_ref().is_some_and(|s| s.token != pending.token) {
+            if let Some(s) = session.take() {
+                s.down().await;
+            }
+        }
+        if session.is_none() {
+            *session = Some(self.pending_session(settings, pending.token).await?);
+        }
+        let s = session.as_mut().expect("made above");
+        if s.last_ask.is_some_and(|at| at.elapsed() < GRANT_POLL) {
+            return Ok(());
+        }
+        s.last_ask = Some(Instant::now());
+        let inviting = format!("'{}' ({})", s.token.name, s.token.machine);
+        let asked = tokio::time::timeout(
+            GRANT_TIMEOUT,
+            crate::mesh::peer_request(s.inviting, "GET", crate::mesh::PEER_GRANT, None),
+        )
+        .await;
+        let (status, text) = match asked {
+            Ok(Ok(answer)) => answer,
+            failed => {
+                s.failures += 1;
+                let endpoint = s.token.endpoints[s.endpoint];
+                if s.failures.is_multiple_of(TRIES_PER_ENDPOINT) && s.token.endpoints.len() > 1 {
+                    s.endpoint = (s.endpoint + 1) % s.token.endpoints.len();
+                    let next = s.token.endpoints[s.endpoint];
+                    let peer = inviting_peer(&s.token, next)?;
+                    let interface = s.interface.clone();
+                    tokio::task::spawn_blocking(move || lock(&interface).set_peers(&[peer]))
+                        .await??;
+                }
+                let why = match failed {
+                    Ok(Err(e)) => format!("{e}"),
+                    _ => format!("no answer within {} s", GRANT_TIMEOUT.as_secs()),
+                };
+                anyhow::bail!(
+                    "the inviting Machine {inviting} is not reached over WireGuard at {endpoint} ({why}); it answers once a Machine of its Cluster has admitted this one (`ployz machine join REQUEST` there), and UDP {} must pass between the two",
+                    settings.wireguard_port
+                );
+            }
+        };
+        if !status.is_success() {
+            anyhow::bail!("the inviting Machine {inviting} answered {status}: {text}");
+        }
+        let grant: ployz_core::api::JoinGrant = serde_json::from_str(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "the inviting Machine {inviting} sent a grant that does not decode: {e}"
+            )
+        })?;
+        let machine = self.machine.clone();
+        let view = tokio::task::spawn_blocking(move || machine.join(grant)).await??;
+        self.view.set_pending_attempt(None);
+        tracing::info!(machine_id = %view.info.id, machine_name = %view.info.name, "admitted through a Join Token; joining the Cluster");
+        Ok(())
+    }
+
+    /// The interface a Machine holding a Join Token uses: its pending key, the inviting Machine
+    /// as the only peer.
+    async fn pending_session(
+        &self,
+        settings: &MeshSettings,
+        token: ployz_core::api::JoinToken,
+    ) -> anyhow::Result<PendingSession> {
+        let key_file = self.machine.private_key_file();
+        let key_text = std::fs::read(&key_file)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", key_file.display()))?;
+        let private_key = PrivateKey::from_file_contents(&key_text)?;
+        let backend = choose_backend(backend_setting(settings.backend), KernelProbe::detect())?;
+        let config = MeshConfig {
+            interface: settings.interface.clone(),
+            backend,
+            management_address: private_key.management_address(),
+            private_key,
+            listen_port: settings.wireguard_port,
+            gateway: std::net::Ipv4Addr::UNSPECIFIED,
+            mtu: None,
+        };
+        let peer = inviting_peer(&token, token.endpoints[0])?;
+        let inviting = SocketAddr::new(
+            IpAddr::V6(peer.management_address),
+            settings.management_port,
+        );
+        let interface = tokio::task::spawn_blocking(move || {
+            let mut interface = MeshInterface::up(config)?;
+            interface.set_peers(&[peer])?;
+            Ok::<_, ployz_mesh::wireguard::WireGuardError>(interface)
+        })
+        .await??;
+        tracing::info!(interface = %interface.name(), inviting = %token.machine, "interface up to fetch the grant from the inviting Machine");
+        Ok(PendingSession {
+            token,
+            interface: Arc::new(Mutex::new(interface)),
+            inviting,
+            endpoint: 0,
+            failures: 0,
+            last_ask: None,
+        })
+    }
+
     async fn bring_up(
         &self,
         settings: &MeshSettings,
@@ -205,7 +396,11 @@ impl MeshService {
         let app = crate::replication::routes(initialised.store.clone()).merge(
             Router::new()
                 .route(PEER_RESET, post(peer_reset))
-                .with_state(self.view.clone()),
+                .route(PEER_GRANT, get(peer_grant))
+                .with_state(PeerRoutes {
+                    machine: self.machine.clone(),
+                    view: self.view.clone(),
+                }),
         );
         let header_timeout = self.header_timeout;
         let listener = tokio::spawn(crate::api::serve(
@@ -534,8 +729,65 @@ async fn bind_when_address_exists(addr: SocketAddr) -> anyhow::Result<tokio::net
 
 /// `POST /v1/peer/reset`: another Machine removed this one from the Cluster. Answers at once;
 /// the reset follows.
+fn lock(interface: &Mutex<MeshInterface>) -> std::sync::MutexGuard<'_, MeshInterface> {
+    interface
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// What the peer routes on the mesh listener use.
+#[derive(Clone)]
+struct PeerRoutes {
+    machine: Arc<LocalMachine>,
+    view: Arc<MeshView>,
+}
+
+/// The inviting Machine as a WireGuard peer, reached at `endpoint`.
+fn inviting_peer(
+    token: &ployz_core::api::JoinToken,
+    endpoint: SocketAddr,
+) -> anyhow::Result<PeerConfig> {
+    let key = ployz_mesh::wireguard::parse_public_key(&token.public_key)?;
+    Ok(PeerConfig {
+        public_key: token.public_key.clone(),
+        management_address: ployz_core::ManagementAddress::from_public_key(&key).addr(),
+        subnet: token.subnet,
+        endpoint: Some(endpoint),
+    })
+}
+
+/// `GET` [`PEER_GRANT`]: the grant of the member whose Management Address the request comes
+/// from. Only mesh peers reach this listener, and WireGuard vouches for their source address.
+async fn peer_grant(
+    axum::extract::State(routes): axum::extract::State<PeerRoutes>,
+    axum::Extension(crate::api::ConnectedFrom(from)): axum::Extension<
+        crate::api::ConnectedFrom<SocketAddr>,
+    >,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let IpAddr::V6(caller) = from.ip() else {
+        return (
+            axum::http::StatusCode::FORBIDDEN,
+            "only Management Addresses ask for grants",
+        )
+            .into_response();
+    };
+    let port = routes.view.settings().wireguard_port;
+    let endpoints = routes.view.advertised_endpoints();
+    let machine = routes.machine.clone();
+    match tokio::task::spawn_blocking(move || machine.grant_for_peer(caller, port, endpoints)).await
+    {
+        Ok(Ok(grant)) => {
+            tracing::info!(machine_id = %grant.member.id, "grant handed over the mesh");
+            axum::Json(grant).into_response()
+        }
+        Ok(Err(e)) => (axum::http::StatusCode::NOT_FOUND, e.to_string()).into_response(),
+        Err(e) => (axum::http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
 async fn peer_reset(
-    axum::extract::State(view): axum::extract::State<Arc<MeshView>>,
+    axum::extract::State(PeerRoutes { view, .. }): axum::extract::State<PeerRoutes>,
     body: axum::body::Bytes,
 ) -> axum::http::StatusCode {
     #[derive(serde::Deserialize, Default)]

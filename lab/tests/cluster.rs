@@ -529,3 +529,125 @@ fn a_deleted_firewall_rule_comes_back_within_the_reconcile_period() {
         lab.log(0).contains("firewall rules put back").then_some(())
     });
 }
+
+/// Joining in two steps, each command on its own Machine (no CLI reaches both): a Join Token
+/// made on Machine 0 is taken on Machine 1, whose join request Machine 0 admits; Machine 1
+/// fetches its grant over WireGuard and participates. Before that, what must be refused is, and
+/// changes nothing: a garbled token, a token given to a Machine already in a Cluster, a request
+/// given to a Machine of another Cluster.
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn a_machine_joins_with_a_token_in_two_steps() {
+    let lab = ployz_lab::Lab::start(ployz_lab::LabOptions::machines(3));
+    ok(&lab, 0, &["machine", "init", "--name", "m0"]);
+    ok(&lab, 2, &["machine", "init", "--name", "other"]);
+    let made = lab.json(0, &["machine", "token", "--json"]);
+    let token = made["text"].as_str().expect("the token's text").to_owned();
+    assert!(token.starts_with("ployz-join-token:"), "{made}");
+    assert_eq!(made["token"]["name"], "m0", "{made}");
+    assert_eq!(made["token"]["machine"], own_id(&lab, 0).as_str(), "{made}");
+    let before_other = roster(&lab, 2);
+    let held_file = lab.machine_dir(1).join("ployz").join("join-token.json");
+
+    let refused = |i: usize, args: &[&str], needles: &[&str]| {
+        let out = lab.ployz(i, args);
+        assert!(
+            !out.status.success(),
+            "{args:?} on Machine {i} was not refused: {}",
+            text(&out)
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        for n in needles {
+            assert!(stderr.contains(n), "{args:?}: {n:?} not in: {stderr}");
+        }
+    };
+    // A garbled token: cut short, and something else altogether.
+    let cut = &token[..token.len() - 10];
+    refused(
+        1,
+        &["machine", "join", cut],
+        &["not a Ployz Join Token", "`ployz machine token`"],
+    );
+    refused(
+        1,
+        &["machine", "join", "mtkn:abc"],
+        &["is neither a Join Token", "copy the whole line"],
+    );
+    assert!(!held_file.exists(), "a refused token was kept");
+    assert_eq!(
+        lab.json(1, &["version", "--json"])["daemon"]["phase"],
+        "uninitialized"
+    );
+    // A Machine already in a Cluster (another one) does not take it.
+    refused(
+        2,
+        &["machine", "join", &token],
+        &["already initialised", "another Cluster"],
+    );
+
+    // Machine 1 takes the token and prints its join request.
+    let taken = ok(&lab, 1, &["machine", "join", "--name", "m1", &token]);
+    let request = String::from_utf8_lossy(&taken.stdout).trim().to_owned();
+    assert!(
+        request.starts_with("ployz-join-request:"),
+        "{}",
+        text(&taken)
+    );
+    assert!(held_file.exists(), "the token is not kept in the data dir");
+    // A Machine of another Cluster refuses the request, and nothing changes there.
+    refused(
+        2,
+        &["machine", "join", &request],
+        &["answers a Join Token of Cluster"],
+    );
+    assert_eq!(
+        roster(&lab, 2),
+        before_other,
+        "the refusal changed Machine 2"
+    );
+
+    // Machine 0 admits it; Machine 1 fetches its grant over WireGuard and joins.
+    let admitted = lab.json(0, &["machine", "join", "--json", &request]);
+    assert_eq!(admitted["member"]["name"], "m1", "{admitted}");
+    assert!(
+        admitted["phase"] == "joining" || admitted["phase"] == "participating",
+        "the new Machine did not take its grant: {admitted}"
+    );
+    wait_until_whole_of(&lab, &[0, 1], 2);
+    assert!(!held_file.exists(), "the token outlived the join");
+    let list = machines(&lab, 1).expect("machine ls on the new Machine");
+    let subnets: BTreeSet<&str> = list.iter().filter_map(|m| m["subnet"].as_str()).collect();
+    assert_eq!(subnets.len(), 2, "{list:?}");
+    let wg = lab.json(1, &["wg", "show", "--json"]);
+    assert_eq!(wg["peers"].as_array().map(Vec::len), Some(1), "{wg}");
+
+    // Replication both ways over the mesh.
+    ok(&lab, 1, &["store", "put", "from-m1=one"]);
+    ok(&lab, 0, &["store", "put", "from-m0=zero"]);
+    wait_for(
+        &lab,
+        "both records on both Machines",
+        Duration::from_secs(15),
+        || {
+            [0, 1]
+                .iter()
+                .all(|&i| {
+                    scratch(&lab, i)
+                        .is_some_and(|s| s.contains_key("from-m1") && s.contains_key("from-m0"))
+                })
+                .then_some(())
+        },
+    );
+
+    // Now a member, it refuses the token again; the request, admitted twice, is refused too.
+    refused(
+        1,
+        &["machine", "join", &token],
+        &["already initialised", "this token's Cluster"],
+    );
+    refused(
+        0,
+        &["machine", "join", &request],
+        &["already a member of this Cluster"],
+    );
+}

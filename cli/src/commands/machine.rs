@@ -1,4 +1,4 @@
-//! `ployz machine`: init, add, ls, rm, rename, update.
+//! `ployz machine`: init, add, token, join, ls, rm, rename, update.
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,12 @@ pub enum MachineCommand {
     Init(InitArgs),
     /// Add a Machine to the Cluster of the daemon reached, over SSH to the new host.
     Add(AddArgs),
+    /// Print a Join Token of the Machine reached, for a new Machine to join its Cluster with
+    /// `ployz machine join TOKEN` (when one CLI cannot reach both hosts).
+    Token(TokenArgs),
+    /// Join in two steps: on the new Machine, `join TOKEN` takes a Join Token and prints a join
+    /// request; on a Machine of the Cluster, `join REQUEST` admits it.
+    Join(JoinArgs),
     /// List the Machines the daemon reached observes.
     #[command(visible_alias = "list")]
     Ls(LsArgs),
@@ -49,6 +55,37 @@ pub struct AddArgs {
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     wait: u64,
     /// Print the new Machine as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// Print the token and what it says as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct JoinArgs {
+    /// A Join Token (`ployz-join-token:...`, from `ployz machine token`), given to the new
+    /// Machine; or a join request (`ployz-join-request:...`, what the new Machine printed),
+    /// given to a Machine of the Cluster.
+    #[arg(value_name = "TOKEN|REQUEST")]
+    text: String,
+    /// The Machine Name to take (with a token) or to give (with a request) [default: the new
+    /// Machine's sanitised hostname].
+    #[arg(short, long)]
+    name: Option<String>,
+    /// The new Machine's public address: tried first as its WireGuard endpoint.
+    #[arg(long = "public-ip", value_name = "IP")]
+    public_ip: Option<std::net::IpAddr>,
+    /// Seconds to wait: with a token, for this Machine to be admitted and participate; with a
+    /// request, for the new Machine to take its grant (0: do not wait) [default: 0 with a
+    /// token, 120 with a request].
+    #[arg(long, value_name = "SECONDS")]
+    wait: Option<u64>,
+    /// Print the outcome as JSON.
     #[arg(long)]
     json: bool,
 }
@@ -127,6 +164,8 @@ pub async fn run(global: &GlobalArgs, cmd: MachineCommand) -> anyhow::Result<()>
     match cmd {
         MachineCommand::Init(args) => init(global, args).await,
         MachineCommand::Add(args) => add(global, args).await,
+        MachineCommand::Token(args) => token(global, args).await,
+        MachineCommand::Join(args) => join(global, args).await,
         MachineCommand::Ls(args) => ls(global, args).await,
         MachineCommand::Rm(args) => rm(global, args).await,
         MachineCommand::Rename(args) => rename(global, args).await,
@@ -306,6 +345,7 @@ async fn add(global: &GlobalArgs, args: AddArgs) -> anyhow::Result<()> {
                 request,
                 name: args.name.clone(),
                 public_ip: args.public_ip,
+                token_cluster: None,
             },
         )
         .await?;
@@ -375,6 +415,198 @@ fn progress(args: &AddArgs, line: &str) {
     if !args.json {
         eprintln!("{line}");
     }
+}
+
+async fn token(global: &GlobalArgs, args: TokenArgs) -> anyhow::Result<()> {
+    let mut client = super::connect(global).await?;
+    let answer: api::JoinTokenAnswer = client.get(api::paths::JOIN_TOKEN).await?;
+    if args.json {
+        return print_json(&answer);
+    }
+    println!("{}", answer.text);
+    eprintln!(
+        "A Join Token of Machine '{}' ({}) in Cluster {}. It is not a secret and grants nothing.\n\
+         On the new Machine, run: ployz machine join <the token>\n\
+         It prints a join request; run `ployz machine join <the request>` here to admit it.\n\
+         The new Machine must reach this one over UDP at one of: {}.",
+        answer.token.name,
+        answer.token.machine,
+        answer.token.cluster,
+        answer
+            .token
+            .endpoints
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
+
+async fn join(global: &GlobalArgs, args: JoinArgs) -> anyhow::Result<()> {
+    if let Some(name) = &args.name {
+        name.parse::<MachineName>()
+            .map_err(|e| anyhow::anyhow!("--name: {e}"))?;
+    }
+    let text = args.text.trim();
+    if text.starts_with(api::JOIN_TOKEN_PREFIX) {
+        // Check it here too, so a garbled token is refused before the daemon is reached.
+        api::JoinToken::from_text(text)?;
+        join_with_token(global, &args).await
+    } else if text.starts_with(api::JOIN_REQUEST_PREFIX) {
+        let request = AdmitRequest::from_text(text)?;
+        admit_request(global, &args, request).await
+    } else {
+        bail!(
+            "'{}' is neither a Join Token ('{}...', from `ployz machine token` on a Machine of the Cluster) nor a join request ('{}...', what `ployz machine join TOKEN` printed on the new Machine); copy the whole line",
+            shorten(text),
+            api::JOIN_TOKEN_PREFIX,
+            api::JOIN_REQUEST_PREFIX
+        )
+    }
+}
+
+/// The first characters of a long text, for a message.
+fn shorten(text: &str) -> String {
+    let mut short: String = text.chars().take(24).collect();
+    if short.len() < text.len() {
+        short.push_str("...");
+    }
+    short
+}
+
+/// On the new Machine: take the Join Token, print the join request, and wait if asked.
+async fn join_with_token(global: &GlobalArgs, args: &JoinArgs) -> anyhow::Result<()> {
+    let mut client = super::connect(global).await?;
+    let pending: api::PendingJoin = client
+        .post(
+            api::paths::JOIN_PENDING,
+            &api::PendingJoinRequest {
+                token: args.text.trim().to_owned(),
+                name: args.name.clone(),
+                public_ip: args.public_ip,
+            },
+        )
+        .await?;
+    let wait = args.wait.unwrap_or(0);
+    if !args.json {
+        println!("{}", pending.request_text);
+        eprintln!(
+            "This Machine waits to join Cluster {} through Machine '{}' ({}).\n\
+             On a Machine of that Cluster, run: ployz machine join <the request above>\n\
+             This Machine then fetches its grant from '{}' over WireGuard and joins; `ployz machine join --wait` or `ployz version` here shows when.",
+            pending.token.cluster, pending.token.name, pending.token.machine, pending.token.name
+        );
+    }
+    if wait == 0 {
+        if args.json {
+            return print_json(&pending);
+        }
+        return Ok(());
+    }
+    let deadline = Instant::now() + Duration::from_secs(wait);
+    let mut last_said: Option<String> = None;
+    let mut phase = LocalMachinePhase::Uninitialized;
+    while Instant::now() < deadline {
+        let version: VersionInfo = client.get(api::paths::VERSION).await?;
+        phase = version.phase;
+        if phase == LocalMachinePhase::Participating {
+            break;
+        }
+        if phase == LocalMachinePhase::Uninitialized {
+            let now: Result<api::PendingJoin, _> = client.get(api::paths::JOIN_PENDING).await;
+            let attempt = now.ok().and_then(|p| p.last_attempt);
+            if !args.json && attempt.is_some() && attempt != last_said {
+                eprintln!("waiting: {}", attempt.as_deref().unwrap_or_default());
+                last_said = attempt;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    if args.json {
+        return print_json(&serde_json::json!({
+            "pending": pending,
+            "phase": phase,
+        }));
+    }
+    match phase {
+        LocalMachinePhase::Participating => {
+            println!("This Machine joined Cluster {} and is participating.", pending.token.cluster)
+        }
+        LocalMachinePhase::Uninitialized => bail!(
+            "not admitted after {wait} s: {}; the Join Token stays here, so this Machine joins as soon as the request is admitted",
+            last_said.unwrap_or_else(|| "no Machine of the Cluster has admitted the request yet".into())
+        ),
+        other => println!(
+            "This Machine joined Cluster {} and is still {other} after {wait} s; `ployz machine ls` shows when it participates.",
+            pending.token.cluster
+        ),
+    }
+    Ok(())
+}
+
+/// On a Machine of the Cluster: admit the join request, then wait for the new Machine to take
+/// its grant over the mesh.
+async fn admit_request(
+    global: &GlobalArgs,
+    args: &JoinArgs,
+    mut request: AdmitRequest,
+) -> anyhow::Result<()> {
+    if args.name.is_some() {
+        request.name = args.name.clone();
+    }
+    if args.public_ip.is_some() {
+        request.public_ip = args.public_ip;
+    }
+    let mut client = super::connect(global).await?;
+    let admission: Admission = client.post(api::paths::MACHINE_ADMIT, &request).await?;
+    for w in &admission.warnings {
+        eprintln!("warning: {w}");
+    }
+    let member = admission.grant.member.clone();
+    if !args.json {
+        eprintln!(
+            "Machine '{}' ({}) admitted with subnet {}; waiting for it to fetch its grant over the mesh ...",
+            member.name, member.id, member.subnet
+        );
+    }
+    let wait = args.wait.unwrap_or(120);
+    let deadline = Instant::now() + Duration::from_secs(wait);
+    let mut seen: Option<MachineView> = None;
+    while wait > 0 && Instant::now() < deadline {
+        let list: MachineList = client.get(api::paths::MACHINES).await?;
+        // Its own self-description (with its release) arrives once it has joined.
+        seen = list
+            .values
+            .into_iter()
+            .find(|v| v.info.id == member.id && !v.info.version.is_empty());
+        if seen.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    if args.json {
+        return print_json(&serde_json::json!({
+            "member": member,
+            "phase": seen.as_ref().map(|v| v.info.phase),
+            "warnings": admission.warnings,
+        }));
+    }
+    match seen {
+        Some(v) => println!(
+            "Machine '{}' ({}) took its grant and is {}; subnet {}, Management Address {}.",
+            member.name, member.id, v.info.phase, member.subnet, member.management_address
+        ),
+        None if wait > 0 => println!(
+            "Machine '{}' ({}) is admitted but has not taken its grant within {wait} s: it fetches it when it reaches this Machine over WireGuard (`ployz machine join --wait 60 TOKEN` there says what it meets). To withdraw the admission: ployz machine rm {}",
+            member.name, member.id, member.id
+        ),
+        None => println!(
+            "Machine '{}' ({}) is admitted; it joins when it next asks for its grant (`ployz machine ls` shows it).",
+            member.name, member.id
+        ),
+    }
+    Ok(())
 }
 
 /// Reaching the new host failed: most likely no daemon runs there yet.

@@ -164,6 +164,17 @@ impl LocalMachine {
                 "add the Machine through a participating Machine (`ployz machine ls` shows each one's phase)",
             ));
         }
+        if let Some(answered) = &request.token_cluster {
+            if Some(answered) != identity.cluster.as_ref() {
+                return Err(refused(
+                    format!(
+                        "the join request answers a Join Token of Cluster {answered}, and this Machine is in Cluster {}",
+                        identity.cluster.as_ref().map(|c| c.to_string()).unwrap_or_else(|| "(none)".into())
+                    ),
+                    "run `ployz machine join REQUEST` on a Machine of the Cluster that made the token",
+                ));
+            }
+        }
         if joining.api != API_VERSION {
             return Err(refused(
                 format!(
@@ -249,17 +260,42 @@ impl LocalMachine {
             management_address: ployz_core::ManagementAddress::from_public_key(&public_key),
             endpoints,
         };
+        let peers = members;
+        write_member(&store, &member)?;
+        let grant = self.grant(
+            &store,
+            &identity,
+            member,
+            peers,
+            wireguard_port,
+            own_endpoints,
+        )?;
+        tracing::info!(machine_id = %grant.member.id, machine_name = %grant.member.name, subnet = %grant.member.subnet, "machine admitted");
+        Ok(Admission { grant, warnings })
+    }
+
+    /// The grant for `member`: the Cluster, the other members (every endpoint this Machine
+    /// knows for each, so the new Machine can reach them before its store holds their
+    /// self-descriptions) and this store's digest to catch up to.
+    fn grant(
+        &self,
+        store: &Store,
+        identity: &LocalIdentity,
+        member: Member,
+        members: Vec<Member>,
+        wireguard_port: u16,
+        own_endpoints: Vec<SocketAddr>,
+    ) -> Result<JoinGrant, MachineError> {
         let cluster = identity
             .cluster
             .clone()
             .ok_or(MachineError::NotInitialised)?;
         let own = identity.id.clone();
-        let infos = infos(&store)?;
+        let infos = infos(store)?;
         let peers: Vec<Member> = members
             .into_iter()
+            .filter(|m| m.id != member.id)
             .map(|mut m| {
-                // The first peers get every endpoint this Machine knows for them, so the new
-                // Machine can reach them before its store holds their self-descriptions.
                 let advertised = if m.id == own {
                     own_endpoints.clone()
                 } else {
@@ -277,20 +313,47 @@ impl LocalMachine {
                 m
             })
             .collect();
-        write_member(&store, &member)?;
         let catch_up = store.digest()?.0;
-        tracing::info!(machine_id = %member.id, machine_name = %member.name, subnet = %member.subnet, "machine admitted");
-        Ok(Admission {
-            grant: JoinGrant {
-                cluster,
-                network: identity.cluster_network,
-                member,
-                peers,
-                catch_up,
-                wireguard_port,
-            },
-            warnings,
+        Ok(JoinGrant {
+            cluster,
+            network: identity.cluster_network,
+            member,
+            peers,
+            catch_up,
+            wireguard_port,
         })
+    }
+
+    /// The grant of the member whose Management Address is `caller`, asked over the mesh by a
+    /// Machine admitted through a Join Token (WireGuard vouches for the address: only the
+    /// holder of that member's key can send from it).
+    pub fn grant_for_peer(
+        &self,
+        caller: std::net::Ipv6Addr,
+        wireguard_port: u16,
+        own_endpoints: Vec<SocketAddr>,
+    ) -> Result<JoinGrant, MachineError> {
+        let identity = self.identity().ok_or(MachineError::NotInitialised)?;
+        let store = self.store().ok_or(MachineError::NotInitialised)?;
+        let members = roster(&store)?;
+        let member = members
+            .iter()
+            .find(|m| m.management_address.addr() == caller && m.id != identity.id)
+            .cloned()
+            .ok_or_else(|| {
+                refused(
+                    format!("no Member Record here has the Management Address {caller}: it is not admitted (yet)"),
+                    "run `ployz machine join REQUEST` on a Machine of the Cluster",
+                )
+            })?;
+        self.grant(
+            &store,
+            &identity,
+            member,
+            members,
+            wireguard_port,
+            own_endpoints,
+        )
     }
 
     /// Takes the identity a grant gives this (uninitialised) Machine and starts joining: the
@@ -631,6 +694,7 @@ mod tests {
                 request,
                 name: Some("new".into()),
                 public_ip: None,
+                token_cluster: None,
             },
             51820,
             vec![],
