@@ -31,6 +31,8 @@ pub struct ApiClient {
     ssh: Option<SshProcess>,
     /// The Machine lease's fencing token, sent with every call while this client holds it.
     lease_token: Option<u64>,
+    /// The Machine Targets (Machine IDs, or `*`) sent with every call while set.
+    machine_target: Option<String>,
     /// How long the daemon keeps an idle connection (its `Keep-Alive: timeout=N`), once known.
     idle_limit: Option<Duration>,
     /// When the last answer ended: the connection has been idle since.
@@ -173,6 +175,7 @@ impl ApiClient {
             connection: connection.clone(),
             ssh,
             lease_token: None,
+            machine_target: None,
             idle_limit: None,
             idle_since: Instant::now(),
         })
@@ -242,11 +245,20 @@ impl ApiClient {
         self.lease_token = token;
     }
 
+    /// Sends `targets` (one Machine ID, several comma-separated, or `*`) as the Machine Target
+    /// of every call from now on; `None`: the daemon reached.
+    pub fn set_machine_target(&mut self, targets: Option<String>) {
+        self.machine_target = targets;
+    }
+
     fn request(&self, method: Method, path: &str) -> hyper::http::request::Builder {
-        let builder = Request::builder()
+        let mut builder = Request::builder()
             .method(method)
             .uri(path)
             .header("host", "ployz");
+        if let Some(targets) = &self.machine_target {
+            builder = builder.header(ployz_core::api::MACHINE_TARGET_HEADER, targets);
+        }
         match self.lease_token {
             Some(token) => builder.header(ployz_core::api::LEASE_TOKEN_HEADER, token),
             None => builder,

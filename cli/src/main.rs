@@ -27,6 +27,7 @@ mod connection;
 mod memory;
 mod output;
 mod target;
+mod targets;
 mod time_arg;
 
 use std::path::PathBuf;
@@ -219,6 +220,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<targets::PartialFailure>().is_some() => {
+            output::print_error(&e);
+            ExitCode::from(targets::PARTIAL_EXIT_CODE)
+        }
         Err(e) => {
             output::print_error(&e);
             ExitCode::FAILURE

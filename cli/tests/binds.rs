@@ -33,7 +33,7 @@ impl Drop for VolumeGuard {
 
 /// The running container names of `service`, from `ployz ps --json`.
 fn containers_of(lab: &Lab, m: &DockerMachine, service: &str) -> Vec<String> {
-    let ps = json(&run(lab, m, &["ps", "--json"]));
+    let ps = json(&run(lab, m, &["ps", "--json"]))["values"].clone();
     ps.as_array()
         .expect("ps --json is a list")
         .iter()

@@ -31,7 +31,7 @@ services:
 
 /// Service name -> container names, from `ployz ps --json`, running ones only.
 fn running(lab: &Lab, m: &DockerMachine) -> Vec<(String, String)> {
-    let ps = json(&run(lab, m, &["ps", "--json"]));
+    let ps = json(&run(lab, m, &["ps", "--json"]))["values"].clone();
     let mut v: Vec<(String, String)> = ps
         .as_array()
         .unwrap()
@@ -50,7 +50,7 @@ fn running(lab: &Lab, m: &DockerMachine) -> Vec<(String, String)> {
 
 /// Container names the Machine's store holds.
 fn stored(lab: &Lab, m: &DockerMachine) -> Vec<String> {
-    let ps = json(&run(lab, m, &["ps", "--replicated", "--json"]));
+    let ps = json(&run(lab, m, &["ps", "--replicated", "--json"]))["values"].clone();
     ps.as_array()
         .unwrap()
         .iter()
@@ -130,7 +130,7 @@ fn deploy_redeploy_update_fail_scale_logs_exec_rm() {
     let after = running(&lab, &m);
     assert_eq!(names_of(&after, "worker"), names_of(&before, "worker"));
     assert_ne!(names_of(&after, "web"), names_of(&before, "web"));
-    let ps = json(&run(&lab, &m, &["ps", "--json"]));
+    let ps = json(&run(&lab, &m, &["ps", "--json"]))["values"].clone();
     let web = ps
         .as_array()
         .unwrap()
@@ -479,7 +479,8 @@ fn deploy_version_in_background(lab: &Lab, m: &DockerMachine, version: &str) -> 
 
 /// Containers `ployz ps --json` shows with a drain mark: (name, mark).
 fn draining(lab: &Lab, m: &DockerMachine) -> Vec<(String, Value)> {
-    json(&run(lab, m, &["ps", "--json"]))
+    json(&run(lab, m, &["ps", "--json"]))["values"]
+        .clone()
         .as_array()
         .unwrap()
         .iter()

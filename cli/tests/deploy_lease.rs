@@ -84,7 +84,7 @@ fn granted_token(answer: &Value) -> u64 {
 
 /// Service IDs and container names of the Machine's running Service Containers.
 fn services(lab: &Lab, m: &DockerMachine) -> (BTreeSet<String>, Vec<String>) {
-    let ps = json(&cli(lab, m, &["ps", "--json"]).output().unwrap());
+    let ps = json(&cli(lab, m, &["ps", "--json"]).output().unwrap())["values"].clone();
     let running: Vec<&Value> = ps
         .as_array()
         .unwrap()
@@ -247,7 +247,7 @@ fn two_services_claiming_one_hostname_deployed_at_once_one_is_refused() {
         "{loser_err}"
     );
     assert!(loser_err.contains(&format!("'{winner}'")), "{loser_err}");
-    let ps = json(&cli(&lab, &m, &["ps", "--json"]).output().unwrap());
+    let ps = json(&cli(&lab, &m, &["ps", "--json"]).output().unwrap())["values"].clone();
     let owners: BTreeSet<&str> = ps
         .as_array()
         .unwrap()
@@ -295,7 +295,7 @@ fn a_stale_token_is_refused_and_a_dead_holder_is_taken_over_after_its_lease_laps
     let drain = format!("/v1/containers/{id}/drain");
     let (status, drained) = api(&m.daemon.socket, "POST", &drain, Some(t1), &Value::Null);
     assert_eq!(status, 200, "{drained}");
-    let ps = json(&cli(&lab, &m, &["ps", "--json"]).output().unwrap());
+    let ps = json(&cli(&lab, &m, &["ps", "--json"]).output().unwrap())["values"].clone();
     let mark = &ps[0]["draining"];
     assert_eq!(mark["lease_token"], t1, "{ps:#}");
     assert_eq!(
@@ -365,7 +365,7 @@ fn a_stale_token_is_refused_and_a_dead_holder_is_taken_over_after_its_lease_laps
     }
     let (_, names) = services(&lab, &m);
     assert_eq!(names, [name]);
-    let ps = json(&cli(&lab, &m, &["ps", "--json"]).output().unwrap());
+    let ps = json(&cli(&lab, &m, &["ps", "--json"]).output().unwrap())["values"].clone();
     assert!(
         ps.as_array()
             .unwrap()
@@ -423,7 +423,7 @@ fn a_drain_called_without_a_lease_stands_only_for_the_stop_that_should_follow() 
     );
     let deployed = cli(&lab, &m, &["deploy", "-y"]).output().unwrap();
     assert!(deployed.status.success(), "{}", stderr(&deployed));
-    let ps = json(&cli(&lab, &m, &["ps", "--json"]).output().unwrap());
+    let ps = json(&cli(&lab, &m, &["ps", "--json"]).output().unwrap())["values"].clone();
     let id = ps.as_array().unwrap()[0]["id"].as_str().unwrap().to_owned();
 
     // A direct API call drains the container and then never stops it.

@@ -114,7 +114,8 @@ services:
     .unwrap();
     let out = run(&lab, &m, &["deploy", "-y"]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
-    let names: BTreeSet<String> = json(&run(&lab, &m, &["ps", "--json"]))
+    let names: BTreeSet<String> = json(&run(&lab, &m, &["ps", "--json"]))["values"]
+        .clone()
         .as_array()
         .unwrap()
         .iter()
@@ -675,7 +676,7 @@ fn rm_drains_first_and_a_stop_grace_period_bounds_the_drain(position: Position) 
     // Once rm returns, the store no longer holds the removed container: its drain mark was
     // lifted only after that, so nothing can route to it again (a 502 until the observer's
     // next pass, otherwise).
-    let ps = json(&run(&lab, &m, &["ps", "--replicated", "--json"]));
+    let ps = json(&run(&lab, &m, &["ps", "--replicated", "--json"]))["values"].clone();
     let left: Vec<&str> = ps
         .as_array()
         .unwrap()

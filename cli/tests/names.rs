@@ -11,7 +11,8 @@ use common::*;
 
 /// The running Service Containers of `service` with their addresses, from `ployz ps --json`.
 fn containers_of(lab: &Lab, m: &DockerMachine, service: &str) -> Vec<(String, String)> {
-    json(&run(lab, m, &["ps", "--json"]))
+    json(&run(lab, m, &["ps", "--json"]))["values"]
+        .clone()
         .as_array()
         .unwrap()
         .iter()

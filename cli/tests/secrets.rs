@@ -41,7 +41,7 @@ fn write_project(lab: &Lab, secret: &str) {
 
 /// Service name -> running container names, from `ployz ps --json`.
 fn running(lab: &Lab, m: &DockerMachine, service: &str) -> Vec<String> {
-    let ps = json(&run(lab, m, &["ps", "--json"]));
+    let ps = json(&run(lab, m, &["ps", "--json"]))["values"].clone();
     let mut v: Vec<String> = ps
         .as_array()
         .unwrap()

@@ -494,7 +494,7 @@ services:
     assert_eq!(m.daemon.pid(), pid, "the daemon was restarted");
 
     // Lifting a drain mark the full disk will not let go of is refused, never reported done.
-    let ps = json(&run(&lab, &m, &["ps", "--json"]));
+    let ps = json(&run(&lab, &m, &["ps", "--json"]))["values"].clone();
     let id = ps.as_array().unwrap()[0]["id"].as_str().unwrap().to_owned();
     let drain = format!("/v1/containers/{id}/drain");
     let marks = || api_request(&m.daemon.socket, "GET", "/v1/drains", "", b"");

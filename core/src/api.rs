@@ -691,6 +691,28 @@ pub struct DrainResult {
 /// holder's is refused, and so is one without a token while the lease is held.
 pub const LEASE_TOKEN_HEADER: &str = "x-ployz-lease";
 
+/// The Machines a call is for (Machine Targets resolved to Machine IDs): one Machine ID, and
+/// the daemon reached forwards the call to that Machine over the mesh and answers what it
+/// answered; several, comma-separated, or `*` (every Machine the daemon reached observes, itself
+/// included), and it asks each at once (`GET` only) and answers a [`FanOutAnswer`]. Absent:
+/// the daemon reached.
+pub const MACHINE_TARGET_HEADER: &str = "x-ployz-machine";
+
+/// One Machine's answer within a [`FanOutAnswer`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachineAnswer {
+    /// The Machine that answered.
+    pub machine: MachineId,
+    /// Its Machine Name, as the daemon reached observes it.
+    pub name: String,
+    /// What it answered (the route's own JSON).
+    pub answer: serde_json::Value,
+}
+
+/// A call fanned out to several Machines: each one's answer, and per Machine that failed or
+/// did not answer within the per-Machine timeout, why (a Partial Result).
+pub type FanOutAnswer = PartialResult<MachineAnswer>;
+
 /// Ask for the Machine lease: one command at a time changes a Machine's containers and volumes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

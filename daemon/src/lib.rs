@@ -15,6 +15,7 @@ mod cluster_api;
 mod config;
 mod docker_api;
 mod drain;
+mod forward;
 mod fsutil;
 mod identity;
 mod lease;

@@ -40,6 +40,9 @@ pub(crate) struct MeshService {
     pub view: Arc<MeshView>,
     /// The management API's header deadline, which the mesh listener shares.
     pub header_timeout: Duration,
+    /// The management API over this Machine, which the mesh listener serves to members (calls
+    /// forwarded by the Machine a CLI reached).
+    pub api: Router,
 }
 
 /// Everything the mesh runs once it is up.
@@ -393,15 +396,31 @@ impl MeshService {
         // The replication routes keep their own body limit (batches of about 1 MiB, one large
         // record alone up to 16 MiB): not the management API's 2 MiB.
         let (stop, stopping) = tokio::sync::watch::channel(false);
-        let app = crate::replication::routes(initialised.store.clone()).merge(
-            Router::new()
-                .route(PEER_RESET, post(peer_reset))
-                .route(PEER_GRANT, get(peer_grant))
-                .with_state(PeerRoutes {
-                    machine: self.machine.clone(),
-                    view: self.view.clone(),
-                }),
-        );
+        // Forwarded management calls are for members only, and for this Machine only; the
+        // peer routes keep their own checks (a Machine that is being admitted asks for its
+        // grant before it is anything else).
+        let api = self
+            .api
+            .clone()
+            .layer(axum::middleware::from_fn_with_state(
+                self.machine.clone(),
+                crate::forward::no_second_hop,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                self.machine.clone(),
+                crate::forward::only_members,
+            ));
+        let app = crate::replication::routes(initialised.store.clone())
+            .merge(
+                Router::new()
+                    .route(PEER_RESET, post(peer_reset))
+                    .route(PEER_GRANT, get(peer_grant))
+                    .with_state(PeerRoutes {
+                        machine: self.machine.clone(),
+                        view: self.view.clone(),
+                    }),
+            )
+            .merge(api);
         let header_timeout = self.header_timeout;
         let listener = tokio::spawn(crate::api::serve(
             tcp,

@@ -140,6 +140,14 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     }
     let lease = crate::lease::MachineLease::new(machine.clone());
     let mesh_view = Arc::new(crate::mesh::MeshView::new(config.mesh.clone()));
+    let api_app = local_api(
+        machine.clone(),
+        routes.clone(),
+        (config.dns.listen != DnsListen::Off).then(|| dns.clone()),
+        mesh_view.clone(),
+        lease.clone(),
+        crate::docker_api::OwnListeners::from_config(&config),
+    );
     if config.mesh.enabled {
         machine.set_mesh_interface(&config.mesh.interface);
         server.add_service(background_service(
@@ -148,6 +156,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
                 machine: machine.clone(),
                 view: mesh_view.clone(),
                 header_timeout: config.limits.header_timeout(),
+                api: api_app.clone(),
             },
         ));
     }
@@ -156,11 +165,8 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         ApiService {
             listener: Mutex::new(Some(listener)),
             machine: machine.clone(),
-            routes: routes.clone(),
-            dns: (config.dns.listen != DnsListen::Off).then(|| dns.clone()),
-            lease: lease.clone(),
+            app: api_app.clone(),
             header_timeout: config.limits.header_timeout(),
-            listeners: crate::docker_api::OwnListeners::from_config(&config),
             mesh: mesh_view.clone(),
         },
     ));
@@ -332,17 +338,30 @@ fn group_id(name: &str) -> Option<u32> {
 struct ApiService {
     listener: Mutex<Option<UnixListener>>,
     machine: Arc<LocalMachine>,
-    routes: RouteController,
-    /// `None` when the internal DNS is off.
-    dns: Option<ployz_dns::DnsController>,
-    /// The Machine lease, checked on every call.
-    lease: Arc<crate::lease::MachineLease>,
+    /// The API's routes with the Machine lease and the API's limits and error bodies
+    /// ([`local_api`]); the mesh listener serves the same to the Cluster's members.
+    app: axum::Router,
     /// How long a client has to send a request head (the next one, on a kept-alive connection).
     header_timeout: std::time::Duration,
-    /// The daemon's own listeners, which the Deploy Snapshot reports.
-    listeners: crate::docker_api::OwnListeners,
     /// What the mesh observes.
     mesh: Arc<crate::mesh::MeshView>,
+}
+
+/// The management API over this Machine: its routes, guarded by the Machine lease, with the
+/// API's limits and error bodies. Served on the socket (behind Machine Target forwarding) and,
+/// to the Cluster's members, on the mesh listener.
+fn local_api(
+    machine: Arc<LocalMachine>,
+    routes: RouteController,
+    dns: Option<ployz_dns::DnsController>,
+    mesh: Arc<crate::mesh::MeshView>,
+    lease: Arc<crate::lease::MachineLease>,
+    listeners: crate::docker_api::OwnListeners,
+) -> axum::Router {
+    api::with_api_errors(crate::lease::guarded(
+        api::router(machine, routes, dns, mesh).layer(axum::Extension(listeners)),
+        lease,
+    ))
 }
 
 #[async_trait]
@@ -358,15 +377,14 @@ impl BackgroundService for ApiService {
                 return;
             }
         };
-        let app = api::with_api_errors(crate::lease::guarded(
-            api::router(
-                self.machine.clone(),
-                self.routes.clone(),
-                self.dns.clone(),
-                self.mesh.clone(),
-            )
-            .layer(axum::Extension(self.listeners.clone())),
-            self.lease.clone(),
+        let local = self.app.clone();
+        let app = local.clone().layer(axum::middleware::from_fn_with_state(
+            crate::forward::Forwarding {
+                machine: self.machine.clone(),
+                mesh: self.mesh.clone(),
+                local,
+            },
+            crate::forward::forward,
         ));
         api::serve(
             listener,

@@ -273,7 +273,7 @@ fn list_or_none<T: ToString>(items: &[T]) -> String {
 /// The one Machine `wanted` (a Name or a Machine ID) names among those `list` shows; several
 /// with that Name are listed with their IDs (Name Ambiguity), none is an error naming the ones
 /// there are.
-fn resolve<'a>(list: &'a MachineList, wanted: &str) -> anyhow::Result<&'a MachineView> {
+pub(crate) fn resolve<'a>(list: &'a MachineList, wanted: &str) -> anyhow::Result<&'a MachineView> {
     if let Some(v) = list.values.iter().find(|v| v.info.id.as_str() == wanted) {
         return Ok(v);
     }

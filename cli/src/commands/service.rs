@@ -167,9 +167,15 @@ pub async fn ls(global: &GlobalArgs, args: LsArgs) -> anyhow::Result<()> {
 
 #[derive(Debug, Args)]
 pub struct PsArgs {
-    /// Print JSON.
+    /// Print JSON: `values` (the containers, each with its `machine_name`) and `failures` (the
+    /// Machines that did not answer).
     #[arg(long)]
     json: bool,
+    /// The Machines to ask: a Name or Machine ID (repeatable), or `*` [default: every Machine
+    /// the Machine reached observes]. A Machine that does not answer is reported and the others
+    /// are listed (a Partial Result; exit code 3).
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    machines: Vec<String>,
     /// Show what the Machine's store holds (Replicated Observation, possibly stale) instead of
     /// asking Docker now.
     #[arg(long)]
@@ -178,10 +184,44 @@ pub struct PsArgs {
 
 pub async fn ps(global: &GlobalArgs, args: PsArgs) -> anyhow::Result<()> {
     let mut client = super::connect(global).await?;
-    let all: Vec<ContainerRuntimeObservation> = if args.replicated {
-        client.get(paths::STORED_CONTAINERS).await?
+    let (all, names, failures, asked): (Vec<ContainerRuntimeObservation>, _, _, usize) = if args
+        .replicated
+    {
+        // The store holds every Machine's observations already: one Machine answers.
+        let all: Vec<ContainerRuntimeObservation> = client.get(paths::STORED_CONTAINERS).await?;
+        let names = client
+            .get::<ployz_core::api::MachineList>(ployz_core::api::paths::MACHINES)
+            .await
+            .map(|list| {
+                list.values
+                    .into_iter()
+                    .map(|v| (v.info.id, v.info.name.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        (all, names, Vec::new(), 1)
     } else {
-        containers(&mut client).await?
+        let (answers, failures) = crate::targets::get_all::<Vec<ContainerRuntimeObservation>>(
+            &mut client,
+            &args.machines,
+            paths::CONTAINERS,
+        )
+        .await?;
+        let asked = answers.len() + failures.len();
+        let mut names = BTreeMap::new();
+        let mut all = Vec::new();
+        for (machine, containers) in answers {
+            names.insert(machine.machine.clone(), machine.name.clone());
+            all.extend(containers);
+        }
+        (all, names, failures, asked)
+    };
+    let machine_name = |c: &ContainerRuntimeObservation| {
+        names
+            .get(&c.machine_id)
+            .filter(|n: &&String| !n.is_empty())
+            .cloned()
+            .unwrap_or_else(|| c.machine_id.as_str().chars().take(12).collect())
     };
     let drains: Vec<DrainMark> = match client.get(paths::DRAINS).await {
         Ok(marks) => marks,
@@ -205,14 +245,19 @@ pub async fn ps(global: &GlobalArgs, args: PsArgs) -> anyhow::Result<()> {
         let mut listed = Vec::with_capacity(all.len());
         for c in &all {
             let mut value = serde_json::to_value(c)?;
-            if let (Some(mark), Some(object)) = (mark_of(c), value.as_object_mut()) {
-                object.insert("draining".into(), serde_json::to_value(mark)?);
+            if let Some(object) = value.as_object_mut() {
+                object.insert("machine_name".into(), machine_name(c).into());
+                if let Some(mark) = mark_of(c) {
+                    object.insert("draining".into(), serde_json::to_value(mark)?);
+                }
             }
             listed.push(value);
         }
-        return print_json(&listed);
+        print_json(&serde_json::json!({ "values": listed, "failures": failures }))?;
+        return crate::targets::report_failures(&failures, asked);
     }
     let mut t = table(&[
+        "MACHINE",
         "SERVICE",
         "CONTAINER ID",
         "NAME",
@@ -223,6 +268,7 @@ pub async fn ps(global: &GlobalArgs, args: PsArgs) -> anyhow::Result<()> {
     ]);
     for c in &all {
         t.add_row(vec![
+            machine_name(c),
             c.service_name.to_string(),
             c.id.as_str().chars().take(12).collect(),
             c.name.clone(),
@@ -240,7 +286,7 @@ pub async fn ps(global: &GlobalArgs, args: PsArgs) -> anyhow::Result<()> {
         ]);
     }
     print_table(&t);
-    Ok(())
+    crate::targets::report_failures(&failures, asked)
 }
 
 #[derive(Debug, Args)]

@@ -584,6 +584,42 @@ impl LocalMachine {
         Ok(result)
     }
 
+    /// The Machine IDs of the roster as this Machine observes it.
+    pub fn roster_ids(&self) -> Result<Vec<MachineId>, MachineError> {
+        let store = self.store().ok_or(MachineError::NotInitialised)?;
+        Ok(roster(&store)?.into_iter().map(|m| m.id).collect())
+    }
+
+    /// Machine Names by Machine ID, as the roster holds them (empty before init or when the
+    /// store cannot be read: names only label answers).
+    pub fn member_names(&self) -> BTreeMap<MachineId, String> {
+        let Some(store) = self.store() else {
+            return BTreeMap::new();
+        };
+        let mut names: BTreeMap<MachineId, String> = roster(&store)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| (m.id, m.name.to_string()))
+            .collect();
+        if let Some(identity) = self.identity() {
+            names
+                .entry(identity.id.clone())
+                .or_insert_with(|| identity.name.to_string());
+        }
+        names
+    }
+
+    /// Whether `addr` is the Management Address of a member of the roster this Machine
+    /// observes.
+    pub fn is_member_address(&self, addr: std::net::Ipv6Addr) -> bool {
+        let Some(store) = self.store() else {
+            return false;
+        };
+        roster(&store)
+            .map(|members| members.iter().any(|m| m.management_address.addr() == addr))
+            .unwrap_or(false)
+    }
+
     /// The member with this ID, as this Machine observes the roster.
     pub fn member(&self, id: &MachineId) -> Result<Member, MachineError> {
         let store = self.store().ok_or(MachineError::NotInitialised)?;

@@ -1,0 +1,117 @@
+//! `-m/--machine`: which Machines a command asks, through the Machine the CLI reaches, and how
+//! their answers come back (a Partial Result: every answer, and per Machine what failed).
+
+use anyhow::bail;
+use ployz_core::api::{self, FanOutAnswer, MachineAnswer, MachineList};
+use serde::de::DeserializeOwned;
+
+use crate::client::ApiClient;
+
+/// Ends a command whose listing is a Partial Result with failures: what answered was printed;
+/// the exit code says some Machines did not answer.
+#[derive(Debug)]
+pub struct PartialFailure {
+    pub failed: usize,
+    pub asked: usize,
+}
+
+impl std::fmt::Display for PartialFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a Partial Result: {} of {} Machines did not answer (listed above)",
+            self.failed, self.asked
+        )
+    }
+}
+
+impl std::error::Error for PartialFailure {}
+
+/// The exit code of a Partial Result with failures.
+pub const PARTIAL_EXIT_CODE: u8 = 3;
+
+/// The Machine Target header for `wanted` (`-m` values; none or `*`: every Machine), with Names
+/// resolved to Machine IDs through the Machine the CLI reaches (a Name two Machines share is
+/// refused with both IDs).
+/// With the header, the Name of each Machine named (empty for `*`: the answers carry them).
+pub async fn header_for(
+    client: &mut ApiClient,
+    wanted: &[String],
+) -> anyhow::Result<(String, Vec<String>)> {
+    if wanted.is_empty() || wanted.iter().any(|w| w == "*") {
+        if wanted.len() > 1 {
+            bail!("-m '*' already names every Machine; give it alone");
+        }
+        return Ok(("*".to_owned(), Vec::new()));
+    }
+    let list: MachineList = client.get(api::paths::MACHINES).await?;
+    let mut ids: Vec<String> = Vec::new();
+    let mut names = Vec::new();
+    for w in wanted {
+        let found = crate::commands::machine::resolve(&list, w)?;
+        let id = found.info.id.to_string();
+        if !ids.contains(&id) {
+            ids.push(id);
+            names.push(found.info.name.to_string());
+        }
+    }
+    Ok((ids.join(","), names))
+}
+
+/// `GET path` on every Machine `wanted` names: each answer decoded, with the Machine that gave
+/// it; the failures as they came.
+pub async fn get_all<T: DeserializeOwned>(
+    client: &mut ApiClient,
+    wanted: &[String],
+    path: &str,
+) -> anyhow::Result<(Vec<(MachineAnswer, T)>, Vec<ployz_core::TargetFailure>)> {
+    let (header, names) = header_for(client, wanted).await?;
+    client.set_machine_target(Some(header.clone()));
+    let answered = if header.contains(',') || header == "*" {
+        client.get::<FanOutAnswer>(path).await
+    } else {
+        // One Machine: the daemon forwards and hands back its answer as it is.
+        let value: Result<serde_json::Value, _> = client.get(path).await;
+        value.map(|answer| {
+            let id: ployz_core::MachineId = header.parse().expect("resolved from the list");
+            FanOutAnswer {
+                values: vec![MachineAnswer {
+                    machine: id,
+                    name: names.first().cloned().unwrap_or_default(),
+                    answer,
+                }],
+                failures: Vec::new(),
+            }
+        })
+    };
+    client.set_machine_target(None);
+    let answered = answered?;
+    let mut values = Vec::with_capacity(answered.values.len());
+    let mut failures = answered.failures;
+    for a in answered.values {
+        match serde_json::from_value::<T>(a.answer.clone()) {
+            Ok(v) => values.push((a, v)),
+            Err(e) => failures.push(ployz_core::TargetFailure {
+                target: a.machine.to_string(),
+                reason: format!("its answer is not what this CLI understands ({e}); compare `ployz version` there"),
+            }),
+        }
+    }
+    Ok((values, failures))
+}
+
+/// Prints each failure on stderr and ends with [`PartialFailure`] when there was any.
+pub fn report_failures(failures: &[ployz_core::TargetFailure], asked: usize) -> anyhow::Result<()> {
+    for f in failures {
+        eprintln!("warning: Machine {}: {}", f.target, f.reason);
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(PartialFailure {
+            failed: failures.len(),
+            asked,
+        }
+        .into())
+    }
+}

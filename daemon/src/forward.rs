@@ -1,0 +1,539 @@
+//! Machine Targets on the management API: a call whose [`MACHINE_TARGET_HEADER`] names another
+//! Machine is forwarded over the mesh to that Machine's management API (its mesh listener,
+//! `[Management Address]:51000`) and its answer handed back as it is; a call naming several
+//! Machines, or `*`, is asked of each at once (`GET` only) and answered as a Partial Result
+//! ([`FanOutAnswer`]): every answer, and per Machine that failed or did not answer within
+//! [`PER_MACHINE_TIMEOUT`], why.
+//!
+//! A forwarded call carries no new authority: the Machine that receives it serves it like a call
+//! on its own socket (the Machine lease included), and takes calls on its mesh listener only
+//! from the Management Addresses of members of its roster ([`only_members`]); a call that names
+//! yet another Machine there is refused, never forwarded twice ([`no_second_hop`]).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use ployz_core::api::{
+    ApiError, ErrorCode, FanOutAnswer, MachineAnswer, Member, MACHINE_TARGET_HEADER,
+};
+use ployz_core::{MachineId, TargetFailure};
+
+use crate::api::{failure, ConnectedFrom, Failure};
+use crate::local_machine::LocalMachine;
+use crate::mesh::MeshView;
+
+/// How long one Machine of a fan-out, or a forwarded call's connect and answer head, may take.
+pub const PER_MACHINE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most a forwarded request's body may hold (the API's own limit).
+const MAX_FORWARDED_BODY: usize = ployz_core::api::MAX_BODY_BYTES;
+
+/// What forwarding needs: this Machine, the mesh's settings, and the local API (for this
+/// Machine's own share of a fan-out).
+#[derive(Clone)]
+pub(crate) struct Forwarding {
+    pub machine: Arc<LocalMachine>,
+    pub mesh: Arc<MeshView>,
+    pub local: Router,
+}
+
+/// The Machines a header names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Targets {
+    All,
+    These(Vec<MachineId>),
+}
+
+fn parse_targets(value: &HeaderValue) -> Result<Targets, Failure> {
+    let text = value.to_str().unwrap_or_default().trim();
+    if text == "*" {
+        return Ok(Targets::All);
+    }
+    let mut ids = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let id: MachineId = part.parse().map_err(|_| {
+            failure(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidArgument,
+                format!("{MACHINE_TARGET_HEADER}: '{part}' is not a Machine ID"),
+                Some("name Machines by ID there (the CLI resolves names), or `*` for all"),
+            )
+        })?;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    if ids.is_empty() {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            format!("{MACHINE_TARGET_HEADER} names no Machine"),
+            Some("give Machine IDs, comma-separated, or `*`"),
+        ));
+    }
+    Ok(Targets::These(ids))
+}
+
+/// The layer on the socket API: serves a call for this Machine here, forwards one for another
+/// Machine, fans out one for several.
+pub(crate) async fn forward(State(f): State<Forwarding>, request: Request, next: Next) -> Response {
+    let Some(value) = request.headers().get(MACHINE_TARGET_HEADER).cloned() else {
+        return next.run(request).await;
+    };
+    let targets = match parse_targets(&value) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let Some(own) = f.machine.identity().map(|i| i.id) else {
+        // Before init there is no other Machine: the route answers for this one alone (and
+        // says so when it needs an initialised Machine).
+        let mut request = request;
+        request.headers_mut().remove(MACHINE_TARGET_HEADER);
+        return next.run(request).await;
+    };
+    match targets {
+        Targets::These(ids) if ids.len() == 1 && ids[0] == own => {
+            let mut request = request;
+            request.headers_mut().remove(MACHINE_TARGET_HEADER);
+            next.run(request).await
+        }
+        Targets::These(ids) if ids.len() == 1 => match forward_one(&f, &ids[0], request).await {
+            Ok(response) => response,
+            Err(e) => e.into_response(),
+        },
+        targets => match fan_out(&f, targets, request).await {
+            Ok(answer) => axum::Json(answer).into_response(),
+            Err(e) => e.into_response(),
+        },
+    }
+}
+
+/// The member `id` as this Machine observes the roster.
+fn member_of(f: &Forwarding, id: &MachineId) -> Result<Member, Failure> {
+    if f.machine.identity().is_none() {
+        return Err(failure(
+            StatusCode::CONFLICT,
+            ErrorCode::FailedPrecondition,
+            format!("this Machine is not initialised, so it reaches no Machine {id}"),
+            Some("run `ployz machine init` or join a Cluster first"),
+        ));
+    }
+    f.machine.member(id).map_err(|_| {
+        failure(
+            StatusCode::NOT_FOUND,
+            ErrorCode::NotFound,
+            format!("no Machine {id} in this Machine's roster"),
+            Some("`ployz machine ls` lists the Machines it observes"),
+        )
+    })
+}
+
+fn mesh_addr(f: &Forwarding, member: &Member) -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V6(member.management_address.addr()),
+        f.mesh.settings().management_port,
+    )
+}
+
+/// Reads the body of a request to forward (bounded as the API bounds its own).
+async fn request_parts(request: Request) -> Result<(axum::http::request::Parts, Bytes), Failure> {
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_FORWARDED_BODY)
+        .await
+        .map_err(|e| {
+            failure(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::InvalidArgument,
+                format!("the request body cannot be forwarded: {e}"),
+                None,
+            )
+        })?;
+    Ok((parts, bytes))
+}
+
+/// The headers a forwarded call keeps.
+fn forwarded_headers(from: &HeaderMap, target: &MachineId) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for name in [
+        axum::http::header::CONTENT_TYPE,
+        axum::http::header::USER_AGENT,
+        axum::http::header::ACCEPT,
+    ] {
+        if let Some(v) = from.get(&name) {
+            headers.insert(name, v.clone());
+        }
+    }
+    if let Some(v) = from.get(ployz_core::api::LEASE_TOKEN_HEADER) {
+        headers.insert(ployz_core::api::LEASE_TOKEN_HEADER, v.clone());
+    }
+    if let Ok(v) = HeaderValue::from_str(target.as_str()) {
+        headers.insert(MACHINE_TARGET_HEADER, v);
+    }
+    headers.insert(axum::http::header::HOST, HeaderValue::from_static("ployz"));
+    headers
+}
+
+/// Sends one call to `addr` and waits (within [`PER_MACHINE_TIMEOUT`]) for its answer's head.
+async fn send(
+    addr: SocketAddr,
+    method: Method,
+    path_and_query: &str,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+    let exchange = async {
+        let stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        let io = hyper_util::rt::TokioIo::new(stream);
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(path_and_query)
+            .body(http_body_util::Full::new(body))
+            .map_err(|e| e.to_string())?;
+        *request.headers_mut() = headers;
+        sender
+            .send_request(request)
+            .await
+            .map_err(|e| format!("{addr}: {e}"))
+    };
+    match tokio::time::timeout(PER_MACHINE_TIMEOUT, exchange).await {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "no answer within {} s at {addr}",
+            PER_MACHINE_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+/// Forwards the call to `id` and hands back its answer as it comes (a followed log streams).
+async fn forward_one(
+    f: &Forwarding,
+    id: &MachineId,
+    request: Request,
+) -> Result<Response, Failure> {
+    let member = member_of(f, id)?;
+    let addr = mesh_addr(f, &member);
+    let (parts, body) = request_parts(request).await?;
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| parts.uri.path().to_owned());
+    let headers = forwarded_headers(&parts.headers, id);
+    let answer = send(addr, parts.method, &path, headers, body)
+        .await
+        .map_err(|why| unreachable_member(&member, &why))?;
+    let (head, incoming) = answer.into_parts();
+    let mut response = Response::new(Body::new(incoming));
+    *response.status_mut() = head.status;
+    for name in [
+        axum::http::header::CONTENT_TYPE,
+        axum::http::header::CONTENT_LENGTH,
+    ] {
+        if let Some(v) = head.headers.get(&name) {
+            response.headers_mut().insert(name, v.clone());
+        }
+    }
+    response.headers_mut().insert(
+        MACHINE_TARGET_HEADER,
+        HeaderValue::from_str(id.as_str()).unwrap_or(HeaderValue::from_static("")),
+    );
+    Ok(response)
+}
+
+fn unreachable_member(member: &Member, why: &str) -> Failure {
+    failure(
+        StatusCode::BAD_GATEWAY,
+        ErrorCode::Unavailable,
+        format!(
+            "Machine '{}' ({}) did not answer over the mesh: {why}",
+            member.name, member.id
+        ),
+        Some("`ployz machine ls` shows how this Machine observes it"),
+    )
+}
+
+/// Asks every target at once and gathers what each answered.
+async fn fan_out(
+    f: &Forwarding,
+    targets: Targets,
+    request: Request,
+) -> Result<FanOutAnswer, Failure> {
+    if request.method() != Method::GET {
+        return Err(failure(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::InvalidArgument,
+            format!(
+                "{} {} names several Machines; only a listing (GET) goes to several at once",
+                request.method(),
+                request.uri().path()
+            ),
+            Some("name one Machine for a call that changes something"),
+        ));
+    }
+    let own = f.machine.identity().map(|i| i.id);
+    let ids: Vec<MachineId> = match targets {
+        Targets::These(ids) => ids,
+        Targets::All => {
+            let mut ids: Vec<MachineId> = match f.machine.identity() {
+                Some(_) => {
+                    let machine = f.machine.clone();
+                    tokio::task::spawn_blocking(move || machine.roster_ids())
+                        .await
+                        .map_err(|e| {
+                            failure(
+                                StatusCode::INTERNAL_SERVER_ERROR,
+                                ErrorCode::Internal,
+                                e.to_string(),
+                                None,
+                            )
+                        })?
+                        .map_err(Failure::from)?
+                }
+                None => Vec::new(),
+            };
+            if let Some(own) = &own {
+                if !ids.contains(own) {
+                    ids.push(own.clone());
+                }
+            }
+            ids
+        }
+    };
+    let (parts, body) = request_parts(request).await?;
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| parts.uri.path().to_owned());
+    let mut asks = tokio::task::JoinSet::new();
+    for (order, id) in ids.into_iter().enumerate() {
+        let f = f.clone();
+        let headers = parts.headers.clone();
+        let path = path.clone();
+        let body = body.clone();
+        let own = own.clone();
+        asks.spawn(async move {
+            let result = if Some(&id) == own.as_ref() {
+                ask_here(&f, &path, &headers, body).await
+            } else {
+                ask_there(&f, &id, &path, &headers, body).await
+            };
+            (order, id, result)
+        });
+    }
+    let mut gathered = Vec::new();
+    while let Some(done) = asks.join_next().await {
+        if let Ok(one) = done {
+            gathered.push(one);
+        }
+    }
+    gathered.sort_by_key(|(order, _, _)| *order);
+    let names = f.machine.member_names();
+    let mut answer = FanOutAnswer::default();
+    for (_, id, result) in gathered {
+        let name = names.get(&id).cloned().unwrap_or_default();
+        match result {
+            Ok(value) => answer.values.push(MachineAnswer {
+                machine: id,
+                name,
+                answer: value,
+            }),
+            Err(reason) => answer.failures.push(TargetFailure {
+                target: if name.is_empty() {
+                    id.to_string()
+                } else {
+                    format!("{name} ({id})")
+                },
+                reason,
+            }),
+        }
+    }
+    Ok(answer)
+}
+
+/// This Machine's own share of a fan-out, through its own routes.
+async fn ask_here(
+    f: &Forwarding,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<serde_json::Value, String> {
+    let mut request = Request::new(Body::from(body));
+    *request.uri_mut() = path.parse().map_err(|e| format!("{e}"))?;
+    *request.headers_mut() = headers.clone();
+    request.headers_mut().remove(MACHINE_TARGET_HEADER);
+    let response = tower::ServiceExt::oneshot(f.local.clone(), request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .map_err(|e| e.to_string())?;
+    decode_answer(status, &bytes)
+}
+
+/// Another Machine's share of a fan-out, over the mesh.
+async fn ask_there(
+    f: &Forwarding,
+    id: &MachineId,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<serde_json::Value, String> {
+    let member = member_of(f, id).map_err(|e| e.to_string())?;
+    let addr = mesh_addr(f, &member);
+    let exchange = async {
+        let response = send(
+            addr,
+            Method::GET,
+            path,
+            forwarded_headers(headers, id),
+            body,
+        )
+        .await?;
+        let status = response.status();
+        let bytes = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        decode_answer(status, &bytes)
+    };
+    match tokio::time::timeout(PER_MACHINE_TIMEOUT, exchange).await {
+        Ok(result) => result,
+        Err(_) => Err(format!(
+            "no answer within {} s over the mesh ({addr})",
+            PER_MACHINE_TIMEOUT.as_secs()
+        )),
+    }
+}
+
+fn decode_answer(status: StatusCode, bytes: &[u8]) -> Result<serde_json::Value, String> {
+    if status.is_success() {
+        return serde_json::from_slice(bytes).map_err(|e| format!("its answer is not JSON: {e}"));
+    }
+    match serde_json::from_slice::<ApiError>(bytes) {
+        Ok(e) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "it answered {status}: {}",
+            String::from_utf8_lossy(bytes)
+                .chars()
+                .take(200)
+                .collect::<String>()
+        )),
+    }
+}
+
+/// The layer on the mesh listener: only members of this Machine's roster are served, by the
+/// Management Address their connection comes from (WireGuard vouches for it).
+pub(crate) async fn only_members(
+    State(machine): State<Arc<LocalMachine>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let from = request
+        .extensions()
+        .get::<ConnectedFrom<SocketAddr>>()
+        .map(|c| c.0.ip());
+    let member = match from {
+        Some(IpAddr::V6(addr)) => {
+            let machine = machine.clone();
+            tokio::task::spawn_blocking(move || machine.is_member_address(addr))
+                .await
+                .unwrap_or(false)
+        }
+        _ => false,
+    };
+    if !member {
+        return failure(
+            StatusCode::FORBIDDEN,
+            ErrorCode::FailedPrecondition,
+            format!(
+                "{} is not the Management Address of a member of this Machine's roster",
+                from.map(|a| a.to_string())
+                    .unwrap_or_else(|| "the caller".into())
+            ),
+            None,
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+/// The layer on the mesh listener: a call naming another Machine is refused (calls are
+/// forwarded once, by the Machine the CLI reached).
+pub(crate) async fn no_second_hop(
+    State(machine): State<Arc<LocalMachine>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(value) = request.headers().get(MACHINE_TARGET_HEADER) {
+        let own = machine.identity().map(|i| i.id.to_string());
+        let named = value.to_str().unwrap_or_default().trim();
+        if own.as_deref() != Some(named) {
+            return failure(
+                StatusCode::MISDIRECTED_REQUEST,
+                ErrorCode::InvalidArgument,
+                format!(
+                    "this is Machine {}, and the call names {named}: calls are forwarded once, by the Machine the CLI reached",
+                    own.unwrap_or_default()
+                ),
+                None,
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(value: &str) -> Result<Targets, String> {
+        parse_targets(&HeaderValue::from_str(value).unwrap()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_target_header_names_all_or_distinct_machine_ids() {
+        assert_eq!(parsed("*"), Ok(Targets::All));
+        let a = MachineId::generate();
+        let b = MachineId::generate();
+        assert_eq!(
+            parsed(&format!("{a}, {b},{a}")),
+            Ok(Targets::These(vec![a.clone(), b.clone()]))
+        );
+        let bad = parsed("m1").unwrap_err();
+        assert!(bad.contains("'m1' is not a Machine ID"), "{bad}");
+        assert!(parsed(" , ").is_err());
+    }
+
+    #[test]
+    fn a_failed_answer_reads_as_its_api_error() {
+        let body = br#"{"code":"not_found","message":"no such service 'x'","hint":"try ls"}"#;
+        assert_eq!(
+            decode_answer(StatusCode::NOT_FOUND, body).unwrap_err(),
+            "no such service 'x'; try ls"
+        );
+        assert!(decode_answer(StatusCode::BAD_GATEWAY, b"<html>")
+            .unwrap_err()
+            .contains("502"));
+        assert_eq!(
+            decode_answer(StatusCode::OK, b"[1]").unwrap(),
+            serde_json::json!([1])
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! The Cluster as one, through any entry Machine: a listing asks every Machine over the mesh and
+//! answers a Partial Result when one does not answer; a call named for one Machine is
+//! forwarded there; a forwarded call is never forwarded twice.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use ployz_lab::LAB_IMAGE;
+
+/// The container names a `ps --json` answer lists, with the Machine Name each is on.
+fn listed(v: &serde_json::Value) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = v["values"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no values: {v}"))
+        .iter()
+        .map(|c| {
+            (
+                c["machine_name"].as_str().unwrap_or_default().to_owned(),
+                c["service_name"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() {
+    let mut lab = cluster(3);
+    for i in 0..3 {
+        let name = format!("app{i}");
+        ok(
+            &lab,
+            i,
+            &["run", "-y", "--name", &name, LAB_IMAGE, "sleep", "3600"],
+        );
+    }
+    let everything: Vec<(String, String)> = (0..3)
+        .map(|i| (format!("m{i}"), format!("app{i}")))
+        .collect();
+
+    // From any Machine, every Machine's containers, each with its Machine.
+    for entry in 0..3 {
+        let v = lab.json(entry, &["ps", "--json"]);
+        assert_eq!(listed(&v), everything, "ps from Machine {entry}: {v}");
+        assert_eq!(v["failures"], serde_json::json!([]), "{v}");
+    }
+    let table = String::from_utf8_lossy(&ok(&lab, 1, &["ps"]).stdout).into_owned();
+    assert!(table.starts_with("MACHINE"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("m2") && l.contains("app2")),
+        "{table}"
+    );
+
+    // Named Machines only; one named Machine is forwarded to and answers alone.
+    let v = lab.json(0, &["ps", "--json", "-m", "m2"]);
+    assert_eq!(listed(&v), vec![("m2".into(), "app2".into())], "{v}");
+    let v = lab.json(0, &["ps", "--json", "-m", "m1", "-m", "m2"]);
+    assert_eq!(listed(&v).len(), 2, "{v}");
+    let out = lab.ployz(0, &["ps", "-m", "nope"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no Machine is named or has the ID 'nope'"),
+        "{}",
+        text(&out)
+    );
+
+    // The mesh listener serves forwarded calls to members, and refuses a second hop.
+    let members = machines(&lab, 0).expect("machine ls");
+    let addr_of = |name: &str| {
+        members
+            .iter()
+            .find(|m| m["name"] == name)
+            .and_then(|m| m["management_address"].as_str())
+            .unwrap_or_else(|| panic!("{name} in {members:?}"))
+            .to_owned()
+    };
+    let id_of = |name: &str| {
+        members
+            .iter()
+            .find(|m| m["name"] == name)
+            .and_then(|m| m["id"].as_str())
+            .unwrap()
+            .to_owned()
+    };
+    let url = format!("http://[{}]:51000/v1/version", addr_of("m1"));
+    let direct = lab.exec_in(0, &["/bin/busybox", "wget", "-q", "-O-", &url]);
+    assert!(
+        String::from_utf8_lossy(&direct.stdout).contains(&id_of("m1")),
+        "a member's call on m1's mesh listener: {}",
+        text(&direct)
+    );
+    let header = format!("x-ployz-machine: {}", id_of("m2"));
+    let hop = lab.exec_in(
+        0,
+        &[
+            "/bin/busybox",
+            "wget",
+            "-q",
+            "-O-",
+            "--header",
+            &header,
+            &url,
+        ],
+    );
+    assert!(
+        !hop.status.success(),
+        "a second hop was served: {}",
+        text(&hop)
+    );
+    assert!(text(&hop).contains("421"), "{}", text(&hop));
+
+    // Machine 2 stopped: the others answer, Machine 2 is a failure, the exit code says so.
+    lab.stop_machine(2);
+    let asked = Instant::now();
+    let out = lab.ployz(0, &["ps", "--json"]);
+    let took = asked.elapsed();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(listed(&v), everything[..2].to_vec(), "{v}");
+    let failures = v["failures"].as_array().expect("failures");
+    assert_eq!(failures.len(), 1, "{v}");
+    assert!(
+        failures[0]["target"].as_str().unwrap().contains("m2"),
+        "{v}"
+    );
+    assert!(
+        took < Duration::from_secs(30),
+        "the per-Machine timeout did not bound the listing: {took:?}"
+    );
+    let out = lab.ployz(1, &["ps"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: Machine m2") && stderr.contains("Partial Result"),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("app1"));
+}
