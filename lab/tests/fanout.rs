@@ -142,3 +142,154 @@ fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() 
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("app1"));
 }
+
+/// The gateway of a subnet such as `10.210.1.0/24`: its `.1`.
+fn gateway_of(subnet: &str) -> String {
+    let network = subnet.split('/').next().unwrap_or_default();
+    let mut octets: Vec<&str> = network.split('.').collect();
+    octets[3] = "1";
+    octets.join(".")
+}
+
+/// What one Machine's edge and internal DNS do with Serving Containers on other Machines: the
+/// edge of Machine 0 serves a hostname whose only container runs on Machine 2, over the mesh;
+/// from a container on Machine 0, `<service>.internal` lists the containers of every Machine
+/// and `nearest.` puts Machine 0's first.
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn one_machines_edge_and_dns_reach_containers_on_the_others() {
+    let lab = cluster_with(ployz_lab::LabOptions {
+        dns: true,
+        ..ployz_lab::LabOptions::machines(3)
+    });
+    let serve = |i: usize, service: &str, host: Option<&str>, body: &str| {
+        let script = format!(
+            "mkdir -p /www && echo {body} > /www/index.html && exec httpd -f -p 8080 -h /www"
+        );
+        let mut args = vec!["run", "-y", "--name", service];
+        let publish;
+        if let Some(host) = host {
+            publish = format!("{host}:8080/http");
+            args.extend(["-p", publish.as_str()]);
+        }
+        args.extend([LAB_IMAGE, "sh", "-c", script.as_str()]);
+        ok(&lab, i, &args);
+    };
+    serve(2, "web", Some("web.example.test"), "hello-from-m2");
+    for i in 0..3 {
+        serve(i, "api", None, &format!("api-on-m{i}"));
+    }
+
+    // Machine 0's edge, which has no container of `web`, serves it from Machine 2.
+    let url = format!("http://{}/", lab.underlay_addr(0));
+    let answered = wait_for(
+        &lab,
+        "Machine 0's edge serves web",
+        Duration::from_secs(30),
+        || {
+            let out = lab.exec_in(
+                0,
+                // busybox wget crashes on -T here; curl bounds each try.
+                &[
+                    "curl",
+                    "-sS",
+                    "-m",
+                    "3",
+                    "-H",
+                    "Host: web.example.test",
+                    &url,
+                ],
+            );
+            let body = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            (body == "hello-from-m2").then_some(body)
+        },
+    );
+    assert_eq!(answered, "hello-from-m2");
+
+    // From a container on Machine 0: api.internal has all three; nearest. has Machine 0's first.
+    let list = machines(&lab, 0).expect("machine ls");
+    let subnet_of = |name: &str| {
+        list.iter()
+            .find(|m| m["name"] == name)
+            .and_then(|m| m["subnet"].as_str())
+            .unwrap_or_else(|| panic!("{name} in {list:?}"))
+            .to_owned()
+    };
+    let gateway = gateway_of(&subnet_of("m0"));
+    let prefix_of = |name: &str| {
+        let s = subnet_of(name);
+        let net = s.split('/').next().unwrap().to_owned();
+        net.rsplit_once('.').unwrap().0.to_owned() + "."
+    };
+    let lookup = |name: &str| -> Vec<String> {
+        let out = lab.docker(
+            0,
+            &[
+                "run",
+                "--rm",
+                "--network",
+                "ployz",
+                "--dns",
+                &gateway,
+                LAB_IMAGE,
+                "nslookup",
+                name,
+                &gateway,
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        // busybox nslookup: the server's own lines first, then a "Name:" and an "Address:"
+        // line per address.
+        text.split_once("Name:")
+            .map(|(_, answers)| answers)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("Address:"))
+            .map(|a| a.split_whitespace().next().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let everywhere = wait_for(
+        &lab,
+        "api.internal on all three Machines",
+        Duration::from_secs(30),
+        || {
+            let found = lookup("api.internal");
+            (found.len() == 3).then_some(found)
+        },
+    );
+    for m in ["m0", "m1", "m2"] {
+        assert!(
+            everywhere.iter().any(|a| a.starts_with(&prefix_of(m))),
+            "no address of {m} in {everywhere:?}"
+        );
+    }
+    let nearest = lookup("nearest.api.internal");
+    assert!(
+        nearest
+            .first()
+            .is_some_and(|a| a.starts_with(&prefix_of("m0"))),
+        "nearest.api.internal from Machine 0: {nearest:?}"
+    );
+
+    // And by name from that container: `api` reaches one of them.
+    let out = lab.docker(
+        0,
+        &[
+            "run",
+            "--rm",
+            "--network",
+            "ployz",
+            "--dns",
+            &gateway,
+            "--dns-search",
+            "internal",
+            LAB_IMAGE,
+            "wget",
+            "-q",
+            "-O-",
+            "http://api:8080/",
+        ],
+    );
+    let body = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(body.starts_with("api-on-m"), "{}", text(&out));
+}

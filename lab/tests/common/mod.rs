@@ -145,9 +145,18 @@ pub fn digests_equal(lab: &Lab, which: &[usize]) -> bool {
 /// it as `m1`, `m2`...; returns once every Machine observes every other `participating` and
 /// `up`.
 pub fn cluster(n: usize) -> Lab {
-    let lab = Lab::start(LabOptions {
+    cluster_with(LabOptions {
         sshd: true,
         ..LabOptions::machines(n)
+    })
+}
+
+/// [`cluster`] with other lab options (sshd is always on: joining goes over SSH).
+pub fn cluster_with(options: LabOptions) -> Lab {
+    let n = options.machines;
+    let lab = Lab::start(LabOptions {
+        sshd: true,
+        ..options
     });
     ok(&lab, 0, &["machine", "init", "--name", "m0"]);
     for i in 1..n {
