@@ -251,7 +251,7 @@ fn container_and_volume_routes_act_only_on_this_machines() {
     let own = format!("boundary-own-{pid}");
     let created = run(&lab, &m, &["volume", "create", &own]);
     assert!(created.status.success(), "{}", stderr(&created));
-    let listed = json(&run(&lab, &m, &["volume", "ls", "--json"]));
+    let listed = json(&run(&lab, &m, &["volume", "ls", "--json"]))["values"].clone();
     let names: Vec<&str> = listed
         .as_array()
         .unwrap()

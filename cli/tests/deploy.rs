@@ -203,7 +203,7 @@ fn deploy_redeploy_update_fail_scale_logs_exec_rm() {
     let logs = run(&lab, &m, &["logs", "worker", "-n", "5"]);
     assert!(logs.status.success(), "{}", stderr(&logs));
     assert!(stdout(&logs).contains("tick"), "{}", stdout(&logs));
-    let ls = json(&run(&lab, &m, &["ls", "--json"]));
+    let ls = json(&run(&lab, &m, &["ls", "--json"]))["values"].clone();
     let worker = ls
         .as_array()
         .unwrap()
@@ -378,7 +378,7 @@ configs:
         &["exec", "app", "stat", "-c", "%a", "/etc/site.conf"],
     );
     assert_eq!(stdout(&mode).trim(), "440");
-    let vols = json(&run(&lab, &m, &["volume", "ls", "--json"]));
+    let vols = json(&run(&lab, &m, &["volume", "ls", "--json"]))["values"].clone();
     assert!(
         vols.as_array().unwrap().iter().any(|v| v["name"] == "data"),
         "{vols:#}"

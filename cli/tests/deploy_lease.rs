@@ -209,7 +209,8 @@ fn two_first_deploys_at_once_make_one_service_and_the_second_waits_then_is_refus
     let (ids_after, names_after) = services(&lab, &m);
     assert_eq!(ids_after, ids);
     assert_eq!(names_after.len(), 2, "{names_after:?}");
-    let volumes = json(&cli(&lab, &m, &["volume", "ls", "--json"]).output().unwrap());
+    let volumes =
+        json(&cli(&lab, &m, &["volume", "ls", "--json"]).output().unwrap())["values"].clone();
     assert!(
         !volumes.to_string().contains("unleased"),
         "a refused call was applied: {volumes}"

@@ -70,6 +70,30 @@ fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() 
         text(&out)
     );
 
+    // Services across the Cluster, each with the Machines it runs on; volumes with theirs.
+    let v = lab.json(2, &["ls", "--json"]);
+    let services = v["values"].as_array().expect("values");
+    assert_eq!(services.len(), 3, "{v}");
+    for s in services {
+        assert_eq!(s["machines"].as_array().map(Vec::len), Some(1), "{s}");
+    }
+    ok(&lab, 1, &["volume", "create", "data-on-m1"]);
+    let v = lab.json(0, &["volume", "ls", "--json"]);
+    let on_m1: Vec<&serde_json::Value> = v["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .filter(|vol| vol["name"] == "data-on-m1")
+        .collect();
+    assert_eq!(on_m1.len(), 1, "{v}");
+    // One Machine's own view, asked through another.
+    let ids: Vec<String> = (0..3).map(|i| own_id(&lab, i)).collect();
+    assert_eq!(on_m1[0]["machine_id"], ids[1].as_str(), "{v}");
+    let wg = lab.json(0, &["wg", "show", "--json", "-m", "m1"]);
+    assert_eq!(wg["interface"], lab.wg_interface(1), "{wg}");
+    let seen = lab.json(0, &["machine", "ls", "--json", "-m", "m2"]);
+    assert_eq!(seen["values"].as_array().map(Vec::len), Some(3), "{seen}");
+
     // The mesh listener serves forwarded calls to members, and refuses a second hop.
     let members = machines(&lab, 0).expect("machine ls");
     let addr_of = |name: &str| {
@@ -141,6 +165,10 @@ fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() 
         "{stderr}"
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("app1"));
+    let out = lab.ployz(0, &["ls", "--json"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["values"].as_array().map(Vec::len), Some(2), "{v}");
 }
 
 /// The gateway of a subnet such as `10.210.1.0/24`: its `.1`.

@@ -158,6 +158,10 @@ pub struct LsArgs {
     /// Print JSON: `values` (the Machines) and `failures` (Machines that could not be read).
     #[arg(long)]
     json: bool,
+    /// The Machine whose view to show (its roster, its Membership Observations): a Name or
+    /// Machine ID [default: the Machine reached]. The call is forwarded to it over the mesh.
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    machine: Option<String>,
 }
 
 pub async fn run(global: &GlobalArgs, cmd: MachineCommand) -> anyhow::Result<()> {
@@ -757,6 +761,14 @@ async fn init(global: &GlobalArgs, args: InitArgs) -> anyhow::Result<()> {
 
 async fn ls(global: &GlobalArgs, args: LsArgs) -> anyhow::Result<()> {
     let mut client = super::connect(global).await?;
+    if let Some(wanted) = &args.machine {
+        let (header, _) =
+            crate::targets::header_for(&mut client, std::slice::from_ref(wanted)).await?;
+        if header == "*" {
+            bail!("-m '*': `machine ls` shows one Machine's view of the Cluster; name one Machine");
+        }
+        client.set_machine_target(Some(header));
+    }
     let list: MachineList = client.get(api::paths::MACHINES).await?;
     if args.json {
         return print_json(&list);

@@ -28,6 +28,8 @@ pub struct ServiceView {
     pub containers: usize,
     pub image: String,
     pub endpoints: Vec<String>,
+    /// The Machines its containers are on.
+    pub machines: Vec<ployz_core::MachineId>,
     /// The newest container's Resolved Service Spec.
     #[serde(skip)]
     pub spec: Option<ServiceSpec>,
@@ -84,6 +86,49 @@ pub async fn containers(
     client.get(paths::CONTAINERS).await
 }
 
+/// What the Machines `wanted` names (every Machine by default) run, through the Machine the CLI
+/// reaches: every container, the Machine Names by ID, the Machines that did not answer, and how
+/// many were asked.
+pub struct Everywhere {
+    pub containers: Vec<ContainerRuntimeObservation>,
+    pub names: BTreeMap<ployz_core::MachineId, String>,
+    pub failures: Vec<ployz_core::TargetFailure>,
+    pub asked: usize,
+}
+
+impl Everywhere {
+    pub async fn ask(client: &mut ApiClient, wanted: &[String]) -> anyhow::Result<Everywhere> {
+        let (answers, failures) = crate::targets::get_all::<Vec<ContainerRuntimeObservation>>(
+            client,
+            wanted,
+            paths::CONTAINERS,
+        )
+        .await?;
+        let asked = answers.len() + failures.len();
+        let mut names = BTreeMap::new();
+        let mut containers = Vec::new();
+        for (machine, list) in answers {
+            names.insert(machine.machine.clone(), machine.name.clone());
+            containers.extend(list);
+        }
+        Ok(Everywhere {
+            containers,
+            names,
+            failures,
+            asked,
+        })
+    }
+
+    /// The Machine Name of `id` (its ID's first characters when unknown).
+    pub fn name(&self, id: &ployz_core::MachineId) -> String {
+        self.names
+            .get(id)
+            .filter(|n| !n.is_empty())
+            .cloned()
+            .unwrap_or_else(|| id.as_str().chars().take(12).collect())
+    }
+}
+
 /// Services derived from containers (hook containers excluded).
 pub fn services(containers: &[ContainerRuntimeObservation]) -> Vec<ServiceView> {
     let mut by_id: BTreeMap<&ServiceId, Vec<&ContainerRuntimeObservation>> = BTreeMap::new();
@@ -106,6 +151,13 @@ pub fn services(containers: &[ContainerRuntimeObservation]) -> Vec<ServiceView> 
                 containers: cs.len(),
                 image: newest.image.clone(),
                 endpoints: spec.as_ref().map(endpoints).unwrap_or_default(),
+                machines: {
+                    let mut on: Vec<ployz_core::MachineId> =
+                        cs.iter().map(|c| c.machine_id.clone()).collect();
+                    on.sort();
+                    on.dedup();
+                    on
+                },
                 spec,
             }
         })
@@ -124,16 +176,24 @@ fn one_service<'a>(all: &'a [ServiceView], selector: &str) -> anyhow::Result<&'a
 
 #[derive(Debug, Args)]
 pub struct LsArgs {
-    /// Print JSON.
+    /// Print JSON: `values` (the Services, each with the Machines it runs on) and `failures`
+    /// (the Machines that did not answer).
     #[arg(long)]
     json: bool,
+    /// The Machines to ask: a Name or Machine ID (repeatable), or `*` [default: every Machine
+    /// the Machine reached observes]. A Machine that does not answer is reported and the others
+    /// are listed (a Partial Result; exit code 3).
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    machines: Vec<String>,
 }
 
 pub async fn ls(global: &GlobalArgs, args: LsArgs) -> anyhow::Result<()> {
     let mut client = super::connect(global).await?;
-    let all = services(&containers(&mut client).await?);
+    let everywhere = Everywhere::ask(&mut client, &args.machines).await?;
+    let all = services(&everywhere.containers);
     if args.json {
-        return print_json(&all);
+        print_json(&serde_json::json!({ "values": all, "failures": everywhere.failures }))?;
+        return crate::targets::report_failures(&everywhere.failures, everywhere.asked);
     }
     let shared_names = {
         let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
@@ -146,7 +206,7 @@ pub async fn ls(global: &GlobalArgs, args: LsArgs) -> anyhow::Result<()> {
     if shared_names {
         header.push("ID");
     }
-    header.extend(["MODE", "REPLICAS", "IMAGE", "ENDPOINTS"]);
+    header.extend(["MODE", "REPLICAS", "MACHINES", "IMAGE", "ENDPOINTS"]);
     let mut t = table(&header);
     for s in &all {
         let mut row = vec![s.name.clone()];
@@ -156,13 +216,18 @@ pub async fn ls(global: &GlobalArgs, args: LsArgs) -> anyhow::Result<()> {
         row.extend([
             s.mode.as_str().to_owned(),
             format!("{}/{}", s.running, s.containers),
+            s.machines
+                .iter()
+                .map(|m| everywhere.name(m))
+                .collect::<Vec<_>>()
+                .join(", "),
             s.image.clone(),
             s.endpoints.join(", "),
         ]);
         t.add_row(row);
     }
     print_table(&t);
-    Ok(())
+    crate::targets::report_failures(&everywhere.failures, everywhere.asked)
 }
 
 #[derive(Debug, Args)]
@@ -201,20 +266,8 @@ pub async fn ps(global: &GlobalArgs, args: PsArgs) -> anyhow::Result<()> {
             .unwrap_or_default();
         (all, names, Vec::new(), 1)
     } else {
-        let (answers, failures) = crate::targets::get_all::<Vec<ContainerRuntimeObservation>>(
-            &mut client,
-            &args.machines,
-            paths::CONTAINERS,
-        )
-        .await?;
-        let asked = answers.len() + failures.len();
-        let mut names = BTreeMap::new();
-        let mut all = Vec::new();
-        for (machine, containers) in answers {
-            names.insert(machine.machine.clone(), machine.name.clone());
-            all.extend(containers);
-        }
-        (all, names, failures, asked)
+        let e = Everywhere::ask(&mut client, &args.machines).await?;
+        (e.containers, e.names, e.failures, e.asked)
     };
     let machine_name = |c: &ContainerRuntimeObservation| {
         names
@@ -296,12 +349,18 @@ pub struct InspectArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// The Machines to ask: a Name or Machine ID (repeatable), or `*` [default: every Machine
+    /// the Machine reached observes]; a Machine that does not answer is a warning and exit
+    /// code 3.
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    machines: Vec<String>,
 }
 
 pub async fn inspect(global: &GlobalArgs, args: InspectArgs) -> anyhow::Result<()> {
     let mut client = super::connect(global).await?;
-    let all_containers = containers(&mut client).await?;
-    let all = services(&all_containers);
+    let everywhere = Everywhere::ask(&mut client, &args.machines).await?;
+    let all_containers = &everywhere.containers;
+    let all = services(all_containers);
     let s = one_service(&all, &args.service)?;
     let mine: Vec<&ContainerRuntimeObservation> = all_containers
         .iter()
@@ -314,19 +373,28 @@ pub async fn inspect(global: &GlobalArgs, args: InspectArgs) -> anyhow::Result<(
             spec: &'a Option<ServiceSpec>,
             containers: Vec<&'a ContainerRuntimeObservation>,
         }
-        return print_json(&Inspect {
+        print_json(&Inspect {
             service: s,
             spec: &s.spec,
             containers: mine,
-        });
+        })?;
+        return crate::targets::report_failures(&everywhere.failures, everywhere.asked);
     }
     println!("ID:    {}", s.id);
     println!("Name:  {}", s.name);
     println!("Mode:  {}", s.mode.as_str());
     println!();
-    let mut t = table(&["CONTAINER ID", "NAME", "IMAGE", "STATUS", "IP ADDRESS"]);
+    let mut t = table(&[
+        "MACHINE",
+        "CONTAINER ID",
+        "NAME",
+        "IMAGE",
+        "STATUS",
+        "IP ADDRESS",
+    ]);
     for c in mine {
         t.add_row(vec![
+            everywhere.name(&c.machine_id),
             c.id.as_str().chars().take(12).collect(),
             c.name.clone(),
             c.image.clone(),
@@ -335,7 +403,7 @@ pub async fn inspect(global: &GlobalArgs, args: InspectArgs) -> anyhow::Result<(
         ]);
     }
     print_table(&t);
-    Ok(())
+    crate::targets::report_failures(&everywhere.failures, everywhere.asked)
 }
 
 #[derive(Debug, Args)]

@@ -14,7 +14,7 @@ pub enum VolumeCommand {
     Create(CreateArgs),
     /// List Docker Volumes.
     #[command(visible_alias = "list")]
-    Ls(JsonArg),
+    Ls(LsArgs),
     /// Show one Docker Volume.
     Inspect {
         name: String,
@@ -45,6 +45,19 @@ pub struct CreateArgs {
     /// Driver options, KEY=VALUE.
     #[arg(short, long = "opt", value_name = "KEY=VALUE")]
     opts: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Print JSON: `values` (the volumes, each with its `machine_id`) and `failures` (the
+    /// Machines that did not answer).
+    #[arg(long)]
+    json: bool,
+    /// The Machines to ask: a Name or Machine ID (repeatable), or `*` [default: every Machine
+    /// the Machine reached observes]; a Machine that does not answer is a warning and exit
+    /// code 3.
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    machines: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -96,20 +109,33 @@ pub async fn run(global: &GlobalArgs, cmd: VolumeCommand) -> anyhow::Result<()> 
         }
         VolumeCommand::Ls(args) => {
             let mut client = super::connect(global).await?;
-            let all: Vec<DockerVolume> = client.get(paths::VOLUMES).await?;
+            let (answers, failures) = crate::targets::get_all::<Vec<DockerVolume>>(
+                &mut client,
+                &args.machines,
+                paths::VOLUMES,
+            )
+            .await?;
+            let asked = answers.len() + failures.len();
+            let mut all: Vec<(String, DockerVolume)> = Vec::new();
+            for (machine, volumes) in answers {
+                let name = if machine.name.is_empty() {
+                    machine.machine.to_string()
+                } else {
+                    machine.name.clone()
+                };
+                all.extend(volumes.into_iter().map(|v| (name.clone(), v)));
+            }
             if args.json {
-                return print_json(&all);
+                let values: Vec<&DockerVolume> = all.iter().map(|(_, v)| v).collect();
+                print_json(&serde_json::json!({ "values": values, "failures": failures }))?;
+                return crate::targets::report_failures(&failures, asked);
             }
             let mut t = table(&["NAME", "DRIVER", "MACHINE"]);
-            for v in &all {
-                t.add_row(vec![
-                    v.name.clone(),
-                    v.driver.clone(),
-                    v.machine_id.to_string(),
-                ]);
+            for (machine, v) in &all {
+                t.add_row(vec![v.name.clone(), v.driver.clone(), machine.clone()]);
             }
             print_table(&t);
-            Ok(())
+            crate::targets::report_failures(&failures, asked)
         }
         VolumeCommand::Inspect { name, json } => {
             let mut client = super::connect(global).await?;

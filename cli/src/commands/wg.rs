@@ -17,6 +17,10 @@ pub struct ShowArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// The Machine whose interface to show, as it observes its peers: a Name or Machine ID
+    /// [default: the Machine reached]. The call is forwarded to it over the mesh.
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    machine: Option<String>,
 }
 
 pub async fn run(global: &GlobalArgs, cmd: WgCommand) -> anyhow::Result<()> {
@@ -42,6 +46,14 @@ fn bytes(n: u64) -> String {
 
 async fn show(global: &GlobalArgs, args: ShowArgs) -> anyhow::Result<()> {
     let mut client = super::connect(global).await?;
+    if let Some(wanted) = &args.machine {
+        let (header, _) =
+            crate::targets::header_for(&mut client, std::slice::from_ref(wanted)).await?;
+        if header == "*" {
+            anyhow::bail!("-m '*': `wg show` shows one Machine's interface; name one Machine");
+        }
+        client.set_machine_target(Some(header));
+    }
     let status: MeshStatus = client.get(api::paths::MESH).await?;
     if args.json {
         return print_json(&status);
