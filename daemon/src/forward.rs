@@ -179,18 +179,27 @@ fn forwarded_headers(from: &HeaderMap, target: &MachineId) -> HeaderMap {
     headers
 }
 
-/// Sends one call to `addr` and waits (within [`PER_MACHINE_TIMEOUT`]) for its answer's head.
+/// Sends one call to `addr`: the connection within [`PER_MACHINE_TIMEOUT`], the answer's head
+/// within `answer_within` when given (a forwarded `exec` or drain answers when it is done, so a
+/// single forwarded call waits as long as its caller does).
 async fn send(
     addr: SocketAddr,
     method: Method,
     path_and_query: &str,
     headers: HeaderMap,
     body: Bytes,
+    answer_within: Option<Duration>,
 ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
+    let connected = tokio::time::timeout(PER_MACHINE_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| {
+            format!(
+                "no connection within {} s to {addr}",
+                PER_MACHINE_TIMEOUT.as_secs()
+            )
+        })?;
     let exchange = async {
-        let stream = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        let stream = connected.map_err(|e| format!("cannot connect to {addr}: {e}"))?;
         let io = hyper_util::rt::TokioIo::new(stream);
         let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
             .await
@@ -209,12 +218,12 @@ async fn send(
             .await
             .map_err(|e| format!("{addr}: {e}"))
     };
-    match tokio::time::timeout(PER_MACHINE_TIMEOUT, exchange).await {
-        Ok(result) => result,
-        Err(_) => Err(format!(
-            "no answer within {} s at {addr}",
-            PER_MACHINE_TIMEOUT.as_secs()
-        )),
+    match answer_within {
+        None => exchange.await,
+        Some(limit) => match tokio::time::timeout(limit, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("no answer within {} s at {addr}", limit.as_secs())),
+        },
     }
 }
 
@@ -233,7 +242,7 @@ async fn forward_one(
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| parts.uri.path().to_owned());
     let headers = forwarded_headers(&parts.headers, id);
-    let answer = send(addr, parts.method, &path, headers, body)
+    let answer = send(addr, parts.method, &path, headers, body, None)
         .await
         .map_err(|why| unreachable_member(&member, &why))?;
     let (head, incoming) = answer.into_parts();
@@ -403,6 +412,7 @@ async fn ask_there(
             path,
             forwarded_headers(headers, id),
             body,
+            Some(PER_MACHINE_TIMEOUT),
         )
         .await?;
         let status = response.status();

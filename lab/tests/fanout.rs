@@ -94,6 +94,50 @@ fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() 
     let seen = lab.json(0, &["machine", "ls", "--json", "-m", "m2"]);
     assert_eq!(seen["values"].as_array().map(Vec::len), Some(3), "{seen}");
 
+    // Logs and exec of a container on another Machine, through this one.
+    ok(
+        &lab,
+        2,
+        &[
+            "run",
+            "-y",
+            "--name",
+            "talker",
+            LAB_IMAGE,
+            "sh",
+            "-c",
+            "echo hello-from-m2-logs; exec sleep 3600",
+        ],
+    );
+    let logs = wait_for(
+        &lab,
+        "talker's log line through Machine 0",
+        Duration::from_secs(20),
+        || {
+            let out = lab.ployz(0, &["logs", "talker"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.contains("hello-from-m2-logs").then_some(text)
+        },
+    );
+    assert!(logs.contains("hello-from-m2-logs"), "{logs}");
+    let out = ok(
+        &lab,
+        0,
+        &[
+            "exec",
+            "talker",
+            "sh",
+            "-c",
+            "echo $PLOYZ_MACHINE_ID; sleep 6; echo done",
+        ],
+    );
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        said.lines().collect::<Vec<_>>(),
+        vec![own_id(&lab, 2).as_str(), "done"],
+        "exec through Machine 0 ran on Machine 2 (and outlasted the fan-out timeout): {said}"
+    );
+
     // The mesh listener serves forwarded calls to members, and refuses a second hop.
     let members = machines(&lab, 0).expect("machine ls");
     let addr_of = |name: &str| {

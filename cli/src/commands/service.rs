@@ -434,7 +434,11 @@ pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<()> {
         ),
     };
     let mut client = super::connect(global).await?;
-    let all_containers = containers(&mut client).await?;
+    let everywhere = Everywhere::ask(&mut client, &[]).await?;
+    for f in &everywhere.failures {
+        eprintln!("warning: Machine {}: {}", f.target, f.reason);
+    }
+    let all_containers = everywhere.containers.clone();
     let (service, container) = match args.target.split_once('/') {
         Some((s, c)) => (s, Some(c)),
         None => (args.target.as_str(), None),
@@ -459,6 +463,8 @@ pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<()> {
         );
     }
     let multi = mine.len() > 1;
+    let machines: std::collections::BTreeSet<&ployz_core::MachineId> =
+        mine.iter().map(|c| &c.machine_id).collect();
     for c in &mine {
         let mut query = vec![format!("follow={}", args.follow)];
         if let Some(t) = tail {
@@ -476,8 +482,14 @@ pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<()> {
             query.join("&")
         );
         let mut pending = Vec::new();
-        let prefix = format!("{} | ", c.name);
-        client
+        let prefix = if machines.len() > 1 {
+            format!("{}/{} | ", everywhere.name(&c.machine_id), c.name)
+        } else {
+            format!("{} | ", c.name)
+        };
+        // The container's own Machine answers (the one reached forwards the call).
+        client.set_machine_target(Some(c.machine_id.to_string()));
+        let streamed = client
             .get_stream(&path, |chunk| {
                 if !multi {
                     // A reader that has gone (`ployz logs -f web | head`) ends the command.
@@ -490,12 +502,14 @@ pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<()> {
                     print!("{prefix}{}", String::from_utf8_lossy(&line));
                 }
             })
-            .await?;
+            .await;
+        client.set_machine_target(None);
+        streamed?;
         if multi && !pending.is_empty() {
             println!("{prefix}{}", String::from_utf8_lossy(&pending));
         }
     }
-    Ok(())
+    crate::targets::report_failures(&everywhere.failures, everywhere.asked)
 }
 
 #[derive(Debug, Args)]
@@ -512,7 +526,11 @@ pub struct ExecArgs {
 
 pub async fn exec(global: &GlobalArgs, args: ExecArgs) -> anyhow::Result<i32> {
     let mut client = super::connect(global).await?;
-    let all_containers = containers(&mut client).await?;
+    let everywhere = Everywhere::ask(&mut client, &[]).await?;
+    for f in &everywhere.failures {
+        eprintln!("warning: Machine {}: {}", f.target, f.reason);
+    }
+    let all_containers = everywhere.containers;
     let all = services(&all_containers);
     let s = one_service(&all, &args.service)?;
     let mine: Vec<ContainerRuntimeObservation> = all_containers
@@ -530,6 +548,8 @@ pub async fn exec(global: &GlobalArgs, args: ExecArgs) -> anyhow::Result<i32> {
             .cloned()
             .ok_or_else(|| anyhow!("Service '{}' has no running container", s.name))?,
     };
+    // The container's own Machine runs it (the one reached forwards the call).
+    client.set_machine_target(Some(chosen.machine_id.to_string()));
     let result: ExecResult = client
         .post(
             &paths::fill(paths::CONTAINER_EXEC, chosen.id.as_str()),
