@@ -1,10 +1,11 @@
 //! Measures a Cluster in the lab: replication throughput and latency, failure detection, the
-//! idle cost of the mesh, and userspace WireGuard throughput against the plain underlay. Prints
-//! one line per figure; nothing is asserted.
+//! idle cost of the mesh, userspace WireGuard throughput against the plain underlay, and the
+//! latency of a listing fanned out to every Machine against the same listing of one. Prints one
+//! line per figure; nothing is asserted.
 //!
 //! ```sh
 //! cargo build --release -p ployz -p ployz-lab
-//! PLOYZ_BIN=target/release/ployz target/release/ployz-lab-bench [replication|latency|detection|idle|wireguard]...
+//! PLOYZ_BIN=target/release/ployz target/release/ployz-lab-bench [replication|latency|detection|idle|wireguard|fanout]...
 //! ```
 //!
 //! Without arguments every measurement runs (about 6 minutes on 2 cores).
@@ -431,8 +432,57 @@ fn wireguard() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `ployz ps` through Machine 0 against all three Machines (fanned out over the mesh) and
+/// against Machine 0 alone (`-m m0`), one container on each Machine; interleaved, 20 of each.
+fn fanout() -> anyhow::Result<()> {
+    let lab = cluster(3, vec![])?;
+    for i in 0..3 {
+        run(
+            &lab,
+            i,
+            &[
+                "run",
+                "-y",
+                "--name",
+                &format!("app{i}"),
+                ployz_lab::LAB_IMAGE,
+                "sleep",
+                "3600",
+            ],
+        )?;
+    }
+    let time = |args: &[&str]| -> anyhow::Result<f64> {
+        let started = Instant::now();
+        run(&lab, 0, args)?;
+        Ok(started.elapsed().as_secs_f64() * 1000.0)
+    };
+    // Once each first: connections, caches.
+    time(&["ps"])?;
+    time(&["ps", "-m", "m0"])?;
+    let (mut all, mut one) = (Vec::new(), Vec::new());
+    for _ in 0..20 {
+        all.push(time(&["ps"])?);
+        one.push(time(&["ps", "-m", "m0"])?);
+    }
+    let (a, o) = (median(all.clone()), median(one.clone()));
+    println!(
+        "ployz ps through m0: 3 Machines median {a:.1} ms (max {:.1}), 1 Machine median {o:.1} ms (max {:.1}); {:.2}x",
+        all.iter().copied().fold(0.0, f64::max),
+        one.iter().copied().fold(0.0, f64::max),
+        a / o
+    );
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
-    let all = ["replication", "latency", "detection", "idle", "wireguard"];
+    let all = [
+        "replication",
+        "latency",
+        "detection",
+        "idle",
+        "wireguard",
+        "fanout",
+    ];
     let asked: Vec<String> = std::env::args().skip(1).collect();
     let which: Vec<&str> = if asked.is_empty() {
         all.to_vec()
@@ -446,6 +496,7 @@ fn main() -> anyhow::Result<()> {
             "detection" => detection()?,
             "idle" => idle()?,
             "wireguard" => wireguard()?,
+            "fanout" => fanout()?,
             other => bail!("unknown measurement '{other}'; one of: {}", all.join(", ")),
         }
     }
