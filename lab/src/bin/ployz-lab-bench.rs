@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo build --release -p ployz -p ployz-lab
-//! PLOYZ_BIN=target/release/ployz target/release/ployz-lab-bench [replication|latency|detection|idle|wireguard|fanout]...
+//! PLOYZ_BIN=$PWD/target/release/ployz target/release/ployz-lab-bench [replication|latency|detection|idle|wireguard|fanout]...
 //! ```
 //!
 //! Without arguments every measurement runs (about 6 minutes on 2 cores).
