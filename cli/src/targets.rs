@@ -7,6 +7,16 @@ use serde::de::DeserializeOwned;
 
 use crate::client::ApiClient;
 
+/// `-m/--machine`, for the listings that ask every Machine.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MachinesArg {
+    /// The Machines to ask: a Name or Machine ID (repeatable), or `*` [default: every Machine
+    /// the Machine reached observes]. A Machine that does not answer is reported and the others
+    /// are listed (a Partial Result; exit code 3).
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    pub machines: Vec<String>,
+}
+
 /// Ends a command whose listing is a Partial Result with failures: what answered was printed;
 /// the exit code says some Machines did not answer.
 #[derive(Debug)]

@@ -141,9 +141,17 @@ fn mesh_addr(f: &Forwarding, member: &Member) -> SocketAddr {
     )
 }
 
-/// Reads the body of a request to forward (bounded as the API bounds its own).
-async fn request_parts(request: Request) -> Result<(axum::http::request::Parts, Bytes), Failure> {
+/// The parts of a request to forward: its head, its path with the query, and its body (bounded
+/// as the API bounds its own).
+async fn request_parts(
+    request: Request,
+) -> Result<(axum::http::request::Parts, String, Bytes), Failure> {
     let (parts, body) = request.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| parts.uri.path().to_owned());
     let bytes = axum::body::to_bytes(body, MAX_FORWARDED_BODY)
         .await
         .map_err(|e| {
@@ -154,7 +162,7 @@ async fn request_parts(request: Request) -> Result<(axum::http::request::Parts, 
                 None,
             )
         })?;
-    Ok((parts, bytes))
+    Ok((parts, path, bytes))
 }
 
 /// The headers a forwarded call keeps.
@@ -235,12 +243,7 @@ async fn forward_one(
 ) -> Result<Response, Failure> {
     let member = member_of(f, id)?;
     let addr = mesh_addr(f, &member);
-    let (parts, body) = request_parts(request).await?;
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| parts.uri.path().to_owned());
+    let (parts, path, body) = request_parts(request).await?;
     let headers = forwarded_headers(&parts.headers, id);
     let answer = send(addr, parts.method, &path, headers, body, None)
         .await
@@ -322,12 +325,7 @@ async fn fan_out(
             ids
         }
     };
-    let (parts, body) = request_parts(request).await?;
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| parts.uri.path().to_owned());
+    let (parts, path, body) = request_parts(request).await?;
     let mut asks = tokio::task::JoinSet::new();
     for (order, id) in ids.into_iter().enumerate() {
         let f = f.clone();

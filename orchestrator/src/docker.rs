@@ -358,21 +358,26 @@ impl MachineDocker {
             .map_err(|e| self.classify(e))
     }
 
-    /// Creates the `ployz` bridge network on the Machine Subnet with the Machine Gateway, leaves
-    /// a matching one alone, and reports a conflicting one.
+    /// The `ployz` network as Docker shows it now (the inner error is Docker's answer, e.g. not
+    /// found).
+    async fn inspect_network(
+        &self,
+    ) -> Result<Result<bollard::models::NetworkInspect, bollard::errors::Error>, DockerError> {
+        let api = self.api().await?;
+        self.answer(
+            "inspecting the network",
+            CALL_TIMEOUT,
+            api.inspect_network(NETWORK, None::<InspectNetworkOptions>),
+        )
+        .await
+    }
+
     /// The name of the `ployz` network's bridge interface on this Machine: [`BRIDGE_NAME`] for
     /// networks Ployz created with it, `br-<id>` for older ones. Creates the network first when
     /// it is missing.
     pub async fn bridge_name(&self) -> Result<String, DockerError> {
         self.ensure_network().await?;
-        let api = self.api().await?;
-        let net = self
-            .answer(
-                "inspecting the network",
-                CALL_TIMEOUT,
-                api.inspect_network(NETWORK, None::<InspectNetworkOptions>),
-            )
-            .await??;
+        let net = self.inspect_network().await??;
         if let Some(name) = net
             .options
             .as_ref()
@@ -384,6 +389,8 @@ impl MachineDocker {
         Ok(format!("br-{}", &id[..id.len().min(12)]))
     }
 
+    /// Creates the `ployz` bridge network on the Machine Subnet with the Machine Gateway, leaves
+    /// a matching one alone, and reports a conflicting one.
     pub async fn ensure_network(&self) -> Result<(), DockerError> {
         // The mesh module and the orchestrator both ensure the network right after init. Docker
         // refuses the second of two concurrent creates ("Pool overlaps") before the first is
@@ -391,14 +398,7 @@ impl MachineDocker {
         static ENSURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
         let _turn = ENSURING.lock().await;
         let wanted = self.subnet.to_string();
-        let api = self.api().await?;
-        let inspected = self
-            .answer(
-                "inspecting the network",
-                CALL_TIMEOUT,
-                api.inspect_network(NETWORK, None::<InspectNetworkOptions>),
-            )
-            .await?;
+        let inspected = self.inspect_network().await?;
         match inspected {
             Ok(net) => self.has_our_subnet(net),
             Err(e) if is_not_found(&e) => {
@@ -418,6 +418,7 @@ impl MachineDocker {
                     options: Some(self.network_options()),
                     ..Default::default()
                 };
+                let api = self.api().await?;
                 match self
                     .answer(
                         "creating the network",
@@ -472,14 +473,7 @@ impl MachineDocker {
         &self,
         refusal: bollard::errors::Error,
     ) -> Result<(), DockerError> {
-        let api = self.api().await?;
-        let inspected = self
-            .answer(
-                "inspecting the network",
-                CALL_TIMEOUT,
-                api.inspect_network(NETWORK, None::<InspectNetworkOptions>),
-            )
-            .await?;
+        let inspected = self.inspect_network().await?;
         match inspected {
             Ok(net) => self.has_our_subnet(net),
             Err(e) if is_not_found(&e) => Err(refusal.into()),

@@ -180,16 +180,13 @@ pub struct LsArgs {
     /// (the Machines that did not answer).
     #[arg(long)]
     json: bool,
-    /// The Machines to ask: a Name or Machine ID (repeatable), or `*` [default: every Machine
-    /// the Machine reached observes]. A Machine that does not answer is reported and the others
-    /// are listed (a Partial Result; exit code 3).
-    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
-    machines: Vec<String>,
+    #[command(flatten)]
+    machines: crate::targets::MachinesArg,
 }
 
 pub async fn ls(global: &GlobalArgs, args: LsArgs) -> anyhow::Result<()> {
     let mut client = super::connect(global).await?;
-    let everywhere = Everywhere::ask(&mut client, &args.machines).await?;
+    let everywhere = Everywhere::ask(&mut client, &args.machines.machines).await?;
     let all = services(&everywhere.containers);
     if args.json {
         print_json(&serde_json::json!({ "values": all, "failures": everywhere.failures }))?;
@@ -236,11 +233,8 @@ pub struct PsArgs {
     /// Machines that did not answer).
     #[arg(long)]
     json: bool,
-    /// The Machines to ask: a Name or Machine ID (repeatable), or `*` [default: every Machine
-    /// the Machine reached observes]. A Machine that does not answer is reported and the others
-    /// are listed (a Partial Result; exit code 3).
-    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
-    machines: Vec<String>,
+    #[command(flatten)]
+    machines: crate::targets::MachinesArg,
     /// Show what the Machine's store holds (Replicated Observation, possibly stale) instead of
     /// asking Docker now.
     #[arg(long)]
@@ -266,7 +260,7 @@ pub async fn ps(global: &GlobalArgs, args: PsArgs) -> anyhow::Result<()> {
             .unwrap_or_default();
         (all, names, Vec::new(), 1)
     } else {
-        let e = Everywhere::ask(&mut client, &args.machines).await?;
+        let e = Everywhere::ask(&mut client, &args.machines.machines).await?;
         (e.containers, e.names, e.failures, e.asked)
     };
     let machine_name = |c: &ContainerRuntimeObservation| {
@@ -349,16 +343,13 @@ pub struct InspectArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
-    /// The Machines to ask: a Name or Machine ID (repeatable), or `*` [default: every Machine
-    /// the Machine reached observes]; a Machine that does not answer is a warning and exit
-    /// code 3.
-    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
-    machines: Vec<String>,
+    #[command(flatten)]
+    machines: crate::targets::MachinesArg,
 }
 
 pub async fn inspect(global: &GlobalArgs, args: InspectArgs) -> anyhow::Result<()> {
     let mut client = super::connect(global).await?;
-    let everywhere = Everywhere::ask(&mut client, &args.machines).await?;
+    let everywhere = Everywhere::ask(&mut client, &args.machines.machines).await?;
     let all_containers = &everywhere.containers;
     let all = services(all_containers);
     let s = one_service(&all, &args.service)?;

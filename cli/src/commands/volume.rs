@@ -53,11 +53,8 @@ pub struct LsArgs {
     /// Machines that did not answer).
     #[arg(long)]
     json: bool,
-    /// The Machines to ask: a Name or Machine ID (repeatable), or `*` [default: every Machine
-    /// the Machine reached observes]; a Machine that does not answer is a warning and exit
-    /// code 3.
-    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
-    machines: Vec<String>,
+    #[command(flatten)]
+    machines: crate::targets::MachinesArg,
 }
 
 #[derive(Debug, Args)]
@@ -111,7 +108,7 @@ pub async fn run(global: &GlobalArgs, cmd: VolumeCommand) -> anyhow::Result<()> 
             let mut client = super::connect(global).await?;
             let (answers, failures) = crate::targets::get_all::<Vec<DockerVolume>>(
                 &mut client,
-                &args.machines,
+                &args.machines.machines,
                 paths::VOLUMES,
             )
             .await?;
