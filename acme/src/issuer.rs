@@ -194,6 +194,11 @@ pub struct IssuerConfig {
     pub poll_timeout: Duration,
     /// How long a challenge record is served.
     pub challenge_ttl: Duration,
+    /// The port the edges answer HTTP-01 on (their HTTP listener's): before the authority is
+    /// told a challenge is ready, the issuer waits (bounded by [`CHALLENGE_CHECK_WAIT`]) until
+    /// every Machine address the hostname resolves to serves it there, since the record
+    /// reaches the other Machines by replication. `None`: no such check.
+    pub challenge_port: Option<u16>,
     /// The failures the issuer lives through.
     pub counters: IssuerCounters,
 }
@@ -211,10 +216,15 @@ impl IssuerConfig {
             order_timeout: Duration::from_secs(300),
             poll_timeout: Duration::from_secs(120),
             challenge_ttl: Duration::from_secs(3600),
+            challenge_port: None,
             counters: IssuerCounters::default(),
         }
     }
 }
+
+/// The longest the issuer waits for a challenge to be served where the authority will look
+/// before it tells the authority to look anyway.
+pub const CHALLENGE_CHECK_WAIT: Duration = Duration::from_secs(10);
 
 /// The wait after `failures` failures in a row (at least 1): the minimum doubled per failure,
 /// with up to 20% jitter, within `[min, max]`.
@@ -626,9 +636,14 @@ impl CertificateIssuer {
         write_status(&self.config.counters, store, held, ordering.clone());
         tracing::info!(hostname, ?need, "ordering a certificate");
 
+        // Where the authority will look: the Machine public addresses the hostname resolves to.
+        let look_at = match &verdict {
+            ClusterDnsVerdict::Points { matching, .. } => matching.clone(),
+            _ => Vec::new(),
+        };
         let outcome = match tokio::time::timeout(
             self.config.order_timeout,
-            self.order(store, policy, hostname),
+            self.order(store, policy, hostname, &look_at),
         )
         .await
         {
@@ -713,9 +728,17 @@ impl CertificateIssuer {
         store: &Store,
         policy: &CertificatePolicy,
         hostname: &str,
+        look_at: &[IpAddr],
     ) -> Result<CertificateMaterial, String> {
         let account = self.accounts.account(store, policy).await?;
-        match order_once(&account, store, policy, hostname, &self.config).await {
+        let order = Order {
+            store,
+            policy,
+            hostname,
+            look_at,
+            config: &self.config,
+        };
+        match order_once(&account, &order).await {
             Err(OrderFailure {
                 account_missing: true,
                 message,
@@ -723,9 +746,7 @@ impl CertificateIssuer {
                 tracing::info!(%message, "the ACME account is gone; registering a new one");
                 blocking(|| self.accounts.forget(store, policy));
                 let account = self.accounts.account(store, policy).await?;
-                order_once(&account, store, policy, hostname, &self.config)
-                    .await
-                    .map_err(|f| f.message)
+                order_once(&account, &order).await.map_err(|f| f.message)
             }
             other => other.map_err(|f| f.message),
         }
@@ -832,16 +853,27 @@ fn failure(message: String) -> OrderFailure {
     }
 }
 
+/// What one order is for.
+struct Order<'a> {
+    store: &'a Store,
+    policy: &'a CertificatePolicy,
+    hostname: &'a str,
+    /// The Machine addresses the hostname resolves to, where the authority will look.
+    look_at: &'a [IpAddr],
+    config: &'a IssuerConfig,
+}
+
 /// One order, start to finish: new order, HTTP-01 for each authorization not yet valid (records
-/// written to the store before the authority is told), readiness, CSR, certificate. The
-/// challenge records are removed whatever happens.
-async fn order_once(
-    account: &Account,
-    store: &Store,
-    policy: &CertificatePolicy,
-    hostname: &str,
-    config: &IssuerConfig,
-) -> Result<CertificateMaterial, OrderFailure> {
+/// written to the store, and served where the authority will look, before it is told),
+/// readiness, CSR, certificate. The challenge records are removed whatever happens.
+async fn order_once(account: &Account, o: &Order<'_>) -> Result<CertificateMaterial, OrderFailure> {
+    let Order {
+        store,
+        policy,
+        hostname,
+        look_at,
+        config,
+    } = *o;
     let identifiers = [Identifier::Dns(hostname.to_owned())];
     let mut order = account
         .new_order(&NewOrder::new(&identifiers))
@@ -886,7 +918,19 @@ async fn order_once(
                     IssuerCounters::count(&config.counters.0.store_write_failures);
                     failure(format!("storing the challenge failed: {e}"))
                 })?;
-                tokens.push(record.token);
+                tokens.push(record.token.clone());
+                if let Some(port) = config.challenge_port {
+                    let missing = wait_served(look_at, port, &record).await;
+                    if !missing.is_empty() {
+                        tracing::warn!(
+                            hostname,
+                            addresses = ?missing,
+                            "the challenge is not served at every address the hostname resolves to \
+                             within {} s; telling the authority anyway",
+                            CHALLENGE_CHECK_WAIT.as_secs()
+                        );
+                    }
+                }
                 challenge
                     .set_ready()
                     .await
@@ -945,6 +989,51 @@ async fn order_once(
         }
     }
     result
+}
+
+/// Waits until `http://ADDR:port/.well-known/acme-challenge/TOKEN` (with the hostname as
+/// `Host`) answers the key authorization at every address of `look_at`, or until
+/// [`CHALLENGE_CHECK_WAIT`]; answers the addresses that did not.
+async fn wait_served(look_at: &[IpAddr], port: u16, record: &ChallengeRecord) -> Vec<IpAddr> {
+    let deadline = tokio::time::Instant::now() + CHALLENGE_CHECK_WAIT;
+    let mut missing: Vec<IpAddr> = look_at.to_vec();
+    loop {
+        let mut still = Vec::new();
+        for addr in missing {
+            if !serves(std::net::SocketAddr::new(addr, port), record).await {
+                still.push(addr);
+            }
+        }
+        missing = still;
+        if missing.is_empty() || tokio::time::Instant::now() >= deadline {
+            return missing;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether the edge at `addr` answers `record`'s challenge request with its key authorization.
+async fn serves(addr: std::net::SocketAddr, record: &ChallengeRecord) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await?;
+        let request = format!(
+            "GET /.well-known/acme-challenge/{} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            record.token, record.hostname
+        );
+        s.write_all(request.as_bytes()).await?;
+        let mut answer = Vec::new();
+        s.take(64 * 1024).read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let Ok(Ok(answer)) = tokio::time::timeout(Duration::from_secs(1), ask).await else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&answer);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    head.starts_with("HTTP/1.1 200") && body.trim() == record.key_authorization
 }
 
 #[cfg(test)]

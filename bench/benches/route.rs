@@ -71,7 +71,7 @@ fn table(n: usize) -> RouteTable {
     RouteTable::build(
         &observations,
         &Default::default(),
-        &machine,
+        (&machine, &Default::default()),
         &ployz_edge::route_table::FreshCounters,
         1,
     )

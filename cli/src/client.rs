@@ -239,6 +239,11 @@ impl ApiClient {
         Ok(())
     }
 
+    /// Where this client connects.
+    pub fn connection(&self) -> &Connection {
+        &self.connection
+    }
+
     /// Sends `token` (the Machine lease's fencing token) with every call from now on; `None`
     /// stops sending one.
     pub fn set_lease_token(&mut self, token: Option<u64>) {

@@ -24,6 +24,7 @@ mod client;
 mod commands;
 mod config;
 mod connection;
+mod leases;
 mod memory;
 mod output;
 mod target;

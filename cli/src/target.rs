@@ -1,4 +1,6 @@
-//! The Deploy executor's target: the Machines' management API, through the entry daemon.
+//! The Deploy executor's target: the Machines' management API, through the entry daemon, which
+//! forwards each call to the operation's Machine over the mesh; every call carries that
+//! Machine's lease token.
 
 use ployz_core::api::{
     docker_paths as paths, HookResult, RunContainerRequest, RunHookRequest, StopContainerRequest,
@@ -10,24 +12,18 @@ use ployz_core::{
 use ployz_orchestrator::execute::DeployTarget;
 
 use crate::client::ApiClient;
+use crate::leases::Leases;
 
-/// Executes operations on the Machine the client is connected to.
+/// Executes operations on the Machines whose leases the command holds.
 pub struct ApiTarget<'a> {
     pub client: &'a mut ApiClient,
-    /// The connected Machine; operations for any other Machine are refused.
-    pub machine: MachineId,
+    /// The leases; an operation for a Machine without one is refused.
+    pub leases: &'a Leases,
 }
 
 impl ApiTarget<'_> {
-    fn check(&self, machine: &MachineId) -> Result<(), String> {
-        if machine == &self.machine {
-            Ok(())
-        } else {
-            Err(format!(
-                "Machine {machine} is not reachable from the entry Machine {}",
-                self.machine
-            ))
-        }
+    fn check(&mut self, machine: &MachineId) -> Result<(), String> {
+        self.leases.aim(self.client, machine)
     }
 }
 
@@ -173,6 +169,13 @@ impl DeployTarget for ApiTarget<'_> {
             eprintln!(
                 "        warning: {} still had {} requests in flight after the drain timeout",
                 c.name, result.in_flight_left
+            );
+        }
+        if !result.unconfirmed.is_empty() {
+            eprintln!(
+                "        warning: the edges of {} did not confirm they let {} go before the drain timeout",
+                result.unconfirmed.join(", "),
+                c.name
             );
         }
         Ok(())

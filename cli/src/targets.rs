@@ -76,23 +76,58 @@ pub async fn get_all<T: DeserializeOwned>(
     path: &str,
 ) -> anyhow::Result<(Vec<(MachineAnswer, T)>, Vec<ployz_core::TargetFailure>)> {
     let (header, names) = header_for(client, wanted).await?;
-    client.set_machine_target(Some(header.clone()));
+    get_with_header(client, &header, &names, path).await
+}
+
+/// `GET path` on each of `machines` (Machine ID and Name), as [`get_all`].
+pub async fn get_from<T: DeserializeOwned>(
+    client: &mut ApiClient,
+    machines: &[(ployz_core::MachineId, String)],
+    path: &str,
+) -> anyhow::Result<(Vec<(MachineAnswer, T)>, Vec<ployz_core::TargetFailure>)> {
+    if machines.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let header: Vec<String> = machines.iter().map(|(id, _)| id.to_string()).collect();
+    let names: Vec<String> = machines.iter().map(|(_, name)| name.clone()).collect();
+    get_with_header(client, &header.join(","), &names, path).await
+}
+
+async fn get_with_header<T: DeserializeOwned>(
+    client: &mut ApiClient,
+    header: &str,
+    names: &[String],
+    path: &str,
+) -> anyhow::Result<(Vec<(MachineAnswer, T)>, Vec<ployz_core::TargetFailure>)> {
+    client.set_machine_target(Some(header.to_owned()));
     let answered = if header.contains(',') || header == "*" {
         client.get::<FanOutAnswer>(path).await
     } else {
         // One Machine: the daemon forwards and hands back its answer as it is.
         let value: Result<serde_json::Value, _> = client.get(path).await;
-        value.map(|answer| {
-            let id: ployz_core::MachineId = header.parse().expect("resolved from the list");
-            FanOutAnswer {
-                values: vec![MachineAnswer {
-                    machine: id,
-                    name: names.first().cloned().unwrap_or_default(),
-                    answer,
-                }],
-                failures: Vec::new(),
+        match value {
+            Ok(answer) => {
+                let id: ployz_core::MachineId = header.parse().expect("resolved from the list");
+                Ok(FanOutAnswer {
+                    values: vec![MachineAnswer {
+                        machine: id,
+                        name: names.first().cloned().unwrap_or_default(),
+                        answer,
+                    }],
+                    failures: Vec::new(),
+                })
             }
-        })
+            // A Machine that does not answer is a failure of the Partial Result, as in a
+            // fan-out; any other refusal is the command's.
+            Err(e) if is_unavailable(&e) => Ok(FanOutAnswer {
+                values: Vec::new(),
+                failures: vec![ployz_core::TargetFailure {
+                    target: header.to_owned(),
+                    reason: format!("{e:#}"),
+                }],
+            }),
+            Err(e) => Err(e),
+        }
     };
     client.set_machine_target(None);
     let answered = answered?;
@@ -108,6 +143,15 @@ pub async fn get_all<T: DeserializeOwned>(
         }
     }
     Ok((values, failures))
+}
+
+/// Whether a failed call means the Machine it went to did not answer.
+pub fn is_unavailable(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<api::ApiError>()
+            .is_some_and(|a| a.code == api::ErrorCode::Unavailable)
+    })
 }
 
 /// Prints each failure on stderr and ends with [`PartialFailure`] when there was any.

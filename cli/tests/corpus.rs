@@ -140,15 +140,7 @@ fn plan_project(
     machines: &[MachineSnapshot],
 ) -> Result<DeployPlan, String> {
     let intent = DeployIntent::all(project.services.clone(), project.volumes.clone());
-    plan(
-        &intent,
-        machines,
-        &PlanOptions {
-            recreate: false,
-            seed: 0,
-        },
-    )
-    .map_err(|e| e.to_string())
+    plan(&intent, machines, &PlanOptions::default()).map_err(|e| e.to_string())
 }
 
 /// The DNS label of a Service Name: lowercase, `_` and `.` turned into `-`.

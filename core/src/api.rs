@@ -684,6 +684,10 @@ pub struct DrainResult {
     pub waited_ms: u64,
     /// Requests still in flight when the timeout ended the wait (0 normally).
     pub in_flight_left: usize,
+    /// The Machines (by Name) observed up whose edges did not report the drain applied with
+    /// nothing in flight before the timeout (empty normally).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unconfirmed: Vec<String>,
 }
 
 /// The header that carries a Machine lease's fencing token on every call its holder makes. A

@@ -251,6 +251,37 @@ pub struct DrainMark {
     pub deadline_ms: u64,
 }
 
+/// What one Machine's edge serves, as it reports it in a machine-owned record: the generation of
+/// its published route table and the drains that table applies. A drain on one Machine waits for
+/// the report of every Machine it observes up to show the drain applied with nothing in flight.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EdgeReport {
+    /// The generation of the route table the edge serves.
+    pub generation: u64,
+    /// Every drain mark the table honours (the container is in no route).
+    pub drains: Vec<AppliedDrain>,
+}
+
+/// One drain mark an edge's published route table honours.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedDrain {
+    pub container_id: ContainerId,
+    /// The mark's `set_at_ms`: which drain of the container it applied.
+    pub set_at_ms: u64,
+    /// Requests the edge still has in flight to the container.
+    pub in_flight: usize,
+}
+
+impl EdgeReport {
+    /// Whether the edge applied the drain set at `set_at_ms` on `container` and has no request
+    /// in flight to it.
+    pub fn settled(&self, container: &ContainerId, set_at_ms: u64) -> bool {
+        self.drains
+            .iter()
+            .any(|d| &d.container_id == container && d.set_at_ms == set_at_ms && d.in_flight == 0)
+    }
+}
+
 /// The observer-relative Machine, container and volume observations gathered for one Deploy:
 /// Live Observation, partial where a Machine did not answer.
 pub type DeploySnapshot = PartialResult<MachineSnapshot>;
@@ -375,6 +406,20 @@ impl DeployPlan {
 pub struct DeployPreview {
     pub plan: DeployPlan,
     pub warnings: Vec<String>,
+    /// The Machines the entry Machine knows of that this Deploy leaves out (observed down, or
+    /// they did not answer): it plans and runs on the others, and leaves their containers as
+    /// they are (a Partial Result).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_included: Vec<NotIncluded>,
+}
+
+/// A Machine a Deploy leaves out, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotIncluded {
+    pub machine: MachineId,
+    pub name: String,
+    /// Why, in a sentence: observed down, or what its answer (or the lack of one) was.
+    pub reason: String,
 }
 
 /// One operation that ran, and what it produced.

@@ -29,10 +29,10 @@ pub use certificate_policy::{
     PolicyError,
 };
 pub use deploy::{
-    Compensation, CompletedOperation, ContainerHealth, ContainerKind, ContainerRef,
+    AppliedDrain, Compensation, CompletedOperation, ContainerHealth, ContainerKind, ContainerRef,
     ContainerRuntimeObservation, ContainerState, DeployIntent, DeployOutcome, DeployPlan,
-    DeployPreview, DeploySnapshot, DockerVolume, DrainMark, FailedOperation, Listener,
-    ListenerRole, MachineSnapshot, Operation, ServicePlan,
+    DeployPreview, DeploySnapshot, DockerVolume, DrainMark, EdgeReport, FailedOperation, Listener,
+    ListenerRole, MachineSnapshot, NotIncluded, Operation, ServicePlan,
 };
 pub use healthcheck::{ConfiguredHealthcheck, Healthcheck};
 pub use id::{ClusterId, ContainerId, IdError, MachineId, ServiceId};

@@ -383,11 +383,11 @@ pub fn router(
             get(public_addresses).put(set_public_addresses),
         )
         .with_state(machine.clone())
-        .merge(crate::cluster_api::router(machine.clone(), mesh))
+        .merge(crate::cluster_api::router(machine.clone(), mesh.clone()))
         .merge(crate::store_api::router(machine.clone()))
         .merge(crate::docker_api::router(machine.clone()))
         .merge(crate::cert_api::router(machine.clone()))
-        .merge(crate::drain::drain_router(machine, routes))
+        .merge(crate::drain::drain_router(machine, routes, mesh))
         .merge(
             Router::new()
                 .route(api::paths::DNS_LOOKUP, get(dns_lookup))

@@ -170,7 +170,7 @@ pub struct EdgeSettings {
 impl Default for EdgeSettings {
     fn default() -> Self {
         EdgeSettings {
-            upstream_connect_timeout_ms: 2000,
+            upstream_connect_timeout_ms: 1000,
             underscore_headers: UnderscoreHeaders::Drop,
             fast_path: true,
         }
@@ -187,7 +187,7 @@ impl EdgeSettings {
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.upstream_connect_timeout_ms == 0 {
             anyhow::bail!(
-                "upstream_connect_timeout_ms = 0 ([edge] in the config file, or --upstream-connect-timeout-ms) would fail every connection to a Serving Container: give at least 1 (default 2000)"
+                "upstream_connect_timeout_ms = 0 ([edge] in the config file, or --upstream-connect-timeout-ms) would fail every connection to a Serving Container: give at least 1 (default 1000)"
             );
         }
         Ok(())

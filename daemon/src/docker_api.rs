@@ -65,6 +65,26 @@ impl From<DockerError> for Failure {
     }
 }
 
+/// A container that could not be created: an image missing here is named with this Machine and
+/// how to get it here (Ployz does not copy images between Machines).
+fn creation_failure(machine: &LocalMachine, e: DockerError) -> Failure {
+    let DockerError::ImageUnavailable { image, reason } = &e else {
+        return e.into();
+    };
+    let name = machine
+        .info()
+        .map(|i| i.name.to_string())
+        .unwrap_or_else(|| "this Machine".to_owned());
+    failure(
+        StatusCode::CONFLICT,
+        ErrorCode::FailedPrecondition,
+        format!("image '{image}' is not on Machine {name} and could not be pulled there: {reason}"),
+        Some(&format!(
+            "put it on {name}: push it to a registry {name} reaches, or copy it (`docker save {image} | ssh {name} docker load`), then deploy again"
+        )),
+    )
+}
+
 fn docker(machine: &LocalMachine) -> Result<MachineDocker, Failure> {
     machine.docker().ok_or_else(not_initialised)
 }
@@ -174,7 +194,10 @@ async fn run_container(
     // would run unrouted while its Deploy reported success.
     let m = machine.clone();
     let store = crate::api::store_blocking(move || m.writable_store()).await?;
-    let c = d.run_service_container(&req.service_id, &req.spec).await?;
+    let c = d
+        .run_service_container(&req.service_id, &req.spec)
+        .await
+        .map_err(|e| creation_failure(&machine, e))?;
     if let Err(e) = ployz_orchestrator::observer::resync(&d, &store).await {
         // Docker not answering a later call is not the store refusing: the observer stores
         // the container on its next pass. Only a store that cannot write leaves it unrouted.
@@ -328,7 +351,8 @@ async fn run_hook(
 ) -> Result<Response, Failure> {
     let result = docker(&machine)?
         .run_hook(&req.service_id, &req.spec, &req.hook)
-        .await?;
+        .await
+        .map_err(|e| creation_failure(&machine, e))?;
     tracing::info!(service = %req.spec.name, exit_code = ?result.exit_code, "pre-deploy hook ended");
     Ok(Json(result).into_response())
 }

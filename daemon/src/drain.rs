@@ -7,8 +7,12 @@
 //! wait, then the container's stop grace period and [`HANDOFF`] for the setter to stop it. It
 //! then has this Machine's edge drain the container ([`ployz_edge::RouteController::drain`]):
 //! wait for a published table without it (whose hostnames other Serving Containers serve keep an
-//! upstream), then for the requests in flight to it to finish. A drain whose caller goes away
-//! before it completes, or that fails, lifts its mark at once.
+//! upstream), then for the requests in flight to it to finish. The mark replicates, and every
+//! other Machine's edge drops the container too and reports so in its
+//! [`ployz_core::EdgeReport`]: the drain then waits, within the same timeout, until the report
+//! of every Machine this one observes up shows this drain applied with no request in flight,
+//! and answers the Machines that did not confirm. A drain whose caller goes away before it
+//! completes, or that fails, lifts its mark at once.
 //!
 //! The [`Sweeper`] lifts the marks that should not stand, at start, every [`SWEEP_EVERY`] and
 //! when a holder releases the lease (and every grant of the lease runs [`sweep`] before it is
@@ -38,11 +42,13 @@ use crate::api::{failure, not_initialised, Failure};
 use crate::lease::{unix_ms, LeaseCall, MachineLease};
 use crate::local_machine::LocalMachine;
 
-/// What the drain route needs: this Machine and its edge's route controller.
+/// What the drain route needs: this Machine, its edge's route controller, and which Machines it
+/// observes up (whose edges must let the container go too).
 #[derive(Clone)]
 struct DrainState {
     machine: Arc<LocalMachine>,
     routes: ployz_edge::RouteController,
+    mesh: Arc<crate::mesh::MeshView>,
 }
 
 /// How long the edge may take to publish a table without the drained container.
@@ -226,6 +232,16 @@ async fn drain(
         );
     }
     let left = drained.in_flight_left;
+    let unconfirmed =
+        confirmed_elsewhere(&s, &store, &container.id, set_at_ms, started + timeout).await;
+    if !unconfirmed.is_empty() {
+        tracing::warn!(
+            container = %container.name,
+            machines = %unconfirmed.join(", "),
+            "these Machines' edges did not confirm they stopped routing to the drained container \
+             and finished its requests before the drain timeout"
+        );
+    }
     if unleased {
         // A call without a lease has no holder whose going away lifts the mark: from here it
         // stands only for the stop that should follow, then the sweeper lifts it.
@@ -245,6 +261,7 @@ async fn drain(
     Ok(Json(DrainResult {
         waited_ms,
         in_flight_left: left,
+        unconfirmed,
     })
     .into_response())
 }
@@ -288,11 +305,83 @@ pub(crate) async fn standing_marks(machine: &LocalMachine) -> Result<Vec<DrainMa
 
 /// The drain routes, and the list of marks: they need the edge's route controller as well as
 /// the Machine.
-pub fn drain_router(machine: Arc<LocalMachine>, routes: ployz_edge::RouteController) -> Router {
+pub fn drain_router(
+    machine: Arc<LocalMachine>,
+    routes: ployz_edge::RouteController,
+    mesh: Arc<crate::mesh::MeshView>,
+) -> Router {
     Router::new()
         .route(paths::CONTAINER_DRAIN, post(drain).delete(undrain))
         .route(paths::DRAINS, get(list_drains))
-        .with_state(DrainState { machine, routes })
+        .with_state(DrainState {
+            machine,
+            routes,
+            mesh,
+        })
+}
+
+/// How often the Machines observed up are looked at again while a drain waits for their
+/// reports (a report arriving wakes the wait at once).
+const CONFIRM_RECHECK: Duration = Duration::from_millis(500);
+
+/// Waits until the edge of every other Machine this Machine observes up reports the drain set at
+/// `set_at_ms` on `container` applied with no request in flight, or until `deadline`. Answers
+/// the Names of the Machines that did not (a Machine whose report cannot be read counts as one
+/// that did not).
+async fn confirmed_elsewhere(
+    s: &DrainState,
+    store: &Arc<Store>,
+    container: &ContainerId,
+    set_at_ms: u64,
+    deadline: tokio::time::Instant,
+) -> Vec<String> {
+    let mut changes = store.watch(ployz_store::edge_reports::reports_prefix());
+    loop {
+        let up: Vec<ployz_core::MachineId> = s
+            .mesh
+            .observations()
+            .into_iter()
+            .filter(|(id, o)| {
+                id != store.local() && o.membership == Some(ployz_core::MembershipObservation::Up)
+            })
+            .map(|(id, _)| id)
+            .collect();
+        let reports = {
+            let store = store.clone();
+            tokio::task::spawn_blocking(move || ployz_store::edge_reports::reports(&store))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default()
+        };
+        let waiting: Vec<&ployz_core::MachineId> = up
+            .iter()
+            .filter(|id| {
+                !reports
+                    .iter()
+                    .any(|(m, r)| m == *id && r.settled(container, set_at_ms))
+            })
+            .collect();
+        if waiting.is_empty() {
+            return Vec::new();
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return waiting
+                .into_iter()
+                .map(|id| {
+                    s.machine
+                        .member(id)
+                        .map(|m| m.name.to_string())
+                        .unwrap_or_else(|_| id.to_string())
+                })
+                .collect();
+        }
+        let recheck = (tokio::time::Instant::now() + CONFIRM_RECHECK).min(deadline);
+        tokio::select! {
+            _ = changes.next() => {}
+            _ = tokio::time::sleep_until(recheck) => {}
+        }
+    }
 }
 
 /// Why a mark should not stand any more, if so. `running` is what Docker shows of its container

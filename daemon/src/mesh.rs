@@ -27,6 +27,8 @@ pub struct MeshView {
     /// What the last try to fetch this (uninitialised) Machine's grant from the Machine that
     /// invited it met.
     pending_attempt: Mutex<Option<String>>,
+    /// The Machines observed down, for the modules that order by it (the edge).
+    down: tokio::sync::watch::Sender<std::collections::BTreeSet<MachineId>>,
 }
 
 /// How long `machine rm` waits for the removed Machine to answer its reset.
@@ -48,6 +50,7 @@ impl MeshView {
             metrics: Mutex::default(),
             reset: tokio::sync::watch::channel(None).0,
             pending_attempt: Mutex::default(),
+            down: tokio::sync::watch::channel(Default::default()).0,
         }
     }
 
@@ -141,7 +144,24 @@ impl MeshView {
 
     /// Replaces the observations.
     pub fn set_observations(&self, observations: BTreeMap<MachineId, PeerObservation>) {
+        let down: std::collections::BTreeSet<MachineId> = observations
+            .iter()
+            .filter(|(_, o)| o.membership == Some(ployz_core::MembershipObservation::Down))
+            .map(|(id, _)| id.clone())
+            .collect();
         *self.observations.lock().expect("mesh view poisoned") = observations;
+        self.down.send_if_modified(|current| {
+            let changed = *current != down;
+            *current = down;
+            changed
+        });
+    }
+
+    /// The Machines observed down, now and as they change.
+    pub fn machines_down(
+        &self,
+    ) -> tokio::sync::watch::Receiver<std::collections::BTreeSet<MachineId>> {
+        self.down.subscribe()
     }
 
     /// The WireGuard interface and its peers, when the mesh runs.

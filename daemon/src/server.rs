@@ -118,6 +118,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         tls_settings(&certificates)?,
     );
     server.add_service(edge);
+    let mesh_view = Arc::new(crate::mesh::MeshView::new(config.mesh.clone()));
     server.add_service(background_service(
         "route controller",
         RouteService {
@@ -126,6 +127,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             certificates,
             challenges,
             state: edge_state,
+            mesh: mesh_view.clone(),
         },
     ));
     if config.certificates.enabled {
@@ -135,11 +137,11 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
                 machine: machine.clone(),
                 verdict_resolver,
                 counters: issuer_counters.clone(),
+                challenge_port: config.http_listen.port(),
             },
         ));
     }
     let lease = crate::lease::MachineLease::new(machine.clone());
-    let mesh_view = Arc::new(crate::mesh::MeshView::new(config.mesh.clone()));
     let api_app = local_api(
         machine.clone(),
         routes.clone(),
@@ -726,6 +728,8 @@ struct RouteService {
     certificates: CertificateResolver,
     challenges: ployz_edge::ChallengeResponder,
     state: Arc<EdgeState>,
+    /// Which Machines this Machine observes down, for the order of each route's upstreams.
+    mesh: Arc<crate::mesh::MeshView>,
 }
 
 #[async_trait]
@@ -741,8 +745,21 @@ impl BackgroundService for RouteService {
         let store_writability = self
             .machine
             .follow_store_writability(move |r| state.set_store_unwritable(r), shutdown.clone());
+        let mut down = self.mesh.machines_down();
+        let routes = self.routes.clone();
+        let mut stop = shutdown.clone();
+        let follow_membership = async move {
+            loop {
+                routes.set_machines_down(down.borrow_and_update().iter().cloned().collect());
+                tokio::select! {
+                    changed = down.changed() => if changed.is_err() { return },
+                    _ = stop.changed() => return,
+                }
+            }
+        };
         tokio::join!(
             self.routes.run(store.clone(), shutdown.clone()),
+            follow_membership,
             self.certificates.run(store.clone(), shutdown.clone()),
             self.challenges.run(store, shutdown.clone()),
             store_writability,
@@ -757,6 +774,8 @@ struct IssuerService {
     verdict_resolver: ployz_acme::VerdictResolver,
     /// Shared with the metrics listener.
     counters: ployz_acme::IssuerCounters,
+    /// The edge's HTTP port, where the authority's HTTP-01 validation arrives.
+    challenge_port: u16,
 }
 
 #[async_trait]
@@ -768,6 +787,7 @@ impl BackgroundService for IssuerService {
         let mut config = ployz_acme::IssuerConfig::new(store.local().clone());
         config.verdict_resolver = self.verdict_resolver;
         config.counters = self.counters.clone();
+        config.challenge_port = Some(self.challenge_port);
         config.public_addresses = ployz_acme::PublicAddressSource::Dynamic(Arc::new(
             ployz_store::machines::stored_public_addresses,
         ));

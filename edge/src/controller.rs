@@ -5,14 +5,24 @@
 //!
 //! A store that cannot be read leaves the published table as it is: the failure is counted
 //! ([`RouteController::rebuild_failures`]), logged once per streak, and the rebuild tried again.
+//!
+//! After every rebuild the edge reports what it serves in this Machine's [`EdgeReport`] record
+//! (when that changed): the published generation and, for every drain mark of any Machine, the
+//! requests still in flight to that container. A drained container with requests in flight is
+//! watched, and the report written again once the last one ends, so the Machine draining it
+//! (which waits for every edge's report) learns without asking.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
-use ployz_core::{ContainerId, ContainerRuntimeObservation, PortSpec};
-use ployz_store::drains::{draining_containers, DRAINING_NAMESPACE};
+use ployz_core::{
+    AppliedDrain, ContainerId, ContainerRuntimeObservation, DrainMark, EdgeReport, MachineId,
+    PortSpec,
+};
+use ployz_store::drains::{stored_marks, DRAINING_NAMESPACE};
+use ployz_store::edge_reports::put_report;
 use ployz_store::follow::{follow, View};
 use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
 use ployz_store::{KeyPrefix, Store, StoreError};
@@ -56,6 +66,20 @@ pub struct RouteController {
     published: Arc<Notify>,
     /// Rebuilds that failed because the store could not be read.
     rebuild_failures: Arc<AtomicU64>,
+    /// The Machines this Machine observes down (their containers are tried last).
+    down_machines: Arc<Mutex<HashSet<MachineId>>>,
+    /// Rings when `down_machines` changed, or the last request in flight to a drained container
+    /// ended: the table is rebuilt and the report written again.
+    nudge: Arc<Notify>,
+    /// The report last written, and the drained containers watched for their last request.
+    reported: Arc<Mutex<Reported>>,
+}
+
+/// What the edge last reported.
+#[derive(Default)]
+struct Reported {
+    report: Option<EdgeReport>,
+    watched: HashSet<ContainerId>,
 }
 
 impl RouteController {
@@ -81,6 +105,16 @@ impl RouteController {
         self.counters.lock().get(container).map_or(0, |c| c.get())
     }
 
+    /// Sets the Machines this Machine observes down; a change rebuilds the table (their
+    /// containers move to the end of each route, tried only when no other is left).
+    pub fn set_machines_down(&self, down: HashSet<MachineId>) {
+        let mut current = self.down_machines.lock().expect("down machines poisoned");
+        if *current != down {
+            *current = down;
+            self.nudge.notify_one();
+        }
+    }
+
     /// How many rebuilds failed because the store could not be read (each left the published
     /// table as it was).
     pub fn rebuild_failures(&self) -> u64 {
@@ -96,19 +130,25 @@ impl RouteController {
         last: &mut Fingerprint,
     ) -> Result<Option<u64>, StoreError> {
         let read = stored_observations(store)
-            .and_then(|observations| Ok((observations, draining_containers(store)?)));
-        let (observations, draining) = match read {
+            .and_then(|observations| Ok((observations, stored_marks(store)?)));
+        let (observations, marks) = match read {
             Ok(read) => read,
             Err(e) => {
                 self.rebuild_failures.fetch_add(1, Ordering::Relaxed);
                 return Err(e);
             }
         };
+        let draining: HashSet<ContainerId> = marks.iter().map(|m| m.container_id.clone()).collect();
         let generation = self.table.load().generation() + 1;
+        let down = self
+            .down_machines
+            .lock()
+            .expect("down machines poisoned")
+            .clone();
         let table = RouteTable::build(
             &observations,
             &draining,
-            store.local(),
+            (store.local(), &down),
             self.counters.as_ref(),
             generation,
         );
@@ -120,13 +160,69 @@ impl RouteController {
                 .retain(|id, c| live.contains(id) || c.get() > 0);
         }
         let fp = table.fingerprint();
-        if &fp == last {
-            return Ok(None);
+        let published = if &fp == last {
+            None
+        } else {
+            *last = fp;
+            self.table.store(Arc::new(table));
+            self.published.notify_waiters();
+            Some(generation)
+        };
+        self.report(store, &marks);
+        Ok(published)
+    }
+
+    /// Writes this Machine's [`EdgeReport`] when it changed: the published generation, and per
+    /// drain mark the requests in flight to its container (the published table routes to none
+    /// of them). A container with requests left is watched until they end, then the table is
+    /// rebuilt (which reports again). A report that cannot be written is logged; the next
+    /// rebuild tries again.
+    fn report(&self, store: &Store, marks: &[DrainMark]) {
+        let mut drains: Vec<AppliedDrain> = marks
+            .iter()
+            .map(|m| AppliedDrain {
+                container_id: m.container_id.clone(),
+                set_at_ms: m.set_at_ms,
+                in_flight: self.in_flight(&m.container_id),
+            })
+            .collect();
+        drains.sort_by(|a, b| a.container_id.cmp(&b.container_id));
+        let report = EdgeReport {
+            generation: self.table.load().generation(),
+            drains,
+        };
+        let mut reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        for d in report.drains.iter().filter(|d| d.in_flight > 0) {
+            if !reported.watched.insert(d.container_id.clone()) {
+                continue;
+            }
+            let (counter, nudge, reported_too) = (
+                self.counters.counter(&d.container_id),
+                self.nudge.clone(),
+                self.reported.clone(),
+            );
+            let container = d.container_id.clone();
+            // A drain lasts an hour at most; a watch ends with it.
+            let until = Instant::now() + std::time::Duration::from_secs(3600);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    counter.wait_for_zero(until).await;
+                    reported_too
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .watched
+                        .remove(&container);
+                    nudge.notify_one();
+                });
+            }
         }
-        *last = fp;
-        self.table.store(Arc::new(table));
-        self.published.notify_waiters();
-        Ok(Some(generation))
+        if reported.report.as_ref() == Some(&report) {
+            return;
+        }
+        match put_report(store, &report) {
+            Ok(()) => reported.report = Some(report),
+            Err(e) => tracing::warn!(error = %e, "the edge report could not be written"),
+        }
     }
 
     /// Keeps the table current until `shutdown` turns true: a rebuild at start and after every
@@ -233,6 +329,10 @@ impl View for PublishedRoutes {
     fn size(&self) -> String {
         let t = self.controller.table.load();
         format!("generation {}, {} hostnames", t.generation(), t.len())
+    }
+
+    fn nudge(&self) -> Option<Arc<Notify>> {
+        Some(self.controller.nudge.clone())
     }
 }
 

@@ -20,7 +20,7 @@ const MAX_TRIES: usize = 3;
 const FAILURE_WINDOW_MS: u64 = 10_000;
 /// The upstream connect timeout unless configured: enough for a lost SYN to be sent again
 /// (after 1 s) to a local or mesh upstream, short enough that a dead one costs little.
-pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+pub const DEFAULT_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the health endpoint reports, shared with the daemon.
 #[derive(Debug, Default)]

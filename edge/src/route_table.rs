@@ -22,6 +22,9 @@ pub struct Upstream {
     pub container_id: ContainerId,
     /// Whether it runs on this Machine (local upstreams are listed first).
     pub local: bool,
+    /// Whether it runs on a Machine this Machine observes down: tried only when no other
+    /// upstream is left (never dropped: membership is an observation, and may be wrong).
+    pub on_down_machine: bool,
     /// Requests this edge has in flight to the container; shared across table generations so a
     /// drain can wait for them.
     pub in_flight: Arc<InFlight>,
@@ -142,8 +145,9 @@ pub struct Route {
 
 impl Route {
     /// The index of the next upstream in round-robin order that is not in `exclude` and not
-    /// marked failed at `now_ms`. When every remaining upstream is marked, the marks are
-    /// ignored (trying beats refusing). `None` when nothing is left.
+    /// marked failed at `now_ms`, preferring upstreams on Machines not observed down. When every
+    /// remaining upstream is marked, the marks are ignored (trying beats refusing). `None` when
+    /// nothing is left.
     pub fn pick(&self, now_ms: u64, exclude: &[usize]) -> Option<usize> {
         let n = self.upstreams.len();
         if n == 0 {
@@ -153,14 +157,18 @@ impl Route {
         let candidates = (0..n)
             .map(|i| (start + i) % n)
             .filter(|i| !exclude.contains(i));
+        let mut on_down = None;
         let mut fallback = None;
         for i in candidates {
-            if self.down_until[i].load(Ordering::Relaxed) <= now_ms {
+            if self.down_until[i].load(Ordering::Relaxed) > now_ms {
+                fallback.get_or_insert(i);
+            } else if self.upstreams[i].on_down_machine {
+                on_down.get_or_insert(i);
+            } else {
                 return Some(i);
             }
-            fallback.get_or_insert(i);
         }
-        fallback
+        on_down.or(fallback)
     }
 
     /// Marks upstream `i` as failed until `until_ms`.
@@ -179,7 +187,7 @@ pub struct RouteTable {
 }
 
 /// What decides a route table's content; equal fingerprints mean an identical table.
-pub type Fingerprint = Vec<(String, bool, Vec<(SocketAddr, ContainerId, bool)>)>;
+pub type Fingerprint = Vec<(String, bool, Vec<(SocketAddr, ContainerId, bool, bool)>)>;
 
 /// Whether a `Host` value is a host name, an IPv4 address or a bracketed IPv6 address, with an
 /// optional numeric port: nothing else is routed or passed on (a Host such as
@@ -248,11 +256,12 @@ fn normalize<'b>(host: &[u8], buf: &'b mut [u8; MAX_HOST]) -> Option<&'b [u8]> {
 impl RouteTable {
     /// Builds the table from Container Runtime Observations: every Serving Container of every
     /// Service that publishes an ingress port with a hostname. `local` orders that Machine's
-    /// containers first; otherwise upstreams sort by address so equal inputs build equal tables.
+    /// containers first and those on `down` Machines (observed down) last; otherwise upstreams
+    /// sort by address so equal inputs build equal tables.
     pub fn build(
         observations: &[ContainerRuntimeObservation],
         draining: &HashSet<ContainerId>,
-        local: &MachineId,
+        (local, down): (&MachineId, &HashSet<MachineId>),
         counters: &dyn InFlightCounters,
         generation: u64,
     ) -> RouteTable {
@@ -287,6 +296,7 @@ impl RouteTable {
                     addr: SocketAddr::new(IpAddr::V4(ip), *container_port),
                     container_id: o.id.clone(),
                     local: &o.machine_id == local,
+                    on_down_machine: down.contains(&o.machine_id),
                     in_flight: counters.counter(&o.id),
                 };
                 if !entry.1.contains(&up) {
@@ -297,7 +307,7 @@ impl RouteTable {
         let routes = by_host
             .into_iter()
             .map(|(host, (https, mut ups))| {
-                ups.sort_by_key(|u| (!u.local, u.addr));
+                ups.sort_by_key(|u| (u.on_down_machine, !u.local, u.addr));
                 let route = Route {
                     hostname: host.clone().into_boxed_str(),
                     down_until: ups.iter().map(|_| AtomicU64::new(0)).collect(),
@@ -326,6 +336,7 @@ impl RouteTable {
                         addr: *addr,
                         container_id: format!("{i:064x}").parse().expect("hex"),
                         local: true,
+                        on_down_machine: false,
                         in_flight: Arc::new(InFlight::new()),
                     })
                     .collect();
@@ -393,7 +404,7 @@ impl RouteTable {
                     r.https,
                     r.upstreams
                         .iter()
-                        .map(|u| (u.addr, u.container_id.clone(), u.local))
+                        .map(|u| (u.addr, u.container_id.clone(), u.local, u.on_down_machine))
                         .collect(),
                 )
             })
@@ -485,7 +496,13 @@ pub(crate) mod tests {
         local: &MachineId,
         generation: u64,
     ) -> RouteTable {
-        RouteTable::build(obs, &HashSet::new(), local, &FreshCounters, generation)
+        RouteTable::build(
+            obs,
+            &HashSet::new(),
+            (local, &HashSet::new()),
+            &FreshCounters,
+            generation,
+        )
     }
 
     /// A Service Container `web-<n>` at 10.210.0.<n> serving `hosts`, in `state`.
@@ -638,13 +655,83 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn containers_on_machines_observed_down_are_tried_last_never_dropped() {
+        let here = MachineId::generate();
+        let gone = MachineId::generate();
+        let h = [("app.test", 80, IngressProtocol::Http)];
+        let observations = [
+            obs(&gone, 2, &h, ContainerState::Running, None),
+            obs(&here, 3, &h, ContainerState::Running, None),
+            obs(&MachineId::generate(), 4, &h, ContainerState::Running, None),
+        ];
+        let down = HashSet::from([gone.clone()]);
+        let t = RouteTable::build(
+            &observations,
+            &HashSet::new(),
+            (&here, &down),
+            &FreshCounters,
+            1,
+        );
+        let r = t.match_host(b"app.test").unwrap();
+        // Listed local first, the down Machine's last.
+        let listed: Vec<(bool, bool)> = r
+            .upstreams
+            .iter()
+            .map(|u| (u.local, u.on_down_machine))
+            .collect();
+        assert_eq!(listed, [(true, false), (false, false), (false, true)]);
+        // Round robin over the two that are up; the third only when they are excluded or marked.
+        for _ in 0..6 {
+            assert!(r.pick(0, &[]).unwrap() < 2);
+        }
+        assert_eq!(r.pick(0, &[0, 1]), Some(2));
+        r.mark_failed(0, 1000);
+        r.mark_failed(1, 1000);
+        assert_eq!(
+            r.pick(500, &[]),
+            Some(2),
+            "an unmarked one on a down Machine beats marked ones"
+        );
+        r.mark_failed(2, 1000);
+        assert!(r.pick(500, &[]).is_some(), "all marked: still tried");
+        // Observed up again: a rebuild puts it back in the rotation.
+        let t = RouteTable::build(
+            &observations,
+            &HashSet::new(),
+            (&here, &HashSet::new()),
+            &FreshCounters,
+            2,
+        );
+        assert_ne!(
+            t.fingerprint(),
+            RouteTable::build(
+                &observations,
+                &HashSet::new(),
+                (&here, &down),
+                &FreshCounters,
+                3
+            )
+            .fingerprint()
+        );
+        let r = t.match_host(b"app.test").unwrap();
+        let picked: HashSet<usize> = (0..6).map(|_| r.pick(0, &[]).unwrap()).collect();
+        assert_eq!(picked.len(), 3);
+    }
+
+    #[test]
     fn draining_containers_are_left_out() {
         let m = MachineId::generate();
         let h = [("app.test", 80, IngressProtocol::Http)];
         let a = obs(&m, 2, &h, ContainerState::Running, None);
         let b = obs(&m, 3, &h, ContainerState::Running, None);
         let draining: HashSet<ContainerId> = [a.id.clone()].into();
-        let t = RouteTable::build(&[a.clone(), b.clone()], &draining, &m, &FreshCounters, 1);
+        let t = RouteTable::build(
+            &[a.clone(), b.clone()],
+            &draining,
+            (&m, &HashSet::new()),
+            &FreshCounters,
+            1,
+        );
         assert!(!t.routes_to(&a.id));
         assert!(t.routes_to(&b.id));
         assert!(t.has_upstream("app.test"));

@@ -54,7 +54,13 @@ fn table() -> RouteTable {
             }),
         })
         .collect();
-    RouteTable::build(&obs, &HashSet::new(), &m, &FreshCounters, 1)
+    RouteTable::build(
+        &obs,
+        &HashSet::new(),
+        (&m, &HashSet::new()),
+        &FreshCounters,
+        1,
+    )
 }
 
 /// The reference: a name of letters, digits, `.`, `-` and `_` with an optional port of one to

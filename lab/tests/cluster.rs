@@ -286,7 +286,9 @@ fn three_machines_form_a_cluster_replicate_and_outlive_a_dead_machine() {
     ok(
         &lab,
         2,
-        &["run", "-y", "--name", "keep", LAB_IMAGE, "sleep", "3600"],
+        &[
+            "run", "-y", "--name", "keep", "-m", "m2", LAB_IMAGE, "sleep", "3600",
+        ],
     );
     let managed = |lab: &ployz_lab::Lab| {
         let out = lab.docker(2, &["ps", "-aq", "--filter", "label=ployz.managed"]);

@@ -35,7 +35,17 @@ fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() 
         ok(
             &lab,
             i,
-            &["run", "-y", "--name", &name, LAB_IMAGE, "sleep", "3600"],
+            &[
+                "run",
+                "-y",
+                "--name",
+                &name,
+                "-m",
+                &format!("m{i}"),
+                LAB_IMAGE,
+                "sleep",
+                "3600",
+            ],
         );
     }
     let everything: Vec<(String, String)> = (0..3)
@@ -89,6 +99,20 @@ fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() 
     // One Machine's own view, asked through another.
     let ids: Vec<String> = (0..3).map(|i| own_id(&lab, i)).collect();
     assert_eq!(on_m1[0]["machine_id"], ids[1].as_str(), "{v}");
+    // Created on another Machine through this one, inspected and removed wherever it is.
+    ok(&lab, 0, &["volume", "create", "data-on-m2", "-m", "m2"]);
+    let v = lab.json(1, &["volume", "inspect", "data-on-m2", "--json"]);
+    let found = v["values"].as_array().expect("values");
+    assert_eq!(found.len(), 1, "{v}");
+    assert_eq!(found[0]["machine_id"], ids[2].as_str(), "{v}");
+    let out = ok(&lab, 1, &["volume", "rm", "-y", "data-on-m2"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("removed from Machine m2"),
+        "{}",
+        text(&out)
+    );
+    let out = lab.ployz(0, &["volume", "inspect", "data-on-m2"]);
+    assert!(!out.status.success(), "{}", text(&out));
     let wg = lab.json(0, &["wg", "show", "--json", "-m", "m1"]);
     assert_eq!(wg["interface"], lab.wg_interface(1), "{wg}");
     let seen = lab.json(0, &["machine", "ls", "--json", "-m", "m2"]);
@@ -103,6 +127,8 @@ fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() 
             "-y",
             "--name",
             "talker",
+            "-m",
+            "m2",
             LAB_IMAGE,
             "sh",
             "-c",
@@ -136,6 +162,73 @@ fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() 
         said.lines().collect::<Vec<_>>(),
         vec![own_id(&lab, 2).as_str(), "done"],
         "exec through Machine 0 ran on Machine 2 (and outlasted the fan-out timeout): {said}"
+    );
+
+    // `logs -f` of a Service on every Machine follows all of them at once, each line prefixed
+    // by its Machine and container.
+    ok(
+        &lab,
+        0,
+        &[
+            "run",
+            "-y",
+            "--name",
+            "chatty",
+            "--mode",
+            "global",
+            LAB_IMAGE,
+            "sh",
+            "-c",
+            "echo hello-from-$PLOYZ_MACHINE_ID; exec sleep 3600",
+        ],
+    );
+    let mut follow = lab.cli(1);
+    follow
+        .args(["logs", "-f", "chatty"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = follow.spawn().expect("ployz logs -f starts");
+    let stdout = child.stdout.take().expect("piped");
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let ids: Vec<String> = (0..3).map(|i| own_id(&lab, i)).collect();
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < 3 && Instant::now() < deadline {
+        if let Ok(line) = lines_rx.recv_timeout(Duration::from_millis(200)) {
+            seen.push(line);
+        }
+    }
+    // Still following: the command has not ended on its own.
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "logs -f ended: {seen:?}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    for (i, id) in ids.iter().enumerate() {
+        assert!(
+            seen.iter().any(|l| l.starts_with(&format!("m{i}/chatty-"))
+                && l.ends_with(&format!(" | hello-from-{id}"))),
+            "no line of m{i}'s container in {seen:?}"
+        );
+    }
+    // Removed through one Machine from all three.
+    ok(&lab, 2, &["rm", "-y", "chatty"]);
+    let v = lab.json(0, &["ps", "--json"]);
+    assert!(
+        !listed(&v).iter().any(|(_, s)| s == "chatty"),
+        "chatty is left: {v}"
     );
 
     // The mesh listener serves forwarded calls to members, and refuses a second hop.
@@ -234,23 +327,31 @@ fn one_machines_edge_and_dns_reach_containers_on_the_others() {
         dns: true,
         ..ployz_lab::LabOptions::machines(3)
     });
-    let serve = |i: usize, service: &str, host: Option<&str>, body: &str| {
+    let serve = |args: &[&str], body: &str| {
         let script = format!(
             "mkdir -p /www && echo {body} > /www/index.html && exec httpd -f -p 8080 -h /www"
         );
-        let mut args = vec!["run", "-y", "--name", service];
-        let publish;
-        if let Some(host) = host {
-            publish = format!("{host}:8080/http");
-            args.extend(["-p", publish.as_str()]);
-        }
+        let mut args = [&["run", "-y"], args].concat();
         args.extend([LAB_IMAGE, "sh", "-c", script.as_str()]);
-        ok(&lab, i, &args);
+        // Through Machine 0: the Deploy places containers on every Machine.
+        ok(&lab, 0, &args);
     };
-    serve(2, "web", Some("web.example.test"), "hello-from-m2");
-    for i in 0..3 {
-        serve(i, "api", None, &format!("api-on-m{i}"));
-    }
+    serve(
+        &[
+            "--name",
+            "web",
+            "-m",
+            "m2",
+            "-p",
+            "web.example.test:8080/http",
+        ],
+        "hello-from-m2",
+    );
+    // One container on each Machine, saying which.
+    serve(
+        &["--name", "api", "--mode", "global"],
+        "api-on-$PLOYZ_MACHINE_ID",
+    );
 
     // Machine 0's edge, which has no container of `web`, serves it from Machine 2.
     let url = format!("http://{}/", lab.underlay_addr(0));
@@ -342,6 +443,37 @@ fn one_machines_edge_and_dns_reach_containers_on_the_others() {
             .is_some_and(|a| a.starts_with(&prefix_of("m0"))),
         "nearest.api.internal from Machine 0: {nearest:?}"
     );
+    // `dns lookup -m` asks another Machine what it would answer: its own subnet first.
+    let v = lab.json(
+        0,
+        &[
+            "dns",
+            "lookup",
+            "nearest.api.internal",
+            "-m",
+            "m2",
+            "--json",
+        ],
+    );
+    let values = v["values"].as_array().expect("values");
+    assert_eq!(values.len(), 1, "{v}");
+    assert_eq!(values[0]["machine_name"], "m2", "{v}");
+    let first = values[0]["answer"]["addresses"][0]
+        .as_str()
+        .unwrap_or_default();
+    assert!(first.starts_with(&prefix_of("m2")), "{v}");
+    // One Machine's containers by its Name or Machine ID, for any Machine.
+    let m2_id = own_id(&lab, 2);
+    for name in [
+        "m2.m.api.internal".to_owned(),
+        format!("{m2_id}.m.api.internal"),
+    ] {
+        let on_m2 = lookup(&name);
+        assert!(
+            on_m2.len() == 1 && on_m2[0].starts_with(&prefix_of("m2")),
+            "{name} from Machine 0: {on_m2:?}"
+        );
+    }
 
     // And by name from that container: `api` reaches one of them.
     let out = lab.docker(
@@ -363,7 +495,7 @@ fn one_machines_edge_and_dns_reach_containers_on_the_others() {
         ],
     );
     let body = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert!(body.starts_with("api-on-m"), "{}", text(&out));
+    assert!(body.starts_with("api-on-"), "{}", text(&out));
 }
 
 /// Requests through Machine 0's edge to a hostname served on all three Machines, while Machine 2
@@ -374,28 +506,26 @@ fn one_machines_edge_and_dns_reach_containers_on_the_others() {
 #[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
 fn a_machine_stopped_under_load_fails_no_request_through_another_machines_edge() {
     let mut lab = cluster(3);
-    for i in 0..3 {
-        let script = format!(
-            "mkdir -p /www && echo web-on-m{i} > /www/index.html && exec httpd -f -p 8080 -h /www"
-        );
-        let service = format!("web{i}");
-        ok(
-            &lab,
-            i,
-            &[
-                "run",
-                "-y",
-                "--name",
-                &service,
-                "-p",
-                "web.example.test:8080/http",
-                LAB_IMAGE,
-                "sh",
-                "-c",
-                &script,
-            ],
-        );
-    }
+    // One container on each Machine (placed by a Deploy through Machine 0), saying which.
+    ok(
+        &lab,
+        0,
+        &[
+            "run",
+            "-y",
+            "--name",
+            "web",
+            "--mode",
+            "global",
+            "-p",
+            "web.example.test:8080/http",
+            LAB_IMAGE,
+            "sh",
+            "-c",
+            "mkdir -p /www && echo web-on-$PLOYZ_MACHINE_ID > /www/index.html && exec httpd -f -p 8080 -h /www",
+        ],
+    );
+    let on_m2 = format!("web-on-{}", own_id(&lab, 2));
     let url = format!("http://{}/", lab.underlay_addr(0));
     let get = |lab: &ployz_lab::Lab| -> String {
         let out = lab.exec_in(
@@ -455,7 +585,7 @@ fn a_machine_stopped_under_load_fails_no_request_through_another_machines_edge()
     });
     let failed: Vec<&String> = answers
         .iter()
-        .filter(|a| !a.starts_with("web-on-m"))
+        .filter(|a| !a.starts_with("web-on-"))
         .collect();
     assert!(answers.len() > 10, "too little load: {answers:?}");
     assert!(
@@ -465,7 +595,7 @@ fn a_machine_stopped_under_load_fails_no_request_through_another_machines_edge()
         answers.len()
     );
     assert!(
-        answers.iter().rev().take(5).all(|a| a != "web-on-m2"),
+        answers.iter().rev().take(5).all(|a| a != &on_m2),
         "Machine 2 still answered after it stopped: {answers:?}"
     );
 }

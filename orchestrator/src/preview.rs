@@ -154,13 +154,15 @@ pub fn port_lines(service: &ServicePlan, machines: &[MachineSnapshot]) -> Vec<St
 }
 
 /// The plan as a person reads it: volume operations, a tree per Service with work to do, and the
-/// summary line; or "Services are up to date." when nothing changes. The preview's warnings are
+/// summary line, or "Services are up to date." when nothing changes; then the Machines the
+/// Deploy leaves out. The preview's warnings are
 /// not part of it: the CLI writes them to stderr (`warning: ...`), so that stdout holds only the
 /// plan, and `--json` carries them in the report.
 pub fn render(preview: &DeployPreview, machines: &[MachineSnapshot]) -> String {
     let mut out = String::new();
     if preview.plan.is_empty() {
         out.push_str("Services are up to date.\n");
+        not_included_lines(&mut out, preview);
         return out;
     }
     for op in &preview.plan.volume_operations {
@@ -223,5 +225,18 @@ pub fn render(preview: &DeployPreview, machines: &[MachineSnapshot]) -> String {
         s.machines,
         if s.machines == 1 { "" } else { "s" }
     );
+    not_included_lines(&mut out, preview);
     out
+}
+
+/// One line per Machine the Deploy leaves out: it was not asked what it runs, and nothing on it
+/// changes.
+fn not_included_lines(out: &mut String, preview: &DeployPreview) {
+    for n in &preview.not_included {
+        let _ = writeln!(
+            out,
+            "not included: Machine {} ({}): {}; its containers are left as they are",
+            n.name, n.machine, n.reason
+        );
+    }
 }

@@ -5,8 +5,8 @@ use ployz_core::{
     ClusterNetwork, ContainerKind, ContainerRuntimeObservation, ContainerSpec, ContainerState,
     DeployIntent, DeployPreview, DockerVolume, HostProtocol, IngressProtocol, Listener,
     ListenerRole, LocalMachinePhase, MachineId, MachineSnapshot, ManagementAddress,
-    MembershipObservation, Mount, Operation, PortSpec, PreDeployHook, PullPolicy, ServiceId,
-    ServiceMode, ServiceSpec, UpdateConfig, UpdateOrder, VolumeSpec,
+    MembershipObservation, Mount, NotIncluded, Operation, PortSpec, PreDeployHook, PullPolicy,
+    ServiceId, ServiceMode, ServiceSpec, UpdateConfig, UpdateOrder, VolumeSpec,
 };
 use ployz_orchestrator::plan::{plan, PlanError, PlanOptions};
 use ployz_orchestrator::preview;
@@ -146,6 +146,7 @@ fn an_unchanged_spec_plans_nothing_and_says_so() {
         &DeployPreview {
             plan: p,
             warnings: vec![],
+            not_included: vec![],
         },
         &[m],
     );
@@ -342,7 +343,7 @@ fn pull_policy_always_and_recreate_replace_even_when_equal() {
     let intent = DeployIntent::all(vec![s], vec![]);
     let opts = PlanOptions {
         recreate: true,
-        seed: 0,
+        ..Default::default()
     };
     assert_eq!(
         ops_of(&plan(&intent, &[m], &opts).unwrap()),
@@ -549,6 +550,7 @@ fn the_preview_shows_a_tree_and_the_summary_line() {
         &DeployPreview {
             plan: p,
             warnings: vec!["service 'web': privileged".into()],
+            not_included: vec![],
         },
         &[m],
     );
@@ -864,6 +866,7 @@ fn the_preview_shows_each_host_port_with_its_machines() {
         &DeployPreview {
             plan: p,
             warnings: vec![],
+            not_included: vec![],
         },
         &machines,
     );
@@ -952,6 +955,7 @@ fn the_preview_shows_the_dns_name_when_it_differs() {
         &DeployPreview {
             plan: p,
             warnings: vec![],
+            not_included: vec![],
         },
         &[m],
     );
@@ -964,4 +968,180 @@ fn the_preview_shows_the_dns_name_when_it_differs() {
         "{text}"
     );
     assert!(text.contains("+ create service web\n"), "{text}");
+}
+
+/// Per Service of `p`, how many containers each Machine of `machines` gets run (by name).
+fn runs_per_machine(
+    p: &ployz_core::DeployPlan,
+    machines: &[MachineSnapshot],
+) -> std::collections::BTreeMap<String, Vec<(String, usize)>> {
+    let mut out = std::collections::BTreeMap::new();
+    for s in &p.services {
+        let counts: Vec<(String, usize)> = machines
+            .iter()
+            .map(|m| {
+                let n = s
+                    .operations
+                    .iter()
+                    .filter(|op| {
+                        matches!(op, Operation::RunContainer { .. })
+                            && op.machine_id() == &m.machine.info.id
+                    })
+                    .count();
+                (m.machine.info.name.to_string(), n)
+            })
+            .collect();
+        out.insert(s.name.to_string(), counts);
+    }
+    out
+}
+
+fn counts(list: &[(&str, usize)]) -> Vec<(String, usize)> {
+    list.iter().map(|(n, c)| (n.to_string(), *c)).collect()
+}
+
+#[test]
+fn three_machines_get_a_replica_each_a_global_container_each_and_the_pinned_one_in_place() {
+    let machines = [machine("m1"), machine("m2"), machine("m3")];
+    let mut web = spec("web");
+    web.replicas = 3;
+    let mut agent = spec("agent");
+    agent.mode = ServiceMode::Global;
+    let mut db = spec("db");
+    db.machines = vec!["m2".parse().unwrap()];
+    let mut cache = spec("cache");
+    // By Machine ID as well as by Name.
+    cache.machines = vec![machines[2].machine.info.id.as_str().parse().unwrap()];
+    let intent = DeployIntent::all(vec![web, agent, db, cache], vec![]);
+    // Whatever the tiebreak draws.
+    for seed in 0..32 {
+        let p = plan(
+            &intent,
+            &machines,
+            &PlanOptions {
+                seed,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let runs = runs_per_machine(&p, &machines);
+        assert_eq!(runs["web"], counts(&[("m1", 1), ("m2", 1), ("m3", 1)]));
+        assert_eq!(runs["agent"], counts(&[("m1", 1), ("m2", 1), ("m3", 1)]));
+        assert_eq!(runs["db"], counts(&[("m1", 0), ("m2", 1), ("m3", 0)]));
+        assert_eq!(runs["cache"], counts(&[("m1", 0), ("m2", 0), ("m3", 1)]));
+        let text = preview::render(
+            &DeployPreview {
+                plan: p,
+                warnings: vec![],
+                not_included: vec![],
+            },
+            &machines,
+        );
+        assert!(
+            text.ends_with("8 create · 0 replace (start-first) · 0 replace (stop-first) · 0 remove · across 3 machines\n"),
+            "{text}"
+        );
+        for name in ["m1", "m2", "m3"] {
+            assert!(
+                text.contains(&format!("+ run container on {name}\n")),
+                "{text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn scaling_from_three_to_five_over_three_machines_adds_two_on_different_machines() {
+    let mut machines = [machine("m1"), machine("m2"), machine("m3")];
+    let mut web = spec("web");
+    web.replicas = 3;
+    let id = ServiceId::generate();
+    for m in &mut machines {
+        add(m, &id, &web, ContainerState::Running);
+    }
+    // Unchanged: nothing to do.
+    assert_eq!(plan_all(vec![web.clone()], &machines), Vec::<String>::new());
+    web.replicas = 5;
+    for seed in 0..32 {
+        let p = plan(
+            &DeployIntent::all(vec![web.clone()], vec![]),
+            &machines,
+            &PlanOptions {
+                seed,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(ops_of(&p), ["run", "run"], "seed {seed}");
+        let on: std::collections::BTreeSet<_> =
+            p.operations().map(|op| op.machine_id().clone()).collect();
+        assert_eq!(on.len(), 2, "seed {seed}: both on one Machine");
+    }
+}
+
+fn left_out(m: &MachineSnapshot) -> NotIncluded {
+    NotIncluded {
+        machine: m.machine.info.id.clone(),
+        name: m.machine.info.name.to_string(),
+        reason: "it did not answer".into(),
+    }
+}
+
+#[test]
+fn a_machine_not_included_is_planned_around_unless_a_service_is_pinned_to_it() {
+    let machines = [machine("m1"), machine("m2"), machine("m3")];
+    let (answered, gone) = machines.split_at(2);
+    let opts = PlanOptions {
+        not_included: vec![left_out(&gone[0])],
+        ..Default::default()
+    };
+    let mut web = spec("web");
+    web.replicas = 3;
+    // Replicas go to the Machines that answered.
+    let p = plan(
+        &DeployIntent::all(vec![web.clone()], vec![]),
+        answered,
+        &opts,
+    )
+    .unwrap();
+    let runs = runs_per_machine(&p, answered);
+    assert_eq!(runs["web"].iter().map(|(_, n)| n).sum::<usize>(), 3);
+    assert!(runs["web"].iter().all(|(_, n)| *n >= 1), "{runs:?}");
+    let text = preview::render(
+        &DeployPreview {
+            plan: p,
+            warnings: vec![],
+            not_included: opts.not_included.clone(),
+        },
+        answered,
+    );
+    assert!(
+        text.ends_with(&format!(
+            "across 2 machines\nnot included: Machine m3 ({}): it did not answer; its containers are left as they are\n",
+            gone[0].machine.info.id
+        )),
+        "{text}"
+    );
+
+    // Pinned there, by Name or ID: refused, naming the Machine and why, with the other
+    // Services' problems.
+    for target in ["m3", gone[0].machine.info.id.as_str()] {
+        let mut db = spec("db");
+        db.machines = vec![target.parse().unwrap()];
+        let err = plan(
+            &DeployIntent::all(vec![web.clone(), db], vec![]),
+            answered,
+            &opts,
+        )
+        .unwrap_err();
+        assert_eq!(err.0.len(), 1, "{err}");
+        assert!(matches!(
+            err.0[0],
+            PlanError::PinnedMachineNotIncluded { .. }
+        ));
+        assert_eq!(
+            err.to_string(),
+            "service 'db' names Machine m3 in x-machines, but this Deploy cannot include it (it did not answer); bring it back (`ployz machine ls` shows how the entry Machine observes it) or leave it out of x-machines"
+        );
+    }
 }

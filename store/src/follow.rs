@@ -2,7 +2,7 @@
 //! something built off the store (the edge's route table, the internal DNS snapshot).
 //!
 //! The view is rebuilt at start, after every change under the prefixes it is built from (a
-//! burst of changes coalesced into one rebuild), and, while the store cannot be read, again
+//! burst of changes coalesced into one rebuild), when the view's own nudge fires, and, while the store cannot be read, again
 //! every [`RETRY_AFTER_FAILURE`]. A rebuild that fails leaves what was published: a store
 //! that cannot be read is never taken for an empty one. The failure streak is logged once
 //! when it starts and once when it ends; counting failures is the view's business (its
@@ -32,6 +32,12 @@ pub trait View: Send + 'static {
 
     /// What is published now, in a few words for log lines (`7 hostnames`).
     fn size(&self) -> String;
+
+    /// A signal to rebuild on besides the store's changes (what the view is built from that
+    /// the store does not hold: which Machines are observed down); `None`: the store alone.
+    fn nudge(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
+    }
 }
 
 /// Keeps `view` current until `shutdown` turns true (or its sender is dropped) or the store
@@ -43,6 +49,7 @@ pub async fn follow<V: View>(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut changes = store.watch_any(prefixes);
+    let nudge = view.nudge();
     let mut view = Some(view);
     let mut failing = false;
     loop {
@@ -100,6 +107,12 @@ pub async fn follow<V: View>(
             }
             event = changes.next() => if event.is_none() { return },
             _ = retry => {}
+            _ = async {
+                match &nudge {
+                    Some(n) => n.notified().await,
+                    None => std::future::pending().await,
+                }
+            } => {}
         }
         tokio::time::sleep(COALESCE).await;
     }

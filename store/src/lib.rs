@@ -31,6 +31,7 @@
 mod acknowledged;
 pub mod certificates;
 pub mod drains;
+pub mod edge_reports;
 mod error;
 pub mod follow;
 mod hlc;

@@ -1,9 +1,11 @@
-//! Pebble (Let's Encrypt's test CA) and its mock DNS on loopback, for tests: each instance on
-//! its own ports in its own temporary directory, stopped by PID. Shared by the issuer's tests
+//! Pebble (Let's Encrypt's test CA) and its mock DNS on loopback (or on a bridge a test made,
+//! [`Pebble::start_on`]), for tests: each instance on its own ports in its own temporary
+//! directory, stopped by PID. Shared by the issuer's tests
 //! and the end-to-end tests through the daemon (`#[path]`-included there).
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -23,6 +25,11 @@ pub use ployz_testkit::free_port;
 /// The throwaway CA that signs Pebble's API listener certificate (what `pebble_up.sh` makes with
 /// openssl), written to `dir`; returns the CA's PEM.
 pub fn make_listener_certs(dir: &Path) -> String {
+    make_listener_certs_for(dir, &[])
+}
+
+/// [`make_listener_certs`] with the listener certificate valid for `addresses` as well.
+pub fn make_listener_certs_for(dir: &Path, addresses: &[IpAddr]) -> String {
     let ca_key = rcgen::KeyPair::generate().unwrap();
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.distinguished_name.push(
@@ -36,12 +43,13 @@ pub fn make_listener_certs(dir: &Path) -> String {
     ];
     let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
     let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let mut leaf_params = rcgen::CertificateParams::new(vec![
+    let mut names = vec![
         "localhost".to_owned(),
         "127.0.0.1".to_owned(),
         "::1".to_owned(),
-    ])
-    .unwrap();
+    ];
+    names.extend(addresses.iter().map(|a| a.to_string()));
+    let mut leaf_params = rcgen::CertificateParams::new(names).unwrap();
     leaf_params
         .distinguished_name
         .push(rcgen::DnType::CommonName, "localhost");
@@ -63,6 +71,10 @@ pub struct Pebble {
     pub http01_port: u16,
     pub tlsalpn_port: u16,
     pub eab: bool,
+    /// Where Pebble and its mock DNS listen.
+    pub bind: IpAddr,
+    /// What the mock DNS answers for every A query.
+    pub default_ipv4: Ipv4Addr,
     /// The CA that signs Pebble's API listener: the client must trust it.
     pub ca_pem: String,
     pub children: Vec<(&'static str, Child)>,
@@ -77,12 +89,40 @@ impl Pebble {
 
     /// [`Pebble::start`] with its mock DNS on `dns_port` (a daemon may be told to ask it).
     pub fn start_with_dns(http01_port: u16, eab: bool, dns_port: u16) -> Pebble {
+        Pebble::start_at(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            http01_port,
+            eab,
+            dns_port,
+            Ipv4Addr::LOCALHOST,
+        )
+    }
+
+    /// Pebble and its mock DNS listening on `bind` (a bridge the test made), the mock DNS
+    /// answering `default_ipv4` for every name, so Pebble validates HTTP-01 on
+    /// `default_ipv4:http01_port`.
+    pub fn start_on(
+        bind: IpAddr,
+        http01_port: u16,
+        dns_port: u16,
+        default_ipv4: Ipv4Addr,
+    ) -> Pebble {
+        Pebble::start_at(bind, http01_port, false, dns_port, default_ipv4)
+    }
+
+    fn start_at(
+        bind: IpAddr,
+        http01_port: u16,
+        eab: bool,
+        dns_port: u16,
+        default_ipv4: Ipv4Addr,
+    ) -> Pebble {
         assert!(
             Path::new("/usr/bin/pebble").exists() || which("pebble").is_some(),
             "pebble is not installed: `apt-get install -y pebble` (scripts/setup.sh does it)"
         );
         let dir = tempfile::tempdir().unwrap();
-        let ca_pem = make_listener_certs(dir.path());
+        let ca_pem = make_listener_certs_for(dir.path(), &[bind]);
         let mut p = Pebble {
             dir,
             acme_port: free_port(),
@@ -92,6 +132,8 @@ impl Pebble {
             http01_port,
             tlsalpn_port: free_port(),
             eab,
+            bind,
+            default_ipv4,
             ca_pem,
             children: Vec::new(),
         };
@@ -103,8 +145,8 @@ impl Pebble {
     fn write_config(&self) {
         let d = self.dir.path();
         let mut pebble = serde_json::json!({
-            "listenAddress": format!("127.0.0.1:{}", self.acme_port),
-            "managementListenAddress": format!("127.0.0.1:{}", self.mgmt_port),
+            "listenAddress": std::net::SocketAddr::new(self.bind, self.acme_port).to_string(),
+            "managementListenAddress": std::net::SocketAddr::new(self.bind, self.mgmt_port).to_string(),
             "certificate": d.join("localhost.pem"),
             "privateKey": d.join("localhost.key"),
             "httpPort": self.http01_port,
@@ -131,14 +173,14 @@ impl Pebble {
     }
 
     fn spawn(&mut self) {
-        // Mock DNS only: every A query -> 127.0.0.1, no AAAA, no challenge listeners of its own
+        // Mock DNS only: every A query -> `default_ipv4`, no AAAA, no challenge listeners of its own
         // (the HTTP-01 port stays free for the stand-in edge).
         let dns = Command::new("pebble-challtestsrv")
             .args([
                 "-management",
-                &format!("127.0.0.1:{}", self.chall_mgmt_port),
+                &std::net::SocketAddr::new(self.bind, self.chall_mgmt_port).to_string(),
                 "-dns01",
-                &format!("127.0.0.1:{}", self.dns_port),
+                &std::net::SocketAddr::new(self.bind, self.dns_port).to_string(),
                 "-http01",
                 "",
                 "-https01",
@@ -146,7 +188,7 @@ impl Pebble {
                 "-tlsalpn01",
                 "",
                 "-defaultIPv4",
-                "127.0.0.1",
+                &self.default_ipv4.to_string(),
                 "-defaultIPv6",
                 "",
             ])
@@ -161,7 +203,7 @@ impl Pebble {
                 "-config",
                 self.dir.path().join("pebble-config.json").to_str().unwrap(),
                 "-dnsserver",
-                &format!("127.0.0.1:{}", self.dns_port),
+                &std::net::SocketAddr::new(self.bind, self.dns_port).to_string(),
                 "-strict=false",
             ])
             // No random validation sleeps; Pebble's default 5% nonce rejection and 50%
@@ -176,7 +218,7 @@ impl Pebble {
         self.children.push(("pebble", pebble));
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if https_get(&self.ca_pem, self.acme_port, "/dir").is_ok() {
+            if https_get_at(&self.ca_pem, self.bind, self.acme_port, "/dir").is_ok() {
                 return;
             }
             assert!(
@@ -222,12 +264,15 @@ impl Pebble {
     }
 
     pub fn directory_url(&self) -> String {
-        format!("https://127.0.0.1:{}/dir", self.acme_port)
+        format!(
+            "https://{}/dir",
+            std::net::SocketAddr::new(self.bind, self.acme_port)
+        )
     }
 
     /// The root that signs what Pebble issues (new on every Pebble start).
     pub fn issuing_root(&self) -> String {
-        https_get(&self.ca_pem, self.mgmt_port, "/roots/0").expect("pebble's root")
+        https_get_at(&self.ca_pem, self.bind, self.mgmt_port, "/roots/0").expect("pebble's root")
     }
 
     /// A Certificate Policy for this Pebble: its directory, its listener CA, quick backoff.
@@ -259,6 +304,11 @@ pub fn which(cmd: &str) -> Option<PathBuf> {
 
 /// A blocking HTTPS GET to 127.0.0.1:`port`, trusting `ca_pem`.
 pub fn https_get(ca_pem: &str, port: u16, path: &str) -> Result<String, String> {
+    https_get_at(ca_pem, IpAddr::V4(Ipv4Addr::LOCALHOST), port, path)
+}
+
+/// A blocking HTTPS GET to `addr:port`, trusting `ca_pem`.
+pub fn https_get_at(ca_pem: &str, addr: IpAddr, port: u16, path: &str) -> Result<String, String> {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots
@@ -275,7 +325,7 @@ pub fn https_get(ca_pem: &str, port: u16, path: &str) -> Result<String, String> 
     let conn =
         rustls::ClientConnection::new(Arc::new(config), ServerName::try_from("localhost").unwrap())
             .map_err(|e| e.to_string())?;
-    let sock = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    let sock = std::net::TcpStream::connect((addr, port)).map_err(|e| e.to_string())?;
     sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut tls = rustls::StreamOwned::new(conn, sock);
     write!(

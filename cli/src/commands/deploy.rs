@@ -1,15 +1,22 @@
-//! `ployz deploy`: Compose in, Service Containers out.
+//! `ployz deploy`: Compose in, Service Containers out, on every Machine the entry Machine
+//! reaches.
 //!
-//! Compose -> Requested Service Specs -> Deploy Intent -> the Machine lease -> Deploy Snapshot
-//! (Live Observation of the entry Machine) -> Deploy Plan -> Deploy Preview -> confirmation ->
-//! operations one at a time -> Deploy Outcome -> the lease released.
+//! Compose -> Requested Service Specs -> Deploy Intent -> the Machines' leases -> Deploy
+//! Snapshot (each Machine's Live Observation, through the entry Machine) -> Deploy Plan ->
+//! Deploy Preview -> confirmation -> operations one at a time, each on its Machine -> Deploy
+//! Outcome -> the leases released.
 //!
-//! The Machine lease makes one command at a time change a Machine: a Deploy takes it before it
-//! observes (so it plans from what the Machine shows once no other command changes it, and
-//! checks hostname claims then), every call it makes carries the lease's fencing token, and it
-//! waits a bounded time (`--lease-wait`) while another command holds it, then gives up naming
-//! that command. `ployz rm`, `stop` and `start` take the lease the same way. A dry run takes no
-//! lease: it changes nothing.
+//! The Machines asked are those the entry Machine observes and does not observe down; one that
+//! does not answer (its lease, or its snapshot) is left out and named in the preview ("not
+//! included"), and the Deploy plans and runs on the rest, unless a Service's `x-machines` names
+//! it (refused before anything runs). Its containers are left as they are.
+//!
+//! Each Machine's lease makes one command at a time change it (`crate::leases`): a Deploy takes
+//! them before it observes (so it plans from what the Machines show once no other command
+//! changes them, and checks hostname claims then), every call it makes carries the lease token
+//! of the Machine it goes to, and it waits a bounded time (`--lease-wait`) while another command
+//! holds one, then gives up naming that command. `ployz rm`, `stop` and `start` take the leases
+//! the same way. A dry run takes no lease: it changes nothing.
 //!
 //! A refused project is reported whole: every error of its Compose files, and every planning
 //! problem of the Services that did load (`ployz_compose::load_partial`, then one read of the
@@ -28,9 +35,10 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context as _};
 use clap::Args;
 use ployz_compose::{self as compose, ComposeError, ComposeInput, ComposeWarning};
-use ployz_core::api::{docker_paths, LeaseAnswer, LeaseHolder, LeaseRequest};
+use ployz_core::api::{docker_paths, LeaseHolder};
 use ployz_core::{
-    DeployIntent, DeployOutcome, DeployPlan, DeployPreview, MachineSnapshot, Operation, ServiceName,
+    DeployIntent, DeployOutcome, DeployPlan, DeployPreview, MachineId, MachineSnapshot,
+    NotIncluded, Operation, ServiceName,
 };
 use ployz_orchestrator::execute::{execute, ExecuteOptions, Progress};
 use ployz_orchestrator::plan::{plan, PlanError, PlanOptions};
@@ -38,6 +46,7 @@ use ployz_orchestrator::preview;
 use serde::Serialize;
 
 use crate::client::ApiClient;
+use crate::leases::{Leases, Reach};
 use crate::output::{
     print_json, print_warnings, ErrorDocument, Problem, ProblemKind, Problems, Warning,
 };
@@ -233,6 +242,7 @@ async fn deploy_files(global: &GlobalArgs, args: DeployArgs) -> Result<(), Stop>
         plan: PlanOptions {
             recreate: args.recreate,
             seed: rand_seed(),
+            not_included: Vec::new(),
         },
         execute: ExecuteOptions {
             skip_health: args.skip_health,
@@ -261,19 +271,25 @@ async fn planning_problems(
     if intent.attempts.is_empty() {
         return Vec::new();
     }
-    let snapshot = async {
+    let gathered = async {
         let mut client = super::connect(global).await?;
-        client.get::<MachineSnapshot>(docker_paths::SNAPSHOT).await
+        let mut reach = Reach::observe(&mut client).await;
+        let machines = gather(&mut client, &mut reach, None).await?;
+        anyhow::Ok((machines, reach))
     }
     .await;
-    let machines = match snapshot {
-        Ok(snapshot) => vec![snapshot],
+    let (machines, reach) = match gathered {
+        Ok(gathered) => gathered,
         Err(e) => {
             return vec![Problem::from_text(
                 ProblemKind::Daemon,
                 format!("planning problems were not checked: {e:#}"),
             )]
         }
+    };
+    let opts = &PlanOptions {
+        not_included: reach.not_included,
+        ..opts.clone()
     };
     match plan(intent, &machines, opts) {
         Ok(plan) => match crate::client::check_plan_bodies(&plan) {
@@ -401,6 +417,7 @@ impl Flow {
             plan: PlanOptions {
                 recreate: false,
                 seed: rand_seed(),
+                not_included: Vec::new(),
             },
             execute: monitor_defaults(),
             lease_wait: lease_wait_from_env(),
@@ -421,98 +438,6 @@ pub fn lease_wait_from_env() -> Duration {
         }),
     };
     Duration::from_secs(seconds)
-}
-
-/// Who this command is, as the lease names its holder: user, host and process.
-fn holder_name() -> String {
-    let clean = |s: String| -> String {
-        s.chars()
-            .filter(|c| !c.is_control())
-            .take(60)
-            .collect::<String>()
-    };
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .map(clean)
-        .ok()
-        .filter(|u| !u.trim().is_empty())
-        .unwrap_or_else(|| "unknown user".to_owned());
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| clean(h.trim().to_owned()))
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown host".to_owned());
-    format!("{user}@{host} (pid {})", std::process::id())
-}
-
-/// Takes the Machine lease for `command`, waiting up to `wait` (with a progress line) while
-/// another command holds it, then refusing with who holds it. Once granted, `client` sends the
-/// lease's token with every call.
-pub async fn take_lease(
-    client: &mut ApiClient,
-    command: &str,
-    wait: Duration,
-) -> anyhow::Result<LeaseHolder> {
-    let request = LeaseRequest {
-        holder: holder_name(),
-        command: command.to_owned(),
-    };
-    let started = std::time::Instant::now();
-    let mut last_said: Option<std::time::Instant> = None;
-    loop {
-        let answer: LeaseAnswer = client
-            .post(docker_paths::LEASE, &request)
-            .await
-            .context("cannot take this Machine's lease")?;
-        let (busy, ttl_ms) = match answer {
-            LeaseAnswer::Granted { holder, took_over } => {
-                if let Some(previous) = took_over {
-                    eprintln!(
-                        "took over this Machine's lease from {previous}: it made no call for {} s",
-                        holder.ttl_ms / 1000
-                    );
-                }
-                client.set_lease_token(Some(holder.token));
-                return Ok(holder);
-            }
-            LeaseAnswer::Held { holder } => {
-                let ttl = holder.ttl_ms;
-                (format!("its lease is held by {holder}"), Some(ttl))
-            }
-            LeaseAnswer::Busy { operations } => (
-                format!("{operations} call(s) made without a lease are changing it"),
-                None,
-            ),
-        };
-        let waited = started.elapsed();
-        if waited >= wait {
-            let lapse = ttl_ms.map_or(String::new(), |ms| {
-                format!(
-                    " (a holder that died loses the lease {} s after its last call)",
-                    ms / 1000
-                )
-            });
-            bail!(
-                "this Machine is busy: {busy}; nothing was changed; run this again once that command ends, or wait longer with --lease-wait SECONDS{lapse}"
-            );
-        }
-        if last_said.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-            eprintln!(
-                "waiting for this Machine's lease: {busy} (waited {} s of up to {} s)",
-                waited.as_secs(),
-                wait.as_secs()
-            );
-            last_said = Some(std::time::Instant::now());
-        }
-        tokio::time::sleep((wait - waited).min(Duration::from_millis(500))).await;
-    }
-}
-
-/// Releases the lease `client` holds. A lease that cannot be released (the daemon is gone)
-/// lapses on its own.
-pub async fn release_lease(client: &mut ApiClient) {
-    let _ = client.delete(docker_paths::LEASE).await;
-    client.set_lease_token(None);
 }
 
 /// Execute options with `PLOYZ_HEALTH_MONITOR_PERIOD` (seconds) applied.
@@ -551,47 +476,125 @@ pub async fn deploy_intent(
         .map_err(|stop| stop.into_error(flow.json))
 }
 
-/// [`deploy_intent`] once the warnings are shown (text mode).
+/// [`deploy_intent`] once the warnings are shown (text mode): the Machines reached, their
+/// leases (none for a dry run), the Deploy, the leases released.
 async fn deploy_project(
     client: &mut ApiClient,
     intent: &DeployIntent,
     warnings: Vec<Warning>,
     flow: &Flow,
 ) -> Result<(), Stop> {
+    let mut reach = Reach::observe(client).await;
     if flow.dry_run {
-        if let Ok(Some(holder)) = client.get::<Option<LeaseHolder>>(docker_paths::LEASE).await {
-            eprintln!(
-                "note: this Machine's lease is held by {holder}; the Machine may change before a Deploy runs"
-            );
-        }
-        return deploy_holding(client, intent, warnings, flow, None).await;
+        note_held_leases(client, &reach).await;
+        return deploy_holding(client, intent, warnings, flow, &mut reach, None).await;
     }
     let command = flow.command.clone().unwrap_or_else(|| {
         let names: Vec<&str> = intent.attempts.iter().map(|n| n.as_str()).collect();
         format!("deploy of {}", names.join(", "))
     });
-    let lease = take_lease(client, &command, flow.lease_wait)
+    let mut leases = Leases::take(client, &mut reach, &command, flow.lease_wait)
         .await
         .stop_as(ProblemKind::Lease)?;
-    let result = deploy_holding(client, intent, warnings, flow, Some(&lease)).await;
-    release_lease(client).await;
+    let result = deploy_holding(
+        client,
+        intent,
+        warnings,
+        flow,
+        &mut reach,
+        Some(&mut leases),
+    )
+    .await;
+    leases.release(client).await;
     result
 }
 
-/// The Deploy itself, holding the lease (`None` for a dry run).
+/// A dry run takes no lease, but says when another command holds one: the Machines may change
+/// before a Deploy runs.
+async fn note_held_leases(client: &mut ApiClient, reach: &Reach) {
+    for m in &reach.machines {
+        client.set_machine_target(m.id.as_ref().map(|id| id.to_string()));
+        if let Ok(Some(holder)) = client.get::<Option<LeaseHolder>>(docker_paths::LEASE).await {
+            let subject = reach.subject(m);
+            eprintln!(
+                "note: {subject}'s lease is held by {holder}; {} may change before a Deploy runs",
+                if subject == "this Machine" {
+                    "the Machine"
+                } else {
+                    "it"
+                }
+            );
+        }
+    }
+    client.set_machine_target(None);
+}
+
+/// The Deploy Snapshot: every Machine of `reach` asked for its own observation (Live
+/// Observation), through the Machine reached. A Machine that does not answer is moved to
+/// `reach.not_included` (and its lease released); when none answers, the first one's failure is
+/// the error.
+async fn gather(
+    client: &mut ApiClient,
+    reach: &mut Reach,
+    mut leases: Option<&mut Leases>,
+) -> anyhow::Result<Vec<MachineSnapshot>> {
+    if reach.machines.iter().any(|m| m.id.is_none()) {
+        return Ok(vec![client.get(docker_paths::SNAPSHOT).await?]);
+    }
+    let asked: Vec<(MachineId, String)> = reach
+        .machines
+        .iter()
+        .filter_map(|m| Some((m.id.clone()?, m.name.clone())))
+        .collect();
+    let (answers, failures) =
+        crate::targets::get_from::<MachineSnapshot>(client, &asked, docker_paths::SNAPSHOT).await?;
+    let mut machines: Vec<MachineSnapshot> = answers.into_iter().map(|(_, s)| s).collect();
+    machines.sort_by(|a, b| a.machine.info.id.cmp(&b.machine.info.id));
+    if machines.is_empty() {
+        let first = failures
+            .first()
+            .map_or("no Machine answered".to_owned(), |f| f.reason.clone());
+        bail!("{first}");
+    }
+    for f in failures {
+        let Some(m) = reach
+            .machines
+            .iter()
+            .position(|m| m.id.as_ref().is_some_and(|id| id.as_str() == f.target))
+            .map(|i| reach.machines.remove(i))
+        else {
+            continue;
+        };
+        let id = m.id.expect("asked by ID");
+        if let Some(leases) = leases.as_deref_mut() {
+            leases.release_one(client, &id).await;
+        }
+        reach.not_included.push(NotIncluded {
+            machine: id,
+            name: m.name,
+            reason: f.reason,
+        });
+    }
+    Ok(machines)
+}
+
+/// The Deploy itself, holding the leases (`None` for a dry run).
 async fn deploy_holding(
     client: &mut ApiClient,
     intent: &DeployIntent,
     warnings: Vec<Warning>,
     flow: &Flow,
-    lease: Option<&LeaseHolder>,
+    reach: &mut Reach,
+    mut leases: Option<&mut Leases>,
 ) -> Result<(), Stop> {
-    let snapshot: MachineSnapshot = client
-        .get(docker_paths::SNAPSHOT)
+    let machines = gather(client, reach, leases.as_deref_mut())
         .await
         .stop_as(ProblemKind::Daemon)?;
-    let machines = vec![snapshot];
-    let plan = match plan(intent, &machines, &flow.plan) {
+    let opts = PlanOptions {
+        not_included: reach.not_included.clone(),
+        ..flow.plan.clone()
+    };
+    let plan = match plan(intent, &machines, &opts) {
         Ok(plan) => plan,
         Err(errors) => {
             return Err(Stop::Refused {
@@ -612,30 +615,29 @@ async fn deploy_holding(
     let preview = DeployPreview {
         plan,
         warnings: warnings.into_iter().map(|w| w.line).collect(),
+        not_included: reach.not_included.clone(),
     };
     if !flow.json {
         print!("{}", preview::render(&preview, &machines));
     }
-    let Some(lease) = lease.filter(|_| !preview.plan.is_empty() && !flow.dry_run) else {
+    let Some(leases) = leases.filter(|_| !preview.plan.is_empty() && !flow.dry_run) else {
         if flow.json {
             print_json(&DeployReport::new(&preview, None)).stop_as(ProblemKind::Failed)?;
         }
         return Ok(());
     };
     if !flow.yes {
-        confirm_holding(
-            client,
-            "Proceed with deployment?",
-            Duration::from_millis(lease.ttl_ms),
-        )
-        .await
-        .stop_as(ProblemKind::Failed)?;
+        confirm_holding(client, "Proceed with deployment?", leases)
+            .await
+            .stop_as(ProblemKind::Failed)?;
     }
-    let machine = machines[0].machine.info.id.clone();
     let total = preview.plan.operations().count();
     let mut step = 0;
     let quiet = flow.json;
-    let mut target = ApiTarget { client, machine };
+    let mut target = ApiTarget {
+        client,
+        leases: &*leases,
+    };
     let outcome = execute(&preview.plan, &mut target, &flow.execute, |p| {
         if quiet {
             return;
@@ -651,6 +653,7 @@ async fn deploy_holding(
         }
     })
     .await;
+    Leases::aim_off(client);
     if flow.json {
         print_json(&DeployReport::new(&preview, Some(&outcome))).map_err(Stop::Reported)?;
     } else {
@@ -719,8 +722,14 @@ fn print_outcome(outcome: &DeployOutcome, machines: &[MachineSnapshot]) {
 async fn confirm_holding(
     client: &mut ApiClient,
     question: &str,
-    ttl: Duration,
+    leases: &Leases,
 ) -> anyhow::Result<()> {
+    let ttl = leases
+        .held
+        .iter()
+        .map(|h| h.ttl)
+        .min()
+        .unwrap_or(Duration::from_secs(10));
     if !std::io::stdin().is_terminal() {
         bail!("no terminal to confirm on; pass -y to proceed without a prompt");
     }
@@ -737,12 +746,7 @@ async fn confirm_holding(
     let answer = loop {
         tokio::select! {
             read = &mut reading => break read.context("the terminal closed")??,
-            _ = tokio::time::sleep(every) => {
-                let _: LeaseHolder = client
-                    .put(docker_paths::LEASE, &())
-                    .await
-                    .context("this Machine's lease could not be kept while waiting for the answer")?;
-            }
+            _ = tokio::time::sleep(every) => leases.renew(client).await?,
         }
     };
     if matches!(answer.trim(), "y" | "Y" | "yes" | "Yes") {
@@ -832,6 +836,7 @@ mod tests {
         let preview = DeployPreview {
             plan: plan(),
             warnings: vec![],
+            not_included: vec![],
         };
         let outcome = DeployOutcome {
             completed: vec![CompletedOperation {

@@ -17,9 +17,14 @@ pub enum DnsCommand {
         /// The record type: A, AAAA, ANY, TXT... [default: A].
         #[arg(long = "type", short = 't', value_name = "TYPE", default_value = "A")]
         qtype: String,
-        /// Print JSON.
+        /// Print JSON (with -m: `values`, each Machine's answer with its Machine, and
+        /// `failures`).
         #[arg(long)]
         json: bool,
+        /// Ask these Machines instead (a Name or Machine ID, repeatable, or `*`): each answers
+        /// from its own snapshot [default: the Machine reached].
+        #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+        machines: Vec<String>,
     },
 }
 
@@ -36,23 +41,60 @@ fn encode(v: &str) -> String {
 }
 
 pub async fn run(global: &GlobalArgs, cmd: DnsCommand) -> anyhow::Result<()> {
-    let DnsCommand::Lookup { name, qtype, json } = cmd;
+    let DnsCommand::Lookup {
+        name,
+        qtype,
+        json,
+        machines,
+    } = cmd;
     // Refuse a bad type before reaching anything.
     qtype
         .parse::<QueryType>()
         .map_err(|e| anyhow::anyhow!("--type: {e}"))?;
     let mut client = super::connect(global).await?;
-    let answer: LookupAnswer = client
-        .get(&format!(
-            "{}?name={}&type={}",
-            paths::DNS_LOOKUP,
-            encode(&name),
-            encode(&qtype)
-        ))
-        .await?;
+    let path = format!(
+        "{}?name={}&type={}",
+        paths::DNS_LOOKUP,
+        encode(&name),
+        encode(&qtype)
+    );
+    if !machines.is_empty() {
+        let (answers, failures) =
+            crate::targets::get_all::<LookupAnswer>(&mut client, &machines, &path).await?;
+        let asked = answers.len() + failures.len();
+        if json {
+            let values: Vec<serde_json::Value> = answers
+                .iter()
+                .map(|(m, a)| {
+                    serde_json::json!({ "machine": m.machine, "machine_name": m.name, "answer": a })
+                })
+                .collect();
+            print_json(&serde_json::json!({ "values": values, "failures": failures }))?;
+        } else {
+            for (m, answer) in &answers {
+                println!(
+                    "Machine {}:",
+                    if m.name.is_empty() {
+                        m.machine.as_str()
+                    } else {
+                        &m.name
+                    }
+                );
+                print_answer(answer);
+            }
+        }
+        return crate::targets::report_failures(&failures, asked);
+    }
+    let answer: LookupAnswer = client.get(&path).await?;
     if json {
         return print_json(&answer);
     }
+    print_answer(&answer);
+    Ok(())
+}
+
+/// One Machine's answer, as dig would show its records.
+fn print_answer(answer: &LookupAnswer) {
     match answer.kind {
         AnswerKind::Forwarded => {
             println!(
@@ -84,5 +126,4 @@ pub async fn run(global: &GlobalArgs, cmd: DnsCommand) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
 }

@@ -4,7 +4,8 @@ use anyhow::{anyhow, bail};
 use clap::Args;
 use ployz_compose::parse_port;
 use ployz_core::{
-    ContainerSpec, DeployIntent, PullPolicy, ServiceMode, ServiceName, ServiceSpec, UpdateConfig,
+    ContainerSpec, DeployIntent, MachineTarget, PullPolicy, ServiceMode, ServiceName, ServiceSpec,
+    UpdateConfig,
 };
 
 use crate::GlobalArgs;
@@ -44,6 +45,10 @@ pub struct RunArgs {
     /// `missing`, `always` or `never`.
     #[arg(long, default_value = "missing")]
     pull: String,
+    /// Run only on this Machine (a Name or Machine ID; repeatable), as `x-machines` does
+    /// [default: wherever placement puts it, over every Machine the Deploy includes].
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    machines: Vec<String>,
     /// Do not ask for confirmation.
     #[arg(short = 'y', long, env = "PLOYZ_AUTO_CONFIRM")]
     yes: bool,
@@ -113,6 +118,15 @@ pub fn spec_from(args: &RunArgs) -> anyhow::Result<ServiceSpec> {
     }
     ports.sort();
     ports.dedup();
+    let mut machines = Vec::new();
+    for m in &args.machines {
+        machines.push(
+            m.parse::<MachineTarget>()
+                .map_err(|e| anyhow!("--machine '{m}': {e}"))?,
+        );
+    }
+    machines.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    machines.dedup();
     Ok(ServiceSpec {
         name,
         mode,
@@ -134,7 +148,7 @@ pub fn spec_from(args: &RunArgs) -> anyhow::Result<ServiceSpec> {
             ..Default::default()
         },
         ports,
-        machines: vec![],
+        machines,
         update: UpdateConfig::default(),
         pre_deploy: None,
         depends_on: vec![],

@@ -14,6 +14,7 @@ use ployz_core::{
 use serde::Serialize;
 
 use crate::client::ApiClient;
+use crate::leases::{Leases, Reach};
 use crate::output::{print_json, print_table, table};
 use crate::GlobalArgs;
 
@@ -401,7 +402,8 @@ pub async fn inspect(global: &GlobalArgs, args: InspectArgs) -> anyhow::Result<(
 pub struct LogsArgs {
     /// `SERVICE` or `SERVICE/CONTAINER` (name, ID or ID prefix).
     target: String,
-    /// Keep printing new lines.
+    /// Keep printing new lines, of every container of the Service at once (each line prefixed by
+    /// its Machine and container), until they stop.
     #[arg(short, long)]
     follow: bool,
     /// Lines from the end of each container's log, or `all`.
@@ -445,62 +447,109 @@ pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<()> {
         let one = sel.resolve(&mine).one()?.clone();
         mine = vec![one];
     }
-    if args.follow && mine.len() > 1 {
-        bail!(
-            "--follow takes one container; Service '{}' has {}: name one as {}/CONTAINER",
-            s.name,
-            mine.len(),
-            s.name
-        );
-    }
     let multi = mine.len() > 1;
     let machines: std::collections::BTreeSet<&ployz_core::MachineId> =
         mine.iter().map(|c| &c.machine_id).collect();
-    for c in &mine {
-        let mut query = vec![format!("follow={}", args.follow)];
-        if let Some(t) = tail {
-            query.push(format!("tail={t}"));
+    let mut query = vec![format!("follow={}", args.follow)];
+    if let Some(t) = tail {
+        query.push(format!("tail={t}"));
+    }
+    if let Some(v) = args.since {
+        query.push(format!("since={}", v.0));
+    }
+    if let Some(v) = args.until {
+        query.push(format!("until={}", v.0));
+    }
+    let streams: Vec<LogStream> = mine
+        .iter()
+        .map(|c| LogStream {
+            machine: c.machine_id.clone(),
+            path: format!(
+                "{}?{}",
+                paths::fill(paths::CONTAINER_LOGS, c.id.as_str()),
+                query.join("&")
+            ),
+            prefix: match (multi, machines.len() > 1) {
+                (false, _) => None,
+                (true, true) => Some(format!("{}/{} | ", everywhere.name(&c.machine_id), c.name)),
+                (true, false) => Some(format!("{} | ", c.name)),
+            },
+            name: c.name.clone(),
+        })
+        .collect();
+    let mut failures = everywhere.failures.clone();
+    if args.follow && multi {
+        // Every container at once, each over a connection of its own, lines merged as they come.
+        let mut following = tokio::task::JoinSet::new();
+        for stream in streams {
+            let connection = client.connection().clone();
+            following.spawn(async move {
+                let streamed = async {
+                    let mut own = ApiClient::connect(&connection).await?;
+                    stream.run(&mut own).await
+                }
+                .await;
+                (stream.name, streamed)
+            });
         }
-        if let Some(v) = args.since {
-            query.push(format!("since={}", v.0));
+        while let Some(done) = following.join_next().await {
+            if let Ok((name, Err(e))) = done {
+                eprintln!("warning: the log of {name} stopped: {e:#}");
+                failures.push(ployz_core::TargetFailure {
+                    target: name,
+                    reason: format!("{e:#}"),
+                });
+            }
         }
-        if let Some(v) = args.until {
-            query.push(format!("until={}", v.0));
+    } else {
+        for stream in &streams {
+            stream.run(&mut client).await?;
         }
-        let path = format!(
-            "{}?{}",
-            paths::fill(paths::CONTAINER_LOGS, c.id.as_str()),
-            query.join("&")
-        );
+    }
+    crate::targets::report_failures(&failures, everywhere.asked)
+}
+
+/// One container's log, asked of its own Machine through the one reached.
+struct LogStream {
+    machine: ployz_core::MachineId,
+    path: String,
+    /// Put before each line when several containers' lines are printed together.
+    prefix: Option<String>,
+    name: String,
+}
+
+impl LogStream {
+    /// Streams the log to stdout until its end (with `follow`, until the container stops).
+    async fn run(&self, client: &mut ApiClient) -> anyhow::Result<()> {
         let mut pending = Vec::new();
-        let prefix = if machines.len() > 1 {
-            format!("{}/{} | ", everywhere.name(&c.machine_id), c.name)
-        } else {
-            format!("{} | ", c.name)
-        };
-        // The container's own Machine answers (the one reached forwards the call).
-        client.set_machine_target(Some(c.machine_id.to_string()));
+        client.set_machine_target(Some(self.machine.to_string()));
         let streamed = client
-            .get_stream(&path, |chunk| {
-                if !multi {
+            .get_stream(&self.path, |chunk| {
+                let Some(prefix) = &self.prefix else {
                     // A reader that has gone (`ployz logs -f web | head`) ends the command.
                     let _ = crate::write_stdout(chunk);
                     return;
-                }
+                };
                 pending.extend_from_slice(chunk);
                 while let Some(i) = pending.iter().position(|b| *b == b'\n') {
                     let line: Vec<u8> = pending.drain(..=i).collect();
-                    print!("{prefix}{}", String::from_utf8_lossy(&line));
+                    // One write per line: lines of streams printed together never interleave.
+                    let mut text = prefix.clone().into_bytes();
+                    text.extend_from_slice(&line);
+                    let _ = crate::write_stdout(&text);
                 }
             })
             .await;
         client.set_machine_target(None);
         streamed?;
-        if multi && !pending.is_empty() {
-            println!("{prefix}{}", String::from_utf8_lossy(&pending));
+        if let (Some(prefix), false) = (&self.prefix, pending.is_empty()) {
+            let mut text = prefix.clone().into_bytes();
+            text.extend_from_slice(&pending);
+            text.push(b'\n');
+            let _ = crate::write_stdout(&text);
         }
+        Ok(())
     }
-    crate::targets::report_failures(&everywhere.failures, everywhere.asked)
 }
 
 #[derive(Debug, Args)]
@@ -562,17 +611,25 @@ pub struct ServicesArgs {
     /// Do not ask for confirmation.
     #[arg(short = 'y', long, env = "PLOYZ_AUTO_CONFIRM")]
     yes: bool,
-    /// How long to wait for the Machine's lease while another command holds it.
+    /// How long to wait for each Machine's lease while another command holds it.
     #[arg(long, value_name = "SECONDS", env = super::deploy::LEASE_WAIT_ENV, default_value_t = super::deploy::DEFAULT_LEASE_WAIT_SECONDS)]
     lease_wait: u64,
+    /// Act on these Machines only: a Name or Machine ID (repeatable), or `*` [default: every
+    /// Machine the Machine reached observes]. A Machine that does not answer is reported (a
+    /// Partial Result; exit code 3) and the others are acted on.
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    machines: Vec<String>,
 }
 
-/// `rm`, `start` and `stop` over every container of the named Services. They hold the Machine
-/// lease like a Deploy: while another command holds it they wait (`--lease-wait`), then give up
-/// naming it, and they act on the containers the Machine shows once the lease is theirs.
+/// `rm`, `start` and `stop` over every container of the named Services, on every Machine that
+/// runs one. They hold the leases of those Machines like a Deploy: while another command holds
+/// one they wait (`--lease-wait`), then give up naming it, and on each Machine they act on the
+/// containers it shows once its lease is theirs. A Machine that does not answer is reported
+/// and the others are acted on (a Partial Result).
 pub async fn lifecycle(global: &GlobalArgs, verb: &str, args: ServicesArgs) -> anyhow::Result<()> {
     let mut client = super::connect(global).await?;
-    let all = services(&containers(&mut client).await?);
+    let everywhere = Everywhere::ask(&mut client, &args.machines).await?;
+    let all = services(&everywhere.containers);
     let mut chosen = Vec::new();
     for sel in &args.services {
         chosen.push(one_service(&all, sel)?.clone());
@@ -584,19 +641,74 @@ pub async fn lifecycle(global: &GlobalArgs, verb: &str, args: ServicesArgs) -> a
             names.join(", ")
         ))?;
     }
+    let holding: Vec<ployz_core::MachineId> = everywhere
+        .containers
+        .iter()
+        .filter(|c| chosen.iter().any(|s| s.id == c.service_id))
+        .map(|c| c.machine_id.clone())
+        .collect();
+    let mut reach = Reach::observe(&mut client).await.only(&holding);
     let command = format!("{verb} {}", args.services.join(" "));
-    super::deploy::take_lease(
+    let mut leases = Leases::take(
         &mut client,
+        &mut reach,
         &command,
         std::time::Duration::from_secs(args.lease_wait),
     )
     .await?;
-    let result = lifecycle_holding(&mut client, verb, &chosen).await;
-    super::deploy::release_lease(&mut client).await;
-    result
+    let result = lifecycle_holding(&mut client, verb, &chosen, &leases, &reach).await;
+    leases.release(&mut client).await;
+    result?;
+    let mut failures = everywhere.failures;
+    failures.extend(
+        reach
+            .not_included
+            .iter()
+            .map(|n| ployz_core::TargetFailure {
+                target: n.name.clone(),
+                reason: n.reason.clone(),
+            }),
+    );
+    crate::targets::report_failures(&failures, everywhere.asked)
 }
 
+/// Acts on the chosen Services' containers, Machine by Machine under each one's lease.
 async fn lifecycle_holding(
+    client: &mut ApiClient,
+    verb: &str,
+    chosen: &[ServiceView],
+    leases: &Leases,
+    reach: &Reach,
+) -> anyhow::Result<()> {
+    for held in &leases.held {
+        if let Some(id) = &held.machine.id {
+            leases.aim(client, id).map_err(|e| anyhow!(e))?;
+        } else {
+            client.set_lease_token(Some(held.token));
+        }
+        let acted = lifecycle_on_machine(client, verb, chosen).await;
+        Leases::aim_off(client);
+        acted.map_err(|e| {
+            if reach.machines.len() > 1 {
+                e.context(format!("on Machine {}", held.machine.name))
+            } else {
+                e
+            }
+        })?;
+    }
+    for s in chosen {
+        let done = match verb {
+            "rm" => "removed",
+            "stop" => "stopped",
+            _ => "started",
+        };
+        println!("Service '{}' {done}.", s.name);
+    }
+    Ok(())
+}
+
+/// `verb` on the chosen Services' containers of the Machine `client` is aimed at.
+async fn lifecycle_on_machine(
     client: &mut ApiClient,
     verb: &str,
     chosen: &[ServiceView],
@@ -622,6 +734,13 @@ async fn lifecycle_holding(
                         c.name, result.in_flight_left
                     );
                 }
+                if !result.unconfirmed.is_empty() {
+                    eprintln!(
+                        "warning: the edges of {} did not confirm they let {} go before the drain timeout",
+                        result.unconfirmed.join(", "),
+                        c.name
+                    );
+                }
             }
             match verb {
                 "rm" => {
@@ -645,12 +764,6 @@ async fn lifecycle_holding(
                 _ => {}
             }
         }
-        let done = match verb {
-            "rm" => "removed",
-            "stop" => "stopped",
-            _ => "started",
-        };
-        println!("Service '{}' {done}.", s.name);
     }
     Ok(())
 }
@@ -678,7 +791,11 @@ pub async fn scale(global: &GlobalArgs, args: ScaleArgs) -> anyhow::Result<()> {
         );
     }
     let mut client = super::connect(global).await?;
-    let all = services(&containers(&mut client).await?);
+    let everywhere = Everywhere::ask(&mut client, &[]).await?;
+    for f in &everywhere.failures {
+        eprintln!("warning: Machine {}: {}", f.target, f.reason);
+    }
+    let all = services(&everywhere.containers);
     let s = one_service(&all, &args.service)?;
     let mut spec = s
         .spec

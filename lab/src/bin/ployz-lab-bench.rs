@@ -1,14 +1,16 @@
 //! Measures a Cluster in the lab: replication throughput and latency, failure detection, the
-//! idle cost of the mesh, userspace WireGuard throughput against the plain underlay, and the
-//! latency of a listing fanned out to every Machine against the same listing of one. Prints one
-//! line per figure; nothing is asserted.
+//! idle cost of the mesh, userspace WireGuard throughput against the plain underlay, the
+//! latency of a listing fanned out to every Machine against the same listing of one, route
+//! convergence (a container healthy on Machine 2 to Machine 0's edge serving it), and the edge's
+//! requests/s to a container across the mesh against a local one. Prints one line per figure;
+//! nothing is asserted.
 //!
 //! ```sh
 //! cargo build --release -p ployz -p ployz-lab
-//! PLOYZ_BIN=$PWD/target/release/ployz target/release/ployz-lab-bench [replication|latency|detection|idle|wireguard|fanout]...
+//! PLOYZ_BIN=$PWD/target/release/ployz target/release/ployz-lab-bench [replication|latency|detection|idle|wireguard|fanout|convergence|edge-mesh]...
 //! ```
 //!
-//! Without arguments every measurement runs (about 6 minutes on 2 cores).
+//! Without arguments every measurement runs (about 9 minutes on 2 cores).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -445,6 +447,8 @@ fn fanout() -> anyhow::Result<()> {
                 "-y",
                 "--name",
                 &format!("app{i}"),
+                "-m",
+                &format!("m{i}"),
                 ployz_lab::LAB_IMAGE,
                 "sleep",
                 "3600",
@@ -474,6 +478,227 @@ fn fanout() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One `GET /` with `Host: host` to `addr` on a connection of its own; the status code.
+fn get_status(addr: SocketAddr, host: &str) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
+}
+
+/// Milliseconds since the Unix epoch.
+fn unix_ms(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64() * 1000.0)
+        .unwrap_or(0.0)
+}
+
+/// Route convergence: a Service pinned to Machine 2, with a healthcheck, deployed through
+/// Machine 0 while a thread in Machine 0's namespace asks Machine 0's edge for its hostname every
+/// 2 ms; from Docker's `health_status: healthy` event on Machine 2 to the first 200 through
+/// Machine 0's edge. Ten rounds, each a new Service.
+fn convergence() -> anyhow::Result<()> {
+    let lab = cluster(3, vec![])?;
+    let edge = SocketAddr::new(lab.underlay_addr(0).into(), 80);
+    let mut figures = Vec::new();
+    for round in 0..10 {
+        let name = format!("conv{round}");
+        let host = format!("{name}.bench.test");
+        let file = lab.dir().join(format!("{name}.yaml"));
+        std::fs::write(
+            &file,
+            format!(
+                "services:\n  {name}:\n    image: {}\n    command: [\"sh\", \"-c\", \"echo ok > /index.html && exec httpd -f -p 8080 -h /\"]\n    healthcheck:\n      test: [\"CMD\", \"wget\", \"-q\", \"-O\", \"/dev/null\", \"http://127.0.0.1:8080/\"]\n      interval: 1s\n      start_period: 0s\n    x-machines: m2\n    x-ports:\n      - {host}:8080/http\n",
+                ployz_lab::LAB_IMAGE
+            ),
+        )?;
+        let since = std::time::SystemTime::now();
+        let ns = netns_file(&lab, 0);
+        let poll_host = host.clone();
+        let poller = std::thread::spawn(move || -> anyhow::Result<std::time::SystemTime> {
+            enter(&ns)?;
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < deadline {
+                if get_status(edge, &poll_host) == Some(200) {
+                    return Ok(std::time::SystemTime::now());
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            bail!("{poll_host} never answered through Machine 0's edge")
+        });
+        let mut deploy = lab.cli(0);
+        deploy
+            .env("PLOYZ_HEALTH_MONITOR_PERIOD", "0")
+            .args(["deploy", "-y", "-f"])
+            .arg(&file);
+        let out = deploy.output()?;
+        if !out.status.success() {
+            bail!("deploy {name}: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let served = poller
+            .join()
+            .map_err(|_| anyhow::anyhow!("the poller panicked"))??;
+        let events = lab.docker(
+            2,
+            &[
+                "events",
+                "--since",
+                &format!("{:.3}", unix_ms(since) / 1000.0),
+                "--until",
+                &format!("{:.3}", unix_ms(std::time::SystemTime::now()) / 1000.0),
+                "--filter",
+                "event=health_status: healthy",
+                "--filter",
+                &format!("label=ployz.service.name={name}"),
+                "--format",
+                "{{.TimeNano}}",
+            ],
+        );
+        let healthy_ns: f64 = String::from_utf8_lossy(&events.stdout)
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .with_context(|| {
+                format!(
+                    "no health_status event for {name}: {}",
+                    String::from_utf8_lossy(&events.stderr)
+                )
+            })?;
+        figures.push(unix_ms(served) - healthy_ns / 1e6);
+    }
+    let max = figures.iter().copied().fold(f64::MIN, f64::max);
+    println!(
+        "route convergence, healthy on m2 to m0's edge serving it: median {:.0} ms, max {max:.0} ms (rounds {:.0?})",
+        median(figures.clone()),
+        figures
+    );
+    Ok(())
+}
+
+/// Requests per second from `conns` keep-alive connections (threads in Machine `from`'s
+/// namespace) to `addr` with `Host: host`, over `secs` seconds.
+fn load(
+    lab: &Lab,
+    from: usize,
+    addr: SocketAddr,
+    host: &str,
+    conns: usize,
+    secs: u64,
+) -> anyhow::Result<f64> {
+    let until = Instant::now() + Duration::from_secs(secs);
+    let threads: Vec<_> = (0..conns)
+        .map(|_| {
+            let ns = netns_file(lab, from);
+            let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").into_bytes();
+            std::thread::spawn(move || -> anyhow::Result<u64> {
+                enter(&ns)?;
+                let mut done = 0u64;
+                let mut s = TcpStream::connect(addr)?;
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                let mut buf = vec![0u8; 16 << 10];
+                while Instant::now() < until {
+                    s.write_all(&request)?;
+                    // One answer: the head, then Content-Length bytes of body.
+                    let mut got = Vec::new();
+                    let (head_end, length) = loop {
+                        let n = s.read(&mut buf)?;
+                        if n == 0 {
+                            bail!("the edge closed the connection");
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&got[..i]).to_ascii_lowercase();
+                            if !head.starts_with("http/1.1 200") {
+                                bail!("{}", head.lines().next().unwrap_or_default());
+                            }
+                            let length: usize = head
+                                .lines()
+                                .find_map(|l| l.strip_prefix("content-length:"))
+                                .and_then(|v| v.trim().parse().ok())
+                                .context("an answer without Content-Length")?;
+                            break (i + 4, length);
+                        }
+                    };
+                    while got.len() < head_end + length {
+                        let n = s.read(&mut buf)?;
+                        if n == 0 {
+                            bail!("the edge closed the connection mid-body");
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                    }
+                    done += 1;
+                }
+                Ok(done)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in threads {
+        total += t
+            .join()
+            .map_err(|_| anyhow::anyhow!("a load thread panicked"))??;
+    }
+    Ok(total as f64 / secs as f64)
+}
+
+/// Machine 0's edge serving a container on Machine 0 against one on Machine 1 (over the mesh),
+/// the same image and page (busybox httpd, a new upstream connection per request); 4 keep-alive
+/// client connections from Machine 0's namespace, 10 s each, three interleaved runs.
+fn edge_mesh() -> anyhow::Result<()> {
+    let lab = cluster(2, vec![])?;
+    for (i, host) in [(0, "local.bench.test"), (1, "remote.bench.test")] {
+        let publish = format!("{host}:8080/http");
+        run(
+            &lab,
+            0,
+            &[
+                "run",
+                "-y",
+                "--name",
+                &format!("page{i}"),
+                "-m",
+                &format!("m{i}"),
+                "-p",
+                &publish,
+                ployz_lab::LAB_IMAGE,
+                "sh",
+                "-c",
+                "echo ok > /index.html && exec httpd -f -p 8080 -h /",
+            ],
+        )?;
+    }
+    let edge = SocketAddr::new(lab.underlay_addr(0).into(), 80);
+    let ns = netns_file(&lab, 0);
+    for host in ["local.bench.test", "remote.bench.test"] {
+        let (ns, host) = (ns.clone(), host.to_owned());
+        std::thread::spawn(move || -> anyhow::Result<()> {
+            enter(&ns)?;
+            wait(&host, Duration::from_secs(60), || {
+                get_status(edge, &host) == Some(200)
+            })
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the waiter panicked"))??;
+    }
+    let (mut local, mut remote) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        local.push(load(&lab, 0, edge, "local.bench.test", 4, 10)?);
+        remote.push(load(&lab, 0, edge, "remote.bench.test", 4, 10)?);
+    }
+    let (l, r) = (median(local.clone()), median(remote.clone()));
+    println!(
+        "m0's edge, 4 connections: to a container on m0 {l:.0} req/s, on m1 over the mesh {r:.0} req/s ({:.2}x; runs local {local:.0?}, mesh {remote:.0?})",
+        r / l
+    );
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let all = [
         "replication",
@@ -482,6 +707,8 @@ fn main() -> anyhow::Result<()> {
         "idle",
         "wireguard",
         "fanout",
+        "convergence",
+        "edge-mesh",
     ];
     let asked: Vec<String> = std::env::args().skip(1).collect();
     let which: Vec<&str> = if asked.is_empty() {
@@ -497,6 +724,8 @@ fn main() -> anyhow::Result<()> {
             "idle" => idle()?,
             "wireguard" => wireguard()?,
             "fanout" => fanout()?,
+            "convergence" => convergence()?,
+            "edge-mesh" => edge_mesh()?,
             other => bail!("unknown measurement '{other}'; one of: {}", all.join(", ")),
         }
     }

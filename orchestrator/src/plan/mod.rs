@@ -41,8 +41,8 @@ mod volumes;
 
 use ployz_core::{
     ContainerRef, ContainerRuntimeObservation, DeployIntent, DeployPlan, HostProtocol,
-    ListenerRole, MachineSnapshot, MembershipObservation, Operation, ServiceId, ServiceMode,
-    ServicePlan, ServiceSpec,
+    ListenerRole, MachineSnapshot, MembershipObservation, NotIncluded, Operation, ServiceId,
+    ServiceMode, ServicePlan, ServiceSpec,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -59,6 +59,9 @@ pub struct PlanOptions {
     pub recreate: bool,
     /// Seed of the random tiebreak between equally ranked Machines.
     pub seed: u64,
+    /// The Machines the Deploy Snapshot leaves out: a Service whose `x-machines` names one is
+    /// refused (it would run elsewhere, or not at all, without anyone asking for that).
+    pub not_included: Vec<NotIncluded>,
 }
 
 /// Why one Service (or one Service Attempt) could not be planned. Every variant names what to
@@ -84,6 +87,12 @@ pub enum PlanError {
     },
     #[error("service '{name}': no Machine can run it ({why}); {}", no_machine_fix(.why))]
     NoEligibleMachine { name: String, why: String },
+    #[error("service '{name}' names Machine {machine} in x-machines, but this Deploy cannot include it ({reason}); bring it back (`ployz machine ls` shows how the entry Machine observes it) or leave it out of x-machines")]
+    PinnedMachineNotIncluded {
+        name: String,
+        machine: String,
+        reason: String,
+    },
     #[error("service '{name}': image '{image}' is not on Machine {machine} and pull_policy is never; load it there or use pull_policy: missing")]
     ImageMissing {
         name: String,
@@ -146,6 +155,7 @@ impl PlanError {
             | PlanError::AmbiguousService { name, .. }
             | PlanError::ModeChange { name, .. }
             | PlanError::NoEligibleMachine { name, .. }
+            | PlanError::PinnedMachineNotIncluded { name, .. }
             | PlanError::ImageMissing { name, .. }
             | PlanError::HostnameClaimed { name, .. }
             | PlanError::DnsLabelTaken { name, .. }
@@ -259,7 +269,7 @@ pub fn plan(
         match plan_service(
             spec,
             intent,
-            machines,
+            (machines, &opts.not_included),
             &freshness,
             &mut volumes,
             &mut host_ports,
@@ -296,7 +306,7 @@ fn unknown_attempts(intent: &DeployIntent) -> Vec<PlanError> {
 fn plan_service<'a>(
     spec: &ServiceSpec,
     intent: &DeployIntent,
-    machines: &'a [MachineSnapshot],
+    (machines, not_included): (&'a [MachineSnapshot], &[NotIncluded]),
     freshness: &Freshness<'_>,
     volumes: &mut VolumeLedger<'a>,
     host_ports: &mut HostPortLedger<'a>,
@@ -324,6 +334,7 @@ fn plan_service<'a>(
             volumes,
             declared: &intent.volumes,
             freshness,
+            not_included,
         },
         rng,
     )
@@ -448,6 +459,11 @@ mod tests {
             PlanError::NoEligibleMachine {
                 name: name(),
                 why: "every Machine is down".into(),
+            },
+            PlanError::PinnedMachineNotIncluded {
+                name: name(),
+                machine: "m3".into(),
+                reason: "observed down".into(),
             },
             PlanError::ImageMissing {
                 name: name(),

@@ -7,14 +7,15 @@
 //! Machines are ranked by how many up-to-date containers of the Service they run, then by how
 //! many containers of it they hold, then at random; a replicated Service spreads its replicas
 //! round-robin over them (over the first one only when it mounts a named volume: its replicas
-//! share it), a global one gets one container on each.
+//! share it), a global one gets one container on each. A Service whose `x-machines` names a
+//! Machine the Deploy Snapshot leaves out (observed down, or it did not answer) is refused.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 
 use ployz_core::{
-    ContainerRuntimeObservation, MachineId, MachineSnapshot, PullPolicy, ServiceMode, ServiceSpec,
-    VolumeSpec,
+    ContainerRuntimeObservation, MachineId, MachineSnapshot, NotIncluded, PullPolicy, ServiceMode,
+    ServiceSpec, VolumeSpec,
 };
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -37,6 +38,8 @@ pub(super) struct Request<'r, 'a> {
     pub declared: &'r [VolumeSpec],
     /// Which containers count as up to date.
     pub freshness: &'r Freshness<'r>,
+    /// The Machines the Deploy Snapshot leaves out.
+    pub not_included: &'r [NotIncluded],
 }
 
 /// How many containers of one Service each Machine should run. A Machine it does not name
@@ -112,6 +115,18 @@ pub(super) fn place<'a, R: Rng + ?Sized>(
 /// named volumes it mounts that exist somewhere. Never empty.
 fn eligible<'a>(request: &Request<'_, 'a>) -> Result<Vec<&'a MachineSnapshot>, PlanError> {
     let spec = request.spec;
+    // A Machine the Service is pinned to must be in the Deploy: the file asks for it by name.
+    if let Some(left_out) = request.not_included.iter().find(|n| {
+        spec.machines
+            .iter()
+            .any(|t| t.as_str() == n.machine.as_str() || t.as_str() == n.name)
+    }) {
+        return Err(PlanError::PinnedMachineNotIncluded {
+            name: spec.name.to_string(),
+            machine: left_out.name.clone(),
+            reason: left_out.reason.clone(),
+        });
+    }
     let mut eligible: Vec<&'a MachineSnapshot> = request
         .machines
         .iter()

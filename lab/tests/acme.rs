@@ -1,0 +1,163 @@
+//! Certificates across Machines: Pebble (Let's Encrypt's test CA) on the lab's bridge, its mock
+//! DNS pointing every name at Machine 2. Each hostname is issued by the Machine rendezvous
+//! hashing picks, whichever that is; the challenge record replicates so Machine 2's edge answers
+//! the validation, the Cluster DNS Verdict counts every Machine's public address, and every
+//! Machine's edge then serves the certificate by SNI.
+
+mod common;
+
+#[path = "../../acme/tests/support/pebble.rs"]
+mod pebble;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use common::*;
+use ployz_lab::{MachineOptions, LAB_IMAGE};
+
+const HOSTS: [&str; 6] = [
+    "a.lab.test",
+    "b.lab.test",
+    "c.lab.test",
+    "d.lab.test",
+    "e.lab.test",
+    "f.lab.test",
+];
+
+#[test]
+#[ignore = "needs root, dockerd, pebble and the lab (scripts/test.sh runs it)"]
+fn a_hostname_pointing_at_one_machine_is_issued_by_another_and_served_by_every_edge() {
+    let mut lab = cluster(3);
+    let bridge = IpAddr::V4(lab.bridge_addr());
+    let dns_port = pebble::free_port();
+    let ca = pebble::Pebble::start_on(bridge, 80, dns_port, lab.underlay_addr(2));
+
+    // Each Machine's public address is its underlay address; the issuer runs (the lab turns
+    // it off otherwise) and its verdict asks Pebble's DNS.
+    let ids: Vec<String> = (0..3).map(|i| own_id(&lab, i)).collect();
+    for i in 0..3 {
+        let ip = lab.underlay_addr(i).to_string();
+        ok(&lab, i, &["machine", "update", "--public-ip", &ip]);
+        lab.set_machine_options(
+            i,
+            MachineOptions {
+                daemon_toml: format!(
+                    "[certificates]\nenabled = true\nverdict_resolver = \"{}\"\n",
+                    std::net::SocketAddr::new(bridge, dns_port)
+                ),
+                ..Default::default()
+            },
+        );
+        lab.term_daemon(i);
+        lab.start_daemon(i);
+    }
+    wait_until_whole(&lab, 3, Duration::from_secs(60));
+
+    let ca_file = lab.dir().join("pebble-listener-ca.pem");
+    std::fs::write(&ca_file, &ca.ca_pem).expect("CA file");
+    ok(
+        &lab,
+        0,
+        &[
+            "cert",
+            "policy",
+            "set",
+            "--directory",
+            &ca.directory_url(),
+            "--ca-file",
+            ca_file.to_str().unwrap(),
+            "--backoff-min",
+            "1s",
+            "--backoff-max",
+            "4s",
+            "--probe-timeout",
+            "1s",
+        ],
+    );
+    let compose = lab.dir().join("secure.yaml");
+    let ports: String = HOSTS
+        .iter()
+        .map(|h| format!("      - {h}:8080/https\n"))
+        .collect();
+    std::fs::write(
+        &compose,
+        format!(
+            "services:\n  secure:\n    image: {LAB_IMAGE}\n    command: [\"sh\", \"-c\", \"echo secure-on-$$PLOYZ_MACHINE_ID > /index.html && exec httpd -f -p 8080 -h /\"]\n    x-machines: m1\n    x-ports:\n{ports}"
+        ),
+    )
+    .expect("compose file");
+    ok(&lab, 0, &["deploy", "-y", "-f", compose.to_str().unwrap()]);
+
+    // Every hostname issued, as every Machine sees it (the status and material replicate).
+    let statuses = wait_for(
+        &lab,
+        "every hostname issued",
+        Duration::from_secs(120),
+        || {
+            let v = lab.json(1, &["cert", "ls", "--json"]);
+            let statuses: Vec<serde_json::Value> = HOSTS
+                .iter()
+                .filter_map(|h| {
+                    v["status"]
+                        .as_array()?
+                        .iter()
+                        .find(|s| s["hostname"] == *h && s["state"] == "valid")
+                        .cloned()
+                })
+                .collect();
+            let material = HOSTS.iter().all(|h| {
+                v["material"]
+                    .as_array()
+                    .is_some_and(|m| m.iter().any(|x| x["hostname"] == *h))
+            });
+            (statuses.len() == HOSTS.len() && material).then_some(statuses)
+        },
+    );
+    // The CA reached Machine 2 for every validation; some hostnames were issued elsewhere.
+    let issuers: Vec<&str> = statuses
+        .iter()
+        .map(|s| s["issuer"].as_str().unwrap_or_default())
+        .collect();
+    assert!(
+        issuers.iter().any(|i| *i != ids[2]),
+        "every hostname was issued by Machine 2 itself: {statuses:?}"
+    );
+    // Whichever Machine issued it, the verdict found Machine 2's public address among the
+    // Cluster's.
+    for s in &statuses {
+        assert_eq!(s["verdict"]["verdict"], "points", "{s}");
+        assert_eq!(
+            s["verdict"]["matching"],
+            serde_json::json!([lab.underlay_addr(2).to_string()]),
+            "{s}"
+        );
+    }
+
+    // Every edge serves every hostname by SNI with the issued certificate.
+    let root = lab.dir().join("pebble-root.pem");
+    std::fs::write(&root, ca.issuing_root()).expect("root file");
+    for i in 0..3 {
+        for h in HOSTS {
+            let resolve = format!("{h}:443:{}", lab.underlay_addr(i));
+            let out = std::process::Command::new("curl")
+                .args([
+                    "-sS",
+                    "-m",
+                    "10",
+                    "--cacert",
+                    root.to_str().unwrap(),
+                    "--resolve",
+                    &resolve,
+                    &format!("https://{h}/"),
+                ])
+                .output()
+                .expect("curl runs");
+            let body = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && body.trim() == format!("secure-on-{}", ids[1]),
+                "{h} through Machine {i}'s edge: {}",
+                text(&out)
+            );
+        }
+    }
+}
