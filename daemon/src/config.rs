@@ -252,7 +252,7 @@ impl Default for CertificateSettings {
 }
 
 /// `[dns]`: the internal DNS.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DnsSettings {
     /// Where it listens.
@@ -261,6 +261,18 @@ pub struct DnsSettings {
     /// `/etc/resolv.conf`.
     #[serde(deserialize_with = "socket_addr::list")]
     pub upstreams: Vec<SocketAddr>,
+    /// Forwarded answers kept for their TTL; 0 keeps none.
+    pub cache_entries: usize,
+}
+
+impl Default for DnsSettings {
+    fn default() -> Self {
+        DnsSettings {
+            listen: DnsListen::default(),
+            upstreams: Vec::new(),
+            cache_entries: 10_000,
+        }
+    }
 }
 
 /// `[mesh]`: how this Machine joins the others: the WireGuard interface, the management API's

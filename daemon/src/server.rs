@@ -200,6 +200,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
                 controller: dns,
                 listen: config.dns.listen,
                 upstreams: config.dns.upstreams.clone(),
+                cache_entries: config.dns.cache_entries,
                 metrics: dns_metrics,
             },
         ));
@@ -639,6 +640,8 @@ struct DnsService {
     /// Never [`DnsListen::Off`]: then the service is not started.
     listen: DnsListen,
     upstreams: Vec<std::net::SocketAddr>,
+    /// Forwarded answers kept (`[dns] cache_entries`).
+    cache_entries: usize,
     metrics: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>>,
 }
 
@@ -686,6 +689,7 @@ impl BackgroundService for DnsService {
                     |acl, a| acl.with(ployz_dns::IpNet::from(a)),
                 );
             config.upstreams = upstreams.clone();
+            config.cache_entries = self.cache_entries;
             match ployz_dns::DnsServer::bind(config, self.controller.snapshot().clone()).await {
                 Ok(server) => break server,
                 Err(e) => {

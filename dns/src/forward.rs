@@ -1,8 +1,11 @@
 //! Forwarding of every name outside `.internal` to the host's resolvers.
 //!
-//! Each forward uses a fresh UDP socket (so the kernel picks a random source port) connected to
-//! the upstream (so only its datagrams arrive) and a random query ID; a reply counts only if it
-//! carries that ID and the same question. A truncated reply is asked again over TCP. Upstreams
+//! Each try uses a UDP socket connected to the upstream (so only its datagrams arrive), taken
+//! at random from the upstream's idle sockets or opened anew (the kernel picks a random source
+//! port), under a random query ID; a reply counts only if it carries that ID and the same
+//! question. A socket goes back to the idle ones only after a clean exchange, and is closed after
+//! [`SOCKET_USES`] of them, so source ports keep changing while most tries skip the
+//! bind and connect. A truncated reply is asked again over TCP. Upstreams
 //! are tried in order, each with its own timeout; a SERVFAIL or REFUSED from one moves on to
 //! the next. A semaphore caps forwards in flight so a flood of them cannot starve the
 //! `.internal` answers.
@@ -28,10 +31,45 @@ const DNS_PORT: u16 = 53;
 /// and is asked again over TCP.
 const FORWARD_BUFFER: usize = 4096;
 
+/// How many exchanges one UDP socket serves before it is closed.
+const SOCKET_USES: u32 = 64;
+
+/// Idle sockets kept per upstream at most.
+const IDLE_SOCKETS: usize = 64;
+
+/// Connected UDP sockets to one upstream, idle between tries, with the exchanges each served.
+#[derive(Debug, Default)]
+struct IdleSockets(std::sync::Mutex<Vec<(UdpSocket, u32)>>);
+
+impl IdleSockets {
+    /// One idle socket, chosen at random, or `None`.
+    fn take(&self) -> Option<(UdpSocket, u32)> {
+        let mut idle = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.is_empty() {
+            return None;
+        }
+        let i = rand::Rng::gen_range(&mut rand::thread_rng(), 0..idle.len());
+        Some(idle.swap_remove(i))
+    }
+
+    /// Gives back a socket that just finished a clean exchange (closed when worn or in excess).
+    fn give_back(&self, socket: UdpSocket, uses: u32) {
+        if uses >= SOCKET_USES {
+            return;
+        }
+        let mut idle = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < IDLE_SOCKETS {
+            idle.push((socket, uses));
+        }
+    }
+}
+
 /// Sends queries to the upstream resolvers.
 #[derive(Debug)]
 pub(crate) struct Forwarder {
     upstreams: Vec<SocketAddr>,
+    /// Per upstream, in the same order.
+    idle: Vec<IdleSockets>,
     timeout: Duration,
     permits: Arc<Semaphore>,
     metrics: Arc<DnsMetrics>,
@@ -67,6 +105,7 @@ impl Forwarder {
         metrics: Arc<DnsMetrics>,
     ) -> Forwarder {
         Forwarder {
+            idle: upstreams.iter().map(|_| IdleSockets::default()).collect(),
             upstreams,
             timeout,
             permits: Arc::new(Semaphore::new(max_in_flight)),
@@ -90,11 +129,11 @@ impl Forwarder {
     pub(crate) async fn forward(&self, packet: &[u8], tcp: bool) -> Option<Vec<u8>> {
         let q = wire::parse_query(packet).ok()?;
         let mut msg = packet.to_vec();
-        for upstream in &self.upstreams {
-            let mut result = self.ask(*upstream, &mut msg, q.question, tcp).await;
+        for (i, upstream) in self.upstreams.iter().enumerate() {
+            let mut result = self.ask(i, &mut msg, q.question, tcp).await;
             if !tcp && result.as_ref().is_ok_and(|r| wire::is_truncated(r)) {
                 self.metrics.forward_tcp_retry();
-                result = self.ask(*upstream, &mut msg, q.question, true).await;
+                result = self.ask(i, &mut msg, q.question, true).await;
             }
             match result {
                 Ok(mut reply) if usable(&reply) => {
@@ -114,27 +153,34 @@ impl Forwarder {
         None
     }
 
-    /// One exchange with one upstream under a fresh random ID, bounded by the per-try timeout.
+    /// One exchange with upstream `i` under a fresh random ID, bounded by the per-try timeout.
     async fn ask(
         &self,
-        upstream: SocketAddr,
+        i: usize,
         msg: &mut [u8],
         question: &[u8],
         tcp: bool,
     ) -> Result<Vec<u8>, TryError> {
+        let upstream = self.upstreams[i];
         let id = rand::random::<u16>();
         wire::set_id(msg, id);
         let msg = &*msg;
-        let work = async {
-            if tcp {
-                exchange_tcp(upstream, msg, id, question).await
-            } else {
-                exchange_udp(upstream, msg, id, question).await
-            }
+        if tcp {
+            return tokio::time::timeout(self.timeout, exchange_tcp(upstream, msg, id, question))
+                .await
+                .unwrap_or(Err(TryError::TimedOut));
+        }
+        let (socket, uses) = match self.idle[i].take() {
+            Some(idle) => idle,
+            None => (connected_udp(upstream).await?, 0),
         };
-        tokio::time::timeout(self.timeout, work)
+        // A socket whose try failed or timed out is dropped (closed): a late reply must not
+        // meet the next try.
+        let reply = tokio::time::timeout(self.timeout, exchange_udp(&socket, msg, id, question))
             .await
-            .unwrap_or(Err(TryError::TimedOut))
+            .unwrap_or(Err(TryError::TimedOut))?;
+        self.idle[i].give_back(socket, uses + 1);
+        Ok(reply)
     }
 }
 
@@ -154,15 +200,20 @@ fn unspecified_for(upstream: SocketAddr) -> SocketAddr {
     }
 }
 
-/// One query over a fresh, connected UDP socket; waits for the datagram that matches.
+/// A UDP socket on a port the kernel picks, connected to `upstream`.
+async fn connected_udp(upstream: SocketAddr) -> Result<UdpSocket, TryError> {
+    let socket = UdpSocket::bind(unspecified_for(upstream)).await?;
+    socket.connect(upstream).await?;
+    Ok(socket)
+}
+
+/// One query over a connected UDP socket; waits for the datagram that matches.
 async fn exchange_udp(
-    upstream: SocketAddr,
+    socket: &UdpSocket,
     msg: &[u8],
     id: u16,
     question: &[u8],
 ) -> Result<Vec<u8>, TryError> {
-    let socket = UdpSocket::bind(unspecified_for(upstream)).await?;
-    socket.connect(upstream).await?;
     socket.send(msg).await?;
     let mut buf = vec![0u8; FORWARD_BUFFER];
     loop {
@@ -175,7 +226,7 @@ async fn exchange_udp(
             buf.truncate(n);
             return Ok(buf);
         }
-        tracing::debug!(%upstream, "ignored a datagram that does not answer our query");
+        tracing::debug!("ignored a datagram that does not answer our query");
     }
 }
 

@@ -76,6 +76,7 @@
 
 mod acl;
 mod answer;
+mod cache;
 mod controller;
 mod error;
 mod forward;

@@ -75,6 +75,7 @@ pub struct DnsMetrics {
     forward_tcp_retries: Counter,
     tcp_connections: Counter,
     tcp_rejected: Counter,
+    cache_hits: Counter,
 }
 
 impl Default for DnsMetrics {
@@ -88,6 +89,7 @@ impl Default for DnsMetrics {
         let forward_tcp_retries = Counter::default();
         let tcp_connections = Counter::default();
         let tcp_rejected = Counter::default();
+        let cache_hits = Counter::default();
         // Names without the `_total` a counter's samples get; help without the `.` the
         // registry appends.
         let mut registry = Registry::default();
@@ -145,6 +147,11 @@ impl Default for DnsMetrics {
                 "TCP connections closed at once: too many open",
                 &tcp_rejected,
             ),
+            (
+                "ployz_dns_forward_cache_hits",
+                "Forwarded queries answered from the cache of upstream answers",
+                &cache_hits,
+            ),
         ] {
             registry.register(name, help, counter.clone());
         }
@@ -159,6 +166,7 @@ impl Default for DnsMetrics {
             forward_tcp_retries,
             tcp_connections,
             tcp_rejected,
+            cache_hits,
         }
     }
 }
@@ -212,6 +220,16 @@ impl DnsMetrics {
     /// Counts one TCP connection closed at once because too many were open.
     pub fn tcp_rejected(&self) {
         self.tcp_rejected.inc();
+    }
+
+    /// Counts one forwarded query answered from the cache.
+    pub fn cache_hit(&self) {
+        self.cache_hits.inc();
+    }
+
+    /// Forwarded queries answered from the cache so far.
+    pub fn cache_hits(&self) -> u64 {
+        self.cache_hits.get()
     }
 
     /// Queries counted from `source` so far.
@@ -342,6 +360,9 @@ ployz_dns_tcp_connections_total 1
 # HELP ployz_dns_tcp_rejected_total TCP connections closed at once: too many open.
 # TYPE ployz_dns_tcp_rejected_total counter
 ployz_dns_tcp_rejected_total 1
+# HELP ployz_dns_forward_cache_hits_total Forwarded queries answered from the cache of upstream answers.
+# TYPE ployz_dns_forward_cache_hits_total counter
+ployz_dns_forward_cache_hits_total 0
 ";
         assert_eq!(out, expected);
     }

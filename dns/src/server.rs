@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 
 use crate::acl::AllowedSources;
 use crate::answer::{self, Action, Policy, Scratch, Transport, Verdict};
+use crate::cache::ForwardCache;
 use crate::forward::Forwarder;
 use crate::metrics::{DnsMetrics, QuerySource};
 use crate::snapshot::DnsSnapshot;
@@ -50,6 +51,8 @@ pub struct DnsServerConfig {
     pub max_tcp_connections: usize,
     /// How long a TCP connection may sit idle (or take to send a query). Default 10 s.
     pub tcp_idle_timeout: Duration,
+    /// Forwarded answers kept for their TTL (`crate::cache`); 0 keeps none. Default 10,000.
+    pub cache_entries: usize,
 }
 
 impl DnsServerConfig {
@@ -64,6 +67,7 @@ impl DnsServerConfig {
             udp_workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_tcp_connections: 128,
             tcp_idle_timeout: Duration::from_secs(10),
+            cache_entries: 10_000,
         }
     }
 }
@@ -73,6 +77,8 @@ struct Shared {
     snapshot: Arc<ArcSwap<DnsSnapshot>>,
     allowed: AllowedSources,
     forwarder: Forwarder,
+    /// Upstream answers, kept for their TTL.
+    cache: ForwardCache,
     metrics: Arc<DnsMetrics>,
     tcp_permits: Arc<Semaphore>,
     tcp_idle: Duration,
@@ -146,11 +152,30 @@ impl Shared {
         ok
     }
 
+    /// Answers a query to forward from the cache into `out`, fitted to a UDP client when
+    /// `udp`; false when no answer to it is kept.
+    fn cached(&self, packet: &[u8], udp: bool, out: &mut Vec<u8>) -> bool {
+        let Ok(q) = wire::parse_query(packet) else {
+            return false;
+        };
+        if !self.cache.answer(&q, out) {
+            return false;
+        }
+        self.metrics.cache_hit();
+        let truncated = udp && wire::truncate_reply(out, &q, q.udp_limit());
+        self.count_reply(out, truncated);
+        true
+    }
+
     /// Forwards `packet` and writes the reply (or a SERVFAIL) into `out`, fitted to a UDP
-    /// client when `udp`. Returns false when there is nothing to send.
+    /// client when `udp`; the reply is kept in the cache when it may be. Returns false when
+    /// there is nothing to send.
     async fn forward(&self, packet: &[u8], udp: bool, out: &mut Vec<u8>) -> bool {
         match self.forwarder.forward(packet, !udp).await {
             Some(reply) => {
+                if let Ok(q) = wire::parse_query(packet) {
+                    self.cache.insert(&q, &reply);
+                }
                 *out = reply;
                 let truncated = udp
                     && wire::parse_query(packet)
@@ -263,6 +288,7 @@ impl DnsServer {
                 config.max_concurrent_forwards,
                 metrics.clone(),
             ),
+            cache: ForwardCache::new(config.cache_entries),
             metrics,
             tcp_permits: Arc::new(Semaphore::new(config.max_tcp_connections)),
             tcp_idle: config.tcp_idle_timeout,
@@ -388,6 +414,7 @@ impl UdpWorker {
                 let reply = match verdict.action {
                     Action::Reply => true,
                     Action::Drop => false,
+                    Action::Forward if self.shared.cached(packet, true, out) => true,
                     Action::Forward => match self.shared.forwarder.permit() {
                         Some(permit) => {
                             self.spawn_forward(packet.to_vec(), src, permit);
@@ -489,6 +516,7 @@ async fn serve_tcp(
             Action::Reply => true,
             // Junk on a stream: the framing cannot be trusted any more.
             Action::Drop => return,
+            Action::Forward if shared.cached(&packet, false, &mut out) => true,
             Action::Forward => match shared.forwarder.permit() {
                 Some(_permit) => shared.forward(&packet, false, &mut out).await,
                 None => shared.servfail(&packet, &mut out, true),

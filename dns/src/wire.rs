@@ -57,6 +57,8 @@ pub(crate) struct Edns {
     pub udp_payload: u16,
     /// The EDNS version the client speaks.
     pub version: u8,
+    /// The DO bit: the client wants DNSSEC records.
+    pub dnssec_ok: bool,
 }
 
 /// A parsed query: borrowed from the packet it came in.
@@ -66,8 +68,8 @@ pub(crate) struct Query<'a> {
     /// Opcode bits of the header, echoed in the response.
     opcode: u8,
     /// Recursion Desired and Checking Disabled, echoed in the response.
-    rd: bool,
-    cd: bool,
+    pub rd: bool,
+    pub cd: bool,
     /// The question section exactly as received (QNAME, QTYPE, QCLASS): echoed verbatim, so a
     /// client's case randomisation survives.
     pub question: &'a [u8],
@@ -217,6 +219,7 @@ pub(crate) fn parse_query(packet: &[u8]) -> Result<Query<'_>, Malformed> {
             edns = Some(Edns {
                 udp_payload: class,
                 version: (ttl >> 16) as u8,
+                dnssec_ok: ttl & 0x8000 != 0,
             });
         }
     }
@@ -469,7 +472,8 @@ pub(crate) mod tests {
             q.edns,
             Some(Edns {
                 udp_payload: 4096,
-                version: 0
+                version: 0,
+                dnssec_ok: false,
             })
         );
         assert_eq!(q.udp_limit(), MAX_UDP_PAYLOAD);

@@ -315,12 +315,29 @@ fn sorted(mut v: Vec<Ipv4Addr>) -> Vec<Ipv4Addr> {
 // ------------------------------------------------------------------ the upstream
 
 /// A second DNS server on loopback, standing in for the host's resolver:
-/// `host<N>.example.` -> 10.88.0.N; `tc.example.` is truncated over UDP and answered
-/// (10.88.9.9) over TCP; `servfail.example.` fails; anything else is NXDOMAIN.
+/// `host<N>.example.` -> 10.88.0.N (TTL 60); `short.example.` -> 10.88.1.1 (TTL 1);
+/// `tc.example.` is truncated over UDP and answered (10.88.9.9) over TCP; `servfail.example.`
+/// fails; `gone.example.` is NXDOMAIN with an SOA (TTL 300, MINIMUM 120); anything else is
+/// NXDOMAIN without one. It counts the queries it gets, in all and per name and type.
 struct Upstream {
     addr: SocketAddr,
     udp_queries: Arc<AtomicUsize>,
+    asked: Arc<std::sync::Mutex<std::collections::HashMap<(String, RecordType), usize>>>,
+    /// The source port of every UDP query, in order.
+    ports: Arc<std::sync::Mutex<Vec<u16>>>,
     tasks: Vec<JoinHandle<()>>,
+}
+
+impl Upstream {
+    /// How often `name` (lowercase, with its trailing dot) was asked for `rtype`.
+    fn asked(&self, name: &str, rtype: RecordType) -> usize {
+        self.asked
+            .lock()
+            .unwrap()
+            .get(&(name.to_owned(), rtype))
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 impl Drop for Upstream {
@@ -354,8 +371,30 @@ fn upstream_answer(query: &Message, over_tcp: bool) -> Message {
         } else {
             reply.metadata.truncation = true;
         }
+    } else if name == "short.example." {
+        reply.add_answer(Record::from_rdata(
+            q.name().clone(),
+            1,
+            RData::A(A(Ipv4Addr::new(10, 88, 1, 1))),
+        ));
     } else if name == "servfail.example." {
         reply.metadata.response_code = ResponseCode::ServFail;
+    } else if name == "gone.example." {
+        reply.metadata.response_code = ResponseCode::NXDomain;
+        let apex = Name::from_ascii("example.").unwrap();
+        reply.add_authority(Record::from_rdata(
+            apex.clone(),
+            300,
+            RData::SOA(hickory_proto::rr::rdata::SOA::new(
+                apex.clone(),
+                apex,
+                1,
+                7200,
+                3600,
+                1_209_600,
+                120,
+            )),
+        ));
     } else {
         reply.metadata.response_code = ResponseCode::NXDomain;
     }
@@ -368,6 +407,11 @@ impl Upstream {
         let addr = socket.local_addr().unwrap();
         let udp_queries = Arc::new(AtomicUsize::new(0));
         let counter = udp_queries.clone();
+        let asked: Arc<std::sync::Mutex<std::collections::HashMap<(String, RecordType), usize>>> =
+            Arc::default();
+        let asked_udp = asked.clone();
+        let ports: Arc<std::sync::Mutex<Vec<u16>>> = Arc::default();
+        let ports_udp = ports.clone();
         let udp_task = tokio::spawn(async move {
             let mut buf = vec![0u8; 4096];
             loop {
@@ -375,7 +419,18 @@ impl Upstream {
                     continue;
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
+                ports_udp.lock().unwrap().push(from.port());
                 if let Ok(q) = Message::from_vec(&buf[..n]) {
+                    if let Some(question) = q.queries.first() {
+                        *asked_udp
+                            .lock()
+                            .unwrap()
+                            .entry((
+                                question.name().to_ascii().to_ascii_lowercase(),
+                                question.query_type(),
+                            ))
+                            .or_default() += 1;
+                    }
                     let reply = upstream_answer(&q, false).to_vec().unwrap();
                     let _ = socket.send_to(&reply, from).await;
                 }
@@ -402,6 +457,8 @@ impl Upstream {
         Upstream {
             addr,
             udp_queries,
+            asked,
+            ports,
             tasks: vec![udp_task, tcp_task],
         }
     }
@@ -762,6 +819,94 @@ async fn other_names_are_forwarded_to_the_upstream() {
         "{text}"
     );
     assert!(h.metrics.queries(QuerySource::Forwarded) >= 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwarded_answers_are_kept_for_their_ttl_per_type_and_negative_ones_by_the_soa() {
+    let upstream = Upstream::start().await;
+    let h = Harness::start(|c| c.upstreams = vec![upstream.addr]).await;
+    // Asked twice, by two clients (other IDs, other case): the upstream is asked once, and
+    // the second answer is the first with the client's ID and question.
+    let (first, _) = udp(h.addr, &question("host5.example.", RecordType::A, None)).await;
+    assert_eq!(addresses(&first), vec![Ipv4Addr::new(10, 88, 0, 5)]);
+    let again = question("HoSt5.EXAMPLE.", RecordType::A, None);
+    let (second, _) = udp(h.addr, &again).await;
+    assert_eq!(second.metadata.id, again.metadata.id);
+    assert_eq!(second.queries[0].name().to_ascii(), "HoSt5.EXAMPLE.");
+    assert_eq!(addresses(&second), vec![Ipv4Addr::new(10, 88, 0, 5)]);
+    assert!(second.answers[0].ttl <= 60, "{}", second.answers[0].ttl);
+    // Over TCP too.
+    let m = tcp(h.addr, &question("host5.example.", RecordType::A, None)).await;
+    assert_eq!(addresses(&m), vec![Ipv4Addr::new(10, 88, 0, 5)]);
+    assert_eq!(upstream.asked("host5.example.", RecordType::A), 1);
+    assert_eq!(h.metrics.cache_hits(), 2);
+    // Another type is another question.
+    udp(h.addr, &question("host5.example.", RecordType::AAAA, None)).await;
+    assert_eq!(upstream.asked("host5.example.", RecordType::AAAA), 1);
+
+    // NXDOMAIN with an SOA is kept too (for its MINIMUM); without one, it is asked again.
+    for _ in 0..3 {
+        let (m, _) = udp(h.addr, &question("gone.example.", RecordType::A, None)).await;
+        assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+        let (m, _) = udp(h.addr, &question("nope.example.", RecordType::A, None)).await;
+        assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
+    }
+    assert_eq!(upstream.asked("gone.example.", RecordType::A), 1);
+    assert_eq!(upstream.asked("nope.example.", RecordType::A), 3);
+
+    // A one-second TTL: kept, then asked again once it has run out.
+    udp(h.addr, &question("short.example.", RecordType::A, None)).await;
+    let (m, _) = udp(h.addr, &question("short.example.", RecordType::A, None)).await;
+    assert_eq!(addresses(&m), vec![Ipv4Addr::new(10, 88, 1, 1)]);
+    let kept_for = Instant::now();
+    while upstream.asked("short.example.", RecordType::A) < 2 {
+        assert!(
+            kept_for.elapsed() < WAIT,
+            "the answer outlived its TTL: {} asks",
+            upstream.asked("short.example.", RecordType::A)
+        );
+        let (m, _) = udp(h.addr, &question("short.example.", RecordType::A, None)).await;
+        assert_eq!(addresses(&m), vec![Ipv4Addr::new(10, 88, 1, 1)]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        kept_for.elapsed() >= Duration::from_millis(500),
+        "asked again after {:?}, inside its TTL",
+        kept_for.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_reuse_connected_sockets_for_a_while_then_change_port() {
+    let upstream = Upstream::start().await;
+    let h = Harness::start(|c| c.upstreams = vec![upstream.addr]).await;
+    // 200 different names one after the other: no answer kept can serve them.
+    for n in 0..200u32 {
+        let name = format!("q{n}.example.");
+        let (m, _) = udp(h.addr, &question(&name, RecordType::A, None)).await;
+        assert_eq!(m.metadata.response_code, ResponseCode::NXDomain, "{name}");
+    }
+    let ports = upstream.ports.lock().unwrap().clone();
+    assert_eq!(ports.len(), 200);
+    let distinct: HashSet<u16> = ports.iter().copied().collect();
+    // Sockets are reused (no bind and connect per query), and worn out ones replaced by
+    // sockets on other ports.
+    assert!(
+        distinct.len() < 20,
+        "{} ports for 200 queries",
+        distinct.len()
+    );
+    assert!(
+        distinct.len() >= 3,
+        "one port for 200 queries: {distinct:?}"
+    );
+    // Consecutive uses of one port never exceed what a socket serves.
+    let longest = ports
+        .chunk_by(|a, b| a == b)
+        .map(<[u16]>::len)
+        .max()
+        .unwrap_or(0);
+    assert!(longest <= 64, "{longest} queries on one port in a row");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
