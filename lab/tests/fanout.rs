@@ -223,6 +223,29 @@ fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() 
             "no line of m{i}'s container in {seen:?}"
         );
     }
+    // -m narrows logs and exec to the containers on the Machines named.
+    let out = ok(&lab, 0, &["logs", "-m", "m1", "chatty"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(said.trim(), format!("hello-from-{}", ids[1]), "{said}");
+    let out = ok(
+        &lab,
+        0,
+        &[
+            "exec",
+            "-m",
+            "m2",
+            "chatty",
+            "sh",
+            "-c",
+            "echo $PLOYZ_MACHINE_ID",
+        ],
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        ids[2],
+        "{}",
+        text(&out)
+    );
     // Removed through one Machine from all three.
     ok(&lab, 2, &["rm", "-y", "chatty"]);
     let v = lab.json(0, &["ps", "--json"]);

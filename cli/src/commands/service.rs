@@ -416,6 +416,8 @@ pub struct LogsArgs {
     /// Only lines until this time, in the same forms as --since.
     #[arg(long, value_name = "TIME")]
     until: Option<crate::time_arg::TimeArg>,
+    #[command(flatten)]
+    machines: crate::targets::MachinesArg,
 }
 
 pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<()> {
@@ -427,7 +429,7 @@ pub async fn logs(global: &GlobalArgs, args: LogsArgs) -> anyhow::Result<()> {
         ),
     };
     let mut client = super::connect(global).await?;
-    let everywhere = Everywhere::ask(&mut client, &[]).await?;
+    let everywhere = Everywhere::ask(&mut client, &args.machines.machines).await?;
     for f in &everywhere.failures {
         eprintln!("warning: Machine {}: {}", f.target, f.reason);
     }
@@ -559,6 +561,9 @@ pub struct ExecArgs {
     /// A container of the Service (name, ID or unique ID prefix); default: a running one.
     #[arg(long)]
     container: Option<String>,
+    /// Only a container on these Machines (a Name or Machine ID, repeatable) [default: any].
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    machines: Vec<String>,
     /// The command and its arguments.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
     command: Vec<String>,
@@ -566,7 +571,7 @@ pub struct ExecArgs {
 
 pub async fn exec(global: &GlobalArgs, args: ExecArgs) -> anyhow::Result<i32> {
     let mut client = super::connect(global).await?;
-    let everywhere = Everywhere::ask(&mut client, &[]).await?;
+    let everywhere = Everywhere::ask(&mut client, &args.machines).await?;
     for f in &everywhere.failures {
         eprintln!("warning: Machine {}: {}", f.target, f.reason);
     }
