@@ -709,7 +709,89 @@ fn the_fast_path_setting_decides_who_writes_the_response_head(position: Position
     }
 }
 
+/// The edge alone with `--https-listen`: HTTPS by SNI with the certificate from files, HTTP/1.1
+/// and HTTP/2 by ALPN (what `edge-bench --tls-listen` runs for HTTPS side by sides); a
+/// certificate for none of the routes' hostnames is refused before anything listens.
+fn https_on_the_edge_alone_with_a_certificate_from_files(position: Position) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["tls.test".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (cert_file, key_file) = (dir.path().join("tls.pem"), dir.path().join("tls.key"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let up = Upstream::start(echo_request_line);
+    let [https] = free_ports();
+    let listen = format!("127.0.0.1:{https}");
+    let tls_args = [
+        "--https-listen",
+        listen.as_str(),
+        "--tls-cert",
+        cert_file.to_str().unwrap(),
+        "--tls-key",
+        key_file.to_str().unwrap(),
+    ];
+    let (_edge, _child) = edge_alone_in(position, &up.route("tls.test"), &tls_args);
+    let resolve = format!("tls.test:{https}:127.0.0.1");
+    let url = format!("https://tls.test:{https}/over-tls");
+    let get = |version: &str| {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "-m", "10", version, "--cacert"])
+            .arg(&cert_file)
+            .args(["--resolve", &resolve, "-w", "\n%{http_version}", &url])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "curl {version}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", https)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the HTTPS listener never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(get("--http1.1"), "GET /over-tls\n1.1");
+    assert_eq!(get("--http2"), "GET /over-tls\n2");
+
+    // A certificate for another name: refused, naming the file, before anything listens.
+    let other_key = rcgen::KeyPair::generate().unwrap();
+    let other = rcgen::CertificateParams::new(vec!["other.test".to_owned()])
+        .unwrap()
+        .self_signed(&other_key)
+        .unwrap();
+    let other_file = dir.path().join("other.pem");
+    std::fs::write(&other_file, other.pem()).unwrap();
+    let [port, https2] = free_ports();
+    let out = std::process::Command::new(PLOYZ)
+        .args(["daemon", "edge", "--http-listen"])
+        .arg(format!("127.0.0.1:{port}"))
+        .args(["--route", &up.route("tls.test"), "--https-listen"])
+        .arg(format!("127.0.0.1:{https2}"))
+        .arg("--tls-cert")
+        .arg(&other_file)
+        .arg("--tls-key")
+        .arg(&key_file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("--tls-cert") && said.contains("serves none of the routes' hostnames"),
+        "{said}"
+    );
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+}
+
 crate::in_both_positions!(
+    https_on_the_edge_alone_with_a_certificate_from_files,
     every_forwarded_for_line_reaches_the_upstream,
     content_length_is_one_plain_decimal_or_the_request_is_refused,
     absolute_form_targets_go_upstream_in_origin_form_and_others_are_refused,

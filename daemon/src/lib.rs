@@ -32,4 +32,4 @@ pub use config::{
     LimitSettings, LogFormat, MembershipProfileSetting, MeshSettings, ShutdownSettings,
     UnderscoreHeaders, WireGuardBackendSetting,
 };
-pub use server::{parse_route, run, run_edge_alone};
+pub use server::{parse_route, run, run_edge_alone, EdgeTls};

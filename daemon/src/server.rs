@@ -817,21 +817,64 @@ pub fn parse_route(r: &str) -> anyhow::Result<(String, Vec<std::net::SocketAddr>
     Ok((host.to_owned(), addrs))
 }
 
+/// The HTTPS listener of the edge alone: where, and the certificates it serves by SNI.
+#[derive(Debug, Clone)]
+pub struct EdgeTls {
+    pub listen: std::net::SocketAddr,
+    pub materials: Vec<ployz_core::CertificateMaterial>,
+}
+
+impl EdgeTls {
+    /// The listener on `listen` serving the certificate chain `cert_pem` with `key_pem` for
+    /// each of `hostnames` it covers; refused when it covers none, or does not load.
+    pub fn from_pem(
+        listen: std::net::SocketAddr,
+        (cert_file, cert_pem): (&std::path::Path, &str),
+        key_pem: &str,
+        hostnames: &[&str],
+    ) -> anyhow::Result<EdgeTls> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let mut materials = Vec::new();
+        let mut why = Vec::new();
+        for h in hostnames {
+            match ployz_core::CertificateMaterial::check(h, cert_pem, key_pem, now) {
+                Ok(m) => materials.push(m),
+                Err(e) => why.push(format!("{h}: {e}")),
+            }
+        }
+        if materials.is_empty() {
+            anyhow::bail!(
+                "--tls-cert {}: the certificate serves none of the routes' hostnames ({}); give a certificate for one of them",
+                cert_file.display(),
+                why.join("; ")
+            );
+        }
+        Ok(EdgeTls { listen, materials })
+    }
+}
+
 /// Runs the edge alone, with fixed routes and no Machine, store or API: for side-by-side
 /// benchmarks and for debugging the proxy in isolation. Blocks until SIGTERM or SIGINT.
 ///
 /// Of `config` it uses `http_listen`, `access_log`, `[limits]`, `[edge]` and the drain delay and
 /// grace period of `[shutdown]`, and validates those; `threads` Pingora worker threads serve.
+/// With `tls`, an HTTPS listener too (HTTP/1.1 and HTTP/2 by ALPN), serving its certificates.
 pub fn run_edge_alone(
     config: &DaemonConfig,
     routes: Vec<(String, Vec<std::net::SocketAddr>)>,
     threads: usize,
+    tls: Option<EdgeTls>,
 ) -> anyhow::Result<()> {
     config.limits.validate()?;
     config.edge.validate()?;
     init_logging(LogFormat::Text);
     let signals = listen_for_signals()?;
     check_listener_free("http_listen", config.http_listen)?;
+    if let Some(tls) = &tls {
+        check_listener_free("https_listen", tls.listen)?;
+    }
     // Pingora writes its pid file only when it daemonizes, and uses the upgrade socket only on
     // SIGQUIT; the edge alone does neither, so the paths are named but nothing is created.
     let runtime_base = std::env::temp_dir().join(format!("ployz-edge-{}", std::process::id()));
@@ -862,6 +905,13 @@ pub fn run_edge_alone(
     );
     let edge_closing = edge.closing();
     edge.add_tcp(&config.http_listen.to_string());
+    if let Some(tls) = &tls {
+        edge.add_tls_with_settings(
+            &tls.listen.to_string(),
+            None,
+            tls_settings(&CertificateResolver::fixed(&tls.materials))?,
+        );
+    }
     server.add_service(edge);
     server.run(RunArgs {
         shutdown_signal: Box::new(DrainFirst {

@@ -45,6 +45,19 @@ pub struct EdgeArgs {
     #[arg(long)]
     #[serde(skip)]
     threads: Option<usize>,
+    /// HTTPS listener, ADDR:PORT (HTTP/1.1 and HTTP/2 by ALPN), serving --tls-cert for the
+    /// routes' hostnames it covers.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr, requires_all = ["tls_cert", "tls_key"])]
+    #[serde(skip)]
+    https_listen: Option<SocketAddr>,
+    /// The certificate chain (PEM) the HTTPS listener serves.
+    #[arg(long, value_name = "FILE", requires = "https_listen")]
+    #[serde(skip)]
+    tls_cert: Option<std::path::PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "https_listen")]
+    #[serde(skip)]
+    tls_key: Option<std::path::PathBuf>,
     /// Do not write an access-log line per request.
     #[arg(long)]
     #[serde(rename = "access_log", serialize_with = "off_if_given")]
@@ -70,7 +83,7 @@ pub struct EdgeArgs {
 #[derive(Debug, Args, Serialize)]
 pub struct ProxyingArgs {
     /// Milliseconds a connection to an upstream may take before the next one is tried
-    /// [default: 2000].
+    /// [default: 1000].
     #[arg(long, value_name = "MS")]
     #[serde(rename = "edge.upstream_connect_timeout_ms")]
     upstream_connect_timeout_ms: Option<u64>,
@@ -191,9 +204,26 @@ fn edge(args: EdgeArgs) -> anyhow::Result<()> {
     let threads = args
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let tls = match (&args.https_listen, &args.tls_cert, &args.tls_key) {
+        (Some(listen), Some(cert), Some(key)) => {
+            let read = |flag: &str, path: &std::path::Path| {
+                std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("{flag} {}: {e}", path.display()))
+            };
+            let (cert_pem, key_pem) = (read("--tls-cert", cert)?, read("--tls-key", key)?);
+            let hosts: Vec<&str> = routes.iter().map(|(h, _)| h.as_str()).collect();
+            Some(ployz_daemon::EdgeTls::from_pem(
+                *listen,
+                (cert, &cert_pem),
+                &key_pem,
+                &hosts,
+            )?)
+        }
+        _ => None,
+    };
     // The edge alone reads no file: its flags over the defaults, validated by run_edge_alone.
     let config = DaemonConfig::layered(None, &args)?;
-    ployz_daemon::run_edge_alone(&config, routes, threads)
+    ployz_daemon::run_edge_alone(&config, routes, threads, tls)
 }
 
 #[cfg(test)]
