@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# HTTPS through the edge against nginx, on loopback: the same upstream (an nginx answering 200),
+# the same ECDSA P-256 certificate, the same clients.
+#
+#   https-keepalive  wrk over TLS, HTTP/1.1 keep-alive (-t2 -c64)
+#   h2               h2load over TLS, HTTP/2 (-c16 -m10: many streams per connection)
+#
+# The edge runs alone (`edge-bench --tls-listen`, no access log), nginx as a TLS-terminating
+# reverse proxy with a keep-alive upstream pool and no access log, each with 2 workers. RUNS
+# interleaved runs per target and workload (median, and every run's figure), CPU per request from
+# /proc, autogroup scheduling off for the run (restored). Everything listens on 127.0.0.1 and
+# every process started here is ended by its PID.
+#
+# Usage: bench/https_side_by_side.sh   (knobs: DURATION [10], RUNS [3], WORKERS [nproc],
+#        BASE_PORT [18480])
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10}
+RUNS=${RUNS:-3}
+WORKERS=${WORKERS:-$(nproc)}
+BASE_PORT=${BASE_PORT:-18480}
+UP_PORT=$BASE_PORT
+NGINX_PORT=$((BASE_PORT + 1))
+EDGE_HTTP_PORT=$((BASE_PORT + 2))
+EDGE_PORT=$((BASE_PORT + 3))
+# A name that resolves to 127.0.0.1 for wrk and h2load, which send it as SNI and Host.
+HOST=localhost
+
+log() { printf '[https] %s\n' "$*" >&2; }
+
+need=()
+command -v nginx >/dev/null || need+=(nginx)
+command -v wrk >/dev/null || need+=(wrk)
+command -v h2load >/dev/null || need+=(nghttp2-client)
+command -v openssl >/dev/null || need+=(openssl)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing: ${need[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+cargo build --release -q -p ployz-bench --bin edge-bench
+
+WORK=$(mktemp -d /tmp/https_bench.XXXXXX)
+PIDS=()
+AUTOGROUP=/proc/sys/kernel/sched_autogroup_enabled
+AUTOGROUP_WAS=""
+if [ -w "$AUTOGROUP" ] && [ "$(cat "$AUTOGROUP")" = 1 ]; then AUTOGROUP_WAS=1; echo 0 >"$AUTOGROUP"; fi
+cleanup() {
+  [ -n "$AUTOGROUP_WAS" ] && echo 1 >"$AUTOGROUP"
+  local pid
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+  -keyout "$WORK/key.pem" -out "$WORK/cert.pem" -subj "/CN=$HOST" \
+  -addext "subjectAltName=DNS:$HOST" 2>/dev/null
+
+mkdir -p "$WORK/up" "$WORK/nginx"
+cat >"$WORK/up/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/up/nginx.pid;
+error_log $WORK/up/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    server {
+        listen 127.0.0.1:$UP_PORT;
+        location / { return 200 "hello from upstream\n"; }
+    }
+}
+EOF
+cat >"$WORK/nginx/nginx.conf" <<EOF
+worker_processes $WORKERS;
+daemon off;
+pid $WORK/nginx/nginx.pid;
+error_log $WORK/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    upstream app_up { server 127.0.0.1:$UP_PORT; keepalive 256; }
+    server {
+        listen 127.0.0.1:$NGINX_PORT ssl http2;
+        server_name $HOST;
+        ssl_certificate $WORK/cert.pem;
+        ssl_certificate_key $WORK/key.pem;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        ssl_session_cache shared:SSL:10m;
+        location / {
+            proxy_pass http://app_up;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host \$host;
+        }
+    }
+}
+EOF
+wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; log "nothing listens on $1"; return 1; }
+nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" >"$WORK/up.log" 2>&1 &
+PIDS+=($!)
+wait_port "$UP_PORT"
+nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx.log" 2>&1 &
+PIDS+=($!); NGINX_PID=$!
+target/release/edge-bench --listen "127.0.0.1:$EDGE_HTTP_PORT" --route "$HOST=127.0.0.1:$UP_PORT" \
+  --threads "$WORKERS" --tls-listen "127.0.0.1:$EDGE_PORT" --tls-cert "$WORK/cert.pem" \
+  --tls-key "$WORK/key.pem" >"$WORK/edge.log" 2>&1 &
+PIDS+=($!); EDGE_PID=$!
+wait_port "$NGINX_PORT"
+wait_port "$EDGE_PORT"
+for t in nginx edge; do
+  port=$NGINX_PORT; [ "$t" = edge ] && port=$EDGE_PORT
+  body=$(curl -sS --cacert "$WORK/cert.pem" --resolve "$HOST:$port:127.0.0.1" "https://$HOST:$port/")
+  [ "$body" = "hello from upstream" ] || { log "$t answered '$body'"; exit 1; }
+done
+
+port_of() { case $1 in nginx) echo "$NGINX_PORT" ;; edge) echo "$EDGE_PORT" ;; esac; }
+pid_of() { case $1 in nginx) echo "$NGINX_PID" ;; edge) echo "$EDGE_PID" ;; esac; }
+tree_pids() { local c; echo "$1"; for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree_pids "$c"; done; }
+cpu_ticks() { local t=0 p v; for p in $(tree_pids "$1"); do v=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null) || continue; t=$((t + ${v:-0})); done; echo "$t"; }
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END { if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2 }'; }
+
+: >"$WORK/metrics.txt"
+run() { # target workload run
+  local t=$1 w=$2 r=$3 out="$WORK/$1.$2.$3.txt" c0 c1 rps p99 n
+  local url="https://$HOST:$(port_of "$t")/"
+  c0=$(cpu_ticks "$(pid_of "$t")")
+  if [ "$w" = https-keepalive ]; then
+    wrk -t2 -c64 -d"${DURATION}s" --latency "$url" >"$out" 2>&1
+    rps=$(awk '/^Requests\/sec:/ {print $2}' "$out")
+    n=$(awk '/requests in/ {print $1}' "$out")
+    p99=$(awk '$1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 } else if (v ~ /ms$/) sub(/ms$/, "", v); else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 }; print v }' "$out")
+  else
+    h2load -c16 -m10 -t2 -D "$DURATION" "$url" >"$out" 2>&1
+    rps=$(awk '/^finished in/ {gsub(/,/, "", $4); print $4}' "$out")
+    n=$(awk '/^requests:/ {print $8}' "$out")
+    p99=nan
+  fi
+  c1=$(cpu_ticks "$(pid_of "$t")")
+  local cpu
+  cpu=$(awk -v d=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v n="${n:-0}" 'BEGIN { if (n > 0) printf "%.1f", d * 1e6 / hz / n; else print "nan" }')
+  echo "$t $w $r ${rps:-nan} $cpu ${p99:-nan}" >>"$WORK/metrics.txt"
+  log "$(printf '%-6s %-16s run %d: %10s req/s  %s us CPU/request  p99 %s ms' "$t" "$w" "$r" "${rps:-nan}" "$cpu" "${p99:-nan}")"
+}
+# Warm-up, then interleaved runs.
+for t in nginx edge; do wrk -t2 -c64 -d2s "https://$HOST:$(port_of "$t")/" >/dev/null 2>&1 || true; done
+for ((r = 1; r <= RUNS; r++)); do
+  for w in https-keepalive h2; do
+    for t in nginx edge; do run "$t" "$w" "$r"; done
+  done
+done
+
+echo
+echo "## HTTPS $(date -u +%Y-%m-%dT%H:%M:%SZ) cpus=$(nproc); ECDSA P-256, $WORKERS workers each; wrk -t2 -c64 -d${DURATION}s (HTTP/1.1 keep-alive), h2load -c16 -m10 -t2 -D $DURATION (HTTP/2); $RUNS interleaved runs, median; nginx $(nginx -v 2>&1 | awk -F/ '{print $2}')"
+echo "| target | workload | req/s (median) | CPU µs per request | p99 ms | runs |"
+echo "|---|---|---|---|---|---|"
+for w in https-keepalive h2; do
+  for t in nginx edge; do
+    q=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {print $4}' "$WORK/metrics.txt" | median)
+    c=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {print $5}' "$WORK/metrics.txt" | median)
+    p=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {print $6}' "$WORK/metrics.txt" | median)
+    all=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {printf "%s%.0f", (n++ ? "/" : ""), $4}' "$WORK/metrics.txt")
+    printf '| %s | %s | %.0f | %s | %s | %s |\n' "$t" "$w" "$q" "$c" "$p" "$all"
+  done
+  n=$(awk -v w="$w" '$1=="nginx" && $2==w {print $4}' "$WORK/metrics.txt" | median)
+  e=$(awk -v w="$w" '$1=="edge" && $2==w {print $4}' "$WORK/metrics.txt" | median)
+  awk -v n="$n" -v e="$e" -v w="$w" 'BEGIN { printf "ratio edge/nginx, %s: %.2f\n", w, e / n }' >&2
+done
