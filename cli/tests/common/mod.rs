@@ -488,9 +488,33 @@ pub fn curl_https(
     (out.status.success(), stdout(&out), stderr(&out))
 }
 
+/// `ployz daemon edge` started by [`edge_alone`]: stopped like [`Reaped`] when dropped, and
+/// when that happens in a failing test, the last lines it logged are printed (why it stopped
+/// answering, when it did).
+pub struct EdgeAlone(pub Child, tempfile::NamedTempFile);
+
+impl Drop for EdgeAlone {
+    fn drop(&mut self) {
+        let exited = self.0.try_wait().ok().flatten();
+        stop_child(&mut self.0, Duration::from_secs(5));
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.1.path()).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            eprintln!(
+                "--- the edge ({}) logged, last lines ---\n{}",
+                exited.map_or("running until the test stopped it".to_owned(), |s| format!(
+                    "it had exited: {s}"
+                )),
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
+    }
+}
+
 /// Starts `ployz daemon edge` on a free port with one route and waits until it listens.
-pub fn edge_alone(route: &str, extra: &[&str]) -> (u16, Reaped) {
+pub fn edge_alone(route: &str, extra: &[&str]) -> (u16, EdgeAlone) {
     let [port] = free_ports();
+    let log = tempfile::NamedTempFile::new().unwrap();
     let child = std::process::Command::new(PLOYZ)
         .args(["daemon", "edge", "--threads", "1", "--no-access-log"])
         .args(extra)
@@ -499,10 +523,10 @@ pub fn edge_alone(route: &str, extra: &[&str]) -> (u16, Reaped) {
         .arg("--route")
         .arg(route)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(log.reopen().unwrap())
         .spawn()
         .unwrap();
-    let child = Reaped(child);
+    let child = EdgeAlone(child, log);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
@@ -560,7 +584,7 @@ macro_rules! in_both_positions {
 }
 
 /// [`edge_alone`] in `position`.
-pub fn edge_alone_in(position: Position, route: &str, extra: &[&str]) -> (u16, Reaped) {
+pub fn edge_alone_in(position: Position, route: &str, extra: &[&str]) -> (u16, EdgeAlone) {
     edge_alone(route, &[position.args(), extra].concat())
 }
 
