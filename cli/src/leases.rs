@@ -40,17 +40,31 @@ pub struct Reach {
 
 impl Reach {
     /// Every Machine the Machine reached observes, except the ones it observes down (those are
-    /// not asked: a call to them would wait out its timeout). A Machine that lists no Machines
-    /// (it is not initialised, or predates the listing) is asked alone.
-    pub async fn observe(client: &mut ApiClient) -> Reach {
-        let Ok(list) = client
+    /// not asked: a call to them would wait out its timeout) and the ones whose record it cannot
+    /// read. A Machine that is not initialised is asked alone (what it answers next says so);
+    /// any other failure to list the Machines is the command's error: planning from one
+    /// Machine's view while others run the Services would be planning blind.
+    pub async fn observe(client: &mut ApiClient) -> anyhow::Result<Reach> {
+        let list = match client
             .get::<ployz_core::api::MachineList>(ployz_core::api::paths::MACHINES)
             .await
-        else {
-            return Reach::alone();
+        {
+            Ok(list) => list,
+            Err(e) if not_initialised(&e) => return Ok(Reach::alone()),
+            Err(e) => return Err(e.context("cannot list the Machines of the Cluster")),
         };
         let mut machines = Vec::new();
-        let mut not_included = Vec::new();
+        let mut not_included: Vec<NotIncluded> = list
+            .failures
+            .iter()
+            .filter_map(|f| {
+                Some(NotIncluded {
+                    machine: f.target.parse().ok()?,
+                    name: f.target.clone(),
+                    reason: format!("its record cannot be read here: {}", f.reason),
+                })
+            })
+            .collect();
         for m in list.values {
             if m.membership == ployz_core::MembershipObservation::Down {
                 not_included.push(NotIncluded {
@@ -66,13 +80,13 @@ impl Reach {
             }
         }
         if machines.is_empty() {
-            return Reach::alone();
+            return Ok(Reach::alone());
         }
         machines.sort_by(|a, b| a.id.cmp(&b.id));
-        Reach {
+        Ok(Reach {
             machines,
             not_included,
-        }
+        })
     }
 
     /// The Machine reached, alone, named by no Machine Target.
@@ -159,7 +173,11 @@ impl Leases {
                         .push(held.clone());
                     leases.held.push(held);
                 }
-                Err(e) if m.id.is_some() && reach.machines.len() > 1 && unreachable(&e) => {
+                Err(e)
+                    if m.id.is_some()
+                        && reach.machines.len() > 1
+                        && crate::targets::is_unavailable(&e) =>
+                {
                     left_out.push((m, format!("{e:#}")));
                 }
                 Err(e) => {
@@ -268,9 +286,13 @@ impl Drop for Leases {
     }
 }
 
-/// Whether a failed lease call means its Machine could not be reached (as opposed to refusing).
-fn unreachable(e: &anyhow::Error) -> bool {
-    crate::targets::is_unavailable(e)
+/// Whether a failed call says the Machine reached is not initialised.
+fn not_initialised(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<ployz_core::api::ApiError>()
+            .is_some_and(|a| a.code == ployz_core::api::ErrorCode::FailedPrecondition)
+    })
 }
 
 /// A task renewing the leases in `held` (as they are taken) over a connection of its own,

@@ -273,7 +273,7 @@ async fn planning_problems(
     }
     let gathered = async {
         let mut client = super::connect(global).await?;
-        let mut reach = Reach::observe(&mut client).await;
+        let mut reach = Reach::observe(&mut client).await?;
         let machines = gather(&mut client, &mut reach, None).await?;
         anyhow::Ok((machines, reach))
     }
@@ -484,7 +484,7 @@ async fn deploy_project(
     warnings: Vec<Warning>,
     flow: &Flow,
 ) -> Result<(), Stop> {
-    let mut reach = Reach::observe(client).await;
+    let mut reach = Reach::observe(client).await.stop_as(ProblemKind::Daemon)?;
     if flow.dry_run {
         note_held_leases(client, &reach).await;
         return deploy_holding(client, intent, warnings, flow, &mut reach, None).await;
@@ -548,34 +548,45 @@ async fn gather(
         .collect();
     let (answers, failures) =
         crate::targets::get_from::<MachineSnapshot>(client, &asked, docker_paths::SNAPSHOT).await?;
+    let answered: Vec<MachineId> = answers.iter().map(|(a, _)| a.machine.clone()).collect();
     let mut machines: Vec<MachineSnapshot> = answers.into_iter().map(|(_, s)| s).collect();
     machines.sort_by(|a, b| a.machine.info.id.cmp(&b.machine.info.id));
+    let left_out = unanswered(&asked, &answered, &failures);
     if machines.is_empty() {
-        let first = failures
+        let first = left_out
             .first()
-            .map_or("no Machine answered".to_owned(), |f| f.reason.clone());
+            .map_or("no Machine answered".to_owned(), |n| n.reason.clone());
         bail!("{first}");
     }
-    for f in failures {
-        let Some(m) = reach
-            .machines
-            .iter()
-            .position(|m| m.id.as_ref().is_some_and(|id| id.as_str() == f.target))
-            .map(|i| reach.machines.remove(i))
-        else {
-            continue;
-        };
-        let id = m.id.expect("asked by ID");
+    for n in left_out {
+        reach.machines.retain(|m| m.id.as_ref() != Some(&n.machine));
         if let Some(leases) = leases.as_deref_mut() {
-            leases.release_one(client, &id).await;
+            leases.release_one(client, &n.machine).await;
         }
-        reach.not_included.push(NotIncluded {
-            machine: id,
-            name: m.name,
-            reason: f.reason,
-        });
+        reach.not_included.push(n);
     }
     Ok(machines)
+}
+
+/// The Machines of `asked` that gave no answer, each with the failure that names it (a fan-out
+/// names a Machine `name (id)`, a single forward by its ID).
+fn unanswered(
+    asked: &[(MachineId, String)],
+    answered: &[MachineId],
+    failures: &[ployz_core::TargetFailure],
+) -> Vec<NotIncluded> {
+    asked
+        .iter()
+        .filter(|(id, _)| !answered.contains(id))
+        .map(|(id, name)| NotIncluded {
+            machine: id.clone(),
+            name: name.clone(),
+            reason: failures
+                .iter()
+                .find(|f| f.target.contains(id.as_str()))
+                .map_or_else(|| "it gave no answer".to_owned(), |f| f.reason.clone()),
+        })
+        .collect()
 }
 
 /// The Deploy itself, holding the leases (`None` for a dry run).
@@ -829,6 +840,45 @@ mod tests {
                 operations: vec![run_op()],
             }],
         }
+    }
+
+    /// A Machine a fan-out failed on is left out whatever way its failure names it; one that
+    /// answered never is.
+    #[test]
+    fn machines_without_a_snapshot_are_left_out_with_their_failure() {
+        let (a, b, c) = (
+            MachineId::generate(),
+            MachineId::generate(),
+            MachineId::generate(),
+        );
+        let asked = vec![
+            (a.clone(), "m0".to_owned()),
+            (b.clone(), "m1".to_owned()),
+            (c.clone(), "m2".to_owned()),
+        ];
+        let failures = vec![
+            ployz_core::TargetFailure {
+                target: format!("m1 ({b})"),
+                reason: "no connection within 5 s".into(),
+            },
+            ployz_core::TargetFailure {
+                target: c.to_string(),
+                reason: "Docker does not answer".into(),
+            },
+        ];
+        let left = unanswered(&asked, std::slice::from_ref(&a), &failures);
+        let got: Vec<(&str, &str)> = left
+            .iter()
+            .map(|n| (n.name.as_str(), n.reason.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("m1", "no connection within 5 s"),
+                ("m2", "Docker does not answer")
+            ]
+        );
+        assert!(unanswered(&asked, &[a, b, c], &failures).is_empty());
     }
 
     #[test]

@@ -652,7 +652,7 @@ pub async fn lifecycle(global: &GlobalArgs, verb: &str, args: ServicesArgs) -> a
         .filter(|c| chosen.iter().any(|s| s.id == c.service_id))
         .map(|c| c.machine_id.clone())
         .collect();
-    let mut reach = Reach::observe(&mut client).await.only(&holding);
+    let mut reach = Reach::observe(&mut client).await?.only(&holding);
     let command = format!("{verb} {}", args.services.join(" "));
     let mut leases = Leases::take(
         &mut client,
