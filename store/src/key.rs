@@ -80,8 +80,23 @@ impl Key {
         &self.name
     }
 
+    /// The on-disk form: what [`Display`](fmt::Display) shows, as bytes.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        self.to_string().into_bytes()
+        let parts: [&str; 3] = match &self.owner {
+            Owner::Machine(m) => ["m/", &self.namespace, m.as_str()],
+            Owner::Cluster => ["c/", &self.namespace, ""],
+        };
+        let mut out =
+            Vec::with_capacity(parts.iter().map(|p| p.len() + 1).sum::<usize>() + self.name.len());
+        out.extend_from_slice(parts[0].as_bytes());
+        out.extend_from_slice(parts[1].as_bytes());
+        out.push(b'/');
+        if !parts[2].is_empty() {
+            out.extend_from_slice(parts[2].as_bytes());
+            out.push(b'/');
+        }
+        out.extend_from_slice(self.name.as_bytes());
+        out
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Result<Key, StoreError> {
@@ -197,6 +212,7 @@ mod tests {
             let text = key.to_string();
             assert_eq!(text.parse::<Key>().unwrap(), key, "{text}");
             assert_eq!(Key::decode(&key.encode()).unwrap(), key);
+            assert_eq!(key.encode(), text.as_bytes(), "{text}");
         }
     }
 

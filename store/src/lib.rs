@@ -35,6 +35,7 @@ pub mod edge_reports;
 mod error;
 pub mod follow;
 mod hlc;
+mod index;
 mod key;
 pub mod machines;
 pub mod observations;

@@ -2,7 +2,7 @@
 //! caught), every entry is read back and checked against the others, and the store is compared
 //! with its acknowledgement record.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -12,14 +12,12 @@ use ployz_core::MachineId;
 use crate::acknowledged::{temp_path, Acknowledged, AcknowledgedWrite};
 use crate::error::sled_error_text;
 use crate::hlc::wall_now_ms;
+use crate::index::{decode_chunk, Index, CHUNK, EARLIER_LAYOUT};
 use crate::store::{
-    decode_hlc, decode_origin, decode_u64, log_key, panic_message, record_key, Sled, CLOCK, DIGEST,
-    FORGOTTEN, LOG, RECORD, TREE,
+    decode_hlc, decode_origin, decode_u64, panic_message, Sled, CLOCK, DIGEST, FORGOTTEN, LOG,
+    RECORD, TREE,
 };
-use crate::{Digest, Hlc, Key, OpenOptions, OpenReport, Record, StoreError};
-
-/// Log entries by the record key they name: (origin, seq, the log entry's own key).
-type LogEntries = HashMap<Vec<u8>, Vec<(MachineId, u64, Vec<u8>)>>;
+use crate::{Hlc, Key, OpenOptions, OpenReport, Owner, Record, StoreError};
 
 /// Reads the acknowledgement record, refusing (or, accepting loss, forgetting) one that
 /// cannot be trusted.
@@ -55,14 +53,16 @@ pub(crate) fn read_acknowledged(
 #[derive(Default)]
 pub(crate) struct Inventory {
     pub(crate) entries: usize,
-    pub(crate) digest: Digest,
+    /// Everything that reads back, with the records of the earlier layout under chunk
+    /// [`EARLIER_LAYOUT`].
+    pub(crate) index: Index,
     pub(crate) clock: Option<Hlc>,
-    /// The Machines forgotten.
-    pub(crate) forgotten: BTreeSet<MachineId>,
-    /// Entries that do not decode or do not agree with the others, and why.
+    /// Entries that do not decode or do not agree with the others, and why. Their records are
+    /// not in the index.
     pub(crate) bad: Vec<(Vec<u8>, String)>,
-    /// Log entries a held record lacks (key, value), to put back.
-    pub(crate) missing_log: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The entries of the earlier layout (a record, or a log entry, each), to remove once their
+    /// records are in chunks.
+    pub(crate) earlier: Vec<Vec<u8>>,
 }
 
 /// Memory sled may use to cache the store's pages.
@@ -217,37 +217,37 @@ pub(crate) fn move_aside(path: &Path) -> Result<PathBuf, StoreError> {
 /// Reads every entry of `tree` and checks it against the others.
 fn inventory(tree: &sled::Tree, local: &MachineId) -> Result<Inventory, StoreError> {
     let mut inv = Inventory::default();
-    // Log entries, by the record key they name: (origin, seq).
-    let mut logged: LogEntries = HashMap::new();
-    let mut records: Vec<(Vec<u8>, Record)> = Vec::new();
+    // Records by the entry holding them: a chunk's, or one of the earlier layout.
+    let mut held: Vec<(Vec<u8>, u64, Vec<Record>)> = Vec::new();
+    let mut earlier: Vec<Record> = Vec::new();
+    let mut earlier_keys: Vec<Vec<u8>> = Vec::new();
     for item in tree.iter() {
         let (k, v) = item?;
         inv.entries += 1;
         let bad = |why: &str| (k.to_vec(), why.to_owned());
         match k.first() {
-            Some(&RECORD) => match Key::decode(&k[1..]).and_then(|key| Record::decode(key, &v)) {
-                Ok(r) => records.push((k.to_vec(), r)),
+            Some(&CHUNK) if k.len() == 9 => match decode_chunk(&v) {
+                Ok(records) => held.push((k.to_vec(), decode_u64(&k[1..])?, records)),
                 Err(e) => inv.bad.push(bad(&e.to_string())),
             },
-            Some(&LOG) if k.len() == 41 => match (decode_origin(&k[1..33]), Key::decode(&v)) {
-                (Some(origin), Ok(_)) => {
-                    let seq = decode_u64(&k[33..])?;
-                    logged
-                        .entry(record_key(&v))
-                        .or_default()
-                        .push((origin, seq, k.to_vec()));
+            Some(&RECORD) => match Key::decode(&k[1..]).and_then(|key| Record::decode(key, &v)) {
+                Ok(r) => {
+                    earlier.push(r);
+                    earlier_keys.push(k.to_vec());
                 }
-                _ => inv.bad.push(bad("a log entry that does not decode")),
+                Err(e) => inv.bad.push(bad(&e.to_string())),
             },
+            // The earlier layout's log is rebuilt from the records it named.
+            Some(&LOG) => inv.earlier.push(k.to_vec()),
             Some(&DIGEST) => match (decode_origin(&k[1..]), decode_u64(&v)) {
                 (Some(origin), Ok(seq)) => {
-                    inv.digest.0.insert(origin, seq);
+                    inv.index.digest.0.insert(origin, seq);
                 }
                 _ => inv.bad.push(bad("a digest entry that does not decode")),
             },
             Some(&FORGOTTEN) => match decode_origin(&k[1..]) {
                 Some(origin) => {
-                    inv.forgotten.insert(origin);
+                    inv.index.forgotten.insert(origin);
                 }
                 None => inv
                     .bad
@@ -260,53 +260,56 @@ fn inventory(tree: &sled::Tree, local: &MachineId) -> Result<Inventory, StoreErr
             _ => inv.bad.push(bad("an entry of no known kind")),
         }
     }
-    for (rkey, r) in records {
-        let entries = logged.remove(&rkey).unwrap_or_default();
-        let mut found = false;
-        for (origin, seq, lkey) in entries {
-            if origin == r.origin && seq == r.seq {
-                found = true;
-            } else {
-                inv.bad
-                    .push((lkey, "a log entry for a version not held".into()));
-            }
+    // A local write numbered beyond the digest: the digest went back, and the next write
+    // would reuse the number.
+    let digest = inv.index.digest.get(local);
+    let beyond = |r: &Record| &r.origin == local && r.seq > digest;
+    let beyond_why = |r: &Record| {
+        format!(
+            "a local write numbered {} beyond the digest ({digest})",
+            r.seq
+        )
+    };
+    for (k, n, records) in held {
+        if let Some(r) = records.iter().find(|r| beyond(r)) {
+            inv.bad.push((k, beyond_why(r)));
+            continue;
         }
-        if !found {
-            inv.missing_log
-                .push((log_key(&r.origin, r.seq), r.key.encode()));
-        }
-        if &r.origin == local && r.seq > inv.digest.get(local) {
-            inv.bad.push((
-                rkey,
-                format!(
-                    "a local write numbered {} beyond the digest ({})",
-                    r.seq,
-                    inv.digest.get(local)
-                ),
-            ));
-        }
+        inv.index
+            .load_chunk(n, without_forgotten(records, &inv.index.forgotten));
     }
-    for (_, entries) in logged {
-        for (_, _, lkey) in entries {
-            inv.bad
-                .push((lkey, "a log entry whose record is missing".into()));
+    let mut kept = Vec::new();
+    for (k, r) in earlier_keys.into_iter().zip(earlier) {
+        if beyond(&r) {
+            inv.bad.push((k, beyond_why(&r)));
+            continue;
         }
+        inv.earlier.push(k);
+        kept.push(r);
+    }
+    if !kept.is_empty() {
+        let kept = without_forgotten(kept, &inv.index.forgotten);
+        inv.index.load_chunk(EARLIER_LAYOUT, kept);
     }
     Ok(inv)
 }
 
+/// `records` without those of the machine-owned keys of forgotten Machines, which merges
+/// ignore (a store forgetting a Machine removes them; none should be on disk).
+fn without_forgotten(mut records: Vec<Record>, forgotten: &BTreeSet<MachineId>) -> Vec<Record> {
+    if !forgotten.is_empty() {
+        records.retain(|r| !matches!(r.key.owner(), Owner::Machine(m) if forgotten.contains(m)));
+    }
+    records
+}
+
 /// What the store lacks of what `ack` says it acknowledged, a sentence each. What it held of a
 /// Machine it has forgotten since is not missing.
-pub(crate) fn shortfalls(
-    local: &MachineId,
-    ack: &Acknowledged,
-    inventory: &Inventory,
-    tree: &sled::Tree,
-) -> Result<Vec<String>, StoreError> {
+pub(crate) fn shortfalls(local: &MachineId, ack: &Acknowledged, index: &Index) -> Vec<String> {
     let mut missing = Vec::new();
     for (origin, &acked) in &ack.digest.0 {
-        let held = inventory.digest.get(origin);
-        if held >= acked || inventory.forgotten.contains(origin) {
+        let held = index.digest.get(origin);
+        if held >= acked || index.forgotten.contains(origin) {
             continue;
         }
         missing.push(if origin == local {
@@ -320,10 +323,7 @@ pub(crate) fn shortfalls(
         });
     }
     if let Some(w) = &ack.last_local {
-        let held = match tree.get(record_key(&w.key.encode()))? {
-            Some(v) => Record::decode(w.key.clone(), &v).ok(),
-            None => None,
-        };
+        let held = index.get(&w.key.encode());
         let ok = match &held {
             Some(r) if &r.origin == local && r.seq == w.seq => w.is(r),
             // Superseded by a later version: fine.
@@ -343,26 +343,13 @@ pub(crate) fn shortfalls(
             });
         }
     }
-    Ok(missing)
+    missing
 }
 
-/// This Machine's latest write still held: the highest local log entry.
-pub(crate) fn last_local_write(
-    tree: &sled::Tree,
-    local: &MachineId,
-) -> Result<Option<AcknowledgedWrite>, StoreError> {
-    let start = log_key(local, 0);
-    let end = log_key(local, u64::MAX);
-    let Some(item) = tree.range(start..=end).next_back() else {
-        return Ok(None);
-    };
-    let (_, key_bytes) = item?;
-    let key = Key::decode(&key_bytes)?;
-    Ok(match tree.get(record_key(&key_bytes))? {
-        Some(v) => {
-            let r = Record::decode(key, &v)?;
-            (&r.origin == local).then(|| AcknowledgedWrite::of(&r))
-        }
-        None => None,
-    })
+/// This Machine's latest write still held.
+pub(crate) fn last_local_write(index: &Index, local: &MachineId) -> Option<AcknowledgedWrite> {
+    index
+        .last_of(local)
+        .filter(|r| &r.origin == local)
+        .map(AcknowledgedWrite::of)
 }

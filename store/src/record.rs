@@ -10,7 +10,7 @@ use crate::{Hlc, Key, StoreError};
 
 /// The on-disk header before a record's value: version, origin, wall ms, counter, seq,
 /// tombstone.
-const HEADER: usize = 1 + 32 + 8 + 4 + 8 + 1;
+pub(crate) const HEADER: usize = 1 + 32 + 8 + 4 + 8 + 1;
 
 /// One version of one key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,8 +53,15 @@ impl Record {
     ///
     /// Layout: version `1`, origin (32 ASCII hex), wall ms (u64 BE), counter (u32 BE),
     /// seq (u64 BE), tombstone (u8), value bytes.
+    #[cfg(test)]
     pub(crate) fn encode_value(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER + self.value.len());
+        self.encode_value_into(&mut out);
+        out
+    }
+
+    /// [`Record::encode_value`], appended to `out`.
+    pub(crate) fn encode_value_into(&self, out: &mut Vec<u8>) {
         out.push(1);
         out.extend_from_slice(self.origin.as_str().as_bytes());
         out.extend_from_slice(&self.hlc.wall_ms.to_be_bytes());
@@ -62,7 +69,6 @@ impl Record {
         out.extend_from_slice(&self.seq.to_be_bytes());
         out.push(self.tombstone as u8);
         out.extend_from_slice(&self.value);
-        out
     }
 
     pub(crate) fn decode(key: Key, bytes: &[u8]) -> Result<Record, StoreError> {

@@ -1,22 +1,27 @@
 //! The store itself: local writes, merges and the sync answers, and how it stays honest about
 //! what is on disk.
 //!
-//! Layout: one sled tree, four kinds of entry told apart by their first byte, so that every
-//! change is one atomic sled batch:
+//! Layout: one sled tree, entries told apart by their first byte, so that every change is one
+//! atomic sled batch:
 //!
-//! - `r` + key: the record currently winning for the key;
-//! - `l` + origin + seq (big-endian): the key that record was written under, for the records
-//!   currently held (an entry is removed when its record is superseded);
+//! - `c` + chunk number (big-endian): a chunk of records, the ones a change installed (see
+//!   [`index`](crate::index): a merge of thousands of records is a few sled entries, not one per
+//!   record);
 //! - `d` + origin: the highest sequence incorporated from that origin (the digest);
 //! - `h`: the clock's last timestamp;
 //! - `f` + origin: a Machine forgotten ([`Store::forget_origin`]), its records for
 //!   machine-owned keys ignored from then on.
 //!
-//! Durability. A change is applied as one batch and flushed before the call returns, and readers
-//! wait meanwhile, so no read shows a change the disk has not taken. When the disk refuses
-//! (full, read-only, failing), sled refuses every later write until it is opened again: the store
-//! then *freezes*. It serves reads from a copy of what was durable (the failed change left out),
-//! refuses writes saying why, and reopens itself from disk once a probe write to its directory
+//! The store's earlier layout (`r` + key: the record winning for the key; `l` + origin + seq:
+//! the key of a record held) is rewritten into chunks when such a store opens.
+//!
+//! Everything held is also kept in memory (the [`Index`]), changed only once sled has taken
+//! and flushed a change: reads never touch the disk, and never show what it has not taken.
+//!
+//! Durability. A change is applied as one batch and flushed before the call returns, and only
+//! then shown to readers. When the disk refuses (full, read-only, failing), sled refuses every
+//! later write until it is opened again: the store then *freezes*. It goes on serving what was
+//! durable (the index, which never took the failed change), refuses writes saying why, and reopens itself from disk once a probe write to its directory
 //! succeeds ([`Store::recover`], also tried by every write). A failed local write that reached
 //! the disk after all is undone on reopening, so a write reported failed never shows up later.
 //!
@@ -33,8 +38,6 @@
 //! [`OpenOptions::accept_loss`] opens anyway, keeping what can be kept.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::ops::{Bound, ControlFlow};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -45,9 +48,10 @@ use tokio::sync::{broadcast, watch};
 
 use crate::acknowledged::{Acknowledged, AcknowledgedWrite};
 use crate::hlc::{wall_now_ms, Clock};
+use crate::index::{Index, Pending, EARLIER_LAYOUT};
 use crate::opening::{
     last_local_write, move_aside, open_and_read, read_acknowledged, set_aside_sled_metadata,
-    shortfalls,
+    shortfalls, Inventory,
 };
 use crate::{
     Change, Digest, Hlc, Key, KeyPrefix, Owner, Record, StoreError, SyncBatch, SyncRequest, Watch,
@@ -56,7 +60,9 @@ use crate::{
 /// How many changes a slow watcher may fall behind before it is told to rescan.
 const WATCH_BUFFER: usize = 4096;
 
+/// The first byte of an entry of the earlier layout holding a record (`r` + key).
 pub(crate) const RECORD: u8 = b'r';
+/// The first byte of an entry of the earlier layout naming a record held (`l` + origin + seq).
 pub(crate) const LOG: u8 = b'l';
 pub(crate) const DIGEST: u8 = b'd';
 pub(crate) const CLOCK: &[u8] = b"h";
@@ -116,9 +122,9 @@ pub struct Store {
     path: Option<PathBuf>,
     /// The acknowledgement record's file, when one is kept.
     acknowledged: Option<PathBuf>,
-    /// Readers share it; a change holds it exclusively from its first read to its flush.
-    backend: RwLock<Backend>,
-    /// Serialises writes, merges and recovery.
+    /// What the store holds, as durable: a change is applied to it once flushed.
+    index: RwLock<Index>,
+    /// Serialises writes, merges and recovery; holds sled.
     writer: Mutex<Writer>,
     changes: broadcast::Sender<Change>,
     /// Why writes are refused, while they are.
@@ -153,16 +159,10 @@ pub(crate) struct Sled {
     pub(crate) tree: sled::Tree,
 }
 
-/// Where reads come from.
-enum Backend {
-    Open(Sled),
-    /// What was durable when a write failed, served until the store reopens; `Err` when even
-    /// that could not be read back.
-    Frozen(Result<BTreeMap<Vec<u8>, sled::IVec>, String>),
-}
-
 /// The writer's state, under [`Store::writer`].
 struct Writer {
+    /// `None` while the store is frozen: dropping sled lets it be opened again.
+    sled: Option<Sled>,
     clock: Clock,
     trouble: Option<Trouble>,
     /// This Machine's last local write still held, for the acknowledgement record.
@@ -171,7 +171,7 @@ struct Writer {
 
 /// Why writes are refused.
 enum Trouble {
-    /// sled refused a change; the backend is frozen until the store reopens.
+    /// sled refused a change; the store is frozen until it reopens.
     Frozen {
         reason: String,
         /// The local write that failed, undone if it reached the disk after all.
@@ -208,21 +208,6 @@ struct FailedWrite {
     record: Record,
     /// What the key held before, durable.
     previous: Option<Record>,
-}
-
-pub(crate) fn record_key(key_bytes: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(1 + key_bytes.len());
-    k.push(RECORD);
-    k.extend_from_slice(key_bytes);
-    k
-}
-
-pub(crate) fn log_key(origin: &MachineId, seq: u64) -> Vec<u8> {
-    let mut k = Vec::with_capacity(41);
-    k.push(LOG);
-    k.extend_from_slice(origin.as_str().as_bytes());
-    k.extend_from_slice(&seq.to_be_bytes());
-    k
 }
 
 pub(crate) fn forgotten_key(origin: &MachineId) -> Vec<u8> {
@@ -278,245 +263,11 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "no message".into())
 }
 
-impl Backend {
-    fn get(&self, key: &[u8]) -> Result<Option<sled::IVec>, StoreError> {
-        match self {
-            Backend::Open(s) => Ok(s.tree.get(key)?),
-            Backend::Frozen(Ok(entries)) => Ok(entries.get(key).cloned()),
-            Backend::Frozen(Err(reason)) => Err(unreadable_while_frozen(reason)),
-        }
-    }
-
-    /// Calls `f` on every entry whose key starts with `prefix`, in key order, until it breaks.
-    fn each_with_prefix(
-        &self,
-        prefix: &[u8],
-        mut f: impl FnMut(&[u8], &sled::IVec) -> Result<ControlFlow<()>, StoreError>,
-    ) -> Result<(), StoreError> {
-        match self {
-            Backend::Open(s) => {
-                for item in s.tree.scan_prefix(prefix) {
-                    let (k, v) = item?;
-                    if f(&k, &v)?.is_break() {
-                        break;
-                    }
-                }
-            }
-            Backend::Frozen(Ok(entries)) => {
-                let range = entries.range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded));
-                for (k, v) in range.take_while(|(k, _)| k.starts_with(prefix)) {
-                    if f(k, v)?.is_break() {
-                        break;
-                    }
-                }
-            }
-            Backend::Frozen(Err(reason)) => return Err(unreadable_while_frozen(reason)),
-        }
-        Ok(())
-    }
-
-    /// Calls `f` on every entry from `start` to `end` (both included), in key order, until it
-    /// breaks.
-    fn each_between(
-        &self,
-        start: &[u8],
-        end: &[u8],
-        mut f: impl FnMut(&[u8], &sled::IVec) -> Result<ControlFlow<()>, StoreError>,
-    ) -> Result<(), StoreError> {
-        match self {
-            Backend::Open(s) => {
-                for item in s.tree.range(start..=end) {
-                    let (k, v) = item?;
-                    if f(&k, &v)?.is_break() {
-                        break;
-                    }
-                }
-            }
-            Backend::Frozen(Ok(entries)) => {
-                let range =
-                    entries.range::<[u8], _>((Bound::Included(start), Bound::Included(end)));
-                for (k, v) in range {
-                    if f(k, v)?.is_break() {
-                        break;
-                    }
-                }
-            }
-            Backend::Frozen(Err(reason)) => return Err(unreadable_while_frozen(reason)),
-        }
-        Ok(())
-    }
-}
-
-fn unreadable_while_frozen(reason: &str) -> StoreError {
-    StoreError::Unwritable {
-        reason: format!(
-            "a write failed and what was on disk could not be read back ({reason}); nothing is \
-             served until the store reopens, which it does by itself once its filesystem takes \
-             writes again"
-        ),
-    }
-}
-
-/// One atomic change being assembled under the writer lock: a sled batch plus an overlay of
-/// what it will have written, so later steps of the same change read their own writes.
-///
-/// It reads each record key and digest entry at most once, and remembers what every key it
-/// writes held before, so that a batch sled refuses can be left out of reads without reading
-/// anything again: a record key held the version read (encoded again: the encoding is
-/// deterministic), a digest entry the value read; a log entry removed held the key of the
-/// version it names (the store keeps the two in step, which opening checks); a log entry
-/// inserted is new (an origin never numbers two writes alike). Keys only read are not
-/// remembered, so a merge whose records are all held already keeps nothing.
-struct Pending<'a> {
-    tree: &'a sled::Tree,
-    batch: sled::Batch,
-    /// Per record key written: the version it holds once the batch applies.
-    records: HashMap<Vec<u8>, Option<Record>>,
-    digests: HashMap<MachineId, u64>,
-    /// Per key written: what it held before the batch (the first value seen counts).
-    before: HashMap<Vec<u8>, Option<sled::IVec>>,
-}
-
-/// A batch that sled did not take: what its keys held before, and why.
-struct Refused {
-    before: Vec<(Vec<u8>, Option<sled::IVec>)>,
-    error: sled::Error,
-}
-
-impl<'a> Pending<'a> {
-    fn new(tree: &'a sled::Tree) -> Pending<'a> {
-        Pending {
-            tree,
-            batch: sled::Batch::default(),
-            records: HashMap::new(),
-            digests: HashMap::new(),
-            before: HashMap::new(),
-        }
-    }
-
-    /// Remembers what `key` held before the batch, unless already known.
-    fn held_before(&mut self, key: &[u8], value: Option<sled::IVec>) {
-        if !self.before.contains_key(key) {
-            self.before.insert(key.to_vec(), value);
-        }
-    }
-
-    /// Writes `key`; a key not read before is taken to be new.
-    fn insert(&mut self, key: Vec<u8>, value: impl Into<sled::IVec>) {
-        self.batch.insert(key.as_slice(), value);
-        self.before.entry(key).or_insert(None);
-    }
-
-    /// Removes `key`, which held `held` before the batch (unless the batch wrote it first).
-    fn remove(&mut self, key: Vec<u8>, held: Option<sled::IVec>) {
-        self.batch.remove(key.as_slice());
-        self.before.entry(key).or_insert(held);
-    }
-
-    fn digest(&mut self, origin: &MachineId) -> Result<u64, StoreError> {
-        if let Some(n) = self.digests.get(origin) {
-            return Ok(*n);
-        }
-        let key = digest_key(origin);
-        let raw = self.tree.get(&key)?;
-        let seq = match &raw {
-            Some(v) => decode_u64(v)?,
-            None => 0,
-        };
-        self.held_before(&key, raw);
-        self.digests.insert(origin.clone(), seq);
-        Ok(seq)
-    }
-
-    fn set_digest(&mut self, origin: &MachineId, seq: u64) -> Result<(), StoreError> {
-        self.digest(origin)?;
-        self.insert(digest_key(origin), &seq.to_be_bytes());
-        self.digests.insert(origin.clone(), seq);
-        Ok(())
-    }
-
-    /// Removes the digest entry of `origin`.
-    fn remove_digest(&mut self, origin: &MachineId) -> Result<(), StoreError> {
-        self.digest(origin)?;
-        let key = digest_key(origin);
-        self.batch.remove(key.as_slice());
-        self.digests.insert(origin.clone(), 0);
-        Ok(())
-    }
-
-    /// The version `rkey` holds: as this batch leaves it, or as read from the store.
-    fn current(&self, key: &Key, rkey: &[u8]) -> Result<Option<Record>, StoreError> {
-        if let Some(written) = self.records.get(rkey) {
-            return Ok(written.clone());
-        }
-        match self.tree.get(rkey)? {
-            Some(v) => Ok(Some(Record::decode(key.clone(), &v)?)),
-            None => Ok(None),
-        }
-    }
-
-    /// Installs `record` if it beats what is held for its key. Returns whether it did.
-    fn merge_one(&mut self, record: &Record) -> Result<bool, StoreError> {
-        let key_bytes = record.key.encode();
-        let rkey = record_key(&key_bytes);
-        let read;
-        let held = match self.records.get(&rkey) {
-            Some(written) => written.as_ref(),
-            None => {
-                read = match self.tree.get(&rkey)? {
-                    Some(v) => Some(Record::decode(record.key.clone(), &v)?),
-                    None => None,
-                };
-                read.as_ref()
-            }
-        };
-        let (superseded, held_value) = match held {
-            Some(current) if current.precedence(record).is_ge() => return Ok(false),
-            Some(current) => (
-                Some(log_key(&current.origin, current.seq)),
-                Some(sled::IVec::from(current.encode_value())),
-            ),
-            None => (None, None),
-        };
-        if let Some(lkey) = superseded {
-            self.remove(lkey, Some(sled::IVec::from(key_bytes.as_slice())));
-        }
-        self.held_before(&rkey, held_value);
-        self.insert(rkey.clone(), record.encode_value());
-        self.insert(log_key(&record.origin, record.seq), key_bytes);
-        self.records.insert(rkey, Some(record.clone()));
-        Ok(true)
-    }
-
-    /// Removes `held`, the version held for its key, and its log entry.
-    fn remove_record(&mut self, held: &Record) {
-        let key_bytes = held.key.encode();
-        let rkey = record_key(&key_bytes);
-        self.remove(
-            log_key(&held.origin, held.seq),
-            Some(key_bytes.as_slice().into()),
-        );
-        self.remove(rkey.clone(), Some(held.encode_value().into()));
-        self.records.insert(rkey, None);
-    }
-
-    /// Applies the batch and flushes it. On failure, says what the touched keys held before,
-    /// so that reads can go on showing only what is durable.
-    fn commit(mut self, clock: Hlc, db: &sled::Db) -> Result<(), Result<Refused, StoreError>> {
-        let held_clock = self.tree.get(CLOCK).map_err(|e| Err(e.into()))?;
-        self.held_before(CLOCK, held_clock);
-        self.batch.insert(CLOCK, &encode_hlc(clock));
-        let applied = self
-            .tree
-            .apply_batch(self.batch)
-            .and_then(|()| db.flush().map(drop));
-        applied.map_err(|error| {
-            Ok(Refused {
-                before: self.before.into_iter().collect(),
-                error,
-            })
-        })
-    }
+/// Applies a change to sled and flushes it.
+fn write_down(sled: &Sled, batch: sled::Batch) -> sled::Result<()> {
+    sled.tree.apply_batch(batch)?;
+    sled.db.flush()?;
+    Ok(())
 }
 
 impl Store {
@@ -542,7 +293,7 @@ impl Store {
             None => None,
             Some(ack_path) => read_acknowledged(ack_path, &local, options, &mut report)?,
         };
-        let (sled, mut inventory) = match open_and_read(&path, &local, &mut report) {
+        let (sled, inventory) = match open_and_read(&path, &local, &mut report) {
             Ok(opened) => opened,
             Err(e @ StoreError::Unreadable { .. }) if options.accept_loss => {
                 // sled's snapshots and settings file can be done without: its log alone may
@@ -573,62 +324,80 @@ impl Store {
             }
             Err(e) => return Err(e),
         };
-        let mut repair = sled::Batch::default();
-        let mut repairs = 0;
-        for (k, v) in &inventory.missing_log {
-            repair.insert(k.as_slice(), v.as_slice());
-            repairs += 1;
-        }
-        if !inventory.bad.is_empty() {
-            let (first_key, first_reason) = &inventory.bad[0];
+        let Inventory {
+            entries,
+            mut index,
+            clock: stored_clock,
+            bad,
+            earlier,
+        } = inventory;
+        if !bad.is_empty() {
+            let (first_key, first_reason) = &bad[0];
             let what = format!(
                 "{} of its {} entries do not read back (the first, '{}': {first_reason})",
-                inventory.bad.len(),
-                inventory.entries,
+                bad.len(),
+                entries,
                 String::from_utf8_lossy(first_key)
             );
             if !options.accept_loss {
                 return Err(StoreError::Unreadable { path, reason: what });
             }
-            for (k, _) in &inventory.bad {
-                repair.remove(k.as_slice());
-                repairs += 1;
-            }
             report
                 .accepted_losses
                 .push(format!("{what}; they were removed"));
         }
+        let mut raise_local_to = None;
         if let Some(ack) = &acknowledged {
-            let missing = shortfalls(&local, ack, &inventory, &sled.tree)?;
+            let missing = shortfalls(&local, ack, &index);
             if !missing.is_empty() {
                 if !options.accept_loss {
                     return Err(StoreError::Behind { path, missing });
                 }
                 // Never number a new write like one that may live on elsewhere.
                 let acked = ack.digest.get(&local);
-                if acked > inventory.digest.get(&local) {
-                    repair.insert(digest_key(&local), &acked.to_be_bytes());
-                    inventory.digest.0.insert(local.clone(), acked);
-                    repairs += 1;
+                if acked > index.digest.get(&local) {
+                    raise_local_to = Some(acked);
                 }
                 report.accepted_losses.extend(missing);
             }
         }
-        let mut clock = Clock::starting_at(inventory.clock.unwrap_or_default());
+        let mut clock = Clock::starting_at(stored_clock.unwrap_or_default());
         if let Some(ack) = &acknowledged {
             clock.observe(ack.clock);
         }
-        if repairs > 0 {
-            repair.insert(CLOCK, &encode_hlc(clock.last()));
-            sled.tree.apply_batch(repair)?;
-            sled.db.flush()?;
+        // Repairs, one atomic batch: entries that do not read back removed (the loss was
+        // accepted above), the earlier layout rewritten into chunks, chunks none of whose
+        // records wins any more removed, the local sequence raised.
+        let mut pending = Pending::new(&index);
+        for (k, _) in bad {
+            pending.remove_entry(k);
+        }
+        if !earlier.is_empty() {
+            for k in earlier {
+                pending.remove_entry(k);
+            }
+            pending.rewrite_chunk(EARLIER_LAYOUT);
+        }
+        for n in index.spent_chunks() {
+            if n != EARLIER_LAYOUT {
+                pending.remove_spent_chunk(n);
+            }
+        }
+        if let Some(seq) = raise_local_to {
+            pending.set_digest(&local, seq);
+        }
+        if !pending.is_empty() {
+            let (batch, delta) = pending.lay_down(clock.last());
+            write_down(&sled, batch)?;
+            index.apply(delta);
         }
         for loss in &report.accepted_losses {
             tracing::warn!(store = %path.display(), "opened accepting a loss: {loss}");
         }
-        let last_local = last_local_write(&sled.tree, &local)?;
+        let last_local = last_local_write(&index, &local);
         let store = Store::assemble(
             sled,
+            index,
             local,
             Some(path),
             options.acknowledged.clone(),
@@ -654,6 +423,7 @@ impl Store {
         };
         Ok(Store::assemble(
             Sled { db, tree },
+            Index::default(),
             local,
             None,
             None,
@@ -664,6 +434,7 @@ impl Store {
 
     fn assemble(
         sled: Sled,
+        index: Index,
         local: MachineId,
         path: Option<PathBuf>,
         acknowledged: Option<PathBuf>,
@@ -676,8 +447,9 @@ impl Store {
             local,
             path,
             acknowledged,
-            backend: RwLock::new(Backend::Open(sled)),
+            index: RwLock::new(index),
             writer: Mutex::new(Writer {
+                sled: Some(sled),
                 clock,
                 trouble: None,
                 last_local,
@@ -696,12 +468,12 @@ impl Store {
         lock(&self.writer)
     }
 
-    fn read_backend(&self) -> RwLockReadGuard<'_, Backend> {
-        self.backend.read().unwrap_or_else(PoisonError::into_inner)
+    fn read_index(&self) -> RwLockReadGuard<'_, Index> {
+        self.index.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn write_backend(&self) -> RwLockWriteGuard<'_, Backend> {
-        self.backend.write().unwrap_or_else(PoisonError::into_inner)
+    fn write_index(&self) -> RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The Machine this store writes as.
@@ -761,14 +533,14 @@ impl Store {
         value: Vec<u8>,
         tombstone: bool,
     ) -> Result<Record, StoreError> {
-        let mut backend = self.write_backend();
-        let Backend::Open(sled) = &*backend else {
+        if writer.sled.is_none() {
             return Err(self.refusal(writer));
-        };
+        }
         let mut next_clock = writer.clock;
         let hlc = next_clock.tick(self.wall_ms());
-        let mut pending = Pending::new(&sled.tree);
-        let seq = pending.digest(&self.local)? + 1;
+        let index = self.read_index();
+        let mut pending = Pending::new(&index);
+        let seq = pending.digest(&self.local) + 1;
         let record = Record {
             key: key.clone(),
             value,
@@ -777,31 +549,39 @@ impl Store {
             seq,
             tombstone,
         };
-        let previous = pending.current(key, &record_key(&key.encode()))?;
+        let previous = index.get(&key.encode()).cloned();
         // The clock orders this write after everything held, so it always wins.
-        if !pending.merge_one(&record)? {
+        if !pending.merge_one(&record) {
             return Err(StoreError::Malformed(format!(
                 "local write to '{key}' lost to a record already held; the clock went wrong"
             )));
         }
-        pending.set_digest(&self.local, seq)?;
-        match pending.commit(hlc, &sled.db) {
-            Ok(()) => {}
-            Err(Err(e)) => return Err(e),
-            Err(Ok(refused)) => {
-                let failed = Box::new(FailedWrite {
-                    record: record.clone(),
-                    previous,
-                });
-                return Err(self.freeze(writer, &mut backend, refused, Some(failed)));
-            }
+        pending.set_digest(&self.local, seq);
+        let (batch, delta) = pending.lay_down(hlc);
+        drop(index);
+        if let Err(error) = self.write_down(writer, batch) {
+            let failed = Box::new(FailedWrite {
+                record: record.clone(),
+                previous,
+            });
+            return Err(self.freeze(writer, error, Some(failed)));
         }
-        drop(backend);
+        self.write_index().apply(delta);
         writer.clock = next_clock;
         writer.last_local = Some(AcknowledgedWrite::of(&record));
         self.acknowledge(writer);
         self.publish_writability(writer);
         Ok(record)
+    }
+
+    /// Applies a change to sled and flushes it; the writer holds sled (not frozen).
+    fn write_down(&self, writer: &Writer, batch: sled::Batch) -> sled::Result<()> {
+        match &writer.sled {
+            Some(sled) => write_down(sled, batch),
+            None => Err(sled::Error::Unsupported(
+                "the store is frozen: sled is closed".into(),
+            )),
+        }
     }
 
     /// Makes every read ([`Store::get`], [`Store::scan`], [`Store::scan_live`],
@@ -852,22 +632,13 @@ impl Store {
     pub fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let encoded = key.encode();
         self.readable(Some(&encoded))?;
-        match self.read_backend().get(&record_key(&encoded))? {
-            Some(bytes) => Ok(Some(Record::decode(key.clone(), &bytes)?)),
-            None => Ok(None),
-        }
+        Ok(self.read_index().get(&encoded).cloned())
     }
 
     /// Every record under `prefix`, tombstones included, in key order.
     pub fn scan(&self, prefix: &KeyPrefix) -> Result<Vec<Record>, StoreError> {
         self.readable(Some(prefix.as_bytes()))?;
-        let mut out = Vec::new();
-        self.read_backend()
-            .each_with_prefix(&record_key(prefix.as_bytes()), |k, v| {
-                out.push(Record::decode(Key::decode(&k[1..])?, v)?);
-                Ok(ControlFlow::Continue(()))
-            })?;
-        Ok(out)
+        Ok(self.read_index().scan(prefix.as_bytes()).cloned().collect())
     }
 
     /// Every record under `prefix` that is not a tombstone, in key order.
@@ -931,16 +702,16 @@ impl Store {
         }
         let mut writer = self.lock_writer();
         self.ready_to_write(&mut writer)?;
-        let mut backend = self.write_backend();
-        let Backend::Open(sled) = &*backend else {
+        if writer.sled.is_none() {
             return Err(self.refusal(&writer));
-        };
-        let forgotten = forgotten_in(&sled.tree)?;
+        }
+        let index = self.read_index();
+        let forgotten = &index.forgotten;
         let now = self.wall_ms();
         let max_drift_ms = self.max_drift_ms.load(Ordering::Relaxed);
         let latest_accepted = now.saturating_add(max_drift_ms);
         let mut next_clock = writer.clock;
-        let mut pending = Pending::new(&sled.tree);
+        let mut pending = Pending::for_records(&index, incoming.len());
         let mut applied = Vec::new();
         let mut too_far_ahead: Vec<(&MachineId, u64)> = Vec::new();
         // How far the batch's origin's digest may be raised, and the highest sequence of that
@@ -951,8 +722,8 @@ impl Store {
             let of_batch_origin = batch.is_some_and(|b| b.origin == r.origin);
             // Our own writes coming back from a peer (after data loss here): never reuse
             // their sequence numbers, whether they merge or not.
-            if r.origin == self.local && r.seq > pending.digest(&self.local)? {
-                pending.set_digest(&self.local, r.seq)?;
+            if r.origin == self.local && r.seq > pending.digest(&self.local) {
+                pending.set_digest(&self.local, r.seq);
             }
             if r.hlc.wall_ms > latest_accepted {
                 too_far_ahead.push((&r.origin, r.hlc.wall_ms - now));
@@ -971,25 +742,25 @@ impl Store {
                 continue;
             }
             next_clock.observe(r.hlc);
-            if pending.merge_one(r)? {
+            if pending.merge_one(r) {
                 applied.push(i);
             }
         }
         if let Some(b) = batch {
-            let have = pending.digest(&b.origin)?;
+            let have = pending.digest(&b.origin);
             let raise_to = raise_to.min(b.up_to);
             if b.after <= have && raise_to > have {
-                pending.set_digest(&b.origin, raise_to)?;
+                pending.set_digest(&b.origin, raise_to);
             }
         }
         self.count_clock_refusals(&too_far_ahead, max_drift_ms);
         let last = next_clock.tick(now);
-        match pending.commit(last, &sled.db) {
-            Ok(()) => {}
-            Err(Err(e)) => return Err(e),
-            Err(Ok(refused)) => return Err(self.freeze(&mut writer, &mut backend, refused, None)),
+        let (batch, delta) = pending.lay_down(last);
+        drop(index);
+        if let Err(error) = self.write_down(&writer, batch) {
+            return Err(self.freeze(&mut writer, error, None));
         }
-        drop(backend);
+        self.write_index().apply(delta);
         writer.clock = next_clock;
         if let Some(mine) = applied
             .iter()
@@ -1099,44 +870,31 @@ impl Store {
         }
         let mut writer = self.lock_writer();
         self.ready_to_write(&mut writer)?;
-        let mut backend = self.write_backend();
-        let Backend::Open(sled) = &*backend else {
+        if writer.sled.is_none() {
             return Err(self.refusal(&writer));
-        };
-        let mut pending = Pending::new(&sled.tree);
+        }
+        let index = self.read_index();
+        let mut pending = Pending::new(&index);
         let mut removed = Vec::new();
         let mut still_held = false;
-        for item in sled
-            .tree
-            .range(log_key(machine, 0)..=log_key(machine, u64::MAX))
-        {
-            let (lkey, key_bytes) = item?;
-            let key = Key::decode(&key_bytes)?;
-            if !matches!(key.owner(), Owner::Machine(owner) if owner == machine) {
+        for (_, held) in index.logged(machine, 0, u64::MAX) {
+            if matches!(held.key.owner(), Owner::Machine(owner) if owner == machine) {
+                pending.remove(held.key.encode());
+                removed.push(held.clone());
+            } else {
                 still_held = true;
-                continue;
-            }
-            match pending.current(&key, &record_key(&key_bytes))? {
-                Some(held) => {
-                    pending.remove_record(&held);
-                    removed.push(held);
-                }
-                None => pending.remove(lkey.to_vec(), Some(key_bytes)),
             }
         }
         if !still_held {
-            pending.remove_digest(machine)?;
+            pending.remove_digest(machine);
         }
-        let fkey = forgotten_key(machine);
-        let was_forgotten = sled.tree.get(&fkey)?;
-        pending.held_before(&fkey, was_forgotten);
-        pending.insert(fkey, Vec::new());
-        match pending.commit(writer.clock.last(), &sled.db) {
-            Ok(()) => {}
-            Err(Err(e)) => return Err(e),
-            Err(Ok(refused)) => return Err(self.freeze(&mut writer, &mut backend, refused, None)),
+        pending.forget(machine);
+        let (batch, delta) = pending.lay_down(writer.clock.last());
+        drop(index);
+        if let Err(error) = self.write_down(&writer, batch) {
+            return Err(self.freeze(&mut writer, error, None));
         }
-        drop(backend);
+        self.write_index().apply(delta);
         self.acknowledge(&mut writer);
         self.publish_writability(&writer);
         drop(writer);
@@ -1157,27 +915,13 @@ impl Store {
     /// The Machines this store has forgotten ([`Store::forget_origin`]).
     pub fn forgotten(&self) -> Result<BTreeSet<MachineId>, StoreError> {
         self.readable(None)?;
-        let mut out = BTreeSet::new();
-        self.read_backend().each_with_prefix(&[FORGOTTEN], |k, _| {
-            out.insert(decode_origin(&k[1..]).ok_or_else(|| {
-                StoreError::Malformed("a forgotten Machine's ID does not decode".into())
-            })?);
-            Ok(ControlFlow::Continue(()))
-        })?;
-        Ok(out)
+        Ok(self.read_index().forgotten.clone())
     }
 
     /// Per origin, the highest sequence this store has incorporated.
     pub fn digest(&self) -> Result<Digest, StoreError> {
         self.readable(None)?;
-        let mut out = Digest::default();
-        self.read_backend().each_with_prefix(&[DIGEST], |k, v| {
-            let origin = decode_origin(&k[1..])
-                .ok_or_else(|| StoreError::Malformed("digest origin is not a Machine ID".into()))?;
-            out.0.insert(origin, decode_u64(v)?);
-            Ok(ControlFlow::Continue(()))
-        })?;
-        Ok(out)
+        Ok(self.read_index().digest.clone())
     }
 
     /// Answers "records of origin O after sequence N" with at most `limit` records.
@@ -1201,11 +945,8 @@ impl Store {
         max_bytes: usize,
     ) -> Result<SyncBatch, StoreError> {
         self.readable(None)?;
-        let backend = self.read_backend();
-        let have = match backend.get(&digest_key(&request.origin))? {
-            Some(v) => decode_u64(&v)?,
-            None => 0,
-        };
+        let index = self.read_index();
+        let have = index.digest.get(&request.origin);
         let mut batch = SyncBatch {
             origin: request.origin.clone(),
             after: request.after,
@@ -1215,28 +956,20 @@ impl Store {
         if have <= request.after {
             return Ok(batch);
         }
-        let start = log_key(&request.origin, request.after + 1);
-        let end = log_key(&request.origin, have);
         let mut bytes = 0usize;
-        backend.each_between(&start, &end, |lk, key_bytes| {
-            let seq = decode_u64(&lk[33..])?;
+        for (seq, record) in index.logged(&request.origin, request.after + 1, have) {
             if batch.records.len() == max_records {
                 batch.up_to = seq - 1;
-                return Ok(ControlFlow::Break(()));
+                break;
             }
-            if let Some(v) = backend.get(&record_key(key_bytes))? {
-                let size = key_bytes.len() + v.len();
-                if !batch.records.is_empty() && bytes.saturating_add(size) > max_bytes {
-                    batch.up_to = seq - 1;
-                    return Ok(ControlFlow::Break(()));
-                }
-                bytes = bytes.saturating_add(size);
-                batch
-                    .records
-                    .push(Record::decode(Key::decode(key_bytes)?, &v)?);
+            let size = record.stored_len();
+            if !batch.records.is_empty() && bytes.saturating_add(size) > max_bytes {
+                batch.up_to = seq - 1;
+                break;
             }
-            Ok(ControlFlow::Continue(()))
-        })?;
+            bytes = bytes.saturating_add(size);
+            batch.records.push(record.clone());
+        }
         Ok(batch)
     }
 
@@ -1244,7 +977,7 @@ impl Store {
     /// on shutdown.
     pub fn flush(&self) -> Result<(), StoreError> {
         let mut writer = self.lock_writer();
-        if let Backend::Open(sled) = &*self.read_backend() {
+        if let Some(sled) = &writer.sled {
             sled.db.flush()?;
         }
         if let Some(Trouble::RecordBehind { .. }) = writer.trouble {
@@ -1308,25 +1041,16 @@ impl Store {
         });
     }
 
-    /// sled refused a change: serve what was durable from memory from now on, drop sled so it
-    /// can be opened again, and refuse writes until it is.
+    /// sled refused a change: drop sled so it can be opened again, and refuse writes until it
+    /// is. Reads go on from the index, which never took the change.
     fn freeze(
         &self,
         writer: &mut Writer,
-        backend: &mut Backend,
-        refused: Refused,
+        error: sled::Error,
         failed: Option<Box<FailedWrite>>,
     ) -> StoreError {
-        let Refused { before, error } = refused;
-        let durable = match &*backend {
-            Backend::Open(sled) => {
-                catch_unwind(AssertUnwindSafe(|| durable_copy(&sled.tree, before)))
-                    .unwrap_or_else(|p| Err(format!("sled panicked ({})", panic_message(&*p))))
-            }
-            Backend::Frozen(entries) => entries.clone(),
-        };
-        // Dropping the old handle releases sled's lock on its files.
-        *backend = Backend::Frozen(durable);
+        // Dropping the handle releases sled's lock on its files.
+        writer.sled = None;
         let reason = format!("a write failed ({})", StoreError::Io(error));
         tracing::error!(store = ?self.path, %reason, "the store stops taking writes until its disk takes them again");
         writer.trouble = Some(Trouble::Frozen { reason, failed });
@@ -1337,8 +1061,7 @@ impl Store {
     /// Makes a frozen store write again: opens it again from disk (unless an earlier attempt
     /// did), then undoes a local write that was reported failed but reached the disk after all.
     fn reopen(&self, writer: &mut Writer, failed: Option<&FailedWrite>) -> Result<(), String> {
-        let frozen = matches!(*self.read_backend(), Backend::Frozen(_));
-        let mut differing = if frozen {
+        let mut differing = if writer.sled.is_none() {
             self.open_again(writer)?
         } else {
             Vec::new()
@@ -1387,10 +1110,10 @@ impl Store {
                 String::from_utf8_lossy(key)
             ));
         }
+        let index = inventory.index;
         if let Some(ack_path) = &self.acknowledged {
             if let Ok(Some(ack)) = Acknowledged::read(ack_path) {
-                let missing = shortfalls(&self.local, &ack, &inventory, &sled.tree)
-                    .map_err(|e| e.to_string())?;
+                let missing = shortfalls(&self.local, &ack, &index);
                 if !missing.is_empty() {
                     return Err(format!(
                         "after reopening, the store holds less than it acknowledged: {}; restart \
@@ -1400,21 +1123,16 @@ impl Store {
                 }
             }
         }
-        let last_local = last_local_write(&sled.tree, &self.local).map_err(|e| e.to_string())?;
-        let mut differing = Vec::new();
-        let mut backend = self.write_backend();
-        if let Backend::Frozen(Ok(served)) = &*backend {
-            for item in sled.tree.scan_prefix([RECORD]) {
-                let (k, v) = item.map_err(|e| e.to_string())?;
-                if served.get(k.as_ref()) != Some(&v) {
-                    if let Ok(r) = Key::decode(&k[1..]).and_then(|key| Record::decode(key, &v)) {
-                        differing.push(r);
-                    }
-                }
-            }
-        }
-        *backend = Backend::Open(sled);
-        drop(backend);
+        let last_local = last_local_write(&index, &self.local);
+        let mut served = self.write_index();
+        let differing = index
+            .all()
+            .filter(|r| served.get(&r.key.encode()) != Some(*r))
+            .cloned()
+            .collect();
+        *served = index;
+        drop(served);
+        writer.sled = Some(sled);
         if let Some(clock) = inventory.clock {
             writer.clock.observe(clock);
         }
@@ -1448,37 +1166,6 @@ impl Store {
             writer.trouble = Some(Trouble::RecordBehind { reason });
         }
     }
-}
-
-/// The Machines forgotten in `tree`.
-fn forgotten_in(tree: &sled::Tree) -> Result<BTreeSet<MachineId>, StoreError> {
-    let mut out = BTreeSet::new();
-    for item in tree.scan_prefix([FORGOTTEN]) {
-        let (k, _) = item?;
-        out.insert(decode_origin(&k[1..]).ok_or_else(|| {
-            StoreError::Malformed("a forgotten Machine's ID does not decode".into())
-        })?);
-    }
-    Ok(out)
-}
-
-/// Everything in `tree`, with the keys of a refused batch put back as they were.
-fn durable_copy(
-    tree: &sled::Tree,
-    before: Vec<(Vec<u8>, Option<sled::IVec>)>,
-) -> Result<BTreeMap<Vec<u8>, sled::IVec>, String> {
-    let mut entries = BTreeMap::new();
-    for item in tree.iter() {
-        let (k, v) = item.map_err(|e| e.to_string())?;
-        entries.insert(k.to_vec(), v);
-    }
-    for (k, v) in before {
-        match v {
-            Some(v) => entries.insert(k, v),
-            None => entries.remove(&k),
-        };
-    }
-    Ok(entries)
 }
 
 /// Writes and removes a file in `dir`: whether the filesystem takes writes again.
