@@ -231,7 +231,7 @@ impl Index {
             let Held { record, chunk } = *old;
             self.log.remove(&(record.origin, record.seq));
             if let Some(c) = self.chunks.get_mut(&chunk) {
-                c.live -= 1;
+                c.live = c.live.saturating_sub(1);
             }
         }
         self.log.insert(logged, key);
@@ -244,7 +244,7 @@ impl Index {
         };
         let from = std::mem::replace(&mut held.chunk, to);
         if let Some(c) = self.chunks.get_mut(&from) {
-            c.live -= 1;
+            c.live = c.live.saturating_sub(1);
         }
         self.chunks.entry(to).or_default().live += 1;
     }
@@ -257,7 +257,7 @@ impl Index {
         let Held { record, chunk } = *old;
         self.log.remove(&(record.origin, record.seq));
         if let Some(c) = self.chunks.get_mut(&chunk) {
-            c.live -= 1;
+            c.live = c.live.saturating_sub(1);
         }
     }
 
@@ -371,7 +371,9 @@ impl<'a> Pending<'a> {
         true
     }
 
-    /// Removes what wins for the encoded key.
+    /// Removes what wins for the encoded key. Only for the machine-owned keys of a Machine
+    /// being forgotten: an older version of the key left in another chunk would win again on
+    /// opening, were opening not to leave out every record of a forgotten Machine's keys.
     pub(crate) fn remove(&mut self, key: Vec<u8>) {
         let held_in = match self.writes.get(&key) {
             Some(written) => written.held_in,
@@ -433,6 +435,12 @@ impl<'a> Pending<'a> {
         let index = self.index;
         let mut batch = sled::Batch::default();
         let mut delta = Delta::default();
+        // First: a batch is a map where the last operation on a key wins, and a chunk this
+        // change writes may take the number of an entry removed here that the index never held
+        // (a chunk that did not read back).
+        for key in self.raw_removals {
+            batch.remove(key);
+        }
         // Per chunk, how many of its winning records this change supersedes or removes.
         let mut lost: HashMap<u64, usize> = HashMap::new();
         let mut added = 0usize;
@@ -460,7 +468,7 @@ impl<'a> Pending<'a> {
             })
             .collect();
         let live_after = index.records.len() + added - gone;
-        let left = |n: &u64, c: &ChunkUse| c.live - lost.get(n).copied().unwrap_or(0);
+        let left = |n: &u64, c: &ChunkUse| c.live.saturating_sub(lost.get(n).copied().unwrap_or(0));
         // Chunks to move records out of: those asked for, and the sparsest when the disk
         // would hold more superseded records than winning ones.
         let mut moving: BTreeSet<u64> = self.rewrite.iter().copied().collect();
@@ -528,12 +536,14 @@ impl<'a> Pending<'a> {
             delta.new_chunks.push((next, chunk.len()));
         }
         let mut placed = placed.into_iter();
-        for (n, c) in &index.chunks {
-            let emptied = lost.get(n).is_some_and(|&l| l == c.live && l > 0);
-            if emptied || moving.contains(n) {
-                batch.remove(&chunk_key(*n));
-                delta.removed_chunks.push(*n);
-            }
+        let emptied = lost
+            .iter()
+            .filter(|(n, &l)| index.chunks.get(n).is_some_and(|c| l == c.live))
+            .map(|(n, _)| *n);
+        let going: BTreeSet<u64> = emptied.chain(moving.iter().copied()).collect();
+        for n in going {
+            batch.remove(&chunk_key(n));
+            delta.removed_chunks.push(n);
         }
         for n in self.spent {
             batch.remove(&chunk_key(n));
@@ -562,9 +572,6 @@ impl<'a> Pending<'a> {
         for origin in self.forgotten {
             batch.insert(forgotten_key(&origin), Vec::new());
             delta.forgotten.push(origin);
-        }
-        for key in self.raw_removals {
-            batch.remove(key);
         }
         batch.insert(CLOCK, &crate::store::encode_hlc(clock));
         (batch, delta)

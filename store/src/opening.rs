@@ -63,6 +63,10 @@ pub(crate) struct Inventory {
     /// The entries of the earlier layout (a record, or a log entry, each), to remove once their
     /// records are in chunks.
     pub(crate) earlier: Vec<Vec<u8>>,
+    /// The highest local write numbered beyond the digest, and what that says: the digest went
+    /// back, and the next write would reuse a number. The records stay; accepting the loss
+    /// raises the digest past them.
+    pub(crate) local_beyond: Option<(u64, String)>,
 }
 
 /// Memory sled may use to cache the store's pages.
@@ -263,32 +267,27 @@ fn inventory(tree: &sled::Tree, local: &MachineId) -> Result<Inventory, StoreErr
     // A local write numbered beyond the digest: the digest went back, and the next write
     // would reuse the number.
     let digest = inv.index.digest.get(local);
-    let beyond = |r: &Record| &r.origin == local && r.seq > digest;
-    let beyond_why = |r: &Record| {
-        format!(
-            "a local write numbered {} beyond the digest ({digest})",
-            r.seq
-        )
-    };
-    for (k, n, records) in held {
-        if let Some(r) = records.iter().find(|r| beyond(r)) {
-            inv.bad.push((k, beyond_why(r)));
-            continue;
-        }
+    let highest_local = held
+        .iter()
+        .flat_map(|(_, _, records)| records)
+        .chain(&earlier)
+        .filter(|r| &r.origin == local)
+        .map(|r| r.seq)
+        .max()
+        .unwrap_or(0);
+    if highest_local > digest {
+        inv.local_beyond = Some((
+            highest_local,
+            format!("a local write numbered {highest_local} beyond the digest ({digest})"),
+        ));
+    }
+    for (_, n, records) in held {
         inv.index
             .load_chunk(n, without_forgotten(records, &inv.index.forgotten));
     }
-    let mut kept = Vec::new();
-    for (k, r) in earlier_keys.into_iter().zip(earlier) {
-        if beyond(&r) {
-            inv.bad.push((k, beyond_why(&r)));
-            continue;
-        }
-        inv.earlier.push(k);
-        kept.push(r);
-    }
-    if !kept.is_empty() {
-        let kept = without_forgotten(kept, &inv.index.forgotten);
+    inv.earlier.extend(earlier_keys);
+    if !earlier.is_empty() {
+        let kept = without_forgotten(earlier, &inv.index.forgotten);
         inv.index.load_chunk(EARLIER_LAYOUT, kept);
     }
     Ok(inv)

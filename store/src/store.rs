@@ -330,7 +330,18 @@ impl Store {
             clock: stored_clock,
             bad,
             earlier,
+            local_beyond,
         } = inventory;
+        let mut raise_local_to = None;
+        if let Some((seq, what)) = local_beyond {
+            if !options.accept_loss {
+                return Err(StoreError::Unreadable { path, reason: what });
+            }
+            raise_local_to = Some(seq);
+            report.accepted_losses.push(format!(
+                "{what}; the digest was raised to {seq}, so no number is used twice"
+            ));
+        }
         if !bad.is_empty() {
             let (first_key, first_reason) = &bad[0];
             let what = format!(
@@ -346,7 +357,6 @@ impl Store {
                 .accepted_losses
                 .push(format!("{what}; they were removed"));
         }
-        let mut raise_local_to = None;
         if let Some(ack) = &acknowledged {
             let missing = shortfalls(&local, ack, &index);
             if !missing.is_empty() {
@@ -356,7 +366,7 @@ impl Store {
                 // Never number a new write like one that may live on elsewhere.
                 let acked = ack.digest.get(&local);
                 if acked > index.digest.get(&local) {
-                    raise_local_to = Some(acked);
+                    raise_local_to = raise_local_to.max(Some(acked));
                 }
                 report.accepted_losses.extend(missing);
             }
@@ -1108,6 +1118,11 @@ impl Store {
                 "after reopening, '{}' does not read back ({reason}); restart the daemon to see \
                  the ways out",
                 String::from_utf8_lossy(key)
+            ));
+        }
+        if let Some((_, what)) = &inventory.local_beyond {
+            return Err(format!(
+                "after reopening, the store holds {what}; restart the daemon to see the ways out"
             ));
         }
         let index = inventory.index;

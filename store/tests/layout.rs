@@ -257,3 +257,140 @@ fn a_store_reopens_holding_exactly_what_it_held_and_its_disk_stays_within_twice_
     assert_eq!(store.scan(&KeyPrefix::everything()).unwrap(), held);
     assert_eq!(store.digest().unwrap(), digest);
 }
+
+/// A chunk's value: version 1, then per record its key's length (u32 BE), its key, its
+/// value's length (u32 BE) and the value as [`earlier_value`] encodes it.
+fn chunk_value(records: &[Record]) -> Vec<u8> {
+    let mut out = vec![1];
+    for r in records {
+        let key = r.key.to_string().into_bytes();
+        let value = earlier_value(r);
+        out.extend_from_slice(&(key.len() as u32).to_be_bytes());
+        out.extend_from_slice(&key);
+        out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+        out.extend_from_slice(&value);
+    }
+    out
+}
+
+fn chunk_key(n: u64) -> Vec<u8> {
+    let mut k = vec![b'c'];
+    k.extend_from_slice(&n.to_be_bytes());
+    k
+}
+
+fn digest_entry(tree: &sled::Tree, origin: &MachineId, seq: u64) {
+    let mut k = vec![b'd'];
+    k.extend_from_slice(origin.as_str().as_bytes());
+    tree.insert(k, &seq.to_be_bytes()).unwrap();
+}
+
+fn accepting_loss() -> ployz_store::OpenOptions {
+    ployz_store::OpenOptions {
+        acknowledged: None,
+        accept_loss: true,
+    }
+}
+
+#[test]
+fn a_damaged_chunk_removed_on_opening_never_takes_the_chunk_written_in_its_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let local = MachineId::generate();
+    let peer = MachineId::generate();
+    let records: Vec<Record> = (0..3)
+        .map(|i| {
+            let key = Key::cluster("certificates", format!("{i}.test"));
+            record(key, &peer, 1_790_000_000_000 + i, i + 1, b"cert")
+        })
+        .collect();
+    {
+        // Records of the earlier layout, to be rewritten into a new chunk on opening, and a
+        // damaged chunk numbered as that new chunk will be.
+        let db = raw(&path);
+        let tree = db.open_tree(TREE).unwrap();
+        for r in &records {
+            let mut rkey = vec![b'r'];
+            rkey.extend_from_slice(r.key.to_string().as_bytes());
+            tree.insert(rkey, earlier_value(r)).unwrap();
+        }
+        tree.insert(chunk_key(1), b"\x01\x00\x00".to_vec()).unwrap();
+        digest_entry(&tree, &peer, 3);
+        db.flush().unwrap();
+    }
+    let refused = Store::open(&path, local.clone()).unwrap_err();
+    assert!(
+        refused.to_string().contains("do not read back"),
+        "{refused}"
+    );
+    let (store, report) = Store::open_with(&path, local.clone(), &accepting_loss()).unwrap();
+    assert_eq!(
+        report.accepted_losses.len(),
+        1,
+        "{:?}",
+        report.accepted_losses
+    );
+    assert_eq!(store.scan(&KeyPrefix::everything()).unwrap(), records);
+    drop(store);
+    let store = Store::open(&path, local).unwrap();
+    assert_eq!(store.scan(&KeyPrefix::everything()).unwrap(), records);
+}
+
+#[test]
+fn a_local_write_beyond_the_digest_is_refused_and_accepting_it_keeps_every_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let local = MachineId::generate();
+    let peer = MachineId::generate();
+    let now = 1_790_000_000_000;
+    let mut records: Vec<Record> = (0..3)
+        .map(|i| {
+            record(
+                Key::cluster("certificates", format!("{i}.test")),
+                &peer,
+                now + i,
+                i + 1,
+                b"c",
+            )
+        })
+        .collect();
+    // One of this Machine's own writes, numbered 5, in the same chunk; its digest entry lost.
+    records.push(record(
+        Key::cluster("policy", "acme"),
+        &local,
+        now + 9,
+        5,
+        b"mine",
+    ));
+    {
+        let db = raw(&path);
+        let tree = db.open_tree(TREE).unwrap();
+        tree.insert(chunk_key(1), chunk_value(&records)).unwrap();
+        digest_entry(&tree, &peer, 3);
+        db.flush().unwrap();
+    }
+    let refused = Store::open(&path, local.clone()).unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("a local write numbered 5 beyond the digest (0)"),
+        "{refused}"
+    );
+    let (store, report) = Store::open_with(&path, local.clone(), &accepting_loss()).unwrap();
+    assert!(
+        report.accepted_losses[0].contains("the digest was raised to 5"),
+        "{:?}",
+        report.accepted_losses
+    );
+    let mut expected = records.clone();
+    expected.sort_by_key(|r| r.key.to_string());
+    assert_eq!(store.scan(&KeyPrefix::everything()).unwrap(), expected);
+    assert_eq!(store.digest().unwrap().get(&local), 5);
+    let next = store
+        .put(&Key::cluster("policy", "other"), b"x".to_vec())
+        .unwrap();
+    assert_eq!(next.seq, 6);
+    drop(store);
+    let store = Store::open(&path, local).unwrap();
+    assert_eq!(store.scan(&KeyPrefix::everything()).unwrap().len(), 5);
+}
