@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# HTTPS through the edge against nginx, on loopback: the same upstream (an nginx answering 200),
-# the same ECDSA P-256 certificate, the same clients.
+# HTTPS through the edge against nginx and haproxy, on loopback: the same upstream (an nginx
+# answering 200), the same ECDSA P-256 certificate, the same clients.
 #
 #   https-keepalive  wrk over TLS, HTTP/1.1 keep-alive (-t2 -c64)
 #   h2               h2load over TLS, HTTP/2 (-c16 -m10: many streams per connection)
+#   tls-new          wrk over TLS with `Connection: close` (-t2 -c32): every request on a new
+#                    connection with a full handshake (wrk does not resume sessions), what each
+#                    new visitor costs
 #
-# The edge runs alone (`edge-bench --tls-listen`, no access log), nginx as a TLS-terminating
-# reverse proxy with a keep-alive upstream pool and no access log, each with 2 workers. RUNS
+# The edge runs alone (`edge-bench --tls-listen`, no access log), nginx and haproxy as
+# TLS-terminating reverse proxies with a keep-alive upstream pool and no access log, each with
+# WORKERS workers (threads for haproxy and the edge). RUNS
 # interleaved runs per target and workload (median, and every run's figure), CPU per request from
 # /proc, autogroup scheduling off for the run (restored). Everything listens on 127.0.0.1 and
 # every process started here is ended by its PID.
@@ -26,11 +30,15 @@ EDGE_HTTP_PORT=$((BASE_PORT + 2))
 EDGE_PORT=$((BASE_PORT + 3))
 # A name that resolves to 127.0.0.1 for wrk and h2load, which send it as SNI and Host.
 HOST=localhost
+HAPROXY_PORT=$((BASE_PORT + 4))
+TARGETS="nginx haproxy edge"
+WORKLOADS="https-keepalive h2 tls-new"
 
 log() { printf '[https] %s\n' "$*" >&2; }
 
 need=()
 command -v nginx >/dev/null || need+=(nginx)
+command -v haproxy >/dev/null || need+=(haproxy)
 command -v wrk >/dev/null || need+=(wrk)
 command -v h2load >/dev/null || need+=(nghttp2-client)
 command -v openssl >/dev/null || need+=(openssl)
@@ -63,7 +71,9 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
   -keyout "$WORK/key.pem" -out "$WORK/cert.pem" -subj "/CN=$HOST" \
   -addext "subjectAltName=DNS:$HOST" 2>/dev/null
 
-mkdir -p "$WORK/up" "$WORK/nginx"
+cat "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/combined.pem"
+
+mkdir -p "$WORK/up" "$WORK/nginx" "$WORK/haproxy"
 cat >"$WORK/up/nginx.conf" <<EOF
 worker_processes 1;
 daemon off;
@@ -105,26 +115,47 @@ http {
     }
 }
 EOF
+cat >"$WORK/haproxy/haproxy.cfg" <<EOF
+global
+    nbthread $WORKERS
+    maxconn 8000
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 60s
+    option http-keep-alive
+    http-reuse always
+frontend https_in
+    bind 127.0.0.1:$HAPROXY_PORT ssl crt $WORK/combined.pem alpn h2,http/1.1
+    default_backend app_up
+backend app_up
+    server up 127.0.0.1:$UP_PORT
+EOF
 wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; log "nothing listens on $1"; return 1; }
 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
 wait_port "$UP_PORT"
 nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx.log" 2>&1 &
 PIDS+=($!); NGINX_PID=$!
+haproxy -db -f "$WORK/haproxy/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
+PIDS+=($!); HAPROXY_PID=$!
 target/release/edge-bench --listen "127.0.0.1:$EDGE_HTTP_PORT" --route "$HOST=127.0.0.1:$UP_PORT" \
   --threads "$WORKERS" --tls-listen "127.0.0.1:$EDGE_PORT" --tls-cert "$WORK/cert.pem" \
   --tls-key "$WORK/key.pem" >"$WORK/edge.log" 2>&1 &
 PIDS+=($!); EDGE_PID=$!
 wait_port "$NGINX_PORT"
+wait_port "$HAPROXY_PORT"
 wait_port "$EDGE_PORT"
-for t in nginx edge; do
-  port=$NGINX_PORT; [ "$t" = edge ] && port=$EDGE_PORT
+port_of() { case $1 in nginx) echo "$NGINX_PORT" ;; haproxy) echo "$HAPROXY_PORT" ;; edge) echo "$EDGE_PORT" ;; esac; }
+pid_of() { case $1 in nginx) echo "$NGINX_PID" ;; haproxy) echo "$HAPROXY_PID" ;; edge) echo "$EDGE_PID" ;; esac; }
+for t in $TARGETS; do
+  port=$(port_of "$t")
   body=$(curl -sS --cacert "$WORK/cert.pem" --resolve "$HOST:$port:127.0.0.1" "https://$HOST:$port/")
   [ "$body" = "hello from upstream" ] || { log "$t answered '$body'"; exit 1; }
 done
 
-port_of() { case $1 in nginx) echo "$NGINX_PORT" ;; edge) echo "$EDGE_PORT" ;; esac; }
-pid_of() { case $1 in nginx) echo "$NGINX_PID" ;; edge) echo "$EDGE_PID" ;; esac; }
 tree_pids() { local c; echo "$1"; for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree_pids "$c"; done; }
 cpu_ticks() { local t=0 p v; for p in $(tree_pids "$1"); do v=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null) || continue; t=$((t + ${v:-0})); done; echo "$t"; }
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END { if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2 }'; }
@@ -134,8 +165,12 @@ run() { # target workload run
   local t=$1 w=$2 r=$3 out="$WORK/$1.$2.$3.txt" c0 c1 rps p99 n
   local url="https://$HOST:$(port_of "$t")/"
   c0=$(cpu_ticks "$(pid_of "$t")")
-  if [ "$w" = https-keepalive ]; then
-    wrk -t2 -c64 -d"${DURATION}s" --latency "$url" >"$out" 2>&1
+  if [ "$w" = https-keepalive ] || [ "$w" = tls-new ]; then
+    if [ "$w" = tls-new ]; then
+      wrk -t2 -c32 -d"${DURATION}s" --latency -H "Connection: close" "$url" >"$out" 2>&1
+    else
+      wrk -t2 -c64 -d"${DURATION}s" --latency "$url" >"$out" 2>&1
+    fi
     rps=$(awk '/^Requests\/sec:/ {print $2}' "$out")
     n=$(awk '/requests in/ {print $1}' "$out")
     p99=$(awk '$1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 } else if (v ~ /ms$/) sub(/ms$/, "", v); else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 }; print v }' "$out")
@@ -152,19 +187,19 @@ run() { # target workload run
   log "$(printf '%-6s %-16s run %d: %10s req/s  %s us CPU/request  p99 %s ms' "$t" "$w" "$r" "${rps:-nan}" "$cpu" "${p99:-nan}")"
 }
 # Warm-up, then interleaved runs.
-for t in nginx edge; do wrk -t2 -c64 -d2s "https://$HOST:$(port_of "$t")/" >/dev/null 2>&1 || true; done
+for t in $TARGETS; do wrk -t2 -c64 -d2s "https://$HOST:$(port_of "$t")/" >/dev/null 2>&1 || true; done
 for ((r = 1; r <= RUNS; r++)); do
-  for w in https-keepalive h2; do
-    for t in nginx edge; do run "$t" "$w" "$r"; done
+  for w in $WORKLOADS; do
+    for t in $TARGETS; do run "$t" "$w" "$r"; done
   done
 done
 
 echo
-echo "## HTTPS $(date -u +%Y-%m-%dT%H:%M:%SZ) cpus=$(nproc); ECDSA P-256, $WORKERS workers each; wrk -t2 -c64 -d${DURATION}s (HTTP/1.1 keep-alive), h2load -c16 -m10 -t2 -D $DURATION (HTTP/2); $RUNS interleaved runs, median; nginx $(nginx -v 2>&1 | awk -F/ '{print $2}')"
+echo "## HTTPS $(date -u +%Y-%m-%dT%H:%M:%SZ) cpus=$(nproc); ECDSA P-256, $WORKERS workers each; wrk -t2 -c64 -d${DURATION}s (HTTP/1.1 keep-alive), h2load -c16 -m10 -t2 -D $DURATION (HTTP/2), wrk -t2 -c32 -H 'Connection: close' (a full handshake per request); $RUNS interleaved runs, median; nginx $(nginx -v 2>&1 | awk -F/ '{print $2}'), haproxy $(haproxy -v 2>/dev/null | awk 'NR==1 {print $3}')"
 echo "| target | workload | req/s (median) | CPU µs per request | p99 ms | runs |"
 echo "|---|---|---|---|---|---|"
-for w in https-keepalive h2; do
-  for t in nginx edge; do
+for w in $WORKLOADS; do
+  for t in $TARGETS; do
     q=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {print $4}' "$WORK/metrics.txt" | median)
     c=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {print $5}' "$WORK/metrics.txt" | median)
     p=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {print $6}' "$WORK/metrics.txt" | median)
@@ -172,6 +207,7 @@ for w in https-keepalive h2; do
     printf '| %s | %s | %.0f | %s | %s | %s |\n' "$t" "$w" "$q" "$c" "$p" "$all"
   done
   n=$(awk -v w="$w" '$1=="nginx" && $2==w {print $4}' "$WORK/metrics.txt" | median)
+  h=$(awk -v w="$w" '$1=="haproxy" && $2==w {print $4}' "$WORK/metrics.txt" | median)
   e=$(awk -v w="$w" '$1=="edge" && $2==w {print $4}' "$WORK/metrics.txt" | median)
-  awk -v n="$n" -v e="$e" -v w="$w" 'BEGIN { printf "ratio edge/nginx, %s: %.2f\n", w, e / n }' >&2
+  awk -v n="$n" -v h="$h" -v e="$e" -v w="$w" 'BEGIN { b = n > h ? n : h; printf "ratio edge/nginx, %s: %.2f; edge/best peer: %.2f\n", w, e / n, e / b }' >&2
 done

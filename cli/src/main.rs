@@ -169,6 +169,12 @@ fn command_tree() -> clap::Command {
     })
 }
 
+/// mimalloc rather than the C library's allocator: the edge allocates per request (Pingora's
+/// path above all), and measured side by side mimalloc serves 8-12% more requests per second
+/// at 8-13% less CPU per request (`bench/https_side_by_side.sh`, `bench/proxy_side_by_side.sh`).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     exit_quietly_on_broken_pipe();
     let cli = match Cli::from_arg_matches(&command_tree().get_matches()) {
