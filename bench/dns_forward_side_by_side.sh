@@ -29,37 +29,14 @@ PLOYZ_PORT=$((BASE_PORT + 2))
 # Queries one uncached run may send at most (a file larger than a run can use).
 UNCACHED_NAMES=${UNCACHED_NAMES:-$((DURATION * 150000))}
 
-log() { printf '[dns_forward] %s\n' "$*" >&2; }
+LOG_TAG=dns_forward
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
-need=()
-command -v knotd >/dev/null || need+=(knot)
-command -v unbound >/dev/null || need+=(unbound)
-command -v dnsperf >/dev/null || need+=(dnsperf)
-command -v dig >/dev/null || need+=(bind9-dnsutils)
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing: ${need[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+bench_need knotd:knot unbound:unbound dnsperf:dnsperf dig:bind9-dnsutils
 cargo build --release -q -p ployz-dns --example serve_zone
 
-WORK=$(mktemp -d /tmp/dns_forward.XXXXXX)
-PIDS=()
-AUTOGROUP=/proc/sys/kernel/sched_autogroup_enabled
-AUTOGROUP_WAS=""
-if [ -w "$AUTOGROUP" ] && [ "$(cat "$AUTOGROUP")" = 1 ]; then AUTOGROUP_WAS=1; echo 0 >"$AUTOGROUP"; fi
-cleanup() {
-  [ -n "$AUTOGROUP_WAS" ] && echo 1 >"$AUTOGROUP"
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_begin dns_forward
 
 mkdir -p "$WORK"/{knot/zones,knot/db,unbound,raw}
 {
@@ -141,8 +118,6 @@ wait_dns "$PLOYZ_PORT"
 
 port_of() { case $1 in unbound) echo "$UNBOUND_PORT" ;; ployz) echo "$PLOYZ_PORT" ;; esac; }
 pid_of() { case $1 in unbound) echo "$UNBOUND_PID" ;; ployz) echo "$PLOYZ_PID" ;; esac; }
-cpu_ticks() { awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$1/stat"; }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END { if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2 }'; }
 
 : >"$WORK/metrics.txt"
 run() { # target workload run

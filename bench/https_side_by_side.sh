@@ -34,38 +34,14 @@ HAPROXY_PORT=$((BASE_PORT + 4))
 TARGETS="nginx haproxy edge"
 WORKLOADS="https-keepalive h2 tls-new"
 
-log() { printf '[https] %s\n' "$*" >&2; }
+LOG_TAG=https
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
-need=()
-command -v nginx >/dev/null || need+=(nginx)
-command -v haproxy >/dev/null || need+=(haproxy)
-command -v wrk >/dev/null || need+=(wrk)
-command -v h2load >/dev/null || need+=(nghttp2-client)
-command -v openssl >/dev/null || need+=(openssl)
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing: ${need[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+bench_need nginx:nginx haproxy:haproxy wrk:wrk h2load:nghttp2-client openssl:openssl
 cargo build --release -q -p ployz-bench --bin edge-bench
 
-WORK=$(mktemp -d /tmp/https_bench.XXXXXX)
-PIDS=()
-AUTOGROUP=/proc/sys/kernel/sched_autogroup_enabled
-AUTOGROUP_WAS=""
-if [ -w "$AUTOGROUP" ] && [ "$(cat "$AUTOGROUP")" = 1 ]; then AUTOGROUP_WAS=1; echo 0 >"$AUTOGROUP"; fi
-cleanup() {
-  [ -n "$AUTOGROUP_WAS" ] && echo 1 >"$AUTOGROUP"
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_begin https_bench
 
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
   -keyout "$WORK/key.pem" -out "$WORK/cert.pem" -subj "/CN=$HOST" \
@@ -133,7 +109,6 @@ frontend https_in
 backend app_up
     server up 127.0.0.1:$UP_PORT
 EOF
-wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; log "nothing listens on $1"; return 1; }
 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
 wait_port "$UP_PORT"
@@ -156,9 +131,6 @@ for t in $TARGETS; do
   [ "$body" = "hello from upstream" ] || { log "$t answered '$body'"; exit 1; }
 done
 
-tree_pids() { local c; echo "$1"; for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree_pids "$c"; done; }
-cpu_ticks() { local t=0 p v; for p in $(tree_pids "$1"); do v=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null) || continue; t=$((t + ${v:-0})); done; echo "$t"; }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{a[NR]=$1} END { if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2 }'; }
 
 : >"$WORK/metrics.txt"
 run() { # target workload run

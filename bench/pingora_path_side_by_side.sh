@@ -48,18 +48,11 @@ EXPECTED="hello from upstream"
 AB_CMD="ab -k -c 64 -t $DURATION -n 100000000 -H 'Host: localhost'"
 WRK_CMD="wrk -t2 -c64 -d${DURATION}s --latency -s WORKLOAD.lua"
 
-log() { printf '[pingora-path] %s\n' "$*" >&2; }
+LOG_TAG=pingora-path
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
-need=()
-command -v nginx >/dev/null || need+=(nginx)
-command -v haproxy >/dev/null || need+=(haproxy)
-command -v wrk >/dev/null || need+=(wrk)
-command -v ab >/dev/null || need+=(apache2-utils)
-command -v curl >/dev/null || need+=(curl)
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing: ${need[*]}"
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+bench_need nginx:nginx haproxy:haproxy wrk:wrk ab:apache2-utils curl:curl
 cargo build --release -q -p ployz-bench --bin edge-bench
 
 for p in "$UP_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$EDGE_PORT"; do
@@ -69,24 +62,7 @@ for p in "$UP_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$EDGE_PORT"; do
   fi
 done
 
-WORK=$(mktemp -d /tmp/pingora_path_bench.XXXXXX)
-PIDS=()
-AUTOGROUP=/proc/sys/kernel/sched_autogroup_enabled
-AUTOGROUP_WAS=""
-if [ -w "$AUTOGROUP" ] && [ "$(cat "$AUTOGROUP")" = 1 ]; then AUTOGROUP_WAS=1; echo 0 >"$AUTOGROUP"; fi
-cleanup() {
-  if [ -n "$AUTOGROUP_WAS" ]; then echo 1 >"$AUTOGROUP"; fi
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+bench_begin pingora_path_bench
 
 # ---------------------------------------------------------------- servers
 mkdir -p "$WORK/up" "$WORK/nginx" "$WORK/haproxy"
@@ -149,7 +125,6 @@ backend be_app
     http-reuse always
     server up1 127.0.0.1:$UP_PORT maxconn 1000
 EOF
-wait_port() { for _ in $(seq 1 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; log "nothing listens on $1"; return 1; }
 nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" >"$WORK/up.log" 2>&1 &
 PIDS+=($!)
 wait_port "$UP_PORT"
@@ -262,9 +237,6 @@ for t in "${TARGETS[@]}"; do
 done
 
 # ---------------------------------------------------------------- measuring
-tree_pids() { local c; echo "$1"; for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree_pids "$c"; done; }
-cpu_ticks() { local t=0 p v; for p in $(tree_pids "$1"); do v=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null) || continue; t=$((t + ${v:-0})); done; echo "$t"; }
-median() { tr ' ' '\n' | grep -v '^$' | grep -v nan | sort -g | awk '{a[NR]=$1} END { if (NR == 0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2 }'; }
 to_ms() { awk '{ v = $1; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 } else if (v ~ /ms$/) sub(/ms$/, "", v); else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 }; print v }'; }
 
 # Each workload: target run -> writes "rps requests p99_ms" to $WORK/result, warns on stderr.

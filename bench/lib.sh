@@ -1,0 +1,79 @@
+# What the side-by-side scripts share. Sourced, not run: `source bench/lib.sh` after setting
+# LOG_TAG; then `bench_need` for packages, `bench_begin PREFIX` for the work directory, the PID
+# list every started process goes into, autogroup scheduling off and the cleanup on exit.
+
+log() { printf '[%s] %s\n' "${LOG_TAG:-bench}" "$*" >&2; }
+
+# bench_need COMMAND:PACKAGE...: installs the packages whose command is missing.
+bench_need() {
+  local need=() pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    log "installing: ${need[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+}
+
+# bench_begin PREFIX: WORK (a new directory under /tmp), PIDS (append every process started),
+# Linux's autogroup scheduling off for the run (a server started in a session of its own would
+# otherwise get half the CPU a client in another session gets), and on exit every process in
+# PIDS ended (TERM, five seconds, KILL), autogroup restored and WORK removed.
+bench_begin() {
+  WORK=$(mktemp -d "/tmp/$1.XXXXXX")
+  PIDS=()
+  AUTOGROUP=/proc/sys/kernel/sched_autogroup_enabled
+  AUTOGROUP_WAS=""
+  if [ -w "$AUTOGROUP" ] && [ "$(cat "$AUTOGROUP")" = 1 ]; then
+    AUTOGROUP_WAS=1
+    echo 0 >"$AUTOGROUP"
+  fi
+  trap bench_cleanup EXIT
+  trap 'exit 130' INT TERM
+}
+
+bench_cleanup() {
+  if [ -n "$AUTOGROUP_WAS" ]; then echo 1 >"$AUTOGROUP"; fi
+  local pid
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  rm -rf "$WORK"
+}
+
+# Waits up to ten seconds for a TCP listener on 127.0.0.1:$1.
+wait_port() {
+  for _ in $(seq 1 100); do
+    (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  log "nothing listens on $1"
+  return 1
+}
+
+# A process and its descendants.
+tree_pids() {
+  local c
+  echo "$1"
+  for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree_pids "$c"; done
+}
+
+# CPU ticks (user + system) of a process tree so far.
+cpu_ticks() {
+  local t=0 p v
+  for p in $(tree_pids "$1"); do
+    v=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null) || continue
+    t=$((t + ${v:-0}))
+  done
+  echo "$t"
+}
+
+# The median of the numbers on stdin (space- or line-separated; `nan` left out).
+median() {
+  tr ' ' '\n' | grep -v '^$' | grep -v nan | sort -g |
+    awk '{a[NR]=$1} END { if (NR == 0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else printf "%.2f\n", (a[NR/2]+a[NR/2+1])/2 }'
+}
