@@ -38,10 +38,6 @@ struct Args {
     tls_key: Option<std::path::PathBuf>,
 }
 
-/// The daemon's allocator (see `cli/src/main.rs`), so the edge is measured as it runs.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let routes = args

@@ -6,7 +6,7 @@ set -euo pipefail
 
 # What building Ployz and running the demo need.
 PLOYZ_DEMO_PACKAGES=(
-  build-essential cmake pkg-config   # pingora's zlib-ng, ring and mimalloc build C
+  build-essential cmake pkg-config   # pingora's zlib-ng and ring build C
   docker.io                          # the Docker engine Service Containers run on
   busybox-static                     # the demo image is made from it with `docker import`
   curl ca-certificates tar

@@ -169,12 +169,6 @@ fn command_tree() -> clap::Command {
     })
 }
 
-/// mimalloc rather than the C library's allocator: the edge allocates per request (Pingora's
-/// path above all); side by side with the same edge on the C library's allocator it served 12%
-/// more plain HTTP/1.1 and 8% more HTTP/1.0 keep-alive requests per second (README, Figures).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     exit_quietly_on_broken_pipe();
     let cli = match Cli::from_arg_matches(&command_tree().get_matches()) {
