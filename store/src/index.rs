@@ -473,14 +473,15 @@ impl<'a> Pending<'a> {
         // would hold more superseded records than winning ones.
         let mut moving: BTreeSet<u64> = self.rewrite.iter().copied().collect();
         moving.extend(removed_from);
-        let emptied: usize = lost
+        // Chunks none of whose records wins once the change applies.
+        let emptied: Vec<u64> = lost
             .keys()
-            .filter_map(|n| index.chunks.get(n).map(|c| (n, c)))
-            .filter(|(n, c)| left(n, c) == 0)
-            .map(|(_, c)| c.stored)
-            .sum();
+            .filter(|n| index.chunks.get(n).is_some_and(|c| left(n, c) == 0))
+            .copied()
+            .collect();
+        let emptied_stored: usize = emptied.iter().map(|n| index.chunks[n].stored).sum();
         let written = installs.iter().filter(|(_, r)| r.is_some()).count();
-        let stored_after = index.stored - emptied + written;
+        let stored_after = index.stored - emptied_stored + written;
         if stored_after.saturating_sub(live_after) > live_after.max(COMPACT_AFTER) {
             let mut sparse: Vec<(u64, usize, usize)> = index
                 .chunks
@@ -536,11 +537,7 @@ impl<'a> Pending<'a> {
             delta.new_chunks.push((next, chunk.len()));
         }
         let mut placed = placed.into_iter();
-        let emptied = lost
-            .iter()
-            .filter(|(n, &l)| index.chunks.get(n).is_some_and(|c| l == c.live))
-            .map(|(n, _)| *n);
-        let going: BTreeSet<u64> = emptied.chain(moving.iter().copied()).collect();
+        let going: BTreeSet<u64> = emptied.into_iter().chain(moving.iter().copied()).collect();
         for n in going {
             batch.remove(&chunk_key(n));
             delta.removed_chunks.push(n);
