@@ -16,7 +16,7 @@
 # every process started here is ended by its PID.
 #
 # Usage: bench/https_side_by_side.sh   (knobs: DURATION [10], RUNS [3], WORKERS [nproc],
-#        BASE_PORT [18480])
+#        BASE_PORT [18480], TARGETS and WORKLOADS [all, space-separated])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,8 +31,8 @@ EDGE_PORT=$((BASE_PORT + 3))
 # A name that resolves to 127.0.0.1 for wrk and h2load, which send it as SNI and Host.
 HOST=localhost
 HAPROXY_PORT=$((BASE_PORT + 4))
-TARGETS="nginx haproxy edge"
-WORKLOADS="https-keepalive h2 tls-new"
+TARGETS=${TARGETS:-nginx haproxy edge}
+WORKLOADS=${WORKLOADS:-https-keepalive h2 tls-new}
 
 LOG_TAG=https
 # shellcheck source=bench/lib.sh

@@ -1,7 +1,8 @@
-//! The edge's connection loop: every HTTP/1 connection, from accept to close.
+//! The edge's connection loops: every HTTP/1 and HTTP/2 connection, from accept to close.
 //!
-//! [`EdgeApp`] is the Pingora application of the edge's listeners. HTTP/2 connections
-//! (negotiated by ALPN) go to Pingora's proxy unchanged. For HTTP/1 it runs the keep-alive loop
+//! [`EdgeApp`] is the Pingora application of the edge's listeners. For HTTP/2 connections
+//! (negotiated by ALPN) it runs the accept loop (`EdgeApp::serve_h2`) and gives each stream
+//! to `h2_path` or Pingora's proxy. For HTTP/1 it runs the keep-alive loop
 //! itself: it reads each request head into the connection's buffer within the header deadline,
 //! then either serves it on the [`crate::fast_path`] or hands the connection, with the bytes
 //! already read, to Pingora's proxy for that one request, and takes it back for the next.
@@ -22,14 +23,18 @@
 //! flight or partly received is answered first.
 
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::protocols::http::v2::{self, server::H2Accept};
 use pingora::protocols::http::ServerSession;
+use pingora::protocols::Digest;
 use pingora::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
     UniqueIDType, ALPN,
@@ -45,6 +50,9 @@ use crate::EdgeProxy;
 
 /// Idle time allowed between two requests on a kept-alive connection (Pingora's default).
 const KEEPALIVE: Duration = Duration::from_secs(60);
+/// Malformed streams an HTTP/2 connection may open (each is refused) before it is closed, as
+/// Pingora's own HTTP/2 loop counts them.
+const MAX_MALFORMED_STREAMS: usize = 32;
 /// How long an idle client connection keeps its upstream connection before giving it back to
 /// the pool, so idle clients do not pin upstream connections.
 const HOLD_UPSTREAM: Duration = Duration::from_secs(1);
@@ -283,6 +291,107 @@ async fn close(mut stream: Stream, drain: bool) {
     }
 }
 
+impl EdgeApp {
+    /// Runs one HTTP/2 connection: each stream it accepts is served by the edge's own path
+    /// (`h2_path`) when it can, else by Pingora's proxy. The streams run in this connection's
+    /// task, beside its accept loop (which drives the connection's IO): no task per stream, no
+    /// stream woken on another thread than its connection.
+    ///
+    /// The connection ends when the client ends it, when it breaks, when it refused
+    /// [`MAX_MALFORMED_STREAMS`] malformed streams, or when it carried no stream for between
+    /// [`KEEPALIVE`] and twice that. On shutdown (and from the start of SIGTERM's drain delay,
+    /// at its next stream) it says GOAWAY, and ends once the streams it accepted are answered.
+    async fn serve_h2(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) {
+        let client: Option<Arc<str>> = stream
+            .get_socket_digest()
+            .and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()))
+            .map(|ip| Arc::from(ip.to_string()));
+        let tls = stream.get_ssl_digest().is_some();
+        let digest = Arc::new(Digest {
+            ssl_digest: stream.get_ssl_digest(),
+            timing_digest: stream.get_timing_digest(),
+            proxy_digest: stream.get_proxy_digest(),
+            socket_digest: stream.get_socket_digest(),
+        });
+        let mut conn = match v2::server::handshake(stream, self.pingora.h2_options()).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::debug!(error = %e, "HTTP/2 handshake failed");
+                return;
+            }
+        };
+        let mut streams: FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send + '_>>> =
+            FuturesUnordered::new();
+        let mut watch = shutdown.clone();
+        let mut going_away = false;
+        let mut malformed = 0;
+        // Checked every KEEPALIVE: the connection ends when no stream was accepted since the
+        // last check and none is in flight.
+        let idle_check = tokio::time::sleep(KEEPALIVE);
+        tokio::pin!(idle_check);
+        let mut accepted_since_check = false;
+        loop {
+            if !going_away && self.fast.draining() {
+                conn.graceful_shutdown();
+                going_away = true;
+            }
+            let accepted = tokio::select! {
+                biased;
+                _ = watch.changed(), if !going_away => {
+                    conn.graceful_shutdown();
+                    going_away = true;
+                    continue;
+                }
+                Some(()) = streams.next(), if !streams.is_empty() => continue,
+                accepted = v2::server::HttpSession::from_h2_conn(&mut conn, digest.clone()) => accepted,
+                () = &mut idle_check, if !going_away => {
+                    if !accepted_since_check && streams.is_empty() {
+                        return;
+                    }
+                    accepted_since_check = false;
+                    idle_check.as_mut().reset(Instant::now() + KEEPALIVE);
+                    continue;
+                }
+            };
+            let session = match accepted {
+                Ok(Some(H2Accept::Session(session))) => session,
+                Ok(Some(H2Accept::Rejected)) => {
+                    malformed += 1;
+                    if malformed >= MAX_MALFORMED_STREAMS {
+                        break;
+                    }
+                    continue;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "HTTP/2 connection ended");
+                    break;
+                }
+            };
+            accepted_since_check = true;
+            let planned = if self.fast_path {
+                self.fast.accept_h2(&session, client.as_deref(), tls)
+            } else {
+                None
+            };
+            match planned {
+                Some((plan, buffers)) => {
+                    streams.push(Box::pin(self.fast.serve_h2(session, plan, buffers)));
+                }
+                None => {
+                    let session = ServerSession::new_http2(session);
+                    streams.push(Box::pin(async move {
+                        self.pingora.process_new_http(session, shutdown).await;
+                    }));
+                }
+            }
+        }
+        // The connection is over: what its streams still do ends with an error each, which
+        // their access-log lines say.
+        while streams.next().await.is_some() {}
+    }
+}
+
 #[async_trait]
 impl ServerApp for EdgeApp {
     async fn process_new(
@@ -292,7 +401,8 @@ impl ServerApp for EdgeApp {
     ) -> Option<Stream> {
         let _open = self.closing.opened();
         if stream.selected_alpn_proto() == Some(ALPN::H2) {
-            return ServerApp::process_new(&self.pingora, stream, shutdown).await;
+            self.serve_h2(stream, shutdown).await;
+            return None;
         }
         let mut conn = Downstream::new(stream);
         let limit = self

@@ -14,6 +14,9 @@
 //! hosts, anything over a limit) goes to Pingora's proxy, which answers it as documented. The
 //! `fast_path` setting sends every request there.
 //!
+//! Streams of HTTP/2 connections have their own side of the fast path, on the same upstream
+//! pool: [`crate::h2_path`].
+//!
 //! The decisions are pure functions over parsed heads ([`plan`], [`write_upstream_head`],
 //! [`response_plan`], [`ChunkedScan`]), tested without sockets; [`FastPath::serve`] is the IO.
 
@@ -38,14 +41,14 @@ pub(crate) const MAX_FAST_BODY: u64 = 64 * 1024;
 /// refused with 502 (responses).
 pub(crate) const MAX_FIELDS: usize = 128;
 /// The longest response head accepted from an upstream.
-const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+pub(crate) const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// How long an idle upstream connection is kept for reuse.
 const UPSTREAM_IDLE: Duration = Duration::from_secs(30);
 /// Idle upstream connections kept per upstream address.
 const POOL_PER_UPSTREAM: usize = 256;
 /// Time allowed for each read of a request body, each write of a request or a response, and
 /// each read of a response; Pingora's default for its reads.
-const IO_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const IO_TIMEOUT: Duration = Duration::from_secs(60);
 /// The buffer for response bytes, per request in flight.
 const RESPONSE_BUFFER: usize = 32 * 1024;
 
@@ -84,7 +87,7 @@ fn range_in(buf: &[u8], part: &[u8]) -> Range<usize> {
     start..start + part.len()
 }
 
-fn is(name: &str, lowercase: &str) -> bool {
+pub(crate) fn is(name: &str, lowercase: &str) -> bool {
     name.len() == lowercase.len() && name.eq_ignore_ascii_case(lowercase)
 }
 
@@ -103,6 +106,17 @@ fn connection_tokens(value: &[u8]) -> Option<bool> {
     Some(close)
 }
 
+/// Whether a request target is one the fast paths pass on as it is: a path of plain bytes
+/// ([`PLAIN_TARGET`]) within the limit, and none the edge answers itself (machine paths, ACME
+/// challenges).
+pub(crate) fn plain_target(target: &[u8], limits: &EdgeLimits) -> bool {
+    target.first() == Some(&b'/')
+        && target.iter().all(|b| PLAIN_TARGET[*b as usize])
+        && target.len() <= limits.max_uri_bytes
+        && !target.starts_with(b"/.ployz/")
+        && !target.starts_with(b"/.well-known/acme-challenge/")
+}
+
 /// Decides whether a parsed request head (from `buf`) takes the fast path. `None` hands it to
 /// Pingora. The route itself is checked by the caller.
 pub(crate) fn plan(
@@ -115,13 +129,7 @@ pub(crate) fn plan(
     }
     let method = req.method?;
     let target = req.path?;
-    if method == "CONNECT"
-        || !target.starts_with('/')
-        || !target.bytes().all(|b| PLAIN_TARGET[b as usize])
-        || target.len() > limits.max_uri_bytes
-        || target.starts_with("/.ployz/")
-        || target.starts_with("/.well-known/acme-challenge/")
-    {
+    if method == "CONNECT" || !plain_target(target.as_bytes(), limits) {
         return None;
     }
     let mut host: Option<&[u8]> = None;
@@ -180,7 +188,7 @@ pub(crate) fn plan(
 
 /// Request fields never passed on: hop-by-hop ones, and the forwarding ones the edge writes
 /// itself.
-fn dropped_request_field(name: &str) -> bool {
+pub(crate) fn dropped_request_field(name: &str) -> bool {
     match name.len() {
         2 => is(name, "te"),
         7 => is(name, "trailer"),
@@ -274,7 +282,7 @@ pub(crate) struct ResponsePlan {
 
 /// Response fields never passed on: hop-by-hop ones, and every field a `Connection` field of
 /// `resp` names.
-fn dropped_response_field(name: &str, resp: &httparse::Response<'_, '_>) -> bool {
+pub(crate) fn dropped_response_field(name: &str, resp: &httparse::Response<'_, '_>) -> bool {
     match name.len() {
         10 if is(name, "connection") || is(name, "keep-alive") => true,
         16 if is(name, "proxy-connection") => true,
@@ -419,10 +427,21 @@ impl ChunkedScan {
     /// Consumes `input`; returns how many of its bytes belong to the body and whether the body
     /// ended there. `Err`: not a chunked body.
     pub(crate) fn feed(&mut self, input: &[u8]) -> Result<(usize, bool), &'static str> {
+        self.feed_with(input, |_| {})
+    }
+
+    /// As [`ChunkedScan::feed`], and calls `data` with the range of `input` of each run of
+    /// chunk data in it (the body without its framing), in order.
+    pub(crate) fn feed_with(
+        &mut self,
+        input: &[u8],
+        mut data: impl FnMut(Range<usize>),
+    ) -> Result<(usize, bool), &'static str> {
         let mut i = 0;
         while i < input.len() {
             if self.state == ChunkState::Data {
                 let take = (input.len() - i).min(self.size.try_into().unwrap_or(usize::MAX));
+                data(i..i + take);
                 i += take;
                 self.size -= take as u64;
                 if self.size == 0 {
@@ -497,7 +516,7 @@ fn alive(stream: &TcpStream) -> bool {
 }
 
 impl UpstreamPool {
-    fn take(&self, addr: SocketAddr) -> Option<TcpStream> {
+    pub(crate) fn take(&self, addr: SocketAddr) -> Option<TcpStream> {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let idle = inner.idle.get_mut(&addr)?;
         while let Some((stream, since)) = idle.pop() {
@@ -508,7 +527,7 @@ impl UpstreamPool {
         None
     }
 
-    fn put(&self, addr: SocketAddr, stream: TcpStream) {
+    pub(crate) fn put(&self, addr: SocketAddr, stream: TcpStream) {
         let now = Instant::now();
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         if inner
@@ -577,7 +596,7 @@ impl Downstream {
 #[derive(Default)]
 pub(crate) struct Buffers {
     /// The upstream request (head and body), then the rewritten response head.
-    out: Vec<u8>,
+    pub(crate) out: Vec<u8>,
     /// Response bytes from the upstream.
     resp: Vec<u8>,
 }
@@ -587,7 +606,7 @@ thread_local! {
 }
 
 impl Buffers {
-    fn take() -> Buffers {
+    pub(crate) fn take() -> Buffers {
         SPARE
             .with(|s| s.borrow_mut().pop())
             .unwrap_or_else(|| Buffers {
@@ -620,7 +639,7 @@ pub(crate) enum Served {
 }
 
 /// Why an exchange with an upstream failed.
-enum ExchangeError {
+pub(crate) enum ExchangeError {
     /// Nothing came back: the request may be sent elsewhere if that is safe.
     NoResponse(io::Error),
     /// The response was unusable or broke off after its head was passed on: the client's
@@ -632,8 +651,8 @@ enum ExchangeError {
 
 /// The fast path of one edge.
 pub(crate) struct FastPath {
-    edge: EdgeProxy,
-    pool: UpstreamPool,
+    pub(crate) edge: EdgeProxy,
+    pub(crate) pool: UpstreamPool,
 }
 
 impl FastPath {
@@ -851,7 +870,7 @@ impl FastPath {
 }
 
 /// A new upstream connection, or `TimedOut` after `timeout`.
-async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+pub(crate) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
@@ -934,12 +953,12 @@ async fn client_gone(stream: &mut Stream, buf: &mut Vec<u8>, limit: usize) {
 }
 
 /// How an exchange with an upstream ended well.
-struct Exchanged {
-    status: u16,
+pub(crate) struct Exchanged {
+    pub(crate) status: u16,
     /// The upstream connection can carry another request.
-    upstream_reusable: bool,
+    pub(crate) upstream_reusable: bool,
     /// The client's connection can carry another request.
-    client_continues: bool,
+    pub(crate) client_continues: bool,
 }
 
 /// One request and its response over `upstream`: the request in `buffers.out` is sent, each
@@ -1004,7 +1023,10 @@ struct PlannedHead {
 
 /// Writes the upstream request (head and body) within [`IO_TIMEOUT`]. A failure is
 /// [`ExchangeError::NoResponse`]: nothing came back.
-async fn send_request(upstream: &mut TcpStream, request: &[u8]) -> Result<(), ExchangeError> {
+pub(crate) async fn send_request(
+    upstream: &mut TcpStream,
+    request: &[u8],
+) -> Result<(), ExchangeError> {
     tokio::time::timeout(IO_TIMEOUT, upstream.write_all(request))
         .await
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))

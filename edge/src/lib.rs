@@ -9,8 +9,8 @@
 //!   ([`RouteController::drain`]), woken by publishes and by the last request in flight ending;
 //! - [`proxy`]: the Pingora `ProxyHttp` implementation: machine paths (health, verify), host
 //!   routing, round robin with connect retries, forwarding headers, access log;
-//! - [`connection`]: [`EdgeApp`], the connection loop with the HTTP/1 fast path in front of
-//!   Pingora's proxy;
+//! - [`connection`]: [`EdgeApp`], the connection loops with the fast path (HTTP/1, and
+//!   HTTP/2 streams in `h2_path`) in front of Pingora's proxy;
 //! - [`service`]: [`EdgeService`], the listening service whose listeners close after SIGTERM's
 //!   drain delay while requests in flight are answered.
 //!
@@ -24,6 +24,7 @@ pub mod challenges;
 pub mod connection;
 pub mod controller;
 mod fast_path;
+mod h2_path;
 pub mod metrics;
 pub mod proxy;
 pub mod route_table;

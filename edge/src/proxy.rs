@@ -849,6 +849,30 @@ impl ProxyHttp for EdgeProxy {
             push_decimal(&mut value, n);
             upstream_request.insert_header("content-length", value)?;
         }
+        // An HTTP/2 client may split `cookie` into several fields; the HTTP/1.1 upstream gets
+        // them joined into one (RFC 9113 section 8.2.3), as on the edge's own HTTP/2 path.
+        if downstream.version == pingora::http::Version::HTTP_2
+            && upstream_request
+                .headers
+                .get_all("cookie")
+                .iter()
+                .nth(1)
+                .is_some()
+        {
+            let mut joined = Vec::new();
+            for (i, value) in upstream_request
+                .headers
+                .get_all("cookie")
+                .iter()
+                .enumerate()
+            {
+                if i > 0 {
+                    joined.extend_from_slice(b"; ");
+                }
+                joined.extend_from_slice(value.as_bytes());
+            }
+            upstream_request.insert_header("cookie", joined)?;
+        }
         if !self.limits.forward_underscore_headers {
             let underscored: Vec<_> = upstream_request
                 .headers
@@ -875,10 +899,18 @@ impl ProxyHttp for EdgeProxy {
     /// fields). An upgrade's 101 keeps its `Connection` and `Upgrade`.
     async fn upstream_response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream_response: &mut ResponseHeader,
         _ctx: &mut EdgeCtx,
     ) -> Result<()> {
+        // A switch of protocols nobody asked for (an HTTP/2 request cannot ask) would leave
+        // the client waiting for ever: 502, as on the fast paths.
+        if upstream_response.status == 101 && !session.is_upgrade_req() {
+            return Err(Error::explain(
+                ErrorType::HTTPStatus(502),
+                "101 without an upgrade request",
+            ));
+        }
         if upstream_response.status.is_informational() {
             return Ok(());
         }

@@ -3,6 +3,10 @@
 
 #![allow(dead_code)]
 
+mod raw_upstream;
+#[allow(unused_imports)]
+pub use raw_upstream::*;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -1,0 +1,762 @@
+//! HTTP/2 on the edge's own path: plain requests of an HTTP/2 connection proxied to HTTP/1.1
+//! upstreams without Pingora's per-request machinery.
+//!
+//! The connection loop ([`crate::connection`]) accepts each stream with Pingora's HTTP/2
+//! server, which already refuses control bytes in `:path`, ambiguous `Content-Length` fields
+//! and invalid authorities (and the `h2` crate everything HTTP/2 forbids: connection-specific
+//! fields, uppercase names, bytes a field value cannot hold). A stream whose request is plain
+//! takes this path: a method but `CONNECT`, a path target of plain bytes within the limits, an
+//! authority (or `Host`) that names a route with upstreams, no `Expect`, no body or a body with
+//! one `Content-Length` of at most 64 KiB. Its request goes upstream as one HTTP/1.1 request
+//! on the fast path's pool: the request line, `Host` from the authority, the fields as
+//! received but the hop-by-hop and forwarding ones (and those named with `_` unless
+//! configured), the `cookie` fields joined into one (RFC 9113 section 8.2.3), `Content-Length`
+//! as plain decimal, the forwarding fields, then the body. The response head is read with the
+//! fast path's rules ([`response_plan`]); interim (1xx) responses are dropped, hop-by-hop and
+//! framing fields left out, and the body passed on (a chunked one without its framing), with
+//! HTTP/2's flow control. Every other stream goes to Pingora's proxy, as every stream did
+//! before. The `fast_path` setting sends them all there.
+
+use std::io;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::time::Instant;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderName, HeaderValue, Method};
+use pingora::http::ResponseHeader;
+use pingora::protocols::http::v2::server::HttpSession;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
+
+use crate::connection::HeaderScan;
+use crate::fast_path::{
+    connect, dropped_request_field, dropped_response_field, is, plain_target, response_plan,
+    send_request, Buffers, ChunkedScan, ExchangeError, Exchanged, FastPath, Framing, IO_TIMEOUT,
+    MAX_FAST_BODY, MAX_FIELDS, MAX_RESPONSE_HEAD,
+};
+use crate::proxy::{parse_content_length, push_decimal, write_forwarding, Attempts, Finished};
+
+/// Bytes read from an upstream at a time for an HTTP/2 response: one DATA frame's worth.
+const READ_SIZE: usize = 16 * 1024;
+
+/// What the HTTP/2 path needs of an accepted request; the upstream request head is in the
+/// [`Buffers`] that come with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct H2Plan {
+    /// Where the host is in the upstream head (its `Host` field's value).
+    pub host: Range<usize>,
+    pub content_length: u64,
+    /// Safe to send again after a connection that was reused turned out dead.
+    pub idempotent: bool,
+    pub head: bool,
+}
+
+/// Decides whether a request of an HTTP/2 stream takes this path (`None`: Pingora's proxy
+/// serves it), and writes its upstream head into `out`. `end_of_stream`: the request has no
+/// body (its HEADERS frame ended the stream). The route itself is checked by the caller, with
+/// the host at `H2Plan::host` in `out`.
+pub(crate) fn plan_h2(
+    req: &http::request::Parts,
+    end_of_stream: bool,
+    limits: &crate::EdgeLimits,
+    client: Option<&str>,
+    proto: &str,
+    out: &mut Vec<u8>,
+) -> Option<H2Plan> {
+    if req.method == Method::CONNECT {
+        return None;
+    }
+    let target = req.uri.path_and_query()?.as_str().as_bytes();
+    if !plain_target(target, limits) {
+        return None;
+    }
+    let host = match req.uri.authority() {
+        Some(authority) => authority.as_str().as_bytes(),
+        None => {
+            let mut hosts = req.headers.get_all(http::header::HOST).iter();
+            let host = hosts.next()?;
+            if hosts.next().is_some() {
+                return None;
+            }
+            host.as_bytes()
+        }
+    };
+    let mut length = None;
+    let mut header_bytes = 0;
+    let mut cookies = 0;
+    for (name, value) in req.headers.iter() {
+        header_bytes += name.as_str().len() + value.len() + 4;
+        match name.as_str() {
+            "content-length" => {
+                if length.is_some() {
+                    return None;
+                }
+                length = Some(parse_content_length(value.as_bytes())?);
+            }
+            "cookie" => cookies += 1,
+            "transfer-encoding" | "expect" | "upgrade" | "http2-settings" => return None,
+            _ => {}
+        }
+    }
+    let content_length = match length {
+        Some(n) => n,
+        None if end_of_stream => 0,
+        // A body of unknown length: Pingora's proxy streams it.
+        None => return None,
+    };
+    if header_bytes > limits.max_header_bytes
+        || content_length > MAX_FAST_BODY
+        || limits
+            .max_body_bytes
+            .is_some_and(|max| content_length > max)
+    {
+        return None;
+    }
+    out.extend_from_slice(req.method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target);
+    out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
+    let host_at = out.len()..out.len() + host.len();
+    out.extend_from_slice(host);
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in req.headers.iter() {
+        let name = name.as_str();
+        if dropped_request_field(name)
+            || matches!(name, "host" | "content-length" | "cookie")
+            || (!limits.forward_underscore_headers && name.contains('_'))
+        {
+            continue;
+        }
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if cookies > 0 {
+        out.extend_from_slice(b"cookie: ");
+        for (i, value) in req.headers.get_all(http::header::COOKIE).iter().enumerate() {
+            if i > 0 {
+                out.extend_from_slice(b"; ");
+            }
+            out.extend_from_slice(value.as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    if length.is_some() {
+        out.extend_from_slice(b"content-length: ");
+        push_decimal(out, content_length);
+        out.extend_from_slice(b"\r\n");
+    }
+    write_forwarding(
+        out,
+        client,
+        req.headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .map(HeaderValue::as_bytes),
+        host,
+        proto,
+    );
+    out.extend_from_slice(b"\r\n");
+    Some(H2Plan {
+        host: host_at,
+        content_length,
+        idempotent: req.method.is_idempotent(),
+        head: req.method == Method::HEAD,
+    })
+}
+
+/// A parsed upstream response head as the HTTP/2 client gets it: the status and the fields
+/// but the hop-by-hop and framing ones (a `Content-Length` stays when it frames the body).
+/// `Err` names what makes it unusable.
+pub(crate) fn h2_response_head(
+    resp: &httparse::Response<'_, '_>,
+    framing: Framing,
+) -> Result<ResponseHeader, &'static str> {
+    let status = resp.code.ok_or("no valid status code")?;
+    let mut head = http::Response::builder()
+        .status(status)
+        .body(())
+        .map_err(|_| "no valid status code")?;
+    let keep_length = matches!(framing, Framing::Length(_) | Framing::Empty);
+    let fields = head.headers_mut();
+    fields.reserve(resp.headers.len());
+    for h in resp.headers.iter() {
+        let dropped = match h.name.len() {
+            2 => is(h.name, "te"),
+            7 => is(h.name, "upgrade"),
+            14 => is(h.name, "content-length") && !keep_length,
+            17 => is(h.name, "transfer-encoding"),
+            _ => false,
+        };
+        if dropped || dropped_response_field(h.name, resp) {
+            continue;
+        }
+        let name =
+            HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| "an invalid field name")?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| "an invalid field value")?;
+        fields.append(name, value);
+    }
+    Ok(head.into_parts().0.into())
+}
+
+impl FastPath {
+    /// Plans an accepted HTTP/2 request: `Some` when this path serves it.
+    pub(crate) fn accept_h2(
+        &self,
+        session: &HttpSession,
+        client: Option<&str>,
+        tls: bool,
+    ) -> Option<(H2Plan, Buffers)> {
+        let mut buffers = Buffers::take();
+        let plan = plan_h2(
+            session.req_header(),
+            session.is_body_empty(),
+            self.edge.limits(),
+            client,
+            if tls { "https" } else { "http" },
+            &mut buffers.out,
+        );
+        let routed = plan.filter(|plan| {
+            let table = self.edge.routes().table().load();
+            table
+                .match_host(&buffers.out[plan.host.clone()])
+                .is_some_and(|route| !route.upstreams.is_empty())
+        });
+        match routed {
+            Some(plan) => Some((plan, buffers)),
+            None => {
+                buffers.give_back();
+                None
+            }
+        }
+    }
+
+    /// Serves one planned HTTP/2 request, and writes its access-log line.
+    pub(crate) async fn serve_h2(
+        &self,
+        mut session: HttpSession,
+        plan: H2Plan,
+        mut buffers: Buffers,
+    ) {
+        let start = Instant::now();
+        session.set_write_timeout(Some(IO_TIMEOUT));
+        let mut attempts = Attempts::default();
+        let (status, error) =
+            match read_body(&mut session, &mut buffers.out, plan.content_length).await {
+                Err(e) => {
+                    session.shutdown();
+                    (0, Some(format!("reading the request body: {e}")))
+                }
+                Ok(()) => match self
+                    .forward_h2(&mut session, &plan, &buffers.out, &mut attempts)
+                    .await
+                {
+                    Ok(status) => (status, None),
+                    Err((status, e)) => (status, Some(e)),
+                },
+            };
+        let req = session.req_header();
+        self.edge.finish(
+            Finished {
+                method: req.method.as_str(),
+                host: &buffers.out[plan.host.clone()],
+                path: req.uri.path(),
+                status,
+                start,
+                error,
+            },
+            &mut attempts,
+        );
+        buffers.give_back();
+    }
+
+    /// Sends `request` to an upstream and passes its response to the client. Ok: the status;
+    /// Err: the status written (0 if none) and what went wrong.
+    async fn forward_h2(
+        &self,
+        session: &mut HttpSession,
+        plan: &H2Plan,
+        request: &[u8],
+        attempts: &mut Attempts,
+    ) -> Result<u16, (u16, String)> {
+        let host = &request[plan.host.clone()];
+        loop {
+            let Some(addr) = self.edge.choose_upstream(host, attempts) else {
+                let why = "no Serving Container for this host";
+                let status = answer(session, 503, "no Serving Container for this host\n").await;
+                return Err((status, why.into()));
+            };
+            let kept = self.pool.take(addr);
+            let reused = kept.is_some();
+            let mut upstream = match kept {
+                Some(s) => s,
+                None => match self.connect_h2(session, addr, attempts).await? {
+                    Some(s) => s,
+                    None => continue,
+                },
+            };
+            let mut result = exchange(session, &mut upstream, plan.head, request).await;
+            if reused && plan.idempotent && matches!(result, Err(ExchangeError::NoResponse(_))) {
+                // A kept connection the upstream had closed meanwhile: once more on a new one.
+                upstream = match self.connect_h2(session, addr, attempts).await? {
+                    Some(s) => s,
+                    None => continue,
+                };
+                result = exchange(session, &mut upstream, plan.head, request).await;
+            }
+            return match result {
+                Ok(done) => {
+                    if done.upstream_reusable {
+                        self.pool.put(addr, upstream);
+                    }
+                    Ok(done.status)
+                }
+                Err(ExchangeError::NoResponse(e)) => {
+                    let status = answer(session, 502, "upstream failed\n").await;
+                    Err((status, format!("{addr}: {e}")))
+                }
+                Err(ExchangeError::BadResponse(why)) => {
+                    let status = answer(session, 502, "upstream failed\n").await;
+                    Err((status, format!("{addr}: {why}")))
+                }
+                Err(ExchangeError::Broken(why)) => {
+                    session.shutdown();
+                    Err((0, format!("{addr}: {why}")))
+                }
+            };
+        }
+    }
+
+    /// A new connection to `addr`. `None`: it failed and the next upstream may be tried;
+    /// `Err`: it failed with nothing left to try, and the client was answered 502.
+    async fn connect_h2(
+        &self,
+        session: &mut HttpSession,
+        addr: SocketAddr,
+        attempts: &Attempts,
+    ) -> Result<Option<TcpStream>, (u16, String)> {
+        match connect(addr, self.edge.limits().connect_timeout).await {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if self.edge.connect_failed(attempts) => {
+                tracing::debug!(%addr, error = %e, "connect failed; trying the next upstream");
+                Ok(None)
+            }
+            Err(e) => {
+                let status = answer(session, 502, "upstream unreachable\n").await;
+                Err((status, format!("connecting to {addr}: {e}")))
+            }
+        }
+    }
+}
+
+/// Reads the request body (`length` bytes, as the request declared) onto `out`, within
+/// [`IO_TIMEOUT`] per read.
+async fn read_body(session: &mut HttpSession, out: &mut Vec<u8>, length: u64) -> io::Result<()> {
+    if session.is_body_done() {
+        return if length == 0 {
+            Ok(())
+        } else {
+            Err(io::ErrorKind::UnexpectedEof.into())
+        };
+    }
+    let mut read = 0u64;
+    loop {
+        let data = tokio::time::timeout(IO_TIMEOUT, session.read_body_bytes())
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        let Some(data) = data else { break };
+        read += data.len() as u64;
+        if read > length {
+            return Err(io::Error::other("more body than its Content-Length"));
+        }
+        out.extend_from_slice(&data);
+    }
+    if read < length {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
+    Ok(())
+}
+
+/// A short plain-text answer from the edge itself; the status, or 0 if it could not be written.
+async fn answer(session: &mut HttpSession, status: u16, body: &'static str) -> u16 {
+    let Ok(mut head) = ResponseHeader::build_no_case(status, Some(3)) else {
+        return 0;
+    };
+    let mut length = Vec::with_capacity(4);
+    push_decimal(&mut length, body.len() as u64);
+    let built = head
+        .insert_header(http::header::CONTENT_TYPE, "text/plain")
+        .and_then(|()| head.insert_header(http::header::CONTENT_LENGTH, length))
+        .and_then(|()| head.insert_header(http::header::CACHE_CONTROL, "no-store"));
+    if built.is_err()
+        || session
+            .write_response_header(Box::new(head), false)
+            .is_err()
+    {
+        return 0;
+    }
+    match session
+        .write_body(Bytes::from_static(body.as_bytes()), true)
+        .await
+    {
+        Ok(()) => status,
+        Err(_) => 0,
+    }
+}
+
+/// Reads from an upstream into `resp` within [`IO_TIMEOUT`].
+async fn read_upstream(upstream: &mut TcpStream, resp: &mut BytesMut) -> io::Result<usize> {
+    if resp.capacity() - resp.len() < 4096 {
+        resp.reserve(READ_SIZE);
+    }
+    tokio::time::timeout(IO_TIMEOUT, upstream.read_buf(resp))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
+}
+
+/// One request and its response over `upstream`: `request` is sent, interim responses are
+/// read and dropped, then the final response's head and body go to the client.
+async fn exchange(
+    session: &mut HttpSession,
+    upstream: &mut TcpStream,
+    head_request: bool,
+    request: &[u8],
+) -> Result<Exchanged, ExchangeError> {
+    send_request(upstream, request).await?;
+    let mut resp = BytesMut::with_capacity(READ_SIZE);
+    let (head, framing, reusable) = loop {
+        let mut scan = HeaderScan::default();
+        let mut scanned = 0;
+        loop {
+            let complete = scan.feed(&resp[scanned..]).is_some();
+            scanned = resp.len();
+            if complete {
+                break;
+            }
+            if resp.len() > MAX_RESPONSE_HEAD {
+                return Err(ExchangeError::BadResponse("a response head over 64 KiB"));
+            }
+            let n = tokio::select! {
+                biased;
+                n = read_upstream(upstream, &mut resp) => n.map_err(ExchangeError::NoResponse)?,
+                reason = session.idle() => {
+                    return Err(ExchangeError::Broken(match reason {
+                        Ok(reason) => format!("the client reset the stream ({reason:?}) before the response"),
+                        Err(e) => format!("the client went away before the response: {e}"),
+                    }));
+                }
+            };
+            if n == 0 {
+                return Err(ExchangeError::NoResponse(
+                    io::ErrorKind::UnexpectedEof.into(),
+                ));
+            }
+        }
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        let len = match parsed.parse(&resp) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) | Err(_) => {
+                return Err(ExchangeError::BadResponse("a malformed response head"))
+            }
+        };
+        let plan = response_plan(&parsed, head_request).map_err(ExchangeError::BadResponse)?;
+        if plan.status == 101 {
+            return Err(ExchangeError::BadResponse("101 without an upgrade request"));
+        }
+        if (100..200).contains(&plan.status) {
+            // Interim responses stay here: Pingora's HTTP/2 server drops them too.
+            resp.advance(len);
+            continue;
+        }
+        let head = h2_response_head(&parsed, plan.framing).map_err(ExchangeError::BadResponse)?;
+        resp.advance(len);
+        break (head, plan.framing, plan.reusable);
+    };
+    let status = head.status.as_u16();
+    let broken_client =
+        |e: Box<pingora::Error>| ExchangeError::Broken(format!("writing to the client: {e}"));
+    let ends_now = matches!(framing, Framing::Empty | Framing::Length(0));
+    session
+        .write_response_header(Box::new(head), ends_now)
+        .map_err(broken_client)?;
+    let clean = match framing {
+        Framing::Empty | Framing::Length(0) => resp.is_empty(),
+        Framing::Length(mut left) => {
+            loop {
+                let take = resp.len().min(left.try_into().unwrap_or(usize::MAX));
+                if take > 0 {
+                    left -= take as u64;
+                    let piece = resp.split_to(take).freeze();
+                    session
+                        .write_body(piece, left == 0)
+                        .await
+                        .map_err(broken_client)?;
+                }
+                if left == 0 {
+                    break;
+                }
+                read_body_bytes(upstream, &mut resp).await?;
+            }
+            resp.is_empty()
+        }
+        Framing::Chunked => {
+            let mut scan = ChunkedScan::default();
+            let mut runs: Vec<Range<usize>> = Vec::new();
+            loop {
+                runs.clear();
+                let (n, done) = scan
+                    .feed_with(&resp, |run| runs.push(run))
+                    .map_err(|e| ExchangeError::Broken(e.into()))?;
+                let framed = resp.split_to(n).freeze();
+                for run in runs.drain(..) {
+                    session
+                        .write_body(framed.slice(run), false)
+                        .await
+                        .map_err(broken_client)?;
+                }
+                if done {
+                    session.finish().map_err(broken_client)?;
+                    break;
+                }
+                read_body_bytes(upstream, &mut resp).await?;
+            }
+            resp.is_empty()
+        }
+        Framing::UntilClose => {
+            loop {
+                if !resp.is_empty() {
+                    let piece = resp.split().freeze();
+                    session
+                        .write_body(piece, false)
+                        .await
+                        .map_err(broken_client)?;
+                }
+                let read = read_upstream(upstream, &mut resp)
+                    .await
+                    .map_err(|e| ExchangeError::Broken(format!("reading the response: {e}")))?;
+                if read == 0 {
+                    break;
+                }
+            }
+            session.finish().map_err(broken_client)?;
+            false
+        }
+    };
+    Ok(Exchanged {
+        status,
+        upstream_reusable: clean && reusable,
+        client_continues: true,
+    })
+}
+
+/// Reads more of a response body; the upstream closing first breaks the response off.
+async fn read_body_bytes(
+    upstream: &mut TcpStream,
+    resp: &mut BytesMut,
+) -> Result<(), ExchangeError> {
+    match read_upstream(upstream, resp).await {
+        Ok(0) => Err(ExchangeError::Broken(
+            "the upstream closed before the body's end".into(),
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(ExchangeError::Broken(format!("reading the response: {e}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> crate::EdgeLimits {
+        crate::EdgeLimits::default()
+    }
+
+    fn parts(method: &str, uri: &str, fields: &[(&str, &str)]) -> http::request::Parts {
+        let mut req = http::Request::builder().method(method).uri(uri);
+        for (name, value) in fields {
+            req = req.header(*name, *value);
+        }
+        req.body(()).unwrap().into_parts().0
+    }
+
+    /// The plan and the upstream head of a request without a body.
+    fn planned(req: &http::request::Parts, limits: &crate::EdgeLimits) -> Option<(H2Plan, String)> {
+        let mut out = Vec::new();
+        let plan = plan_h2(req, true, limits, Some("192.0.2.7"), "https", &mut out)?;
+        Some((plan, String::from_utf8(out).unwrap()))
+    }
+
+    #[test]
+    fn a_plain_request_goes_upstream_as_one_http1_head() {
+        let req = parts(
+            "GET",
+            "https://h.test/a/b?c=d",
+            &[
+                ("accept", "*/*"),
+                ("cookie", "a=1"),
+                ("x-forwarded-for", "203.0.113.1"),
+                ("cookie", "b=2"),
+                ("x_under", "1"),
+                ("te", "trailers"),
+                ("host", "other.test"),
+            ],
+        );
+        let (plan, head) = planned(&req, &limits()).unwrap();
+        assert_eq!(
+            head,
+            "GET /a/b?c=d HTTP/1.1\r\nHost: h.test\r\naccept: */*\r\ncookie: a=1; b=2\r\n\
+             X-Forwarded-For: 203.0.113.1, 192.0.2.7\r\n\
+             Forwarded: for=192.0.2.7;host=\"h.test\";proto=https\r\n\
+             X-Forwarded-Proto: https\r\nX-Forwarded-Host: h.test\r\n\r\n"
+        );
+        assert_eq!(&head[plan.host.clone()], "h.test");
+        assert!(plan.idempotent && !plan.head);
+        assert_eq!(plan.content_length, 0);
+
+        // Without an authority, `Host` names the host.
+        let req = parts("HEAD", "/x", &[("host", "h.test:8443")]);
+        let (plan, head) = planned(&req, &limits()).unwrap();
+        assert!(
+            head.starts_with("HEAD /x HTTP/1.1\r\nHost: h.test:8443\r\n"),
+            "{head}"
+        );
+        assert!(plan.head);
+    }
+
+    #[test]
+    fn a_body_goes_with_its_length_as_plain_decimal() {
+        let req = parts("POST", "https://h.test/", &[("content-length", "007")]);
+        let mut out = Vec::new();
+        let plan = plan_h2(&req, false, &limits(), None, "https", &mut out).unwrap();
+        let head = String::from_utf8(out).unwrap();
+        assert!(head.contains("\r\ncontent-length: 7\r\n"), "{head}");
+        assert_eq!(plan.content_length, 7);
+        assert!(!plan.idempotent);
+    }
+
+    #[test]
+    fn fields_named_with_underscores_pass_when_configured() {
+        let req = parts("GET", "https://h.test/", &[("x_under", "1")]);
+        let passing = crate::EdgeLimits {
+            forward_underscore_headers: true,
+            ..limits()
+        };
+        assert!(planned(&req, &passing)
+            .unwrap()
+            .1
+            .contains("\r\nx_under: 1\r\n"));
+        assert!(!planned(&req, &limits()).unwrap().1.contains("x_under"));
+    }
+
+    #[test]
+    fn anything_unusual_goes_to_pingora() {
+        let l = limits();
+        let long_target = format!("https://h.test/{}", "a".repeat(l.max_uri_bytes));
+        let big = (MAX_FAST_BODY + 1).to_string();
+        let long_value = "v".repeat(l.max_header_bytes);
+        let cases: Vec<(http::request::Parts, bool)> = vec![
+            (parts("CONNECT", "h.test:443", &[]), true),
+            (parts("GET", "https://h.test/.ployz/health", &[]), true),
+            (
+                parts("GET", "https://h.test/.well-known/acme-challenge/t", &[]),
+                true,
+            ),
+            (parts("GET", "https://h.test/a%20b\"c", &[]), true),
+            (parts("GET", "https://h.test/{x}", &[]), true),
+            (parts("GET", &long_target, &[]), true),
+            (
+                parts("GET", "/", &[("host", "a.test"), ("host", "b.test")]),
+                true,
+            ),
+            (parts("GET", "/", &[]), true),
+            (
+                parts(
+                    "POST",
+                    "https://h.test/",
+                    &[("content-length", "1"), ("content-length", "1")],
+                ),
+                false,
+            ),
+            (
+                parts("POST", "https://h.test/", &[("content-length", "1,1")]),
+                false,
+            ),
+            (
+                parts("POST", "https://h.test/", &[("content-length", &big)]),
+                false,
+            ),
+            (parts("POST", "https://h.test/", &[]), false),
+            (
+                parts("GET", "https://h.test/", &[("expect", "100-continue")]),
+                true,
+            ),
+            (
+                parts("GET", "https://h.test/", &[("upgrade", "websocket")]),
+                true,
+            ),
+            (
+                parts(
+                    "GET",
+                    "https://h.test/",
+                    &[("transfer-encoding", "chunked")],
+                ),
+                true,
+            ),
+            (
+                parts("GET", "https://h.test/", &[("x-long", &long_value)]),
+                true,
+            ),
+        ];
+        for (req, end_of_stream) in cases {
+            let mut out = Vec::new();
+            assert!(
+                plan_h2(&req, end_of_stream, &l, None, "https", &mut out).is_none(),
+                "{req:?}"
+            );
+        }
+        let limited = crate::EdgeLimits {
+            max_body_bytes: Some(4),
+            ..limits()
+        };
+        let req = parts("POST", "https://h.test/", &[("content-length", "5")]);
+        assert!(plan_h2(&req, false, &limited, None, "https", &mut Vec::new()).is_none());
+    }
+
+    fn head_for(raw: &[u8], head_request: bool) -> Result<ResponseHeader, &'static str> {
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        parsed.parse(raw).unwrap();
+        let plan = response_plan(&parsed, head_request)?;
+        h2_response_head(&parsed, plan.framing)
+    }
+
+    #[test]
+    fn response_heads_lose_their_hop_by_hop_and_framing_fields() {
+        let head = head_for(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nProxy-Connection: x\r\nUpgrade: h2c\r\nTE: trailers\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nX-Kept: yes\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        let names: Vec<&str> = head.headers.keys().map(|n| n.as_str()).collect();
+        assert_eq!(names, ["set-cookie", "x-kept"]);
+        assert_eq!(head.headers.get_all("set-cookie").iter().count(), 2);
+
+        let sized = head_for(
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\n\r\n",
+            false,
+        )
+        .unwrap();
+        assert_eq!(sized.status, 404);
+        assert_eq!(sized.headers["content-length"], "3");
+        // A HEAD response keeps the length of the body it stands for.
+        let head_of = head_for(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", true).unwrap();
+        assert_eq!(head_of.headers["content-length"], "9");
+        // Until close: the length-less body ends with the stream.
+        let until_close = head_for(b"HTTP/1.0 200 OK\r\nX-A: 1\r\n\r\n", false).unwrap();
+        assert!(!until_close.headers.contains_key("content-length"));
+    }
+}
