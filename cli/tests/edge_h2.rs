@@ -527,7 +527,47 @@ fn sigterm_answers_streams_then_ends_http2_connections(position: Position) {
     assert!(in_flight.ended_within(Duration::from_secs(2)));
 }
 
+/// A client that opens malformed stream after malformed stream loses its connection, even
+/// with a stream still waiting for its body: the streams in flight end with it.
+fn a_flood_of_malformed_streams_ends_the_connection(position: Position) {
+    let up = Upstream::start(shapes);
+    let edge = TlsEdge::start(position, &up, &[]);
+    let mut h2 = H2::open(&edge);
+    assert_eq!(h2.get("/first").status, 200);
+    let send = h2.send.clone();
+    let body = h2.rt.block_on(async move {
+        let mut send = send.ready().await.unwrap();
+        // A body of no declared length, left unfinished.
+        let (_response, mut body) = send
+            .send_request(request(Method::POST, HOST, "/echo", &[]), false)
+            .unwrap();
+        body.send_data(Bytes::from_static(b"part of a body"), false)
+            .unwrap();
+        // Kept, so that the client resets none of them.
+        let mut refused = Vec::new();
+        for _ in 0..40 {
+            let Ok(mut ready) = send.clone().ready().await else {
+                break;
+            };
+            // Refused by the edge (400) for the userinfo in its authority.
+            let bad = request(Method::GET, &format!("user@{HOST}"), "/", &[]);
+            match ready.send_request(bad, true) {
+                Ok(sent) => refused.push(sent),
+                Err(_) => break,
+            }
+            tokio::task::yield_now().await;
+        }
+        (body, refused)
+    });
+    assert!(
+        h2.ended_within(Duration::from_secs(5)),
+        "the connection outlived its malformed streams"
+    );
+    drop(body);
+}
+
 crate::in_both_positions!(
+    a_flood_of_malformed_streams_ends_the_connection,
     sigterm_answers_streams_then_ends_http2_connections,
     an_http2_request_reaches_the_upstream_as_one_http1_request,
     responses_reach_http2_clients_without_hop_by_hop_fields,

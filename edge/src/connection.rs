@@ -50,6 +50,8 @@ use crate::EdgeProxy;
 
 /// Idle time allowed between two requests on a kept-alive connection (Pingora's default).
 const KEEPALIVE: Duration = Duration::from_secs(60);
+/// How long an HTTP/2 connection told to go away for being idle has to close.
+const GOAWAY_GRACE: Duration = Duration::from_secs(10);
 /// Malformed streams an HTTP/2 connection may open (each is refused) before it is closed, as
 /// Pingora's own HTTP/2 loop counts them.
 const MAX_MALFORMED_STREAMS: usize = 32;
@@ -298,9 +300,13 @@ impl EdgeApp {
     /// stream woken on another thread than its connection.
     ///
     /// The connection ends when the client ends it, when it breaks, when it refused
-    /// [`MAX_MALFORMED_STREAMS`] malformed streams, or when it carried no stream for between
-    /// [`KEEPALIVE`] and twice that. On shutdown (and from the start of SIGTERM's drain delay,
-    /// at its next stream) it says GOAWAY, and ends once the streams it accepted are answered.
+    /// [`MAX_MALFORMED_STREAMS`] malformed streams (the streams in flight end with it), or when
+    /// its HTTP/2 preface does not arrive within the header timeout. A connection with no
+    /// stream in flight and none started or finished for between [`KEEPALIVE`] and twice that
+    /// is told to go away (GOAWAY), and closed if it is still idle [`GOAWAY_GRACE`] later. On
+    /// shutdown (and from the start of SIGTERM's drain delay, at its next stream) it says
+    /// GOAWAY, and ends once the streams it accepted are answered, or once no stream has
+    /// started or finished for [`KEEPALIVE`].
     async fn serve_h2(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) {
         let client: Option<Arc<str>> = stream
             .get_socket_digest()
@@ -313,10 +319,15 @@ impl EdgeApp {
             proxy_digest: stream.get_proxy_digest(),
             socket_digest: stream.get_socket_digest(),
         });
-        let mut conn = match v2::server::handshake(stream, self.pingora.h2_options()).await {
-            Ok(conn) => conn,
-            Err(e) => {
+        let handshake = v2::server::handshake(stream, self.pingora.h2_options());
+        let mut conn = match tokio::time::timeout(self.header_timeout, handshake).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => {
                 tracing::debug!(error = %e, "HTTP/2 handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("no HTTP/2 preface within the header timeout");
                 return;
             }
         };
@@ -325,11 +336,11 @@ impl EdgeApp {
         let mut watch = shutdown.clone();
         let mut going_away = false;
         let mut malformed = 0;
-        // Checked every KEEPALIVE: the connection ends when no stream was accepted since the
-        // last check and none is in flight.
+        // Checked every KEEPALIVE (GOAWAY_GRACE after an idle GOAWAY): the connection is idle
+        // when no stream started or finished since the last check and none is in flight.
         let idle_check = tokio::time::sleep(KEEPALIVE);
         tokio::pin!(idle_check);
-        let mut accepted_since_check = false;
+        let mut active_since_check = false;
         loop {
             if !going_away && self.fast.draining() {
                 conn.graceful_shutdown();
@@ -342,14 +353,26 @@ impl EdgeApp {
                     going_away = true;
                     continue;
                 }
-                Some(()) = streams.next(), if !streams.is_empty() => continue,
+                Some(()) = streams.next(), if !streams.is_empty() => {
+                    active_since_check = true;
+                    continue;
+                }
                 accepted = v2::server::HttpSession::from_h2_conn(&mut conn, digest.clone()) => accepted,
-                () = &mut idle_check, if !going_away => {
-                    if !accepted_since_check && streams.is_empty() {
-                        return;
+                () = &mut idle_check => {
+                    let idle = !active_since_check && streams.is_empty();
+                    active_since_check = false;
+                    if idle && going_away {
+                        break;
                     }
-                    accepted_since_check = false;
-                    idle_check.as_mut().reset(Instant::now() + KEEPALIVE);
+                    let next = if idle {
+                        // Told first, so that a request crossing the close is known unserved.
+                        conn.graceful_shutdown();
+                        going_away = true;
+                        GOAWAY_GRACE
+                    } else {
+                        KEEPALIVE
+                    };
+                    idle_check.as_mut().reset(Instant::now() + next);
                     continue;
                 }
             };
@@ -368,7 +391,7 @@ impl EdgeApp {
                     break;
                 }
             };
-            accepted_since_check = true;
+            active_since_check = true;
             let planned = if self.fast_path {
                 self.fast.accept_h2(&session, client.as_deref(), tls)
             } else {
@@ -386,8 +409,9 @@ impl EdgeApp {
                 }
             }
         }
-        // The connection is over: what its streams still do ends with an error each, which
-        // their access-log lines say.
+        // The connection is over (or given up): closed now, so that what its streams still
+        // wait for ends with an error each, which their access-log lines say.
+        drop(conn);
         while streams.next().await.is_some() {}
     }
 }

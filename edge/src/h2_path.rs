@@ -323,7 +323,9 @@ impl FastPath {
                 }
                 Err(ExchangeError::Broken(why)) => {
                     session.shutdown();
-                    Err((0, format!("{addr}: {why}")))
+                    // The status the client got before the response broke off, if any.
+                    let status = session.response_written().map_or(0, |r| r.status.as_u16());
+                    Err((status, format!("{addr}: {why}")))
                 }
             };
         }
