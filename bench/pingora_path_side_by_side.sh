@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The request shapes the edge does not serve on its fast path (edge/src/fast_path.rs) but hands
-# to Pingora's proxy, against nginx and haproxy, on loopback: the same upstream (an nginx
+# The HTTP/1 request shapes beyond plain HTTP/1.1 keep-alive, against nginx and haproxy, on
+# loopback: the same upstream (an nginx
 # answering 200 to every request, reading and discarding any body), the same clients.
 #
 #   http10-keepalive  ab -k -c 64: HTTP/1.0 with `Connection: Keep-Alive`, GET /
@@ -10,12 +10,14 @@
 #                     in four chunks
 #   expect-continue   wrk -t2 -c64: HTTP/1.1 POST of 1 KiB with `Expect: 100-continue`, the body
 #                     sent with the head (RFC 9110 allows it). A server may still answer 100
-#                     (Continue) first, as nginx, haproxy and the edge all do; wrk takes that for a
+#                     (Continue) first, as nginx and haproxy do (the edge does not when the
+#                     body is already in); wrk takes that for a
 #                     whole response and sends its next request on the connection, so the script
 #                     counts final responses apart: req/s and CPU per request are per final
 #                     response, p99 is wrk's, over every response, interim ones included
 #
-# All four take Pingora's proxy path in the edge, not its fast path.
+# HTTP/1.0 keep-alive and Expect take the edge's fast path (edge/src/fast_path.rs); the long
+# and the chunked bodies are handed to Pingora's proxy.
 #
 # The edge runs alone (`edge-bench`, no access log), nginx as a reverse proxy with a keep-alive
 # upstream pool and unbuffered request bodies, haproxy in HTTP mode with connection reuse, each
@@ -27,7 +29,7 @@
 # (restored). Everything listens on 127.0.0.1 and every process started here is ended by its PID.
 #
 # Usage: bench/pingora_path_side_by_side.sh   (knobs: DURATION [10], RUNS [3], WORKERS [nproc],
-#        BASE_PORT [18500])
+#        BASE_PORT [18500], TARGETS and WORKLOADS [all, space-separated])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,9 +43,9 @@ HAPROXY_PORT=$((BASE_PORT + 2))
 EDGE_PORT=$((BASE_PORT + 3))
 # The route the edge serves, sent as Host by every client; the URLs name 127.0.0.1.
 HOST=localhost
-TARGETS=(nginx haproxy edge)
+read -r -a TARGETS <<<"${TARGETS:-nginx haproxy edge}"
 PEERS=(nginx haproxy)
-WORKLOADS=(http10-keepalive post-100k chunked-upload expect-continue)
+read -r -a WORKLOADS <<<"${WORKLOADS:-http10-keepalive post-100k chunked-upload expect-continue}"
 EXPECTED="hello from upstream"
 AB_CMD="ab -k -c 64 -t $DURATION -n 100000000 -H 'Host: localhost'"
 WRK_CMD="wrk -t2 -c64 -d${DURATION}s --latency -s WORKLOAD.lua"

@@ -651,7 +651,124 @@ fn https_on_the_edge_alone_with_a_certificate_from_files(position: Position) {
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
 }
 
+/// 200 with the request line as the body, chunked for `/chunked...` (with an interim 103
+/// first for `/interim...`).
+fn framed_by_path(request: &[u8]) -> Vec<u8> {
+    let line = String::from_utf8_lossy(request)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .rsplit_once(' ')
+        .map(|(start, _)| start.to_owned())
+        .unwrap_or_default();
+    let target = line.split(' ').nth(1).unwrap_or_default();
+    let interim = if target.starts_with("/interim") {
+        "HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
+    } else {
+        ""
+    };
+    if target.starts_with("/chunked") {
+        let (a, b) = line.split_at(line.len() / 2);
+        format!(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+            a.len(),
+            b.len()
+        )
+        .into_bytes()
+    } else {
+        format!(
+            "{interim}HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{line}",
+            line.len()
+        )
+        .into_bytes()
+    }
+}
+
+/// HTTP/1.0 clients that ask to keep their connection keep it (the answer says
+/// `Connection: keep-alive`), get no interim responses, and a chunked body unframed, the
+/// connection ending with it; those that do not ask are answered once.
+fn http10_clients_keep_their_connection_when_they_ask(position: Position) {
+    let up = Upstream::start(framed_by_path);
+    let (edge, _child) = edge_alone_in(position, &up.route("s.test"), &[]);
+    let mut c = Client::open(edge);
+    for path in ["/a", "/interim", "/b"] {
+        c.send(
+            format!("GET {path} HTTP/1.0\r\nHost: s.test\r\nConnection: keep-alive\r\n\r\n")
+                .as_bytes(),
+        );
+        let answer = c.answer();
+        assert_eq!(
+            (answer.status, answer.text()),
+            (200, format!("GET {path}")),
+            "{answer:?}"
+        );
+        assert_eq!(
+            fields(&answer.head, "connection"),
+            ["keep-alive"],
+            "{answer:?}"
+        );
+    }
+    // A chunked body: unframed, until the connection ends.
+    c.send(b"GET /chunked-body HTTP/1.0\r\nHost: s.test\r\nConnection: keep-alive\r\n\r\n");
+    let mut rest = Vec::new();
+    let _ = c.s.read_to_end(&mut rest);
+    let mut all = std::mem::take(&mut c.buf);
+    all.extend_from_slice(&rest);
+    let text = String::from_utf8_lossy(&all).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(fields(head, "transfer-encoding").is_empty(), "{text}");
+    assert_ne!(fields(head, "connection"), ["keep-alive"], "{text}");
+    assert_eq!(body, "GET /chunked-body");
+
+    // Not asking: one answer, then the connection ends.
+    let mut c = Client::open(edge);
+    c.send(b"GET /once HTTP/1.0\r\nHost: s.test\r\n\r\n");
+    let answer = c.answer();
+    assert_eq!((answer.status, answer.text().as_str()), (200, "GET /once"));
+    assert!(c.closed_within(Duration::from_secs(2)));
+}
+
+/// `Expect: 100-continue`: the fast path answers `100 Continue` before the body is sent and
+/// keeps the expectation from the upstream; Pingora's proxy passes it on (and the upstream's
+/// 100, if it sends one). Either way the body arrives and the answer follows.
+fn expect_100_continue_gets_the_body_through(position: Position) {
+    let up = Upstream::start(echo_request_line);
+    let (edge, _child) = edge_alone_in(position, &up.route("s.test"), &[]);
+    let mut c = Client::open(edge);
+    c.send(
+        b"PUT /put HTTP/1.1\r\nHost: s.test\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+    );
+    // As curl does: wait a while for 100, then send the body anyway.
+    c.s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let continued = c.fill();
+    c.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    if continued {
+        assert!(
+            c.buf.starts_with(b"HTTP/1.1 100 Continue\r\n\r\n"),
+            "{:?}",
+            String::from_utf8_lossy(&c.buf)
+        );
+        c.buf.drain(..25);
+    }
+    c.send(b"hello");
+    let answer = c.answer();
+    assert_eq!((answer.status, answer.text().as_str()), (200, "PUT /put"));
+    let seen = up.wait_for(1);
+    assert!(seen[0].ends_with("\r\n\r\nhello"), "{seen:?}");
+    let expect_passed = !fields(&seen[0], "expect").is_empty();
+    match position {
+        Position::FastPath => assert!(continued && !expect_passed, "{seen:?}"),
+        Position::PingoraOnly => assert!(expect_passed, "{seen:?}"),
+    }
+    // The connection goes on.
+    c.send(b"GET /next HTTP/1.1\r\nHost: s.test\r\n\r\n");
+    assert_eq!(c.answer().text(), "GET /next");
+}
+
 crate::in_both_positions!(
+    http10_clients_keep_their_connection_when_they_ask,
+    expect_100_continue_gets_the_body_through,
     https_on_the_edge_alone_with_a_certificate_from_files,
     every_forwarded_for_line_reaches_the_upstream,
     content_length_is_one_plain_decimal_or_the_request_is_refused,

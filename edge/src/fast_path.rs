@@ -1,15 +1,20 @@
-//! The edge's fast path: plain HTTP/1.1 requests proxied without Pingora's per-request
+//! The edge's fast path: plain HTTP/1 requests proxied without Pingora's per-request
 //! machinery.
 //!
-//! Most requests a Machine serves are the same shape: HTTP/1.1, an origin-form target, one
-//! `Host` that names a route, no body or a short one with a `Content-Length`. For those the
+//! Most requests a Machine serves are the same shape: HTTP/1.1 (or HTTP/1.0), an origin-form
+//! target, one `Host` that names a route, no body or a short one with a `Content-Length`. For
+//! those the
 //! connection loop ([`crate::connection`]) calls [`FastPath::serve`]: the request head is read
 //! once into the connection's buffer, rewritten for the upstream in one pass (hop-by-hop fields
 //! out, fields named with `_` out unless configured, `Content-Length` as plain decimal,
 //! forwarding fields in), written with its body in one write on a pooled upstream connection,
 //! and the response head is passed back unchanged when it carries no hop-by-hop field and ends
-//! its lines with CRLF, with the first body bytes in the same write. Everything else (HTTP/1.0,
-//! upgrades, `Expect`, chunked or long request bodies, absolute-form or other targets that are
+//! its lines with CRLF, with the first body bytes in the same write. An HTTP/1.0 client keeps
+//! its connection when it asks (`Connection: keep-alive`, said back in the answer), gets no
+//! interim responses, and a chunked body unframed, its connection ending with it. For
+//! `Expect: 100-continue` the edge answers `100 Continue` itself when the body is not in yet,
+//! and the upstream gets the request without the expectation. Everything else (upgrades, other
+//! expectations, chunked or long request bodies, absolute-form or other targets that are
 //! not a path, more than one `Content-Length` or a list, machine paths, redirects, unknown
 //! hosts, anything over a limit) goes to Pingora's proxy, which answers it as documented. The
 //! `fast_path` setting sends every request there.
@@ -60,8 +65,16 @@ pub(crate) struct Plan {
     pub target: Range<usize>,
     pub host: Range<usize>,
     pub content_length: u64,
-    /// The client asked to close the connection after this request.
+    /// The client asked to close the connection after this request (an HTTP/1.0 client does
+    /// unless it asked to keep it alive).
     pub close: bool,
+    /// An HTTP/1.0 request: its answer says `Connection: keep-alive` while the connection
+    /// stays open, comes without interim responses, and a chunked body reaches it unframed,
+    /// ending with the connection.
+    pub http10: bool,
+    /// `Expect: 100-continue`: the edge answers `100 Continue` itself when the body is not
+    /// in yet (the upstream gets the request without the field, and the body with it).
+    pub expect_continue: bool,
     /// Safe to send again after a connection that was reused turned out dead.
     pub idempotent: bool,
     pub head: bool,
@@ -92,18 +105,20 @@ pub(crate) fn is(name: &str, lowercase: &str) -> bool {
 }
 
 /// Whether every comma-separated token of a `Connection` value is `close` or `keep-alive`;
-/// the first result says whether one of them is `close`.
-fn connection_tokens(value: &[u8]) -> Option<bool> {
-    let mut close = false;
+/// then whether one of them is `close`, and whether one is `keep-alive`.
+fn connection_tokens(value: &[u8]) -> Option<(bool, bool)> {
+    let (mut close, mut keep_alive) = (false, false);
     for token in value.split(|b| *b == b',') {
         let token = token.trim_ascii();
         if token.eq_ignore_ascii_case(b"close") {
             close = true;
-        } else if !token.eq_ignore_ascii_case(b"keep-alive") && !token.is_empty() {
+        } else if token.eq_ignore_ascii_case(b"keep-alive") {
+            keep_alive = true;
+        } else if !token.is_empty() {
             return None;
         }
     }
-    Some(close)
+    Some((close, keep_alive))
 }
 
 /// Whether a request target is one the fast paths pass on as it is: a path of plain bytes
@@ -124,9 +139,11 @@ pub(crate) fn plan(
     req: &httparse::Request<'_, '_>,
     limits: &EdgeLimits,
 ) -> Option<Plan> {
-    if req.version != Some(1) {
-        return None;
-    }
+    let http10 = match req.version {
+        Some(1) => false,
+        Some(0) => true,
+        _ => return None,
+    };
     let method = req.method?;
     let target = req.path?;
     if method == "CONNECT" || !plain_target(target.as_bytes(), limits) {
@@ -134,7 +151,7 @@ pub(crate) fn plan(
     }
     let mut host: Option<&[u8]> = None;
     let mut length: Option<u64> = None;
-    let mut close = false;
+    let (mut close, mut keep_alive, mut expect_continue) = (false, false, false);
     let mut header_bytes = 0;
     for h in req.headers.iter() {
         header_bytes += h.name.len() + h.value.len() + 4;
@@ -153,10 +170,24 @@ pub(crate) fn plan(
                 length = Some(parse_content_length(h.value)?);
             }
             17 if is(h.name, "transfer-encoding") => return None,
-            6 if is(h.name, "expect") => return None,
+            // `100-continue` once, from an HTTP/1.1 client; any other expectation goes to
+            // Pingora, which refuses it.
+            6 if is(h.name, "expect") => {
+                if http10
+                    || expect_continue
+                    || !h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue")
+                {
+                    return None;
+                }
+                expect_continue = true;
+            }
             7 if is(h.name, "upgrade") => return None,
             14 if is(h.name, "http2-settings") => return None,
-            10 if is(h.name, "connection") => close |= connection_tokens(h.value)?,
+            10 if is(h.name, "connection") => {
+                let (c, k) = connection_tokens(h.value)?;
+                close |= c;
+                keep_alive |= k;
+            }
             _ => {}
         }
     }
@@ -177,7 +208,9 @@ pub(crate) fn plan(
         target: range_in(buf, target.as_bytes()),
         host: range_in(buf, host),
         content_length,
-        close,
+        close: close || (http10 && !keep_alive),
+        http10,
+        expect_continue,
         idempotent: matches!(
             method,
             "GET" | "HEAD" | "PUT" | "DELETE" | "OPTIONS" | "TRACE"
@@ -191,6 +224,7 @@ pub(crate) fn plan(
 pub(crate) fn dropped_request_field(name: &str) -> bool {
     match name.len() {
         2 => is(name, "te"),
+        6 => is(name, "expect"),
         7 => is(name, "trailer"),
         9 => is(name, "forwarded"),
         10 => is(name, "connection") || is(name, "keep-alive"),
@@ -371,12 +405,15 @@ pub(crate) fn response_plan(
 }
 
 /// Writes a rewritten response head: HTTP/1.1, hop-by-hop fields out, a Content-Length beside
-/// chunked framing out, `Connection: close` when `close`.
+/// chunked framing out, `Connection: close` when `close`; for an HTTP/1.0 client (`http10`),
+/// `Connection: keep-alive` when not `close` and no `Transfer-Encoding` (its body reaches it
+/// unframed).
 pub(crate) fn write_response_head(
     out: &mut Vec<u8>,
     resp: &httparse::Response<'_, '_>,
     plan: &ResponsePlan,
     close: bool,
+    http10: bool,
 ) {
     out.extend_from_slice(b"HTTP/1.1 ");
     push_decimal(out, u64::from(plan.status));
@@ -385,7 +422,10 @@ pub(crate) fn write_response_head(
     out.extend_from_slice(b"\r\n");
     let drop_length = plan.framing == Framing::Chunked || plan.framing == Framing::UntilClose;
     for h in resp.headers.iter() {
-        if dropped_response_field(h.name, resp) || (drop_length && is(h.name, "content-length")) {
+        if dropped_response_field(h.name, resp)
+            || (drop_length && is(h.name, "content-length"))
+            || (http10 && is(h.name, "transfer-encoding"))
+        {
             continue;
         }
         out.extend_from_slice(h.name.as_bytes());
@@ -395,6 +435,8 @@ pub(crate) fn write_response_head(
     }
     if close {
         out.extend_from_slice(b"Connection: close\r\n");
+    } else if http10 {
+        out.extend_from_slice(b"Connection: keep-alive\r\n");
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -711,7 +753,16 @@ impl FastPath {
         let mut status = 0;
         let mut error = None;
         let mut attempts = Attempts::default();
-        match read_body(conn, request_len).await {
+        let continued = if plan.expect_continue && conn.buf.len() < request_len {
+            write_client(&mut conn.stream, b"HTTP/1.1 100 Continue\r\n\r\n").await
+        } else {
+            Ok(())
+        };
+        let read = match continued {
+            Ok(()) => read_body(conn, request_len).await,
+            Err(e) => Err(e),
+        };
+        match read {
             Err(e) => error = Some(format!("reading the request body: {e}")),
             Ok(()) => {
                 buffers
@@ -981,13 +1032,18 @@ async fn exchange(
             upstream,
             &mut buffers.resp,
             &mut buffers.out,
-            plan.head,
+            plan,
             close,
             interim_sent,
         )
         .await?;
         if !(100..200).contains(&head.plan.status) {
             break head;
+        }
+        if plan.http10 {
+            // An HTTP/1.0 client gets no interim response (RFC 9110 section 15.2).
+            buffers.resp.drain(..head.len);
+            continue;
         }
         pass_interim(conn, &mut buffers.resp, &buffers.out, &head).await?;
         interim_sent = true;
@@ -999,6 +1055,7 @@ async fn exchange(
         head.len,
         &head.plan,
         head.rewritten,
+        plan.http10,
         &mut buffers.out,
     )
     .await?;
@@ -1042,7 +1099,7 @@ async fn read_response_head(
     upstream: &mut TcpStream,
     resp: &mut Vec<u8>,
     out: &mut Vec<u8>,
-    head_request: bool,
+    plan: &Plan,
     close: bool,
     interim_sent: bool,
 ) -> Result<PlannedHead, ExchangeError> {
@@ -1053,7 +1110,7 @@ async fn read_response_head(
         let complete = scan.feed(&resp[scanned..]).is_some();
         scanned = resp.len();
         if complete {
-            return plan_response_head(resp, head_request, close, out);
+            return plan_response_head(resp, plan.head, close, plan.http10, out);
         }
         if resp.len() > MAX_RESPONSE_HEAD {
             return Err(ExchangeError::BadResponse("a response head over 64 KiB"));
@@ -1064,11 +1121,12 @@ async fn read_response_head(
 
 /// Parses the complete response head at the start of `resp` and decides how it reaches the
 /// client: as received, or rewritten into `out` (hop-by-hop fields, bare LF line ends, a
-/// `Connection: close` the upstream did not say).
+/// `Connection: close` the upstream did not say, an HTTP/1.0 client's `Connection` field).
 fn plan_response_head(
     resp: &[u8],
     head_request: bool,
     close: bool,
+    http10: bool,
     out: &mut Vec<u8>,
 ) -> Result<PlannedHead, ExchangeError> {
     let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
@@ -1085,11 +1143,14 @@ fn plan_response_head(
     if plan.status == 101 {
         return Err(ExchangeError::BadResponse("101 without an upgrade request"));
     }
-    let close_client = close || plan.framing == Framing::UntilClose;
-    let rewritten = plan.rewrite || (close_client && !plan.says_close);
+    // A chunked body reaches an HTTP/1.0 client unframed: it ends with the connection.
+    let close_client = close
+        || plan.framing == Framing::UntilClose
+        || (http10 && plan.framing == Framing::Chunked);
+    let rewritten = plan.rewrite || (close_client && !plan.says_close) || http10;
     if rewritten {
         out.clear();
-        write_response_head(out, &parsed, &plan, close_client);
+        write_response_head(out, &parsed, &plan, close_client, http10);
     }
     Ok(PlannedHead {
         len,
@@ -1150,8 +1211,10 @@ async fn pass_interim(
     Ok(())
 }
 
-/// Passes the response head (raw from `resp`, or rewritten in `out`) and body to the client.
+/// Passes the response head (raw from `resp`, or rewritten in `out`) and body to the client;
+/// with `unframe` (an HTTP/1.0 client), a chunked body goes without its framing.
 /// Ok: whether the upstream connection ended cleanly at the body's end.
+#[allow(clippy::too_many_arguments)]
 async fn pass_body(
     conn: &mut Downstream,
     upstream: &mut TcpStream,
@@ -1159,34 +1222,52 @@ async fn pass_body(
     head_len: usize,
     rplan: &ResponsePlan,
     rewritten: bool,
+    unframe: bool,
     out: &mut Vec<u8>,
 ) -> Result<bool, ExchangeError> {
     let broken_client = |e: io::Error| ExchangeError::Broken(format!("writing to the client: {e}"));
     let broken_upstream =
         |e: io::Error| ExchangeError::Broken(format!("reading the response: {e}"));
+    let unframe = unframe && rplan.framing == Framing::Chunked;
     let mut chunked = ChunkedScan::default();
+    // The runs of chunk data in what `take` last consumed, when unframing.
+    let mut runs: Vec<Range<usize>> = Vec::new();
     // Body bytes of `chunk` and whether the body is complete with them.
     let mut remaining = match rplan.framing {
         Framing::Length(n) => n,
         _ => 0,
     };
-    let mut take = |chunk: &[u8]| -> Result<(usize, bool), ExchangeError> {
-        match rplan.framing {
-            Framing::Empty => Ok((0, true)),
-            Framing::Length(_) => {
-                let n = chunk.len().min(remaining.try_into().unwrap_or(usize::MAX));
-                remaining -= n as u64;
-                Ok((n, remaining == 0))
+    let mut take =
+        |chunk: &[u8], runs: &mut Vec<Range<usize>>| -> Result<(usize, bool), ExchangeError> {
+            match rplan.framing {
+                Framing::Empty => Ok((0, true)),
+                Framing::Length(_) => {
+                    let n = chunk.len().min(remaining.try_into().unwrap_or(usize::MAX));
+                    remaining -= n as u64;
+                    Ok((n, remaining == 0))
+                }
+                Framing::Chunked if unframe => {
+                    runs.clear();
+                    chunked
+                        .feed_with(chunk, |run| runs.push(run))
+                        .map_err(|e| ExchangeError::Broken(e.into()))
+                }
+                Framing::Chunked => chunked
+                    .feed(chunk)
+                    .map_err(|e| ExchangeError::Broken(e.into())),
+                Framing::UntilClose => Ok((chunk.len(), false)),
             }
-            Framing::Chunked => chunked
-                .feed(chunk)
-                .map_err(|e| ExchangeError::Broken(e.into())),
-            Framing::UntilClose => Ok((chunk.len(), false)),
-        }
-    };
-    let (mut n, mut done) = take(&resp[head_len..])?;
+        };
+    let (mut n, mut done) = take(&resp[head_len..], &mut runs)?;
     let mut extra = resp.len() > head_len + n;
-    if rewritten {
+    if unframe {
+        for run in &runs {
+            out.extend_from_slice(&resp[head_len + run.start..head_len + run.end]);
+        }
+        write_client(&mut conn.stream, out)
+            .await
+            .map_err(broken_client)?;
+    } else if rewritten {
         out.extend_from_slice(&resp[head_len..head_len + n]);
         write_client(&mut conn.stream, out)
             .await
@@ -1209,11 +1290,23 @@ async fn pass_body(
                 "the upstream closed before the body's end".into(),
             ));
         }
-        (n, done) = take(resp)?;
+        (n, done) = take(resp, &mut runs)?;
         extra |= n < resp.len();
-        write_client(&mut conn.stream, &resp[..n])
-            .await
-            .map_err(broken_client)?;
+        if unframe {
+            out.clear();
+            for run in &runs {
+                out.extend_from_slice(&resp[run.clone()]);
+            }
+            if !out.is_empty() {
+                write_client(&mut conn.stream, out)
+                    .await
+                    .map_err(broken_client)?;
+            }
+        } else {
+            write_client(&mut conn.stream, &resp[..n])
+                .await
+                .map_err(broken_client)?;
+        }
     }
     // Bytes after the body's end: the upstream does not speak HTTP as expected; drop it.
     Ok(!extra)
@@ -1251,9 +1344,32 @@ mod tests {
     }
 
     #[test]
+    fn http10_requests_keep_their_connection_only_when_they_ask() {
+        let p = planned(b"GET / HTTP/1.0\r\nHost: a\r\n\r\n").unwrap();
+        assert!(p.http10 && p.close);
+        let p = planned(b"GET / HTTP/1.0\r\nHost: a\r\nConnection: Keep-Alive\r\n\r\n").unwrap();
+        assert!(p.http10 && !p.close);
+        let p = planned(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+        assert!(!p.http10 && !p.close);
+    }
+
+    #[test]
+    fn expect_100_continue_is_the_edges_to_answer() {
+        let raw =
+            b"PUT /x HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\nContent-Length: 3\r\n\r\n";
+        let p = planned(raw).unwrap();
+        assert!(p.expect_continue);
+        // The upstream does not get the expectation: the edge has the body before it sends.
+        assert!(!upstream_head(raw, None, "http")
+            .to_ascii_lowercase()
+            .contains("expect"));
+    }
+
+    #[test]
     fn anything_unusual_goes_to_pingora() {
         for raw in [
-            &b"GET / HTTP/1.0\r\nHost: a\r\n\r\n"[..],
+            &b"GET / HTTP/1.0\r\n\r\n"[..],
+            b"POST / HTTP/1.0\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
             b"GET / HTTP/1.1\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
             b"GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
@@ -1266,7 +1382,8 @@ mod tests {
             b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +1\r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: \r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 65537\r\n\r\n",
-            b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nExpect: 100-continue\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a\r\nConnection: x-secret\r\n\r\n",
             b"GET /a#fragment HTTP/1.1\r\nHost: a\r\n\r\n",
@@ -1476,7 +1593,7 @@ mod tests {
         resp.parse(raw).unwrap();
         let p = response_plan(&resp, false).unwrap();
         let mut out = Vec::new();
-        write_response_head(&mut out, &resp, &p, true);
+        write_response_head(&mut out, &resp, &p, true, false);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 200 Fine\r\nContent-Length: 2\r\nServer: t\r\nConnection: close\r\n\r\n"
@@ -1496,7 +1613,7 @@ mod tests {
         resp.parse(raw.as_bytes()).unwrap();
         let p = response_plan(&resp, false).unwrap();
         let mut out = Vec::new();
-        write_response_head(&mut out, &resp, &p, false);
+        write_response_head(&mut out, &resp, &p, false, false);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
@@ -1553,11 +1670,34 @@ mod tests {
     /// holds `previous` unless the head was rewritten.
     fn planned_head(raw: &[u8], close: bool) -> Result<(PlannedHead, String), &'static str> {
         let mut out = b"previous".to_vec();
-        match plan_response_head(raw, false, close, &mut out) {
+        match plan_response_head(raw, false, close, false, &mut out) {
             Ok(head) => Ok((head, String::from_utf8(out).unwrap())),
             Err(ExchangeError::BadResponse(why)) => Err(why),
             Err(_) => panic!("a head is only ever refused as a bad response"),
         }
+    }
+
+    #[test]
+    fn an_http10_client_is_told_its_connection_stays_and_gets_no_chunked_framing() {
+        let mut out = Vec::new();
+        let sized = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        let head = plan_response_head(sized, false, false, true, &mut out)
+            .ok()
+            .unwrap();
+        assert!(head.rewritten && !head.close_client);
+        assert_eq!(
+            String::from_utf8(out.clone()).unwrap(),
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\n"
+        );
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n";
+        let head = plan_response_head(chunked, false, false, true, &mut out)
+            .ok()
+            .unwrap();
+        assert!(head.rewritten && head.close_client);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nX-A: 1\r\nConnection: close\r\n\r\n"
+        );
     }
 
     #[test]

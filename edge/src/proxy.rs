@@ -546,6 +546,13 @@ impl ProxyHttp for EdgeProxy {
     /// Answers the machine paths, then matches the Host; an unknown host gets 404 here, before
     /// any upstream work.
     async fn request_filter(&self, session: &mut Session, ctx: &mut EdgeCtx) -> Result<bool> {
+        // An HTTP/1.0 client gets no interim response (RFC 9110 section 15.2), as on the fast
+        // path.
+        if session.req_header().version == pingora::http::Version::HTTP_10 {
+            if let pingora::protocols::http::ServerSession::H1(h1) = session.as_downstream_mut() {
+                h1.set_ignore_info_resp(true);
+            }
+        }
         if self.state.is_draining() {
             // Shutting down: this response says `Connection: close`, and the client moves on
             // to another Machine (or to this one's next process) before the listeners close.
@@ -914,6 +921,7 @@ impl ProxyHttp for EdgeProxy {
         if upstream_response.status.is_informational() {
             return Ok(());
         }
+
         let nominated: Vec<String> = upstream_response
             .headers
             .get_all("connection")
@@ -928,6 +936,24 @@ impl ProxyHttp for EdgeProxy {
             "proxy-connection",
         ]) {
             upstream_response.remove_header(name);
+        }
+        Ok(())
+    }
+
+    /// An HTTP/1.0 client cannot read chunked framing: a body without a length reaches it
+    /// unframed and ends with the connection, as on the fast path.
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        response: &mut ResponseHeader,
+        _ctx: &mut EdgeCtx,
+    ) -> Result<()> {
+        if session.req_header().version == pingora::http::Version::HTTP_10
+            && response.headers.contains_key("transfer-encoding")
+        {
+            response.remove_header("transfer-encoding");
+            response.remove_header("content-length");
+            session.set_keepalive(None);
         }
         Ok(())
     }
