@@ -5,7 +5,7 @@
 #
 #   http10-keepalive  ab -k -c 64: HTTP/1.0 with `Connection: Keep-Alive`, GET /
 #   post-100k         wrk -t2 -c64: HTTP/1.1 POST of 100 KiB with Content-Length, over the fast
-#                     path's 64 KiB body limit (MAX_FAST_BODY), so streamed through Pingora
+#                     path's 64 KiB buffered-body limit (MAX_FAST_BODY), so streamed
 #   chunked-upload    wrk -t2 -c64: HTTP/1.1 POST with `Transfer-Encoding: chunked`, about 4 KiB
 #                     in four chunks
 #   expect-continue   wrk -t2 -c64: HTTP/1.1 POST of 1 KiB with `Expect: 100-continue`, the body
@@ -16,8 +16,8 @@
 #                     counts final responses apart: req/s and CPU per request are per final
 #                     response, p99 is wrk's, over every response, interim ones included
 #
-# HTTP/1.0 keep-alive and Expect take the edge's fast path (edge/src/fast_path.rs); the long
-# and the chunked bodies are handed to Pingora's proxy.
+# All four take the edge's fast path (edge/src/fast_path.rs) since it streams long and chunked
+# bodies; `--no-fast-path` would send them to Pingora's proxy.
 #
 # The edge runs alone (`edge-bench`, no access log), nginx as a reverse proxy with a keep-alive
 # upstream pool and unbuffered request bodies, haproxy in HTTP mode with connection reuse, each

@@ -766,7 +766,202 @@ fn expect_100_continue_gets_the_body_through(position: Position) {
     assert_eq!(c.answer().text(), "GET /next");
 }
 
+/// The body of an HTTP/1 request as recorded by the upstream: chunked framing decoded.
+fn body_of(request: &str) -> String {
+    let (head, body) = request.split_once("\r\n\r\n").unwrap();
+    if fields(head, "transfer-encoding").is_empty() {
+        return body.to_owned();
+    }
+    let mut data = String::new();
+    let mut rest = body;
+    loop {
+        let (size, after) = rest.split_once("\r\n").unwrap();
+        let size = usize::from_str_radix(size.split(';').next().unwrap().trim(), 16).unwrap();
+        if size == 0 {
+            return data;
+        }
+        data.push_str(&after[..size]);
+        rest = &after[size + 2..];
+    }
+}
+
+/// Chunked uploads (extensions, trailers, split anywhere across writes) and bodies over 64 KiB
+/// reach the upstream whole as they arrive, and the connection carries the next request.
+fn streamed_bodies_reach_the_upstream_whole(position: Position) {
+    let up = Upstream::start(echo_request_line);
+    let (edge, _child) = edge_alone_in(position, &up.route("s.test"), &[]);
+    let mut c = Client::open(edge);
+    let chunked: &[u8] = b"POST /chunked HTTP/1.1\r\nHost: s.test\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nX-Trailer: t\r\n\r\n";
+    for piece in chunked.chunks(7) {
+        c.send(piece);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let answer = c.answer();
+    assert_eq!(
+        (answer.status, answer.text().as_str()),
+        (200, "POST /chunked")
+    );
+    let seen = up.wait_for(1);
+    assert_eq!(body_of(&seen[0]), "hello world", "{seen:?}");
+
+    let long: String = (0..200 * 1024)
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    let mut request = format!(
+        "PUT /long HTTP/1.1\r\nHost: s.test\r\nContent-Length: {}\r\n\r\n",
+        long.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(long.as_bytes());
+    // The next request right behind the body.
+    request.extend_from_slice(b"GET /after HTTP/1.1\r\nHost: s.test\r\n\r\n");
+    for piece in request.chunks(48 * 1024) {
+        c.send(piece);
+    }
+    let answer = c.answer();
+    assert_eq!((answer.status, answer.text().as_str()), (200, "PUT /long"));
+    assert_eq!(c.answer().text(), "GET /after");
+    let seen = up.wait_for(3);
+    assert_eq!(body_of(&seen[1]).len(), long.len());
+    assert!(
+        body_of(&seen[1]) == long,
+        "the long body came through changed"
+    );
+}
+
+/// Broken chunked framing is answered 400 and ends the connection, on either path.
+fn broken_chunked_framing_is_refused(position: Position) {
+    let up = Upstream::start(echo_request_line);
+    let (edge, _child) = edge_alone_in(position, &up.route("s.test"), &[]);
+    for bad in [
+        &b"POST /x HTTP/1.1\r\nHost: s.test\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"[..],
+        b"POST /x HTTP/1.1\r\nHost: s.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",
+    ] {
+        let mut c = Client::open(edge);
+        c.send(bad);
+        let answer = c.answer();
+        assert_eq!(answer.status, 400, "{answer:?}");
+        assert!(c.closed_within(Duration::from_secs(2)));
+    }
+}
+
+/// An upstream that answers before the body is whole (a refusal) is heard: the client gets
+/// its answer, and its connection, with the body's rest unread, ends after it.
+fn an_answer_before_the_whole_body_reaches_the_client(position: Position) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut byte).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let _ = s.write_all(
+                    b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 8\r\nConnection: close\r\n\r\ntoo much",
+                );
+                // Held open a while, unread, as a busy upstream would.
+                std::thread::sleep(Duration::from_secs(3));
+            });
+        }
+    });
+    let (edge, _child) = edge_alone_in(position, &format!("s.test=127.0.0.1:{port}"), &[]);
+    // A client that sends a little and waits, and one that sends 8 MiB as fast as it can
+    // (more than the sockets between it and the upstream hold).
+    for sent in [64 * 1024, 8 << 20] {
+        let mut c = Client::open(edge);
+        c.send(
+            format!(
+                "PUT /big HTTP/1.1\r\nHost: s.test\r\nContent-Length: {}\r\n\r\n",
+                8 << 20
+            )
+            .as_bytes(),
+        );
+        let mut writer = c.s.try_clone().unwrap();
+        let body = std::thread::spawn(move || {
+            let _ = writer.write_all(&vec![b'x'; sent]);
+        });
+        let answer = c.answer();
+        assert_eq!(
+            (answer.status, answer.text().as_str()),
+            (413, "too much"),
+            "{answer:?}"
+        );
+        assert!(answer.says_close(), "{answer:?}");
+        drop(c);
+        body.join().unwrap();
+    }
+}
+
+/// An interim response (`100 Continue`) from the upstream while the body is still on its way
+/// does not stop the body: the upstream gets it whole, and the client the final answer.
+fn an_interim_answer_does_not_stop_a_body(position: Position) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { continue };
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 16384];
+                let mut continued = false;
+                loop {
+                    if !continued && buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let _ = s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
+                        continued = true;
+                    }
+                    if let Some(end) = request_end(&buf) {
+                        let body_len =
+                            end - (buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4);
+                        let answer = format!("{body_len}");
+                        let _ = s.write_all(
+                            format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{answer}",
+                                answer.len()
+                            )
+                            .as_bytes(),
+                        );
+                        return;
+                    }
+                    match s.read(&mut chunk) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    let (edge, _child) = edge_alone_in(position, &format!("s.test=127.0.0.1:{port}"), &[]);
+    let mut c = Client::open(edge);
+    let len = 300 * 1024;
+    c.send(
+        format!("PUT /big HTTP/1.1\r\nHost: s.test\r\nContent-Length: {len}\r\n\r\n").as_bytes(),
+    );
+    for piece in vec![b'y'; len].chunks(32 * 1024) {
+        std::thread::sleep(Duration::from_millis(5));
+        c.send(piece);
+    }
+    let mut answer = c.answer();
+    if answer.status == 100 {
+        answer = c.answer();
+    }
+    assert_eq!(
+        (answer.status, answer.text()),
+        (200, len.to_string()),
+        "{answer:?}"
+    );
+}
+
 crate::in_both_positions!(
+    an_interim_answer_does_not_stop_a_body,
+    an_answer_before_the_whole_body_reaches_the_client,
+    streamed_bodies_reach_the_upstream_whole,
+    broken_chunked_framing_is_refused,
     http10_clients_keep_their_connection_when_they_ask,
     expect_100_continue_gets_the_body_through,
     https_on_the_edge_alone_with_a_certificate_from_files,

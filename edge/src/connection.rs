@@ -476,6 +476,10 @@ impl ServerApp for EdgeApp {
                     {
                         Served::KeepAlive => continue,
                         Served::Close => break,
+                        Served::CloseDraining => {
+                            drain = true;
+                            break;
+                        }
                     }
                 }
             }

@@ -3,7 +3,7 @@
 //!
 //! Most requests a Machine serves are the same shape: HTTP/1.1 (or HTTP/1.0), an origin-form
 //! target, one `Host` that names a route, no body or a short one with a `Content-Length`. For
-//! those the
+//! those (and for chunked or longer bodies, which are streamed: see below) the
 //! connection loop ([`crate::connection`]) calls [`FastPath::serve`]: the request head is read
 //! once into the connection's buffer, rewritten for the upstream in one pass (hop-by-hop fields
 //! out, fields named with `_` out unless configured, `Content-Length` as plain decimal,
@@ -13,8 +13,13 @@
 //! its connection when it asks (`Connection: keep-alive`, said back in the answer), gets no
 //! interim responses, and a chunked body unframed, its connection ending with it. For
 //! `Expect: 100-continue` the edge answers `100 Continue` itself when the body is not in yet,
-//! and the upstream gets the request without the expectation. Everything else (upgrades, other
-//! expectations, chunked or long request bodies, absolute-form or other targets that are
+//! and the upstream gets the request without the expectation. A chunked body (HTTP/1.1, one
+//! `Transfer-Encoding: chunked`, no `Content-Length`) or one over 64 KiB is sent on as it
+//! arrives, a chunked one framed anew (one chunk per run of data, no extensions or trailers, so
+//! the upstream reads no framing the edge did not check; broken framing is answered 400); an
+//! upstream that answers before the body is whole is heard, and the client's connection ends
+//! after that answer; such a request is never sent twice. Everything else (upgrades, other
+//! expectations, other transfer codings, absolute-form or other targets that are
 //! not a path, more than one `Content-Length` or a list, machine paths, redirects, unknown
 //! hosts, anything over a limit) goes to Pingora's proxy, which answers it as documented. The
 //! `fast_path` setting sends every request there.
@@ -78,6 +83,20 @@ pub(crate) struct Plan {
     /// Safe to send again after a connection that was reused turned out dead.
     pub idempotent: bool,
     pub head: bool,
+    /// The head's length at the start of the connection's buffer.
+    pub head_len: usize,
+    /// A chunked body (`Transfer-Encoding: chunked`): streamed, framed anew for the upstream.
+    pub chunked: bool,
+    /// The most body bytes a chunked body may carry (the edge's `max_body_bytes`).
+    pub body_limit: Option<u64>,
+}
+
+impl Plan {
+    /// Whether the body is sent to the upstream as it arrives rather than whole: a chunked
+    /// one, or one longer than [`MAX_FAST_BODY`].
+    pub(crate) fn streamed(&self) -> bool {
+        self.chunked || self.content_length > MAX_FAST_BODY
+    }
 }
 
 /// Bytes of a request target the fast path passes on as they are: RFC 3986's unreserved,
@@ -152,6 +171,7 @@ pub(crate) fn plan(
     let mut host: Option<&[u8]> = None;
     let mut length: Option<u64> = None;
     let (mut close, mut keep_alive, mut expect_continue) = (false, false, false);
+    let mut chunked = false;
     let mut header_bytes = 0;
     for h in req.headers.iter() {
         header_bytes += h.name.len() + h.value.len() + 4;
@@ -169,7 +189,14 @@ pub(crate) fn plan(
                 }
                 length = Some(parse_content_length(h.value)?);
             }
-            17 if is(h.name, "transfer-encoding") => return None,
+            // `chunked` once, from an HTTP/1.1 client; any other coding goes to Pingora, which
+            // refuses it.
+            17 if is(h.name, "transfer-encoding") => {
+                if http10 || chunked || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                    return None;
+                }
+                chunked = true;
+            }
             // `100-continue` once, from an HTTP/1.1 client; any other expectation goes to
             // Pingora, which refuses it.
             6 if is(h.name, "expect") => {
@@ -191,9 +218,12 @@ pub(crate) fn plan(
             _ => {}
         }
     }
+    // Both framings at once is a smuggling shape: Pingora refuses it.
+    if chunked && length.is_some() {
+        return None;
+    }
     let content_length = length.unwrap_or(0);
     if header_bytes > limits.max_header_bytes
-        || content_length > MAX_FAST_BODY
         || limits
             .max_body_bytes
             .is_some_and(|max| content_length > max)
@@ -211,11 +241,16 @@ pub(crate) fn plan(
         close: close || (http10 && !keep_alive),
         http10,
         expect_continue,
+        // A streamed body is read once: its request cannot be sent again.
         idempotent: matches!(
             method,
             "GET" | "HEAD" | "PUT" | "DELETE" | "OPTIONS" | "TRACE"
-        ),
+        ) && !chunked
+            && content_length <= MAX_FAST_BODY,
         head: method == "HEAD",
+        head_len: buf.len(),
+        chunked,
+        body_limit: limits.max_body_bytes,
     })
 }
 
@@ -226,11 +261,11 @@ pub(crate) fn dropped_request_field(name: &str) -> bool {
         2 => is(name, "te"),
         6 => is(name, "expect"),
         7 => is(name, "trailer"),
+        17 => is(name, "transfer-encoding") || is(name, "x-forwarded-proto"),
         9 => is(name, "forwarded"),
         10 => is(name, "connection") || is(name, "keep-alive"),
         15 => is(name, "x-forwarded-for"),
         16 => is(name, "proxy-connection") || is(name, "x-forwarded-host"),
-        17 => is(name, "x-forwarded-proto"),
         18 => is(name, "proxy-authenticate"),
         19 => is(name, "proxy-authorization"),
         _ => false,
@@ -268,6 +303,9 @@ pub(crate) fn write_upstream_head(
             out.extend_from_slice(h.value);
         }
         out.extend_from_slice(b"\r\n");
+    }
+    if plan.chunked {
+        out.extend_from_slice(b"Transfer-Encoding: chunked\r\n");
     }
     write_forwarding(
         out,
@@ -448,6 +486,9 @@ pub(crate) struct ChunkedScan {
     /// Size of the chunk being read, or bytes of it left.
     size: u64,
     digits: u8,
+    /// Every line ends in CRLF, and an extension starts with `;` (request bodies: what the
+    /// edge reads as their end, a proxy in front of it must read alike).
+    strict: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -461,11 +502,23 @@ enum ChunkState {
     DataLf,
     TrailerLineStart,
     TrailerLine,
+    /// Whitespace after a chunk size (strict scans).
+    SizeWs,
+    /// After a trailer line's CR (strict scans).
+    TrailerLineLf,
     FinalLf,
     Done,
 }
 
 impl ChunkedScan {
+    /// A scan that takes only RFC 9112's framing: CRLF line ends, `;` before an extension.
+    pub(crate) fn strict() -> ChunkedScan {
+        ChunkedScan {
+            strict: true,
+            ..ChunkedScan::default()
+        }
+    }
+
     /// Consumes `input`; returns how many of its bytes belong to the body and whether the body
     /// ended there. `Err`: not a chunked body.
     pub(crate) fn feed(&mut self, input: &[u8]) -> Result<(usize, bool), &'static str> {
@@ -502,22 +555,46 @@ impl ChunkedScan {
                     self.size = self.size * 16 + u64::from((b as char).to_digit(16).unwrap_or(0));
                     ChunkState::Size
                 }
-                (ChunkState::Size, b';' | b' ' | b'\t') if self.digits > 0 => ChunkState::Extension,
+                (ChunkState::Size, b';') if self.digits > 0 => ChunkState::Extension,
+                (ChunkState::Size, b' ' | b'\t') if self.digits > 0 && !self.strict => {
+                    ChunkState::Extension
+                }
+                // Strict: whitespace after the size only before `;` or the line's end.
+                (ChunkState::Size | ChunkState::SizeWs, b' ' | b'\t') if self.digits > 0 => {
+                    ChunkState::SizeWs
+                }
+                (ChunkState::SizeWs, b';') => ChunkState::Extension,
+                (ChunkState::SizeWs, b'\r') => ChunkState::SizeLf,
                 (ChunkState::Size, b'\r') if self.digits > 0 => ChunkState::SizeLf,
                 (ChunkState::Extension, b'\r') => ChunkState::SizeLf,
-                (ChunkState::Extension, b'\n') => self.size_line_end(),
-                (ChunkState::Extension, _) => ChunkState::Extension,
-                (ChunkState::Size, b'\n') if self.digits > 0 => self.size_line_end(),
+                (ChunkState::Extension, b'\n') if !self.strict => self.size_line_end(),
+                (ChunkState::Extension, b) if b != b'\n' => ChunkState::Extension,
+                (ChunkState::Size, b'\n') if self.digits > 0 && !self.strict => {
+                    self.size_line_end()
+                }
                 (ChunkState::SizeLf, b'\n') => self.size_line_end(),
                 (ChunkState::DataCr, b'\r') => ChunkState::DataLf,
-                (ChunkState::DataCr | ChunkState::DataLf, b'\n') => {
+                (ChunkState::DataCr, b'\n') if !self.strict => {
+                    self.digits = 0;
+                    ChunkState::Size
+                }
+                (ChunkState::DataLf, b'\n') => {
                     self.digits = 0;
                     ChunkState::Size
                 }
                 (ChunkState::TrailerLineStart, b'\r') => ChunkState::FinalLf,
-                (ChunkState::TrailerLineStart | ChunkState::FinalLf, b'\n') => {
+                (ChunkState::TrailerLineStart, b'\n') if !self.strict => {
                     self.state = ChunkState::Done;
                     return Ok((i, true));
+                }
+                (ChunkState::FinalLf, b'\n') => {
+                    self.state = ChunkState::Done;
+                    return Ok((i, true));
+                }
+                (ChunkState::TrailerLine, b'\r') if self.strict => ChunkState::TrailerLineLf,
+                (ChunkState::TrailerLineLf, b'\n') => ChunkState::TrailerLineStart,
+                (ChunkState::TrailerLine, b'\n') if self.strict => {
+                    return Err("malformed chunked framing")
                 }
                 (ChunkState::TrailerLine, b'\n') => ChunkState::TrailerLineStart,
                 (ChunkState::TrailerLineStart | ChunkState::TrailerLine, _) => {
@@ -678,6 +755,9 @@ pub(crate) enum Served {
     /// The connection can carry the next request.
     KeepAlive,
     Close,
+    /// Closed, reading for a moment what the client still sends (the rest of a body nobody
+    /// read), so that the answer is not lost to a reset.
+    CloseDraining,
 }
 
 /// Why an exchange with an upstream failed.
@@ -689,6 +769,9 @@ pub(crate) enum ExchangeError {
     Broken(String),
     /// An unusable response head, nothing sent to the client yet: answer 502.
     BadResponse(&'static str),
+    /// The request cannot go on (its chunked framing is broken, its body over the limit),
+    /// nothing sent to the client yet: answer this status.
+    Refused(u16, &'static str),
 }
 
 /// The fast path of one edge.
@@ -747,18 +830,33 @@ impl FastPath {
         close_after: bool,
     ) -> Served {
         let start = Instant::now();
-        let request_len = head_len + plan.content_length as usize;
+        let streamed = plan.streamed();
+        // A streamed body leaves the buffer as it goes upstream: the request is then its head.
+        let request_len = if streamed {
+            head_len
+        } else {
+            head_len + plan.content_length as usize
+        };
         conn.read_limit = request_len + MAX_READ_AHEAD;
+        let body_missing = if plan.chunked {
+            !matches!(
+                ChunkedScan::strict().feed(&conn.buf[head_len..]),
+                Ok((_, true))
+            )
+        } else {
+            ((conn.buf.len() - head_len) as u64) < plan.content_length
+        };
         let mut outcome = Served::Close;
         let mut status = 0;
         let mut error = None;
         let mut attempts = Attempts::default();
-        let continued = if plan.expect_continue && conn.buf.len() < request_len {
+        let continued = if plan.expect_continue && body_missing {
             write_client(&mut conn.stream, b"HTTP/1.1 100 Continue\r\n\r\n").await
         } else {
             Ok(())
         };
         let read = match continued {
+            Ok(()) if streamed => Ok(()),
             Ok(()) => read_body(conn, request_len).await,
             Err(e) => Err(e),
         };
@@ -804,6 +902,8 @@ impl FastPath {
         buffers.give_back();
         if outcome == Served::KeepAlive {
             conn.buf.drain(..request_len);
+        } else if streamed {
+            outcome = Served::CloseDraining;
         }
         outcome
     }
@@ -866,6 +966,10 @@ impl FastPath {
                 Err(ExchangeError::BadResponse(why)) => {
                     let status = answer(&mut conn.stream, 502, "upstream failed\n").await;
                     Err((status, format!("{addr}: {why}")))
+                }
+                Err(ExchangeError::Refused(status, why)) => {
+                    let status = answer(&mut conn.stream, status, &format!("{why}\n")).await;
+                    Err((status, why.into()))
                 }
                 Err(ExchangeError::Broken(why)) => Err((0, format!("{addr}: {why}"))),
             };
@@ -968,6 +1072,8 @@ async fn write_client(stream: &mut Stream, bytes: &[u8]) -> io::Result<()> {
 /// A short plain-text answer from the edge itself; the status, or 0 if it could not be written.
 async fn answer(stream: &mut Stream, status: u16, body: &str) -> u16 {
     let reason = match status {
+        400 => "Bad Request",
+        413 => "Content Too Large",
         502 => "Bad Gateway",
         503 => "Service Unavailable",
         _ => "",
@@ -1022,7 +1128,15 @@ async fn exchange(
     close: bool,
 ) -> Result<Exchanged, ExchangeError> {
     send_request(upstream, &buffers.out).await?;
+    // A body the upstream answered before it was whole: the rest stays unread, and the
+    // client's connection ends with the answer.
     buffers.resp.clear();
+    let body_whole = if plan.streamed() {
+        stream_body(conn, upstream, plan, &mut buffers.out, &mut buffers.resp).await?
+    } else {
+        true
+    };
+    let close = close || !body_whole;
     // Once an interim response went to the client, a failing upstream can no longer be
     // answered with 502 or retried.
     let mut interim_sent = false;
@@ -1061,9 +1175,163 @@ async fn exchange(
     .await?;
     Ok(Exchanged {
         status: head.plan.status,
-        upstream_reusable: clean && head.plan.reusable,
+        upstream_reusable: clean && head.plan.reusable && body_whole,
         client_continues: !head.close_client,
     })
+}
+
+/// Sends a streamed request body (chunked, or longer than [`MAX_FAST_BODY`]) to the upstream
+/// as it arrives: each piece read from the client is written on and dropped from the
+/// connection's buffer, which keeps the head and, once the body has ended, what follows it. A
+/// chunked body is framed anew (one chunk per run of data, no extensions, no trailers), so
+/// the upstream never reads framing the edge did not check. `Ok(false)`: the upstream began to
+/// answer (or closed) before the body was whole, and the rest is not sent.
+async fn stream_body(
+    conn: &mut Downstream,
+    upstream: &mut TcpStream,
+    plan: &Plan,
+    out: &mut Vec<u8>,
+    resp: &mut Vec<u8>,
+) -> Result<bool, ExchangeError> {
+    let (mut rd, mut wr) = upstream.split();
+    let start = plan.head_len;
+    let mut remaining = plan.content_length;
+    let mut scan = ChunkedScan::strict();
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    let mut data: u64 = 0;
+    loop {
+        let (consumed, done) = if plan.chunked {
+            runs.clear();
+            let (n, done) = scan
+                .feed_with(&conn.buf[start..], |run| runs.push(run))
+                .map_err(|why| ExchangeError::Refused(400, why))?;
+            out.clear();
+            for run in &runs {
+                data += run.len() as u64;
+                push_hex(out, run.len());
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(&conn.buf[start + run.start..start + run.end]);
+                out.extend_from_slice(b"\r\n");
+            }
+            if done {
+                out.extend_from_slice(b"0\r\n\r\n");
+            }
+            (n, done)
+        } else {
+            let n = (conn.buf.len() - start).min(remaining.try_into().unwrap_or(usize::MAX));
+            remaining -= n as u64;
+            (n, remaining == 0)
+        };
+        if plan.body_limit.is_some_and(|max| data > max) {
+            return Err(ExchangeError::Refused(413, "request body too large"));
+        }
+        let piece: &[u8] = if plan.chunked {
+            out
+        } else {
+            &conn.buf[start..start + consumed]
+        };
+        // Written while the upstream is watched: one that answers (say, 413) and stops
+        // reading is heard instead of waited on. A write cut short by that watch wrote
+        // nothing, so the count of bytes written stays true.
+        let mut written = 0;
+        while written < piece.len() {
+            tokio::select! {
+                biased;
+                answered = upstream_answered(&mut rd, resp) => {
+                    if answered.map_err(ExchangeError::NoResponse)? {
+                        return Ok(false);
+                    }
+                }
+                n = tokio::time::timeout(IO_TIMEOUT, wr.write(&piece[written..])) => {
+                    let n = n
+                        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))
+                        .and_then(|r| r)
+                        .map_err(ExchangeError::NoResponse)?;
+                    if n == 0 {
+                        return Err(ExchangeError::NoResponse(io::ErrorKind::WriteZero.into()));
+                    }
+                    written += n;
+                }
+            }
+        }
+        conn.buf.drain(start..start + consumed);
+        if done {
+            return Ok(true);
+        }
+        conn.buf.reserve(16 * 1024);
+        tokio::select! {
+            biased;
+            answered = upstream_answered(&mut rd, resp) => {
+                if answered.map_err(ExchangeError::NoResponse)? {
+                    return Ok(false);
+                }
+            }
+            read = tokio::time::timeout(IO_TIMEOUT, conn.stream.read_buf(&mut conn.buf)) => {
+                match read {
+                    Ok(Ok(0)) => {
+                        return Err(ExchangeError::Broken(
+                            "the client closed before its body's end".into(),
+                        ))
+                    }
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        return Err(ExchangeError::Broken(format!("reading the request body: {e}")))
+                    }
+                    Err(_) => {
+                        return Err(ExchangeError::Broken("reading the request body timed out".into()))
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Waits for the upstream to send something while a body is still going to it, reads it into
+/// `resp` and drops the interim (1xx) responses in it. `true`: a final response (or the end of
+/// the connection) has begun, and stays in `resp` for the exchange; `false`: only interim
+/// responses came, and the body goes on.
+async fn upstream_answered(
+    rd: &mut tokio::net::tcp::ReadHalf<'_>,
+    resp: &mut Vec<u8>,
+) -> io::Result<bool> {
+    loop {
+        resp.reserve(4096);
+        let n = rd.read_buf(resp).await?;
+        if n == 0 {
+            return Ok(true);
+        }
+        loop {
+            if resp.is_empty() {
+                return Ok(false);
+            }
+            let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+            let mut parsed = httparse::Response::new(&mut fields);
+            match parsed.parse(resp) {
+                Ok(httparse::Status::Complete(len))
+                    if parsed
+                        .code
+                        .is_some_and(|c| (100..200).contains(&c) && c != 101) =>
+                {
+                    resp.drain(..len);
+                }
+                Ok(httparse::Status::Partial) if resp.len() <= MAX_RESPONSE_HEAD => break,
+                // A final response, or one the exchange will refuse.
+                _ => return Ok(true),
+            }
+        }
+    }
+}
+/// Appends `n` in hexadecimal, as chunk sizes are written.
+fn push_hex(out: &mut Vec<u8>, n: usize) {
+    let digits = usize::BITS as usize / 4;
+    let mut started = false;
+    for i in (0..digits).rev() {
+        let d = (n >> (i * 4)) & 0xf;
+        if d != 0 || started || i == 0 {
+            started = true;
+            out.push(b"0123456789abcdef"[d]);
+        }
+    }
 }
 
 /// A response head read from the upstream, and how it goes to the client.
@@ -1344,6 +1612,75 @@ mod tests {
     }
 
     #[test]
+    fn chunked_and_long_bodies_are_streamed_and_never_sent_twice() {
+        let raw = b"POST /u HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:  Chunked \r\n\r\n";
+        let p = planned(raw).unwrap();
+        assert!(p.chunked && p.streamed() && !p.idempotent);
+        assert_eq!(p.head_len, raw.len());
+        // The upstream gets the coding as the edge frames it, once.
+        let head = upstream_head(raw, None, "http");
+        assert_eq!(
+            head.matches("Transfer-Encoding: chunked\r\n").count(),
+            1,
+            "{head}"
+        );
+        assert!(!head.contains("Chunked"), "{head}");
+
+        let p = planned(b"PUT /u HTTP/1.1\r\nHost: a\r\nContent-Length: 65537\r\n\r\n").unwrap();
+        assert!(!p.chunked && p.streamed() && !p.idempotent);
+        let p = planned(b"PUT /u HTTP/1.1\r\nHost: a\r\nContent-Length: 65536\r\n\r\n").unwrap();
+        assert!(!p.streamed() && p.idempotent);
+    }
+
+    #[test]
+    fn strict_scans_take_only_crlf_and_semicolon_extensions() {
+        let lenient_only: [&[u8]; 5] = [
+            b"5\nhello\r\n0\r\n\r\n",
+            b"5;x\nhello\r\n0\r\n\r\n",
+            b"5\r\nhello\n0\r\n\r\n",
+            b"5 x\r\nhello\r\n0\r\n\r\n",
+            b"5\r\nhello\r\n0\r\nX-T: 1\n\r\n",
+        ];
+        for body in lenient_only {
+            let shown = String::from_utf8_lossy(body);
+            assert_eq!(
+                ChunkedScan::default().feed(body),
+                Ok((body.len(), true)),
+                "{shown}"
+            );
+            assert!(ChunkedScan::strict().feed(body).is_err(), "{shown}");
+        }
+        for fine in [
+            &b"5;a=b\r\nhello\r\n0\r\nX-T: 1\r\n\r\n"[..],
+            b"5 \r\nhello\r\n0\r\n\r\n",
+            b"5 \t;a\r\nhello\r\n0\r\n\r\n",
+        ] {
+            let shown = String::from_utf8_lossy(fine);
+            assert_eq!(
+                ChunkedScan::strict().feed(fine),
+                Ok((fine.len(), true)),
+                "{shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn chunk_sizes_are_written_in_lowercase_hex() {
+        for (n, hex) in [
+            (0, "0"),
+            (9, "9"),
+            (10, "a"),
+            (255, "ff"),
+            (4096, "1000"),
+            (0xabcdef, "abcdef"),
+        ] {
+            let mut out = Vec::new();
+            push_hex(&mut out, n);
+            assert_eq!(String::from_utf8(out).unwrap(), hex);
+        }
+    }
+
+    #[test]
     fn http10_requests_keep_their_connection_only_when_they_ask() {
         let p = planned(b"GET / HTTP/1.0\r\nHost: a\r\n\r\n").unwrap();
         assert!(p.http10 && p.close);
@@ -1377,11 +1714,13 @@ mod tests {
             b"CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n",
             b"GET /.ployz/health HTTP/1.1\r\nHost: a\r\n\r\n",
             b"GET /.well-known/acme-challenge/x HTTP/1.1\r\nHost: a\r\n\r\n",
-            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+            b"POST / HTTP/1.0\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +1\r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: \r\n\r\n",
-            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 65537\r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 200-ok\r\n\r\n",
             b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nExpect: 100-continue\r\n\r\n",
             b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",

@@ -321,6 +321,11 @@ impl FastPath {
                     let status = answer(session, 502, "upstream failed\n").await;
                     Err((status, format!("{addr}: {why}")))
                 }
+                // Only HTTP/1 request bodies are refused midway; none reaches here.
+                Err(ExchangeError::Refused(_, why)) => {
+                    let status = answer(session, 400, "bad request\n").await;
+                    Err((status, why.into()))
+                }
                 Err(ExchangeError::Broken(why)) => {
                     session.shutdown();
                     // The status the client got before the response broke off, if any.
