@@ -531,15 +531,34 @@ pub fn edge_alone(route: &str, extra: &[&str]) -> (u16, EdgeAlone) {
         .spawn()
         .unwrap();
     let child = EdgeAlone(child, log);
+    // Ready once it answers HTTP, not once its port accepts: under load, a test's first
+    // request on a port that had only just begun to accept was once reset.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    while !answers_http(port) {
         assert!(
             std::time::Instant::now() < deadline,
-            "the edge never listened"
+            "the edge never answered on its listener"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
     (port, child)
+}
+
+/// Whether something on `port` answers an HTTP/1.1 request (the edge's health path) with a
+/// status line.
+fn answers_http(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET /.ployz/health HTTP/1.1\r\nHost: ready.test\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut start = [0u8; 9];
+    s.read_exact(&mut start).is_ok() && &start == b"HTTP/1.1 "
 }
 
 /// Which of the edge's paths serves what it can: the HTTP/1 fast path (the default), or
