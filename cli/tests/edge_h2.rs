@@ -96,14 +96,7 @@ impl TlsEdge {
         ];
         args.extend_from_slice(extra);
         let (http, edge) = edge_alone_in(position, &up.route(HOST), &args);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the HTTPS listener never listened"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_listening(port, "the HTTPS listener");
         let mut roots = rustls::RootCertStore::empty();
         roots.add(cert.der().clone()).unwrap();
         let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -249,16 +242,6 @@ impl H2 {
     fn get(&mut self, path: &str) -> Reply {
         self.send(request(Method::GET, HOST, path, &[]), None)
     }
-}
-
-/// The value of each `name` line of an HTTP/1 head, any case.
-fn fields(head: &str, name: &str) -> Vec<String> {
-    head.split("\r\n")
-        .filter_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
-        })
-        .collect()
 }
 
 /// A request of an HTTP/2 stream reaches the upstream as one HTTP/1.1 request: `Host` from the

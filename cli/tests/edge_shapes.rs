@@ -149,16 +149,6 @@ fn one(port: u16, request: &[u8]) -> Answer {
     c.answer()
 }
 
-/// The value of header `name` in a request or response head, each line of it.
-fn fields(head: &str, name: &str) -> Vec<String> {
-    head.split("\r\n")
-        .filter_map(|l| {
-            let (n, v) = l.split_once(':')?;
-            n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
-        })
-        .collect()
-}
-
 fn every_forwarded_for_line_reaches_the_upstream(position: Position) {
     let up = Upstream::start(echo_request_line);
     let (edge, _child) = edge_alone_in(position, &up.route("s.test"), &[]);
@@ -611,14 +601,7 @@ fn https_on_the_edge_alone_with_a_certificate_from_files(position: Position) {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", https)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "the HTTPS listener never listened"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_listening(https, "the HTTPS listener");
     assert_eq!(get("--http1.1"), "GET /over-tls\n1.1");
     assert_eq!(get("--http2"), "GET /over-tls\n2");
 
@@ -654,13 +637,7 @@ fn https_on_the_edge_alone_with_a_certificate_from_files(position: Position) {
 /// 200 with the request line as the body, chunked for `/chunked...` (with an interim 103
 /// first for `/interim...`).
 fn framed_by_path(request: &[u8]) -> Vec<u8> {
-    let line = String::from_utf8_lossy(request)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .rsplit_once(' ')
-        .map(|(start, _)| start.to_owned())
-        .unwrap_or_default();
+    let line = method_and_target(request);
     let target = line.split(' ').nth(1).unwrap_or_default();
     let interim = if target.starts_with("/interim") {
         "HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\n"
@@ -845,30 +822,35 @@ fn broken_chunked_framing_is_refused(position: Position) {
     }
 }
 
-/// An upstream that answers before the body is whole (a refusal) is heard: the client gets
-/// its answer, and its connection, with the body's rest unread, ends after it.
-fn an_answer_before_the_whole_body_reaches_the_client(position: Position) {
+/// A listening upstream that runs `serve` on each connection in a thread of its own; its port.
+fn raw_upstream(serve: fn(TcpStream)) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut s) = stream else { continue };
-            std::thread::spawn(move || {
-                let mut head = Vec::new();
-                let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") {
-                    if s.read(&mut byte).unwrap_or(0) == 0 {
-                        return;
-                    }
-                    head.push(byte[0]);
-                }
-                let _ = s.write_all(
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || serve(stream));
+        }
+    });
+    port
+}
+
+/// An upstream that answers before the body is whole (a refusal) is heard: the client gets
+/// its answer, and its connection, with the body's rest unread, ends after it.
+fn an_answer_before_the_whole_body_reaches_the_client(position: Position) {
+    let port = raw_upstream(|mut s| {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if s.read(&mut byte).unwrap_or(0) == 0 {
+                return;
+            }
+            head.push(byte[0]);
+        }
+        let _ = s.write_all(
                     b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 8\r\nConnection: close\r\n\r\ntoo much",
                 );
-                // Held open a while, unread, as a busy upstream would.
-                std::thread::sleep(Duration::from_secs(3));
-            });
-        }
+        // Held open a while, unread, as a busy upstream would.
+        std::thread::sleep(Duration::from_secs(3));
     });
     let (edge, _child) = edge_alone_in(position, &format!("s.test=127.0.0.1:{port}"), &[]);
     // A client that sends a little and waits, and one that sends 8 MiB as fast as it can
@@ -901,39 +883,31 @@ fn an_answer_before_the_whole_body_reaches_the_client(position: Position) {
 /// An interim response (`100 Continue`) from the upstream while the body is still on its way
 /// does not stop the body: the upstream gets it whole, and the client the final answer.
 fn an_interim_answer_does_not_stop_a_body(position: Position) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut s) = stream else { continue };
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 16384];
-                let mut continued = false;
-                loop {
-                    if !continued && buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                        let _ = s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
-                        continued = true;
-                    }
-                    if let Some(end) = request_end(&buf) {
-                        let body_len =
-                            end - (buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4);
-                        let answer = format!("{body_len}");
-                        let _ = s.write_all(
-                            format!(
-                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{answer}",
-                                answer.len()
-                            )
-                            .as_bytes(),
-                        );
-                        return;
-                    }
-                    match s.read(&mut chunk) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-            });
+    let port = raw_upstream(|mut s| {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 16384];
+        let mut continued = false;
+        loop {
+            if !continued && buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let _ = s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n");
+                continued = true;
+            }
+            if let Some(end) = request_end(&buf) {
+                let body_len = end - (buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4);
+                let answer = format!("{body_len}");
+                let _ = s.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{answer}",
+                        answer.len()
+                    )
+                    .as_bytes(),
+                );
+                return;
+            }
+            match s.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
         }
     });
     let (edge, _child) = edge_alone_in(position, &format!("s.test=127.0.0.1:{port}"), &[]);

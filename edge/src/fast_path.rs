@@ -984,16 +984,29 @@ impl FastPath {
         addr: SocketAddr,
         attempts: &Attempts,
     ) -> Result<Option<TcpStream>, (u16, String)> {
+        match self.dial(addr, attempts).await {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                let status = answer(&mut conn.stream, 502, "upstream unreachable\n").await;
+                Err((status, format!("connecting to {addr}: {e}")))
+            }
+        }
+    }
+
+    /// A new connection to `addr` for either protocol's path. `None`: it failed and the next
+    /// upstream may be tried; `Err`: it failed with nothing left to try.
+    pub(crate) async fn dial(
+        &self,
+        addr: SocketAddr,
+        attempts: &Attempts,
+    ) -> io::Result<Option<TcpStream>> {
         match connect(addr, self.edge.limits().connect_timeout).await {
             Ok(s) => Ok(Some(s)),
             Err(e) if self.edge.connect_failed(attempts) => {
                 tracing::debug!(%addr, error = %e, "connect failed; trying the next upstream");
                 Ok(None)
             }
-            Err(e) => {
-                let status = answer(&mut conn.stream, 502, "upstream unreachable\n").await;
-                Err((status, format!("connecting to {addr}: {e}")))
-            }
+            Err(e) => Err(e),
         }
     }
 

@@ -31,9 +31,9 @@ use tokio::net::TcpStream;
 
 use crate::connection::HeaderScan;
 use crate::fast_path::{
-    connect, dropped_request_field, dropped_response_field, is, plain_target, response_plan,
-    send_request, Buffers, ChunkedScan, ExchangeError, Exchanged, FastPath, Framing, IO_TIMEOUT,
-    MAX_FAST_BODY, MAX_FIELDS, MAX_RESPONSE_HEAD,
+    dropped_request_field, dropped_response_field, is, plain_target, response_plan, send_request,
+    Buffers, ChunkedScan, ExchangeError, Exchanged, FastPath, Framing, IO_TIMEOUT, MAX_FAST_BODY,
+    MAX_FIELDS, MAX_RESPONSE_HEAD,
 };
 use crate::proxy::{parse_content_length, push_decimal, write_forwarding, Attempts, Finished};
 
@@ -344,12 +344,8 @@ impl FastPath {
         addr: SocketAddr,
         attempts: &Attempts,
     ) -> Result<Option<TcpStream>, (u16, String)> {
-        match connect(addr, self.edge.limits().connect_timeout).await {
-            Ok(s) => Ok(Some(s)),
-            Err(e) if self.edge.connect_failed(attempts) => {
-                tracing::debug!(%addr, error = %e, "connect failed; trying the next upstream");
-                Ok(None)
-            }
+        match self.dial(addr, attempts).await {
+            Ok(s) => Ok(s),
             Err(e) => {
                 let status = answer(session, 502, "upstream unreachable\n").await;
                 Err((status, format!("connecting to {addr}: {e}")))

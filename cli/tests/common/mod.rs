@@ -544,6 +544,18 @@ pub fn edge_alone(route: &str, extra: &[&str]) -> (u16, EdgeAlone) {
     (port, child)
 }
 
+/// Waits (10 s at most) until `port` on 127.0.0.1 accepts connections.
+pub fn wait_listening(port: u16, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Whether something on `port` answers an HTTP/1.1 request (the edge's health path) with a
 /// status line.
 fn answers_http(port: u16) -> bool {

@@ -54,15 +54,30 @@ pub struct Upstream {
     gate: Arc<(Mutex<bool>, Condvar)>,
 }
 
-/// 200 with the request line's method and target as the body.
-pub fn echo_request_line(request: &[u8]) -> Vec<u8> {
-    let line = String::from_utf8_lossy(request)
+/// The value of each `name` line of an HTTP/1 head, any case, trimmed.
+pub fn fields(head: &str, name: &str) -> Vec<String> {
+    head.split("\r\n")
+        .filter_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+        })
+        .collect()
+}
+
+/// A request's method and target (its request line without the version).
+pub fn method_and_target(request: &[u8]) -> String {
+    String::from_utf8_lossy(request)
         .lines()
         .next()
         .unwrap_or_default()
         .rsplit_once(' ')
         .map(|(start, _)| start.to_owned())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// 200 with the request line's method and target as the body.
+pub fn echo_request_line(request: &[u8]) -> Vec<u8> {
+    let line = method_and_target(request);
     format!(
         "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{line}",
         line.len()
