@@ -76,14 +76,7 @@ struct TlsEdge {
 impl TlsEdge {
     fn start(position: Position, up: &Upstream, extra: &[&str]) -> TlsEdge {
         let dir = tempfile::tempdir().unwrap();
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = rcgen::CertificateParams::new(vec![HOST.to_owned()])
-            .unwrap()
-            .self_signed(&key)
-            .unwrap();
-        let (cert_file, key_file) = (dir.path().join("tls.pem"), dir.path().join("tls.key"));
-        std::fs::write(&cert_file, cert.pem()).unwrap();
-        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        let (cert_file, key_file, cert) = self_signed(dir.path(), HOST);
         let [port] = free_ports();
         let listen = format!("127.0.0.1:{port}");
         let mut args = vec![

@@ -565,14 +565,7 @@ fn the_fast_path_setting_decides_who_writes_the_response_head(position: Position
 /// certificate for none of the routes' hostnames is refused before anything listens.
 fn https_on_the_edge_alone_with_a_certificate_from_files(position: Position) {
     let dir = tempfile::tempdir().unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["tls.test".to_owned()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    let (cert_file, key_file) = (dir.path().join("tls.pem"), dir.path().join("tls.key"));
-    std::fs::write(&cert_file, cert.pem()).unwrap();
-    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let (cert_file, key_file, _) = self_signed(dir.path(), "tls.test");
     let up = Upstream::start(echo_request_line);
     let [https] = free_ports();
     let listen = format!("127.0.0.1:{https}");

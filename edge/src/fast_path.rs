@@ -45,7 +45,8 @@ use crate::proxy::{
     parse_content_length, push_decimal, write_forwarding, Attempts, EdgeLimits, EdgeProxy, Finished,
 };
 
-/// The longest request body the fast path buffers; longer ones stream through Pingora.
+/// The longest request body the fast path reads whole before sending; longer ones are
+/// streamed ([`Plan::streamed`]).
 pub(crate) const MAX_FAST_BODY: u64 = 64 * 1024;
 /// Header slots for parsing a head; a head with more fields goes to Pingora (requests) or is
 /// refused with 502 (responses).
@@ -1038,7 +1039,7 @@ impl FastPath {
 }
 
 /// A new upstream connection, or `TimedOut` after `timeout`.
-pub(crate) async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+async fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;

@@ -321,9 +321,9 @@ impl FastPath {
                     let status = answer(session, 502, "upstream failed\n").await;
                     Err((status, format!("{addr}: {why}")))
                 }
-                // Only HTTP/1 request bodies are refused midway; none reaches here.
-                Err(ExchangeError::Refused(_, why)) => {
-                    let status = answer(session, 400, "bad request\n").await;
+                // Refusals come from streamed HTTP/1 bodies; answered alike if one ever comes.
+                Err(ExchangeError::Refused(status, why)) => {
+                    let status = answer(session, status, "request refused\n").await;
                     Err((status, why.into()))
                 }
                 Err(ExchangeError::Broken(why)) => {

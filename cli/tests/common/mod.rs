@@ -544,6 +544,20 @@ pub fn edge_alone(route: &str, extra: &[&str]) -> (u16, EdgeAlone) {
     (port, child)
 }
 
+/// A self-signed certificate for `host`, written to `dir` as `tls.pem` with its key as
+/// `tls.key`: (certificate file, key file, certificate).
+pub fn self_signed(dir: &Path, host: &str) -> (PathBuf, PathBuf, rcgen::Certificate) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec![host.to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let (cert_file, key_file) = (dir.join("tls.pem"), dir.join("tls.key"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    (cert_file, key_file, cert)
+}
+
 /// Waits (10 s at most) until `port` on 127.0.0.1 accepts connections.
 pub fn wait_listening(port: u16, what: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

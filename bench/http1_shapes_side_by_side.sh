@@ -28,7 +28,7 @@
 # request for the target's process tree from /proc, autogroup scheduling off for the run
 # (restored). Everything listens on 127.0.0.1 and every process started here is ended by its PID.
 #
-# Usage: bench/pingora_path_side_by_side.sh   (knobs: DURATION [10], RUNS [3], WORKERS [nproc],
+# Usage: bench/http1_shapes_side_by_side.sh   (knobs: DURATION [10], RUNS [3], WORKERS [nproc],
 #        BASE_PORT [18500], TARGETS and WORKLOADS [all, space-separated])
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +50,7 @@ EXPECTED="hello from upstream"
 AB_CMD="ab -k -c 64 -t $DURATION -n 100000000 -H 'Host: localhost'"
 WRK_CMD="wrk -t2 -c64 -d${DURATION}s --latency -s WORKLOAD.lua"
 
-LOG_TAG=pingora-path
+LOG_TAG=http1-shapes
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
@@ -64,7 +64,7 @@ for p in "$UP_PORT" "$NGINX_PORT" "$HAPROXY_PORT" "$EDGE_PORT"; do
   fi
 done
 
-bench_begin pingora_path_bench
+bench_begin http1_shapes_bench
 
 # ---------------------------------------------------------------- servers
 mkdir -p "$WORK/up" "$WORK/nginx" "$WORK/haproxy"
@@ -305,7 +305,7 @@ done
 # ---------------------------------------------------------------- report
 col() { awk -v t="$1" -v w="$2" -v c="$3" '$1==t && $2==w {print $c}' "$WORK/metrics.txt" | median; }
 echo
-echo "## Pingora path $(date -u +%Y-%m-%dT%H:%M:%SZ) cpus=$(nproc); $WORKERS workers each; nginx $(nginx -v 2>&1 | awk -F/ '{print $2}'), haproxy $(haproxy -v | awk 'NR==1 {print $3}'); $AB_CMD (HTTP/1.0 keep-alive); $WRK_CMD (post-100k, chunked-upload, expect-continue); $RUNS interleaved runs, median"
+echo "## HTTP/1 shapes $(date -u +%Y-%m-%dT%H:%M:%SZ) cpus=$(nproc); $WORKERS workers each; nginx $(nginx -v 2>&1 | awk -F/ '{print $2}'), haproxy $(haproxy -v | awk 'NR==1 {print $3}'); $AB_CMD (HTTP/1.0 keep-alive); $WRK_CMD (post-100k, chunked-upload, expect-continue); $RUNS interleaved runs, median"
 echo "| target | workload | req/s (median) | CPU µs per request | p99 ms | runs |"
 echo "|---|---|---|---|---|---|"
 for w in "${WORKLOADS[@]}"; do
