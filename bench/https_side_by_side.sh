@@ -7,6 +7,11 @@
 #   tls-new          wrk over TLS with `Connection: close` (-t2 -c32): every request on a new
 #                    connection with a full handshake (wrk does not resume sessions), what each
 #                    new visitor costs
+#   tls-resumed      tls-churn --resume (-c32, two threads, VISITORS [2000] visitors taking
+#                    turns): every request on a new connection from a returning visitor, who
+#                    resumes the session from their last visit when the server still honours it
+#                    (a few seconds earlier); the share of handshakes that resumed is reported
+#                    beside the rate
 #
 # The edge runs alone (`edge-bench --tls-listen`, no access log), nginx and haproxy as
 # TLS-terminating reverse proxies with a keep-alive upstream pool and no access log, each with
@@ -16,7 +21,7 @@
 # every process started here is ended by its PID.
 #
 # Usage: bench/https_side_by_side.sh   (knobs: DURATION [10], RUNS [3], WORKERS [nproc],
-#        BASE_PORT [18480], TARGETS and WORKLOADS [all, space-separated])
+#        BASE_PORT [18480], TARGETS and WORKLOADS [all, space-separated], VISITORS [2000])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,14 +37,15 @@ EDGE_PORT=$((BASE_PORT + 3))
 HOST=localhost
 HAPROXY_PORT=$((BASE_PORT + 4))
 TARGETS=${TARGETS:-nginx haproxy edge}
-WORKLOADS=${WORKLOADS:-https-keepalive h2 tls-new}
+WORKLOADS=${WORKLOADS:-https-keepalive h2 tls-new tls-resumed}
+VISITORS=${VISITORS:-2000}
 
 LOG_TAG=https
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 
 bench_need nginx:nginx haproxy:haproxy wrk:wrk h2load:nghttp2-client openssl:openssl
-cargo build --release -q -p ployz-bench --bin edge-bench
+cargo build --release -q -p ployz-bench --bin edge-bench --bin tls-churn
 
 bench_begin https_bench
 
@@ -133,6 +139,7 @@ done
 
 
 : >"$WORK/metrics.txt"
+: >"$WORK/resumed.txt"
 run() { # target workload run
   local t=$1 w=$2 r=$3 out="$WORK/$1.$2.$3.txt" c0 c1 rps p99 n
   local url="https://$HOST:$(port_of "$t")/"
@@ -146,6 +153,13 @@ run() { # target workload run
     rps=$(awk '/^Requests\/sec:/ {print $2}' "$out")
     n=$(awk '/requests in/ {print $1}' "$out")
     p99=$(awk '$1 == "99%" { v = $2; if (v ~ /us$/) { sub(/us$/, "", v); v /= 1000 } else if (v ~ /ms$/) sub(/ms$/, "", v); else if (v ~ /s$/) { sub(/s$/, "", v); v *= 1000 }; print v }' "$out")
+  elif [ "$w" = tls-resumed ]; then
+    target/release/tls-churn --connect "127.0.0.1:$(port_of "$t")" --host "$HOST" \
+      --connections 32 --threads 2 --duration "$DURATION" --resume --visitors "$VISITORS" >"$out" 2>&1
+    rps=$(awk -F'[ =]' '/^requests=/ {print $6}' "$out")
+    n=$(awk -F'[ =]' '/^requests=/ {print $2}' "$out")
+    p99=$(awk -F'[ =]' '/^requests=/ {print $14}' "$out")
+    awk -v t="$t" -F'[ =]' '/^requests=/ {print t, $8}' "$out" >>"$WORK/resumed.txt"
   else
     h2load -c16 -m10 -t2 -D "$DURATION" "$url" >"$out" 2>&1
     rps=$(awk '/^finished in/ {gsub(/,/, "", $4); print $4}' "$out")
@@ -167,7 +181,7 @@ for ((r = 1; r <= RUNS; r++)); do
 done
 
 echo
-echo "## HTTPS $(date -u +%Y-%m-%dT%H:%M:%SZ) cpus=$(nproc); ECDSA P-256, $WORKERS workers each; wrk -t2 -c64 -d${DURATION}s (HTTP/1.1 keep-alive), h2load -c16 -m10 -t2 -D $DURATION (HTTP/2), wrk -t2 -c32 -H 'Connection: close' (a full handshake per request); $RUNS interleaved runs, median; nginx $(nginx -v 2>&1 | awk -F/ '{print $2}'), haproxy $(haproxy -v 2>/dev/null | awk 'NR==1 {print $3}')"
+echo "## HTTPS $(date -u +%Y-%m-%dT%H:%M:%SZ) cpus=$(nproc); ECDSA P-256, $WORKERS workers each; wrk -t2 -c64 -d${DURATION}s (HTTP/1.1 keep-alive), h2load -c16 -m10 -t2 -D $DURATION (HTTP/2), wrk -t2 -c32 -H 'Connection: close' (a full handshake per request), tls-churn --resume -c32 --visitors $VISITORS (a new connection per request from returning visitors); $RUNS interleaved runs, median; nginx $(nginx -v 2>&1 | awk -F/ '{print $2}'), haproxy $(haproxy -v 2>/dev/null | awk 'NR==1 {print $3}')"
 echo "| target | workload | req/s (median) | CPU µs per request | p99 ms | runs |"
 echo "|---|---|---|---|---|---|"
 for w in $WORKLOADS; do
@@ -183,3 +197,9 @@ for w in $WORKLOADS; do
   e=$(awk -v w="$w" '$1=="edge" && $2==w {print $4}' "$WORK/metrics.txt" | median)
   awk -v n="$n" -v h="$h" -v e="$e" -v w="$w" 'BEGIN { b = n > h ? n : h; printf "ratio edge/nginx, %s: %.2f; edge/best peer: %.2f\n", w, e / n, e / b }' >&2
 done
+if [ -s "$WORK/resumed.txt" ]; then
+  for t in $TARGETS; do
+    awk -v t="$t" '$1==t {printf "%s%s", (n++ ? "/" : ""), $2}' "$WORK/resumed.txt" |
+      xargs -r printf 'share of handshakes resumed, %s: %s\n' "$t" >&2
+  done
+fi

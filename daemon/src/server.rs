@@ -112,11 +112,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     );
     let edge_closing = edge.closing();
     edge.add_tcp(&config.http_listen.to_string());
-    edge.add_tls_with_settings(
-        &config.https_listen.to_string(),
-        None,
-        tls_settings(&certificates)?,
-    );
+    edge.add_tls(config.https_listen, tls_config(&certificates)?);
     server.add_service(edge);
     let mesh_view = Arc::new(crate::mesh::MeshView::new(config.mesh.clone()));
     server.add_service(background_service(
@@ -259,19 +255,13 @@ fn check_listener_free(key: &str, addr: std::net::SocketAddr) -> anyhow::Result<
     Ok(())
 }
 
-/// TLS 1.2 and 1.3 (Pingora's rustls defaults), certificates by SNI from the store's Certificate
-/// Material, HTTP/2 by ALPN.
-fn tls_settings(
+/// TLS 1.2 and 1.3, certificates by SNI from the store's Certificate Material, HTTP/2 by
+/// ALPN, resumption by session tickets ([`ployz_edge::tls::server_config`]).
+fn tls_config(
     resolver: &CertificateResolver,
-) -> anyhow::Result<pingora::listeners::tls::TlsSettings> {
-    struct NoCallbacks;
-    #[async_trait]
-    impl pingora::listeners::TlsAccept for NoCallbacks {}
-    let mut settings = pingora::listeners::tls::TlsSettings::with_callbacks(Box::new(NoCallbacks))
-        .map_err(|e| anyhow::anyhow!("cannot set up TLS: {e}"))?;
-    settings.set_cert_resolver(Arc::new(resolver.clone()));
-    settings.enable_h2();
-    Ok(settings)
+) -> anyhow::Result<Arc<ployz_edge::tls::ServerConfig>> {
+    ployz_edge::tls::server_config(Arc::new(resolver.clone()))
+        .map_err(|e| anyhow::anyhow!("cannot set up TLS: {e}"))
 }
 
 fn init_logging(format: LogFormat) {
@@ -906,10 +896,9 @@ pub fn run_edge_alone(
     let edge_closing = edge.closing();
     edge.add_tcp(&config.http_listen.to_string());
     if let Some(tls) = &tls {
-        edge.add_tls_with_settings(
-            &tls.listen.to_string(),
-            None,
-            tls_settings(&CertificateResolver::fixed(&tls.materials))?,
+        edge.add_tls(
+            tls.listen,
+            tls_config(&CertificateResolver::fixed(&tls.materials))?,
         );
     }
     server.add_service(edge);

@@ -7,9 +7,12 @@
 //! then either serves it on the [`crate::fast_path`] or hands the connection, with the bytes
 //! already read, to Pingora's proxy for that one request, and takes it back for the next.
 //!
-//! The header deadline is against slowloris clients: from accept (on TLS, after the handshake,
-//! which Pingora bounds on its own) or, on a kept-alive connection, from the first byte of the
-//! next request, the whole head must arrive within the timeout, or the connection is closed.
+//! On a connection to one of the edge's HTTPS listeners the loop first runs the TLS handshake
+//! ([`crate::tls`]), which must end within the header timeout.
+//!
+//! The header deadline is against slowloris clients: from accept (on TLS, after the handshake)
+//! or, on a kept-alive connection, from the first byte of the next request, the whole head
+//! must arrive within the timeout, or the connection is closed.
 //! Pingora times out each read on its own (60 s), so without it a client sending one byte every
 //! few seconds would hold a connection for as long as it liked.
 //!
@@ -24,6 +27,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -34,6 +38,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use pingora::apps::{HttpServerApp, ServerApp};
 use pingora::protocols::http::v2::{self, server::H2Accept};
 use pingora::protocols::http::ServerSession;
+use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::protocols::Digest;
 use pingora::protocols::{
     GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID,
@@ -46,6 +51,7 @@ use tokio::time::Instant;
 
 use crate::fast_path::{ChunkedScan, Downstream, FastPath, Served, MAX_FIELDS, MAX_READ_AHEAD};
 use crate::service::EdgeClosing;
+use crate::tls::TlsListener;
 use crate::EdgeProxy;
 
 /// Idle time allowed between two requests on a kept-alive connection (Pingora's default).
@@ -71,6 +77,8 @@ pub struct EdgeApp {
     max_head: usize,
     /// Counts open connections, so shutdown can wait for them.
     closing: EdgeClosing,
+    /// The HTTPS listeners: a connection to one of them is TLS.
+    tls: Vec<TlsListener>,
 }
 
 impl EdgeApp {
@@ -85,6 +93,39 @@ impl EdgeApp {
             header_timeout: limits.header_timeout,
             max_head: limits.max_header_bytes + limits.max_uri_bytes + 4096,
             closing: EdgeClosing::default(),
+            tls: Vec::new(),
+        }
+    }
+
+    /// Makes connections to `addr` TLS connections, with `config`. Before the service starts.
+    pub(crate) fn add_tls(&mut self, addr: SocketAddr, config: Arc<rustls::ServerConfig>) {
+        self.tls.push(TlsListener::new(addr, config));
+    }
+
+    /// The TLS handshake of a connection to an HTTPS listener, within the header timeout; a
+    /// connection to a plain listener as it is. `None`: the handshake failed or took too long.
+    async fn handshake(&self, stream: Stream) -> Option<Stream> {
+        let local = stream
+            .get_socket_digest()
+            .and_then(|d| d.local_addr().and_then(|a| a.as_inet()).copied());
+        let Some(listener) = local.and_then(|l| self.tls.iter().find(|t| t.accepted(l))) else {
+            return Some(stream);
+        };
+        let Ok(tcp) = stream.into_any().downcast::<L4Stream>() else {
+            tracing::warn!("a connection to an HTTPS listener is not a TCP stream; closed");
+            return None;
+        };
+        match tokio::time::timeout(self.header_timeout, listener.acceptor.tls_handshake(*tcp)).await
+        {
+            Ok(Ok(tls)) => Some(Box::new(tls)),
+            Ok(Err(e)) => {
+                tracing::debug!("TLS handshake failed: {e}");
+                None
+            }
+            Err(_) => {
+                tracing::debug!("TLS handshake took longer than the header timeout");
+                None
+            }
         }
     }
 
@@ -424,6 +465,7 @@ impl ServerApp for EdgeApp {
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let _open = self.closing.opened();
+        let stream = self.handshake(stream).await?;
         if stream.selected_alpn_proto() == Some(ALPN::H2) {
             self.serve_h2(stream, shutdown).await;
             return None;

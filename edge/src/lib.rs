@@ -12,7 +12,9 @@
 //! - [`connection`]: [`EdgeApp`], the connection loops with the fast path (HTTP/1, and
 //!   HTTP/2 streams in `h2_path`) in front of Pingora's proxy;
 //! - [`service`]: [`EdgeService`], the listening service whose listeners close after SIGTERM's
-//!   drain delay while requests in flight are answered.
+//!   drain delay while requests in flight are answered;
+//! - [`tls`]: the HTTPS listeners' rustls configuration (certificates by SNI, HTTP/2 by ALPN,
+//!   resumption by session tickets) and their handshake.
 //!
 //! **Architecture Invariant:** the edge never talks to Docker; it reads the store.
 //!
@@ -29,6 +31,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod route_table;
 pub mod service;
+pub mod tls;
 
 pub use certificates::CertificateResolver;
 pub use challenges::ChallengeResponder;

@@ -8,6 +8,7 @@
 //! [`EdgeClosing::close`] or by the server's; [`EdgeClosing::closed`] waits for the connections.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -118,6 +119,16 @@ pub struct EdgeService {
 impl EdgeService {
     pub(crate) fn new(inner: Service<EdgeApp>, closing: EdgeClosing) -> EdgeService {
         EdgeService { inner, closing }
+    }
+
+    /// Adds an HTTPS listener on `addr`: its connections get a TLS handshake with `config`
+    /// (see [`crate::tls::server_config`]) before their first request.
+    pub fn add_tls(&mut self, addr: SocketAddr, config: Arc<rustls::ServerConfig>) {
+        self.inner.add_tcp(&addr.to_string());
+        self.inner
+            .app_logic_mut()
+            .expect("the edge service has its app until it starts")
+            .add_tls(addr, config);
     }
 
     /// Closes this service's listeners ahead of the server and waits for its connections.

@@ -1,0 +1,110 @@
+//! The edge's TLS: the server configuration its HTTPS listeners share, and the handshake the
+//! connection loop runs on a connection that arrived on one of them.
+//!
+//! The edge builds its own rustls [`ServerConfig`] rather than Pingora's: Pingora's keeps 256
+//! sessions and issues no tickets, so a site with more than about a hundred returning visitors
+//! between two of a visitor's visits makes every one of them a full handshake (a certificate
+//! signature each, and on TLS 1.2 a round trip more). Here a returning client resumes with a
+//! session ticket, encrypted under a key that rotates every 6 hours (the previous one is still
+//! accepted), kept in memory only and never shared between Machines: a ticket from another
+//! Machine, or from before a restart, is a full handshake, as nginx's and haproxy's defaults
+//! do. TLS 1.3 resumption still makes a fresh key exchange (`psk_dhe_ke`), so a stolen ticket
+//! key does not open recorded sessions. TLS 1.2 clients that do not take tickets resume from
+//! a bounded cache of session IDs. 0-RTT data is never accepted: it can be replayed.
+//!
+//! Certificates come from the resolver, by SNI; ALPN offers HTTP/2 and HTTP/1.1.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use pingora::listeners::tls::Acceptor;
+use rustls::server::{ResolvesServerCert, ServerSessionMemoryCache};
+pub use rustls::ServerConfig;
+
+/// TLS 1.2 sessions kept for clients that resume by session ID rather than by ticket (each
+/// a few hundred bytes).
+pub const SESSION_CACHE: usize = 8192;
+
+/// The server configuration every HTTPS listener of the edge uses: TLS 1.2 and 1.3,
+/// certificates from `certificates` by SNI, HTTP/2 and HTTP/1.1 by ALPN, resumption by
+/// tickets (and by session ID for TLS 1.2).
+pub fn server_config(
+    certificates: Arc<dyn ResolvesServerCert>,
+) -> Result<Arc<ServerConfig>, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+        .with_no_client_auth()
+        .with_cert_resolver(certificates);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.ticketer = rustls::crypto::ring::Ticketer::new()?;
+    config.session_storage = ServerSessionMemoryCache::new(SESSION_CACHE);
+    config.max_early_data_size = 0;
+    Ok(Arc::new(config))
+}
+
+/// An HTTPS listener of the edge: connections to `addr` get a TLS handshake with `acceptor`
+/// before their first request.
+#[derive(Clone)]
+pub(crate) struct TlsListener {
+    addr: SocketAddr,
+    pub(crate) acceptor: Arc<Acceptor>,
+}
+
+impl TlsListener {
+    pub(crate) fn new(addr: SocketAddr, config: Arc<ServerConfig>) -> TlsListener {
+        TlsListener {
+            addr,
+            acceptor: Arc::new(Acceptor::from_server_config(config)),
+        }
+    }
+
+    /// Whether a connection whose local address is `local` arrived on this listener: the same
+    /// port, and the same address unless the listener takes any.
+    pub(crate) fn accepted(&self, local: SocketAddr) -> bool {
+        local.port() == self.addr.port()
+            && (self.addr.ip().is_unspecified() || same_ip(self.addr, local))
+    }
+}
+
+/// Whether `a` and `b` name the same IP, an IPv4 address and its IPv4-mapped IPv6 form alike.
+fn same_ip(a: SocketAddr, b: SocketAddr) -> bool {
+    a.ip().to_canonical() == b.ip().to_canonical()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listener(addr: &str) -> TlsListener {
+        let config = server_config(Arc::new(crate::CertificateResolver::default())).unwrap();
+        TlsListener::new(addr.parse().unwrap(), config)
+    }
+
+    #[test]
+    fn a_connection_belongs_to_the_listener_with_its_port_and_address() {
+        let any = listener("0.0.0.0:8443");
+        assert!(any.accepted("10.0.0.5:8443".parse().unwrap()));
+        assert!(any.accepted("[::ffff:10.0.0.5]:8443".parse().unwrap()));
+        assert!(!any.accepted("10.0.0.5:8080".parse().unwrap()));
+        let one = listener("127.0.0.2:443");
+        assert!(one.accepted("127.0.0.2:443".parse().unwrap()));
+        assert!(one.accepted("[::ffff:127.0.0.2]:443".parse().unwrap()));
+        assert!(!one.accepted("127.0.0.1:443".parse().unwrap()));
+        let v6 = listener("[::]:443");
+        assert!(v6.accepted("[2001:db8::1]:443".parse().unwrap()));
+        assert!(v6.accepted("192.0.2.1:443".parse().unwrap()));
+    }
+
+    #[test]
+    fn the_config_offers_h2_and_tickets_and_refuses_early_data() {
+        let config = server_config(Arc::new(crate::CertificateResolver::default())).unwrap();
+        assert_eq!(
+            config.alpn_protocols,
+            [b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+        assert!(config.ticketer.enabled());
+        assert_eq!(config.max_early_data_size, 0);
+        assert!(config.session_storage.can_cache());
+    }
+}
