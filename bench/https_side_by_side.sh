@@ -10,8 +10,9 @@
 #   tls-resumed      tls-churn --resume (-c32, two threads, VISITORS [2000] visitors taking
 #                    turns): every request on a new connection from a returning visitor, who
 #                    resumes the session from their last visit when the server still honours it
-#                    (a few seconds earlier); the share of handshakes that resumed is reported
-#                    beside the rate
+#                    (a few seconds earlier); each visitor's first visit is made before the
+#                    clock starts, and the share of the counted handshakes that resumed is
+#                    reported beside the rate
 #
 # The edge runs alone (`edge-bench --tls-listen`, no access log), nginx and haproxy as
 # TLS-terminating reverse proxies with a keep-alive upstream pool and no access log, each with
@@ -160,6 +161,9 @@ run() { # target workload run
     n=$(awk -F'[ =]' '/^requests=/ {print $2}' "$out")
     p99=$(awk -F'[ =]' '/^requests=/ {print $14}' "$out")
     awk -v t="$t" -F'[ =]' '/^requests=/ {print t, $8}' "$out" >>"$WORK/resumed.txt"
+    # A failed visit is not a figure: say so.
+    errors=$(awk -F'[ =]' '/^requests=/ {print $10}' "$out")
+    [ "${errors:-1}" = 0 ] || log "$t tls-resumed run $r: ${errors:-no summary} failed visits ($(grep -m1 'error' "$out" || true))"
   else
     h2load -c16 -m10 -t2 -D "$DURATION" "$url" >"$out" 2>&1
     rps=$(awk '/^finished in/ {gsub(/,/, "", $4); print $4}' "$out")

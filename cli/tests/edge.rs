@@ -370,6 +370,17 @@ services:
     let (ok, _, verbose) = curl_https(dir, port, "app.test.localhost", &["--http2"]);
     assert!(ok && verbose.contains("HTTP/2"), "{verbose}");
 
+    // A hostname with no certificate: the handshake fails, and the metrics count it.
+    let (ok, _, verbose) = curl_https(dir, port, "none.test.localhost", &[]);
+    assert!(!ok, "no certificate covers none.test.localhost: {verbose}");
+    let (status, metrics) = http_get(m.daemon.metrics_port, "x", "/metrics");
+    assert_eq!(status, 200);
+    let failed = metrics
+        .lines()
+        .find(|l| l.starts_with("ployz_edge_tls_handshake_failures_total{reason=\"failed\"}"))
+        .and_then(|l| l.split_whitespace().last()?.parse::<u64>().ok());
+    assert!(failed.is_some_and(|n| n >= 1), "{metrics}");
+
     // Plain HTTP to an https hostname redirects, keeping the path and query.
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", m.daemon.http_port)).unwrap();

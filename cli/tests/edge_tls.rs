@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use rustls::client::Resumption;
+use rustls::client::{Resumption, Tls12Resumption};
 use rustls::{ClientConfig, ClientConnection, HandshakeKind, RootCertStore};
 
 const HOST: &str = "tls.test";
@@ -58,13 +58,21 @@ impl TlsEdge {
 
     /// A client with a session cache of its own: one returning visitor.
     fn visitor(&self, versions: &[&'static rustls::SupportedProtocolVersion]) -> Arc<ClientConfig> {
+        self.visitor_resuming(versions, Resumption::in_memory_sessions(4))
+    }
+
+    fn visitor_resuming(
+        &self,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+        resumption: Resumption,
+    ) -> Arc<ClientConfig> {
         let mut config =
             ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_protocol_versions(versions)
                 .unwrap()
                 .with_root_certificates(self.roots.clone())
                 .with_no_client_auth();
-        config.resumption = Resumption::in_memory_sessions(4);
+        config.resumption = resumption;
         Arc::new(config)
     }
 
@@ -123,15 +131,26 @@ fn a_returning_visitor_resumes_after_hundreds_of_others() {
 }
 
 #[test]
-fn a_tls12_client_resumes_its_session() {
+fn tls12_clients_resume_by_ticket_and_by_session_id_after_hundreds_of_others() {
     let edge = TlsEdge::start(&[]);
-    let visitor = edge.visitor(&[&rustls::version::TLS12]);
+    let tls12: &[&'static rustls::SupportedProtocolVersion] = &[&rustls::version::TLS12];
+    let by_id =
+        || Resumption::in_memory_sessions(4).tls12_resumption(Tls12Resumption::SessionIdOnly);
+    let ticketed = edge.visitor(tls12);
+    let identified = edge.visitor_resuming(tls12, by_id());
+    assert_eq!(edge.visit(&ticketed).0, HandshakeKind::Full);
+    assert_eq!(edge.visit(&identified).0, HandshakeKind::Full);
+    // More visitors by session ID than a 256-session cache holds.
+    for _ in 0..300 {
+        let other = edge.visitor_resuming(tls12, by_id());
+        assert_eq!(edge.visit(&other).0, HandshakeKind::Full);
+    }
     assert_eq!(
-        edge.visit(&visitor),
-        (HandshakeKind::Full, "HTTP/1.1 200 OK".to_owned())
+        edge.visit(&ticketed),
+        (HandshakeKind::Resumed, "HTTP/1.1 200 OK".to_owned())
     );
     assert_eq!(
-        edge.visit(&visitor),
+        edge.visit(&identified),
         (HandshakeKind::Resumed, "HTTP/1.1 200 OK".to_owned())
     );
 }

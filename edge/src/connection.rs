@@ -27,7 +27,6 @@
 
 use std::fmt;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -36,6 +35,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use pingora::apps::{HttpServerApp, ServerApp};
+use pingora::listeners::tls::Acceptor;
 use pingora::protocols::http::v2::{self, server::H2Accept};
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::l4::stream::Stream as L4Stream;
@@ -51,7 +51,6 @@ use tokio::time::Instant;
 
 use crate::fast_path::{ChunkedScan, Downstream, FastPath, Served, MAX_FIELDS, MAX_READ_AHEAD};
 use crate::service::EdgeClosing;
-use crate::tls::TlsListener;
 use crate::EdgeProxy;
 
 /// Idle time allowed between two requests on a kept-alive connection (Pingora's default).
@@ -68,7 +67,7 @@ const HOLD_UPSTREAM: Duration = Duration::from_secs(1);
 /// The edge's Pingora application: the fast path first, Pingora's proxy for the rest.
 pub struct EdgeApp {
     pingora: Arc<HttpProxy<EdgeProxy>>,
-    fast: FastPath,
+    fast: Arc<FastPath>,
     /// Whether the fast path serves what it can; off: every request goes to Pingora's proxy.
     fast_path: bool,
     header_timeout: Duration,
@@ -77,8 +76,8 @@ pub struct EdgeApp {
     max_head: usize,
     /// Counts open connections, so shutdown can wait for them.
     closing: EdgeClosing,
-    /// The HTTPS listeners: a connection to one of them is TLS.
-    tls: Vec<TlsListener>,
+    /// Set on the app of an HTTPS listener: every connection begins with a TLS handshake.
+    tls: Option<Arc<Acceptor>>,
 }
 
 impl EdgeApp {
@@ -88,42 +87,54 @@ impl EdgeApp {
         let limits = *proxy.limits();
         EdgeApp {
             pingora: Arc::new(pingora),
-            fast: FastPath::new(proxy),
+            fast: Arc::new(FastPath::new(proxy)),
             fast_path: limits.fast_path,
             header_timeout: limits.header_timeout,
             max_head: limits.max_header_bytes + limits.max_uri_bytes + 4096,
             closing: EdgeClosing::default(),
-            tls: Vec::new(),
+            tls: None,
         }
     }
 
-    /// Makes connections to `addr` TLS connections, with `config`. Before the service starts.
-    pub(crate) fn add_tls(&mut self, addr: SocketAddr, config: Arc<rustls::ServerConfig>) {
-        self.tls.push(TlsListener::new(addr, config));
+    /// The same edge (proxy, upstream pool, connection count) for an HTTPS listener: each
+    /// connection first makes a TLS handshake with `config`.
+    pub(crate) fn with_tls(&self, config: Arc<rustls::ServerConfig>) -> EdgeApp {
+        EdgeApp {
+            pingora: self.pingora.clone(),
+            fast: self.fast.clone(),
+            fast_path: self.fast_path,
+            header_timeout: self.header_timeout,
+            max_head: self.max_head,
+            closing: self.closing.clone(),
+            tls: Some(Arc::new(Acceptor::from_server_config(config))),
+        }
     }
 
     /// The TLS handshake of a connection to an HTTPS listener, within the header timeout; a
-    /// connection to a plain listener as it is. `None`: the handshake failed or took too long.
+    /// connection to a plain listener as it is. `None`: the handshake failed or took too long
+    /// (counted in the edge's metrics).
     async fn handshake(&self, stream: Stream) -> Option<Stream> {
-        let local = stream
-            .get_socket_digest()
-            .and_then(|d| d.local_addr().and_then(|a| a.as_inet()).copied());
-        let Some(listener) = local.and_then(|l| self.tls.iter().find(|t| t.accepted(l))) else {
+        let Some(acceptor) = &self.tls else {
             return Some(stream);
         };
+        let peer = stream
+            .get_socket_digest()
+            .and_then(|d| d.peer_addr().cloned());
         let Ok(tcp) = stream.into_any().downcast::<L4Stream>() else {
             tracing::warn!("a connection to an HTTPS listener is not a TCP stream; closed");
             return None;
         };
-        match tokio::time::timeout(self.header_timeout, listener.acceptor.tls_handshake(*tcp)).await
-        {
+        let metrics = self.fast.edge.metrics();
+        match tokio::time::timeout(self.header_timeout, acceptor.tls_handshake(*tcp)).await {
             Ok(Ok(tls)) => Some(Box::new(tls)),
             Ok(Err(e)) => {
-                tracing::debug!("TLS handshake failed: {e}");
+                metrics.tls_handshake_failed(false);
+                tracing::debug!(?peer, "TLS handshake failed: {e}");
                 None
             }
             Err(_) => {
-                tracing::debug!("TLS handshake took longer than the header timeout");
+                metrics.tls_handshake_failed(true);
+                tracing::debug!(?peer, "TLS handshake took longer than the header timeout");
                 None
             }
         }

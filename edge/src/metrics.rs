@@ -24,6 +24,8 @@ const BUCKETS: [f64; 12] = [
 /// The `code` label of `ployz_edge_requests_total`, by status class: "none" (no response),
 /// then 1xx to 5xx.
 const STATUS_CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
+/// Why a TLS handshake failed, as the `reason` label says it.
+const HANDSHAKE_FAILURES: [&str; 2] = ["failed", "timeout"];
 
 /// The metrics the edge keeps.
 #[derive(Debug)]
@@ -35,6 +37,8 @@ pub struct EdgeMetrics {
     latency: LatencyHistogram,
     /// Requests that failed to connect to or get an answer from an upstream.
     upstream_errors: Counter,
+    /// TLS handshakes that failed, indexed as [`HANDSHAKE_FAILURES`].
+    tls_handshake_failures: [Counter; HANDSHAKE_FAILURES.len()],
     /// Set from the route table at each scrape.
     route_table_generation: Gauge<u64, AtomicU64>,
     /// Set from the route table at each scrape.
@@ -46,6 +50,7 @@ impl Default for EdgeMetrics {
         let by_class: [Counter; STATUS_CLASSES.len()] = Default::default();
         let latency = LatencyHistogram::default();
         let upstream_errors = Counter::default();
+        let tls_handshake_failures: [Counter; HANDSHAKE_FAILURES.len()] = Default::default();
         let route_table_generation = Gauge::<u64, AtomicU64>::default();
         let route_table_hostnames = Gauge::<u64, AtomicU64>::default();
         // Names without the `_total` a counter's samples get; help without the `.` the
@@ -71,6 +76,16 @@ impl Default for EdgeMetrics {
             upstream_errors.clone(),
         );
         registry.register(
+            "ployz_edge_tls_handshake_failures",
+            "TLS handshakes that failed (no protocol or certificate in common, or broken off) or \
+             did not end within the header timeout",
+            LabelledCounters {
+                label: "reason",
+                values: HANDSHAKE_FAILURES,
+                counters: tls_handshake_failures.clone(),
+            },
+        );
+        registry.register(
             "ployz_edge_route_table_generation",
             "Generation of the published route table",
             route_table_generation.clone(),
@@ -85,6 +100,7 @@ impl Default for EdgeMetrics {
             by_class,
             latency,
             upstream_errors,
+            tls_handshake_failures,
             route_table_generation,
             route_table_hostnames,
         }
@@ -104,6 +120,11 @@ impl EdgeMetrics {
         if upstream_error {
             self.upstream_errors.inc();
         }
+    }
+
+    /// Counts one failed TLS handshake: `timed_out`, or refused or broken off.
+    pub fn tls_handshake_failed(&self, timed_out: bool) {
+        self.tls_handshake_failures[usize::from(timed_out)].inc();
     }
 
     /// The text exposition, with the route table's generation and hostname count alongside.
@@ -229,6 +250,9 @@ mod tests {
         m.observe(0, 0.0, true);
         m.observe(101, 1.5, false);
         m.observe(302, 0.01, false);
+        m.tls_handshake_failed(false);
+        m.tls_handshake_failed(true);
+        m.tls_handshake_failed(false);
         let expected = "\
 # HELP ployz_edge_requests_total Requests the edge answered, by status class.
 # TYPE ployz_edge_requests_total counter
@@ -258,6 +282,10 @@ ployz_edge_request_duration_seconds_count 3
 # HELP ployz_edge_upstream_errors_total Requests whose upstream failed.
 # TYPE ployz_edge_upstream_errors_total counter
 ployz_edge_upstream_errors_total 1
+# HELP ployz_edge_tls_handshake_failures_total TLS handshakes that failed (no protocol or certificate in common, or broken off) or did not end within the header timeout.
+# TYPE ployz_edge_tls_handshake_failures_total counter
+ployz_edge_tls_handshake_failures_total{reason=\"failed\"} 2
+ployz_edge_tls_handshake_failures_total{reason=\"timeout\"} 1
 # HELP ployz_edge_route_table_generation Generation of the published route table.
 # TYPE ployz_edge_route_table_generation gauge
 ployz_edge_route_table_generation 12

@@ -301,6 +301,11 @@ impl EdgeProxy {
         attempts.tries < MAX_TRIES && attempts.tries < route.upstreams.len()
     }
 
+    /// The edge's metrics.
+    pub fn metrics(&self) -> &crate::EdgeMetrics {
+        &self.metrics
+    }
+
     /// Counts one finished request in the metrics and writes its access-log line: no bodies,
     /// credentials, cookies or query strings.
     pub(crate) fn finish(&self, request: Finished<'_>, attempts: &mut Attempts) {

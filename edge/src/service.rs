@@ -113,22 +113,33 @@ impl Drop for OpenConnection {
 /// Add listeners to it (it derefs to the listening service), then add it to the server.
 pub struct EdgeService {
     inner: Service<EdgeApp>,
+    /// One listening service per HTTPS listener, its app the same edge with a TLS acceptor.
+    tls: Vec<Service<EdgeApp>>,
     closing: EdgeClosing,
 }
 
 impl EdgeService {
     pub(crate) fn new(inner: Service<EdgeApp>, closing: EdgeClosing) -> EdgeService {
-        EdgeService { inner, closing }
+        EdgeService {
+            inner,
+            tls: Vec::new(),
+            closing,
+        }
     }
 
     /// Adds an HTTPS listener on `addr`: its connections get a TLS handshake with `config`
-    /// (see [`crate::tls::server_config`]) before their first request.
+    /// (see [`crate::tls::server_config`]) before their first request. It is a listening
+    /// service of its own, run with this one and sharing its edge (routes, upstream pool,
+    /// connection count), so whether a connection is TLS never depends on its address.
     pub fn add_tls(&mut self, addr: SocketAddr, config: Arc<rustls::ServerConfig>) {
-        self.inner.add_tcp(&addr.to_string());
-        self.inner
-            .app_logic_mut()
+        let app = self
+            .inner
+            .app_logic()
             .expect("the edge service has its app until it starts")
-            .add_tls(addr, config);
+            .with_tls(config);
+        let mut service = Service::new(format!("edge https {addr}"), app);
+        service.add_tcp(&addr.to_string());
+        self.tls.push(service);
     }
 
     /// Closes this service's listeners ahead of the server and waits for its connections.
@@ -172,8 +183,15 @@ impl pingora::services::Service for EdgeService {
             // connections still being answered watch it.
             std::future::pending::<()>().await
         };
+        let mut listening =
+            vec![self
+                .inner
+                .start_service(fds.clone(), rx.clone(), listeners_per_fd)];
+        for tls in &mut self.tls {
+            listening.push(tls.start_service(fds.clone(), rx.clone(), listeners_per_fd));
+        }
         tokio::select! {
-            () = self.inner.start_service(fds, rx, listeners_per_fd) => {}
+            _ = futures_util::future::join_all(listening) => {}
             () = forward => {}
         }
     }
@@ -187,7 +205,11 @@ impl pingora::services::Service for EdgeService {
     }
 
     fn listen_addresses(&self) -> Option<Vec<String>> {
-        pingora::services::Service::listen_addresses(&self.inner)
+        let mut all = pingora::services::Service::listen_addresses(&self.inner).unwrap_or_default();
+        for tls in &self.tls {
+            all.extend(pingora::services::Service::listen_addresses(tls).unwrap_or_default());
+        }
+        Some(all)
     }
 }
 

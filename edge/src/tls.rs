@@ -1,5 +1,5 @@
-//! The edge's TLS: the server configuration its HTTPS listeners share, and the handshake the
-//! connection loop runs on a connection that arrived on one of them.
+//! The edge's TLS: the server configuration its HTTPS listeners share. The handshake itself
+//! is the connection loop's first step on an HTTPS listener (`EdgeApp::handshake`).
 //!
 //! The edge builds its own rustls [`ServerConfig`] rather than Pingora's: Pingora's keeps 256
 //! sessions and issues no tickets, so a site with more than about a hundred returning visitors
@@ -7,17 +7,17 @@
 //! signature each, and on TLS 1.2 a round trip more). Here a returning client resumes with a
 //! session ticket, encrypted under a key that rotates every 6 hours (the previous one is still
 //! accepted), kept in memory only and never shared between Machines: a ticket from another
-//! Machine, or from before a restart, is a full handshake, as nginx's and haproxy's defaults
-//! do. TLS 1.3 resumption still makes a fresh key exchange (`psk_dhe_ke`), so a stolen ticket
-//! key does not open recorded sessions. TLS 1.2 clients that do not take tickets resume from
-//! a bounded cache of session IDs. 0-RTT data is never accepted: it can be replayed.
+//! Machine, or from before a restart, is a full handshake, as with nginx's and haproxy's
+//! defaults. TLS 1.3 resumption still makes a fresh key exchange (`psk_dhe_ke`), so a stolen
+//! ticket key does not open recorded TLS 1.3 sessions; a TLS 1.2 ticket carries its session's
+//! master secret, so the key in use (up to 12 hours of it) opens the TLS 1.2 sessions that got
+//! tickets under it, as with those servers. TLS 1.2 clients that do not take tickets resume
+//! from a bounded cache of session IDs. 0-RTT data is never accepted: it can be replayed.
 //!
 //! Certificates come from the resolver, by SNI; ALPN offers HTTP/2 and HTTP/1.1.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
-use pingora::listeners::tls::Acceptor;
 use rustls::server::{ResolvesServerCert, ServerSessionMemoryCache};
 pub use rustls::ServerConfig;
 
@@ -43,58 +43,9 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
-/// An HTTPS listener of the edge: connections to `addr` get a TLS handshake with `acceptor`
-/// before their first request.
-#[derive(Clone)]
-pub(crate) struct TlsListener {
-    addr: SocketAddr,
-    pub(crate) acceptor: Arc<Acceptor>,
-}
-
-impl TlsListener {
-    pub(crate) fn new(addr: SocketAddr, config: Arc<ServerConfig>) -> TlsListener {
-        TlsListener {
-            addr,
-            acceptor: Arc::new(Acceptor::from_server_config(config)),
-        }
-    }
-
-    /// Whether a connection whose local address is `local` arrived on this listener: the same
-    /// port, and the same address unless the listener takes any.
-    pub(crate) fn accepted(&self, local: SocketAddr) -> bool {
-        local.port() == self.addr.port()
-            && (self.addr.ip().is_unspecified() || same_ip(self.addr, local))
-    }
-}
-
-/// Whether `a` and `b` name the same IP, an IPv4 address and its IPv4-mapped IPv6 form alike.
-fn same_ip(a: SocketAddr, b: SocketAddr) -> bool {
-    a.ip().to_canonical() == b.ip().to_canonical()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn listener(addr: &str) -> TlsListener {
-        let config = server_config(Arc::new(crate::CertificateResolver::default())).unwrap();
-        TlsListener::new(addr.parse().unwrap(), config)
-    }
-
-    #[test]
-    fn a_connection_belongs_to_the_listener_with_its_port_and_address() {
-        let any = listener("0.0.0.0:8443");
-        assert!(any.accepted("10.0.0.5:8443".parse().unwrap()));
-        assert!(any.accepted("[::ffff:10.0.0.5]:8443".parse().unwrap()));
-        assert!(!any.accepted("10.0.0.5:8080".parse().unwrap()));
-        let one = listener("127.0.0.2:443");
-        assert!(one.accepted("127.0.0.2:443".parse().unwrap()));
-        assert!(one.accepted("[::ffff:127.0.0.2]:443".parse().unwrap()));
-        assert!(!one.accepted("127.0.0.1:443".parse().unwrap()));
-        let v6 = listener("[::]:443");
-        assert!(v6.accepted("[2001:db8::1]:443".parse().unwrap()));
-        assert!(v6.accepted("192.0.2.1:443".parse().unwrap()));
-    }
 
     #[test]
     fn the_config_offers_h2_and_tickets_and_refuses_early_data() {
