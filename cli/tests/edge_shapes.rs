@@ -797,6 +797,29 @@ fn streamed_bodies_reach_the_upstream_whole(position: Position) {
         body_of(&seen[1]) == long,
         "the long body came through changed"
     );
+
+    // A chunked body longer than the first read of a request takes, sent in one write with
+    // its head and the next request: what the first read left is taken before the first
+    // write, and chunks cut by that boundary come through whole.
+    let mut request =
+        b"POST /chunks HTTP/1.1\r\nHost: s.test\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    let mut data = Vec::new();
+    for i in 0..40usize {
+        let chunk: Vec<u8> = (0..997 + i).map(|j| b'A' + ((i + j) % 26) as u8).collect();
+        request.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        request.extend_from_slice(&chunk);
+        request.extend_from_slice(b"\r\n");
+        data.extend_from_slice(&chunk);
+    }
+    request.extend_from_slice(b"0\r\n\r\nGET /after-chunks HTTP/1.1\r\nHost: s.test\r\n\r\n");
+    c.send(&request);
+    assert_eq!(c.answer().text(), "POST /chunks");
+    assert_eq!(c.answer().text(), "GET /after-chunks");
+    let seen = up.wait_for(5);
+    assert!(
+        body_of(&seen[3]).as_bytes() == data,
+        "the chunked body came through changed"
+    );
 }
 
 /// Broken chunked framing is answered 400 and ends the connection, on either path.

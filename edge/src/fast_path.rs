@@ -37,6 +37,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use pingora::protocols::Stream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -1141,13 +1142,14 @@ async fn exchange(
     buffers: &mut Buffers,
     close: bool,
 ) -> Result<Exchanged, ExchangeError> {
-    send_request(upstream, &buffers.out).await?;
     // A body the upstream answered before it was whole: the rest stays unread, and the
     // client's connection ends with the answer.
     buffers.resp.clear();
     let body_whole = if plan.streamed() {
+        // The head goes with the body's first piece.
         stream_body(conn, upstream, plan, &mut buffers.out, &mut buffers.resp).await?
     } else {
+        send_request(upstream, &buffers.out).await?;
         true
     };
     let close = close || !body_whole;
@@ -1194,12 +1196,15 @@ async fn exchange(
     })
 }
 
-/// Sends a streamed request body (chunked, or longer than [`MAX_FAST_BODY`]) to the upstream
-/// as it arrives: each piece read from the client is written on and dropped from the
-/// connection's buffer, which keeps the head and, once the body has ended, what follows it. A
-/// chunked body is framed anew (one chunk per run of data, no extensions, no trailers), so
-/// the upstream never reads framing the edge did not check. `Ok(false)`: the upstream began to
-/// answer (or closed) before the body was whole, and the rest is not sent.
+/// Sends the upstream request head in `out`, then a streamed request body (chunked, or longer
+/// than [`MAX_FAST_BODY`]) as it arrives: each piece read from the client is written on and
+/// dropped from the connection's buffer, which keeps the head and, once the body has ended,
+/// what follows it. The head goes in one write with the body's first piece, and each write
+/// takes all the client has sent by then (a read that would wait is not waited for), so a body
+/// that arrived with its head costs one write. A chunked body is framed anew (one chunk per
+/// run of data, no extensions, no trailers), so the upstream never reads framing the edge did
+/// not check. `Ok(false)`: the upstream began to answer (or closed) before the body was
+/// whole, and the rest is not sent.
 async fn stream_body(
     conn: &mut Downstream,
     upstream: &mut TcpStream,
@@ -1213,13 +1218,29 @@ async fn stream_body(
     let mut scan = ChunkedScan::strict();
     let mut runs: Vec<Range<usize>> = Vec::new();
     let mut data: u64 = 0;
+    // The head, still to be written with the first piece.
+    let mut head = true;
     loop {
+        // With the head goes all the client has sent by then, without waiting for more.
+        if head && !plan.chunked && ((conn.buf.len() - start) as u64) < remaining {
+            read_ready(conn, plan, remaining);
+        }
         let (consumed, done) = if plan.chunked {
             runs.clear();
-            let (n, done) = scan
+            let (mut n, mut done) = scan
                 .feed_with(&conn.buf[start..], |run| runs.push(run))
                 .map_err(|why| ExchangeError::Refused(400, why))?;
-            out.clear();
+            if head && !done && read_ready(conn, plan, remaining) {
+                let (more, now_done) = scan
+                    .feed_with(&conn.buf[start + n..], |run| {
+                        runs.push(start_at(n, run));
+                    })
+                    .map_err(|why| ExchangeError::Refused(400, why))?;
+                (n, done) = (n + more, now_done);
+            }
+            if !head {
+                out.clear();
+            }
             for run in &runs {
                 data += run.len() as u64;
                 push_hex(out, run.len());
@@ -1241,9 +1262,13 @@ async fn stream_body(
         }
         let piece: &[u8] = if plan.chunked {
             out
+        } else if head {
+            out.extend_from_slice(&conn.buf[start..start + consumed]);
+            out
         } else {
             &conn.buf[start..start + consumed]
         };
+        head = false;
         // Written while the upstream is watched: one that answers (say, 413) and stops
         // reading is heard instead of waited on. A write cut short by that watch wrote
         // nothing, so the count of bytes written stays true.
@@ -1270,9 +1295,11 @@ async fn stream_body(
         }
         conn.buf.drain(start..start + consumed);
         if done {
+            // A connection that streamed one long body does not keep a buffer its size.
+            conn.buf.shrink_to(KEPT_BUFFER);
             return Ok(true);
         }
-        conn.buf.reserve(16 * 1024);
+        conn.buf.reserve(read_size(plan, remaining));
         tokio::select! {
             biased;
             answered = upstream_answered(&mut rd, resp) => {
@@ -1298,6 +1325,38 @@ async fn stream_body(
             }
         }
     }
+}
+
+/// The most a streamed body's read takes from the client at once.
+const STREAM_READ: usize = 64 * 1024;
+/// The room a connection's buffer keeps after a streamed body.
+const KEPT_BUFFER: usize = 16 * 1024;
+
+/// How much room the next read of a streamed body gets: what is left of a `Content-Length`
+/// body, up to [`STREAM_READ`], or [`STREAM_READ`] for a chunked one.
+fn read_size(plan: &Plan, remaining: u64) -> usize {
+    if plan.chunked {
+        STREAM_READ
+    } else {
+        usize::try_from(remaining).map_or(STREAM_READ, |r| r.clamp(1, STREAM_READ))
+    }
+}
+
+/// `run`, found `offset` bytes further on.
+fn start_at(offset: usize, run: Range<usize>) -> Range<usize> {
+    run.start + offset..run.end + offset
+}
+
+/// Takes into `conn.buf` what the client has already sent of a streamed body, without waiting
+/// for more: one read, polled once. Whether it took anything.
+fn read_ready(conn: &mut Downstream, plan: &Plan, remaining: u64) -> bool {
+    conn.buf.reserve(read_size(plan, remaining));
+    // A read that would wait is dropped: it took nothing. The end of the connection or a
+    // failure is met again by the read that waits.
+    matches!(
+        conn.stream.read_buf(&mut conn.buf).now_or_never(),
+        Some(Ok(n)) if n > 0
+    )
 }
 
 /// Waits for the upstream to send something while a body is still going to it, reads it into
