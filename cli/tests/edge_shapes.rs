@@ -798,9 +798,10 @@ fn streamed_bodies_reach_the_upstream_whole(position: Position) {
         "the long body came through changed"
     );
 
-    // A chunked body longer than the first read of a request takes, sent in one write with
-    // its head and the next request: what the first read left is taken before the first
-    // write, and chunks cut by that boundary come through whole.
+    // A chunked body longer than the first read of a request takes (a new connection's
+    // buffer), sent in one write with its head and the next request: what the first read left
+    // is taken before the first write, and chunks cut by that boundary come through whole.
+    let mut c = Client::open(edge);
     let mut request =
         b"POST /chunks HTTP/1.1\r\nHost: s.test\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
     let mut data = Vec::new();
@@ -835,6 +836,39 @@ fn broken_chunked_framing_is_refused(position: Position) {
         let answer = c.answer();
         assert_eq!(answer.status, 400, "{answer:?}");
         assert!(c.closed_within(Duration::from_secs(2)));
+    }
+}
+
+/// A chunked body over the body limit is answered 413 and ends the connection, on either
+/// path; the fast path refuses it before anything of the request reaches the upstream.
+fn a_chunked_body_over_the_limit_is_refused(position: Position) {
+    let up = Upstream::start(echo_request_line);
+    let (edge, _child) =
+        edge_alone_in(position, &up.route("s.test"), &["--max-body-bytes", "1000"]);
+    let mut request =
+        b"POST /big HTTP/1.1\r\nHost: s.test\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..3 {
+        request.extend_from_slice(b"190\r\n");
+        request.extend_from_slice(&[b'x'; 400]);
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"0\r\n\r\n");
+    let mut c = Client::open(edge);
+    c.send(&request);
+    let answer = c.answer();
+    assert_eq!(answer.status, 413, "{answer:?}");
+    assert!(c.closed_within(Duration::from_secs(2)));
+    // Within the limit, the same shape goes through.
+    let mut c = Client::open(edge);
+    c.send(b"POST /small HTTP/1.1\r\nHost: s.test\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+    assert_eq!(c.answer().text(), "POST /small");
+    if position == Position::FastPath {
+        let seen = up.requests();
+        assert_eq!(
+            seen.len(),
+            1,
+            "only the request within the limit went upstream: {seen:?}"
+        );
     }
 }
 
@@ -952,6 +986,7 @@ crate::in_both_positions!(
     an_answer_before_the_whole_body_reaches_the_client,
     streamed_bodies_reach_the_upstream_whole,
     broken_chunked_framing_is_refused,
+    a_chunked_body_over_the_limit_is_refused,
     http10_clients_keep_their_connection_when_they_ask,
     expect_100_continue_gets_the_body_through,
     https_on_the_edge_alone_with_a_certificate_from_files,

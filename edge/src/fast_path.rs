@@ -1199,9 +1199,9 @@ async fn exchange(
 /// Sends the upstream request head in `out`, then a streamed request body (chunked, or longer
 /// than [`MAX_FAST_BODY`]) as it arrives: each piece read from the client is written on and
 /// dropped from the connection's buffer, which keeps the head and, once the body has ended,
-/// what follows it. The head goes in one write with the body's first piece, and each write
-/// takes all the client has sent by then (a read that would wait is not waited for), so a body
-/// that arrived with its head costs one write. A chunked body is framed anew (one chunk per
+/// what follows it. The head goes in one write with the body's first piece, and that first
+/// write takes all the client has sent by then (a read that would wait is not waited for), so
+/// a body that arrived with its head costs one write. A chunked body is framed anew (one chunk per
 /// run of data, no extensions, no trailers), so the upstream never reads framing the edge did
 /// not check. `Ok(false)`: the upstream began to answer (or closed) before the body was
 /// whole, and the rest is not sent.
@@ -1227,14 +1227,10 @@ async fn stream_body(
         }
         let (consumed, done) = if plan.chunked {
             runs.clear();
-            let (mut n, mut done) = scan
-                .feed_with(&conn.buf[start..], |run| runs.push(run))
+            let (mut n, mut done) = scan_runs(&mut scan, &conn.buf[start..], 0, &mut runs)
                 .map_err(|why| ExchangeError::Refused(400, why))?;
             if head && !done && read_ready(conn, plan, remaining) {
-                let (more, now_done) = scan
-                    .feed_with(&conn.buf[start + n..], |run| {
-                        runs.push(start_at(n, run));
-                    })
+                let (more, now_done) = scan_runs(&mut scan, &conn.buf[start..], n, &mut runs)
                     .map_err(|why| ExchangeError::Refused(400, why))?;
                 (n, done) = (n + more, now_done);
             }
@@ -1342,9 +1338,18 @@ fn read_size(plan: &Plan, remaining: u64) -> usize {
     }
 }
 
-/// `run`, found `offset` bytes further on.
-fn start_at(offset: usize, run: Range<usize>) -> Range<usize> {
-    run.start + offset..run.end + offset
+/// Scans the chunked body bytes in `body[from..]` (the scan saw `body[..from]` already),
+/// adding the runs of data found to `runs` as ranges of `body`. Returns the bytes taken from
+/// `from` on (all of them, unless the body ended there) and whether the body ended.
+fn scan_runs(
+    scan: &mut ChunkedScan,
+    body: &[u8],
+    from: usize,
+    runs: &mut Vec<Range<usize>>,
+) -> Result<(usize, bool), &'static str> {
+    scan.feed_with(&body[from..], |run| {
+        runs.push(run.start + from..run.end + from)
+    })
 }
 
 /// Takes into `conn.buf` what the client has already sent of a streamed body, without waiting
@@ -1733,6 +1738,36 @@ mod tests {
                 ChunkedScan::strict().feed(fine),
                 Ok((fine.len(), true)),
                 "{shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_chunked_body_scanned_in_two_parts_gives_its_data_wherever_it_is_cut() {
+        // Extensions, a trailer, sizes of one and two digits, and what follows the body.
+        let body = b"5;e=1\r\nhello\r\n1\r\n \r\n1a\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nX-T: 1\r\n\r\nGET /";
+        let end = body.len() - b"GET /".len();
+        for cut in 0..=body.len() {
+            let mut scan = ChunkedScan::strict();
+            let mut runs = Vec::new();
+            let (n, done) = scan_runs(&mut scan, &body[..cut], 0, &mut runs).unwrap();
+            let (n, done) = if done {
+                (n, done)
+            } else {
+                assert_eq!(n, cut, "an unfinished body is taken whole (cut at {cut})");
+                let (more, done) = scan_runs(&mut scan, body, n, &mut runs).unwrap();
+                (n + more, done)
+            };
+            assert!(done, "cut at {cut}");
+            assert_eq!(
+                n, end,
+                "the body ends before what follows it (cut at {cut})"
+            );
+            let data: Vec<u8> = runs.iter().flat_map(|r| body[r.clone()].to_vec()).collect();
+            assert_eq!(
+                String::from_utf8_lossy(&data),
+                "hello abcdefghijklmnopqrstuvwxyz",
+                "cut at {cut}"
             );
         }
     }

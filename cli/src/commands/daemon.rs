@@ -20,7 +20,7 @@ pub enum DaemonCommand {
     Run(Box<RunArgs>),
     /// Run only the edge, with fixed routes (benchmarks, debugging).
     #[command(hide = true)]
-    Edge(EdgeArgs),
+    Edge(Box<EdgeArgs>),
 }
 
 /// A `--no-X` flag: its key set to `false` when given, nothing otherwise.
@@ -62,6 +62,10 @@ pub struct EdgeArgs {
     #[arg(long)]
     #[serde(rename = "access_log", serialize_with = "off_if_given")]
     no_access_log: bool,
+    /// Largest request body the edge accepts, bytes (0: no limit) [default: 0].
+    #[arg(long, value_name = "BYTES")]
+    #[serde(rename = "limits.max_body_bytes")]
+    max_body_bytes: Option<u64>,
     /// Seconds a client has to send a whole request header.
     #[arg(long, value_name = "SECONDS", default_value_t = 15)]
     #[serde(rename = "limits.header_timeout_seconds")]
@@ -187,7 +191,7 @@ pub struct RunArgs {
 pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
     let args = match cmd {
         DaemonCommand::Run(args) => *args,
-        DaemonCommand::Edge(args) => return edge(args),
+        DaemonCommand::Edge(args) => return edge(*args),
     };
     let mut config = DaemonConfig::load(args.config.as_deref(), &args)?;
     // A flag only, for one start: never in the file.
@@ -362,7 +366,7 @@ upstreams = [\"127.0.0.1:53\"]
         ]) {
             Ok(Cli {
                 daemon: DaemonCommand::Edge(args),
-            }) => args,
+            }) => *args,
             Ok(_) => panic!("not daemon edge"),
             Err(e) => panic!("{e}"),
         };
