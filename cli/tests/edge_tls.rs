@@ -197,3 +197,42 @@ fn plain_http_on_the_https_port_gets_no_http_answer() {
     assert_eq!(edge.visit(&visitor).1, "HTTP/1.1 200 OK");
     assert_eq!(edge._up.requests().len(), 1);
 }
+
+#[test]
+fn shutdown_does_not_wait_for_a_connection_still_shaking_hands() {
+    let mut edge = TlsEdge::start(&["--shutdown-grace", "30", "--header-timeout", "60"]);
+    let visitor = edge.visitor(&[&rustls::version::TLS13]);
+    assert_eq!(edge.visit(&visitor).1, "HTTP/1.1 200 OK");
+    let mut silent = TcpStream::connect(("127.0.0.1", edge.port)).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    // The edge has taken the connection once a visit after it is answered: a listener serves
+    // its connections in order.
+    assert_eq!(edge.visit(&visitor).1, "HTTP/1.1 200 OK");
+    let child = &mut edge._edge.0;
+    // SAFETY: a signal to the child this test started.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    // Closed at once, not after the 30 s grace (nor the 60 s header timeout).
+    let mut buf = [0u8; 16];
+    let n = match silent.read(&mut buf) {
+        Ok(n) => n,
+        Err(e) if e.kind() == ErrorKind::ConnectionReset => 0,
+        Err(e) => panic!("the connection still shaking hands was not closed: {e}"),
+    };
+    assert_eq!(n, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edge did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}

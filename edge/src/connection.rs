@@ -112,8 +112,9 @@ impl EdgeApp {
 
     /// The TLS handshake of a connection to an HTTPS listener, within the header timeout; a
     /// connection to a plain listener as it is. `None`: the handshake failed or took too long
-    /// (counted in the edge's metrics).
-    async fn handshake(&self, stream: Stream) -> Option<Stream> {
+    /// (counted in the edge's metrics), or the edge's listeners closed first: a connection
+    /// still shaking hands has no request to answer, so shutdown does not wait for it.
+    async fn handshake(&self, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
         let Some(acceptor) = &self.tls else {
             return Some(stream);
         };
@@ -125,7 +126,13 @@ impl EdgeApp {
             return None;
         };
         let metrics = self.fast.edge.metrics();
-        match tokio::time::timeout(self.header_timeout, acceptor.tls_handshake(*tcp)).await {
+        let mut closing = shutdown.clone();
+        let handshake = tokio::time::timeout(self.header_timeout, acceptor.tls_handshake(*tcp));
+        let finished = tokio::select! {
+            finished = handshake => finished,
+            _ = closing.wait_for(|closed| *closed) => return None,
+        };
+        match finished {
             Ok(Ok(tls)) => Some(Box::new(tls)),
             Ok(Err(e)) => {
                 metrics.tls_handshake_failed(false);
@@ -476,7 +483,7 @@ impl ServerApp for EdgeApp {
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
         let _open = self.closing.opened();
-        let stream = self.handshake(stream).await?;
+        let stream = self.handshake(stream, shutdown).await?;
         if stream.selected_alpn_proto() == Some(ALPN::H2) {
             self.serve_h2(stream, shutdown).await;
             return None;
