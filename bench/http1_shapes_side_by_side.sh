@@ -67,23 +67,8 @@ done
 bench_begin http1_shapes_bench
 
 # ---------------------------------------------------------------- servers
-mkdir -p "$WORK/up" "$WORK/nginx" "$WORK/haproxy"
-cat >"$WORK/up/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $WORK/up/nginx.pid;
-error_log $WORK/up/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    client_max_body_size 10m;
-    server {
-        listen 127.0.0.1:$UP_PORT;
-        location / { return 200 "$EXPECTED\n"; }
-    }
-}
-EOF
+bench_upstream_nginx "$UP_PORT" "$EXPECTED"
+mkdir -p "$WORK/nginx" "$WORK/haproxy"
 cat >"$WORK/nginx/nginx.conf" <<EOF
 worker_processes $WORKERS;
 daemon off;
@@ -127,9 +112,6 @@ backend be_app
     http-reuse always
     server up1 127.0.0.1:$UP_PORT maxconn 1000
 EOF
-nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" >"$WORK/up.log" 2>&1 &
-PIDS+=($!)
-wait_port "$UP_PORT"
 nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx.log" 2>&1 &
 PIDS+=($!); NGINX_PID=$!
 haproxy -db -f "$WORK/haproxy/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &

@@ -56,22 +56,8 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
 
 cat "$WORK/cert.pem" "$WORK/key.pem" >"$WORK/combined.pem"
 
-mkdir -p "$WORK/up" "$WORK/nginx" "$WORK/haproxy"
-cat >"$WORK/up/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $WORK/up/nginx.pid;
-error_log $WORK/up/error.log warn;
-events { worker_connections 4096; }
-http {
-    access_log off;
-    keepalive_requests 1000000;
-    server {
-        listen 127.0.0.1:$UP_PORT;
-        location / { return 200 "hello from upstream\n"; }
-    }
-}
-EOF
+bench_upstream_nginx "$UP_PORT" "hello from upstream"
+mkdir -p "$WORK/nginx" "$WORK/haproxy"
 cat >"$WORK/nginx/nginx.conf" <<EOF
 worker_processes $WORKERS;
 daemon off;
@@ -116,9 +102,6 @@ frontend https_in
 backend app_up
     server up 127.0.0.1:$UP_PORT
 EOF
-nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" >"$WORK/up.log" 2>&1 &
-PIDS+=($!)
-wait_port "$UP_PORT"
 nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx.log" 2>&1 &
 PIDS+=($!); NGINX_PID=$!
 haproxy -db -f "$WORK/haproxy/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &

@@ -55,6 +55,33 @@ wait_port() {
   return 1
 }
 
+# The upstream every HTTP side-by-side target proxies to: one nginx worker on 127.0.0.1:$1
+# answering 200 with "$2" and a newline to every request (bodies up to 10 MiB read and
+# discarded), no access log, keep-alive without a request limit. Started in $WORK/up, its PID
+# in PIDS, ready when this returns.
+bench_upstream_nginx() {
+  mkdir -p "$WORK/up"
+  cat >"$WORK/up/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/up/nginx.pid;
+error_log $WORK/up/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    keepalive_requests 1000000;
+    client_max_body_size 10m;
+    server {
+        listen 127.0.0.1:$1;
+        location / { return 200 "$2\n"; }
+    }
+}
+EOF
+  nginx -p "$WORK/up" -c "$WORK/up/nginx.conf" >"$WORK/up.log" 2>&1 &
+  PIDS+=($!)
+  wait_port "$1"
+}
+
 # A process and its descendants.
 tree_pids() {
   local c

@@ -373,13 +373,24 @@ services:
     // A hostname with no certificate: the handshake fails, and the metrics count it.
     let (ok, _, verbose) = curl_https(dir, port, "none.test.localhost", &[]);
     assert!(!ok, "no certificate covers none.test.localhost: {verbose}");
-    let (status, metrics) = http_get(m.daemon.metrics_port, "x", "/metrics");
-    assert_eq!(status, 200);
-    let failed = metrics
-        .lines()
-        .find(|l| l.starts_with("ployz_edge_tls_handshake_failures_total{reason=\"failed\"}"))
-        .and_then(|l| l.split_whitespace().last()?.parse::<u64>().ok());
-    assert!(failed.is_some_and(|n| n >= 1), "{metrics}");
+    // Counted once the edge's handshake returns, which can be just after curl saw the alert.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, metrics) = http_get(m.daemon.metrics_port, "x", "/metrics");
+        assert_eq!(status, 200);
+        let failed = metrics
+            .lines()
+            .find(|l| l.starts_with("ployz_edge_tls_handshake_failures_total{reason=\"failed\"}"))
+            .and_then(|l| l.split_whitespace().last()?.parse::<u64>().ok());
+        if failed.is_some_and(|n| n >= 1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the failed handshake was never counted: {metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     // Plain HTTP to an https hostname redirects, keeping the path and query.
     use std::io::{Read, Write};

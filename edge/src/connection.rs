@@ -64,7 +64,9 @@ const MAX_MALFORMED_STREAMS: usize = 32;
 /// the pool, so idle clients do not pin upstream connections.
 const HOLD_UPSTREAM: Duration = Duration::from_secs(1);
 
-/// The edge's Pingora application: the fast path first, Pingora's proxy for the rest.
+/// The edge's Pingora application: the fast path first, Pingora's proxy for the rest. A clone
+/// is the same edge (its state is shared).
+#[derive(Clone)]
 pub struct EdgeApp {
     pingora: Arc<HttpProxy<EdgeProxy>>,
     fast: Arc<FastPath>,
@@ -100,13 +102,8 @@ impl EdgeApp {
     /// connection first makes a TLS handshake with `config`.
     pub(crate) fn with_tls(&self, config: Arc<rustls::ServerConfig>) -> EdgeApp {
         EdgeApp {
-            pingora: self.pingora.clone(),
-            fast: self.fast.clone(),
-            fast_path: self.fast_path,
-            header_timeout: self.header_timeout,
-            max_head: self.max_head,
-            closing: self.closing.clone(),
             tls: Some(Arc::new(Acceptor::from_server_config(config))),
+            ..self.clone()
         }
     }
 
