@@ -26,6 +26,12 @@ fn shapes(request: &[u8]) -> Vec<u8> {
         "/garbage" => b"nonsense\r\n\r\n",
         "/switch" => b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
         "/big" => return big_answer(request.starts_with(b"HEAD ")),
+        "/big-chunked" => return big_chunked_answer(),
+        "/big-until-close" => {
+            let mut answer = b"HTTP/1.0 200 OK\r\n\r\n".to_vec();
+            answer.extend((0..BIG).map(big_byte));
+            return answer;
+        }
         _ => b"",
     };
     if !fixed.is_empty() {
@@ -59,6 +65,20 @@ fn big_answer(head: bool) -> Vec<u8> {
     if !head {
         answer.extend((0..BIG).map(big_byte));
     }
+    answer
+}
+
+/// The big body in chunks of 7919 bytes (a prime: the edge's reads end anywhere in a chunk
+/// and in its framing), the last one shorter.
+fn big_chunked_answer() -> Vec<u8> {
+    let mut answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+    let body: Vec<u8> = (0..BIG).map(big_byte).collect();
+    for chunk in body.chunks(7919) {
+        answer.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        answer.extend_from_slice(chunk);
+        answer.extend_from_slice(b"\r\n");
+    }
+    answer.extend_from_slice(b"0\r\n\r\n");
     answer
 }
 
@@ -334,6 +354,15 @@ fn responses_reach_http2_clients_without_hop_by_hop_fields(position: Position) {
         (until_close.status, until_close.text().as_str()),
         (200, "until close")
     );
+    // Bodies longer than one read of the upstream, whatever their framing, come whole.
+    for path in ["/big", "/big-chunked", "/big-until-close"] {
+        let big = h2.get(path);
+        assert_eq!((big.status, big.body.len()), (200, BIG), "{path}");
+        assert!(
+            big.body.iter().enumerate().all(|(i, b)| *b == big_byte(i)),
+            "{path}: the body came back changed"
+        );
+    }
     // And the connection goes on.
     assert_eq!(h2.get("/after").text(), "GET /after");
 }

@@ -390,6 +390,9 @@ impl EdgeApp {
         let mut streams: FuturesUnordered<Pin<Box<dyn Future<Output = ()> + Send + '_>>> =
             FuturesUnordered::new();
         let mut watch = shutdown.clone();
+        // One future for the whole connection (not one per turn of the loop); polled until it
+        // is ready, once.
+        let mut shutting_down = std::pin::pin!(watch.changed());
         let mut going_away = false;
         let mut malformed = 0;
         // Checked every KEEPALIVE (GOAWAY_GRACE after an idle GOAWAY): the connection is idle
@@ -404,7 +407,7 @@ impl EdgeApp {
             }
             let accepted = tokio::select! {
                 biased;
-                _ = watch.changed(), if !going_away => {
+                _ = &mut shutting_down, if !going_away => {
                     conn.graceful_shutdown();
                     going_away = true;
                     continue;

@@ -719,7 +719,7 @@ pub(crate) struct Buffers {
     /// The upstream request (head and body), then the rewritten response head.
     pub(crate) out: Vec<u8>,
     /// Response bytes from the upstream.
-    resp: Vec<u8>,
+    pub(crate) resp: Vec<u8>,
 }
 
 thread_local! {
@@ -739,6 +739,9 @@ impl Buffers {
     pub(crate) fn give_back(mut self) {
         if self.out.capacity() > 4 * MAX_FAST_BODY as usize {
             self.out = Vec::with_capacity(4096);
+        }
+        if self.resp.capacity() > 4 * RESPONSE_BUFFER {
+            self.resp = Vec::with_capacity(RESPONSE_BUFFER);
         }
         self.out.clear();
         self.resp.clear();

@@ -20,9 +20,10 @@
 use std::io;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::task::Poll;
 use std::time::Instant;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method};
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::v2::server::HttpSession;
@@ -241,7 +242,6 @@ impl FastPath {
         mut buffers: Buffers,
     ) {
         let start = Instant::now();
-        session.set_write_timeout(Some(IO_TIMEOUT));
         let mut attempts = Attempts::default();
         let (status, error) =
             match read_body(&mut session, &mut buffers.out, plan.content_length).await {
@@ -250,7 +250,13 @@ impl FastPath {
                     (0, Some(format!("reading the request body: {e}")))
                 }
                 Ok(()) => match self
-                    .forward_h2(&mut session, &plan, &buffers.out, &mut attempts)
+                    .forward_h2(
+                        &mut session,
+                        &plan,
+                        &buffers.out,
+                        &mut buffers.resp,
+                        &mut attempts,
+                    )
                     .await
                 {
                     Ok(status) => (status, None),
@@ -279,6 +285,7 @@ impl FastPath {
         session: &mut HttpSession,
         plan: &H2Plan,
         request: &[u8],
+        resp: &mut Vec<u8>,
         attempts: &mut Attempts,
     ) -> Result<u16, (u16, String)> {
         let host = &request[plan.host.clone()];
@@ -297,14 +304,14 @@ impl FastPath {
                     None => continue,
                 },
             };
-            let mut result = exchange(session, &mut upstream, plan.head, request).await;
+            let mut result = exchange(session, &mut upstream, plan.head, request, resp).await;
             if reused && plan.idempotent && matches!(result, Err(ExchangeError::NoResponse(_))) {
                 // A kept connection the upstream had closed meanwhile: once more on a new one.
                 upstream = match self.connect_h2(session, addr, attempts).await? {
                     Some(s) => s,
                     None => continue,
                 };
-                result = exchange(session, &mut upstream, plan.head, request).await;
+                result = exchange(session, &mut upstream, plan.head, request, resp).await;
             }
             return match result {
                 Ok(done) => {
@@ -401,17 +408,31 @@ async fn answer(session: &mut HttpSession, status: u16, body: &'static str) -> u
     {
         return 0;
     }
-    match session
-        .write_body(Bytes::from_static(body.as_bytes()), true)
-        .await
-    {
+    match write_body(session, Bytes::from_static(body.as_bytes()), true).await {
         Ok(()) => status,
         Err(_) => 0,
     }
 }
 
-/// Reads from an upstream into `resp` within [`IO_TIMEOUT`].
-async fn read_upstream(upstream: &mut TcpStream, resp: &mut BytesMut) -> io::Result<usize> {
+/// Writes a piece of the response body within [`IO_TIMEOUT`]. The timer is set only when the
+/// piece cannot go at once (the stream's or the connection's window is short), which most
+/// pieces can.
+async fn write_body(session: &mut HttpSession, piece: Bytes, end: bool) -> pingora::Result<()> {
+    let mut write = std::pin::pin!(session.write_body(piece, end));
+    if let Poll::Ready(done) = futures_util::poll!(write.as_mut()) {
+        return done;
+    }
+    match tokio::time::timeout(IO_TIMEOUT, write).await {
+        Ok(done) => done,
+        Err(_) => pingora::Error::e_explain(
+            pingora::ErrorType::WriteTimedout,
+            "writing the response body",
+        ),
+    }
+}
+
+/// Reads from an upstream onto the end of `resp` within [`IO_TIMEOUT`].
+async fn read_upstream(upstream: &mut TcpStream, resp: &mut Vec<u8>) -> io::Result<usize> {
     if resp.capacity() - resp.len() < 4096 {
         resp.reserve(READ_SIZE);
     }
@@ -421,30 +442,35 @@ async fn read_upstream(upstream: &mut TcpStream, resp: &mut BytesMut) -> io::Res
 }
 
 /// One request and its response over `upstream`: `request` is sent, interim responses are
-/// read and dropped, then the final response's head and body go to the client.
+/// read and dropped, then the final response's head and body go to the client. `resp` is the
+/// read buffer (a worker thread's, reused): the body goes to the client in copies of what was
+/// read, so that the buffer is free again when the exchange ends.
 async fn exchange(
     session: &mut HttpSession,
     upstream: &mut TcpStream,
     head_request: bool,
     request: &[u8],
+    resp: &mut Vec<u8>,
 ) -> Result<Exchanged, ExchangeError> {
     send_request(upstream, request).await?;
-    let mut resp = BytesMut::with_capacity(READ_SIZE);
+    resp.clear();
+    // Where the unread part of `resp` begins.
+    let mut at = 0;
     let (head, framing, reusable) = loop {
         let mut scan = HeaderScan::default();
-        let mut scanned = 0;
+        let mut scanned = at;
         loop {
             let complete = scan.feed(&resp[scanned..]).is_some();
             scanned = resp.len();
             if complete {
                 break;
             }
-            if resp.len() > MAX_RESPONSE_HEAD {
+            if resp.len() - at > MAX_RESPONSE_HEAD {
                 return Err(ExchangeError::BadResponse("a response head over 64 KiB"));
             }
             let n = tokio::select! {
                 biased;
-                n = read_upstream(upstream, &mut resp) => n.map_err(ExchangeError::NoResponse)?,
+                n = read_upstream(upstream, resp) => n.map_err(ExchangeError::NoResponse)?,
                 reason = session.idle() => {
                     return Err(ExchangeError::Broken(match reason {
                         Ok(reason) => format!("the client reset the stream ({reason:?}) before the response"),
@@ -460,7 +486,7 @@ async fn exchange(
         }
         let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
         let mut parsed = httparse::Response::new(&mut fields);
-        let len = match parsed.parse(&resp) {
+        let len = match parsed.parse(&resp[at..]) {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) | Err(_) => {
                 return Err(ExchangeError::BadResponse("a malformed response head"))
@@ -472,11 +498,11 @@ async fn exchange(
         }
         if (100..200).contains(&plan.status) {
             // Interim responses stay here: Pingora's HTTP/2 server drops them too.
-            resp.advance(len);
+            at += len;
             continue;
         }
         let head = h2_response_head(&parsed, plan.framing).map_err(ExchangeError::BadResponse)?;
-        resp.advance(len);
+        at += len;
         break (head, plan.framing, plan.reusable);
     };
     let status = head.status.as_u16();
@@ -487,24 +513,26 @@ async fn exchange(
         .write_response_header(Box::new(head), ends_now)
         .map_err(broken_client)?;
     let clean = match framing {
-        Framing::Empty | Framing::Length(0) => resp.is_empty(),
+        Framing::Empty | Framing::Length(0) => at == resp.len(),
         Framing::Length(mut left) => {
             loop {
-                let take = resp.len().min(left.try_into().unwrap_or(usize::MAX));
+                let take = (resp.len() - at).min(left.try_into().unwrap_or(usize::MAX));
                 if take > 0 {
                     left -= take as u64;
-                    let piece = resp.split_to(take).freeze();
-                    session
-                        .write_body(piece, left == 0)
+                    let piece = Bytes::copy_from_slice(&resp[at..at + take]);
+                    at += take;
+                    write_body(session, piece, left == 0)
                         .await
                         .map_err(broken_client)?;
                 }
                 if left == 0 {
                     break;
                 }
-                read_body_bytes(upstream, &mut resp).await?;
+                resp.clear();
+                at = 0;
+                read_body_bytes(upstream, resp).await?;
             }
-            resp.is_empty()
+            at == resp.len()
         }
         Framing::Chunked => {
             let mut scan = ChunkedScan::default();
@@ -512,33 +540,37 @@ async fn exchange(
             loop {
                 runs.clear();
                 let (n, done) = scan
-                    .feed_with(&resp, |run| runs.push(run))
+                    .feed_with(&resp[at..], |run| runs.push(run))
                     .map_err(|e| ExchangeError::Broken(e.into()))?;
-                let framed = resp.split_to(n).freeze();
                 for run in runs.drain(..) {
-                    session
-                        .write_body(framed.slice(run), false)
+                    let piece = Bytes::copy_from_slice(&resp[at + run.start..at + run.end]);
+                    write_body(session, piece, false)
                         .await
                         .map_err(broken_client)?;
                 }
+                at += n;
                 if done {
                     session.finish().map_err(broken_client)?;
                     break;
                 }
-                read_body_bytes(upstream, &mut resp).await?;
+                // What is left is part of a chunk's framing: kept at the front.
+                resp.drain(..at);
+                at = 0;
+                read_body_bytes(upstream, resp).await?;
             }
-            resp.is_empty()
+            at == resp.len()
         }
         Framing::UntilClose => {
             loop {
-                if !resp.is_empty() {
-                    let piece = resp.split().freeze();
-                    session
-                        .write_body(piece, false)
+                if at < resp.len() {
+                    let piece = Bytes::copy_from_slice(&resp[at..]);
+                    write_body(session, piece, false)
                         .await
                         .map_err(broken_client)?;
                 }
-                let read = read_upstream(upstream, &mut resp)
+                resp.clear();
+                at = 0;
+                let read = read_upstream(upstream, resp)
                     .await
                     .map_err(|e| ExchangeError::Broken(format!("reading the response: {e}")))?;
                 if read == 0 {
@@ -559,7 +591,7 @@ async fn exchange(
 /// Reads more of a response body; the upstream closing first breaks the response off.
 async fn read_body_bytes(
     upstream: &mut TcpStream,
-    resp: &mut BytesMut,
+    resp: &mut Vec<u8>,
 ) -> Result<(), ExchangeError> {
     match read_upstream(upstream, resp).await {
         Ok(0) => Err(ExchangeError::Broken(
