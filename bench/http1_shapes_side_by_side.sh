@@ -21,7 +21,9 @@
 #
 # The edge runs alone (`edge-bench`, no access log), nginx as a reverse proxy with a keep-alive
 # upstream pool and unbuffered request bodies, haproxy in HTTP mode with connection reuse, each
-# with WORKERS workers or threads and no access log. Before measuring, every target must pass on
+# with WORKERS workers or threads and no access log; both peers add the forwarding fields the
+# edge adds (X-Forwarded-For, Forwarded, X-Forwarded-Proto and -Host), so that every target does
+# the same work and sends the upstream the same head. Before measuring, every target must pass on
 # the upstream's 200 to a GET, an HTTP/1.0 GET, a 100 KiB POST, the chunked upload (whose
 # encoding the upstream checks first) and the Expect POST.
 # RUNS interleaved runs per workload and target (median, and every run's figure), CPU per
@@ -88,6 +90,7 @@ http {
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header Host \$host;
+$(bench_nginx_forwarding)
             proxy_request_buffering off;
         }
     }
@@ -107,6 +110,7 @@ defaults
     timeout http-keep-alive 120s
 frontend fe
     bind 127.0.0.1:$HAPROXY_PORT
+$(bench_haproxy_forwarding http)
     default_backend be_app
 backend be_app
     http-reuse always

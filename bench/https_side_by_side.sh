@@ -3,7 +3,8 @@
 # answering 200), the same ECDSA P-256 certificate, the same clients.
 #
 #   https-keepalive  wrk over TLS, HTTP/1.1 keep-alive (-t2 -c64)
-#   h2               h2load over TLS, HTTP/2 (-c16 -m10: many streams per connection)
+#   h2               h2load over TLS, HTTP/2 (-c16 -m10: many streams per connection; p99
+#                    from its per-request log)
 #   tls-new          wrk over TLS with `Connection: close` (-t2 -c32): every request on a new
 #                    connection with a full handshake (wrk does not resume sessions), what each
 #                    new visitor costs
@@ -16,8 +17,9 @@
 #
 # The edge runs alone (`edge-bench --tls-listen`, no access log), nginx and haproxy as
 # TLS-terminating reverse proxies with a keep-alive upstream pool and no access log, each with
-# WORKERS workers (threads for haproxy and the edge). RUNS
-# interleaved runs per target and workload (median, and every run's figure), CPU per request from
+# WORKERS workers (threads for haproxy and the edge), both adding the forwarding fields the edge
+# adds (X-Forwarded-For, Forwarded, X-Forwarded-Proto and -Host): the same work, the same head
+# upstream. RUNS interleaved runs per target and workload (median, and every run's figure), CPU per request from
 # /proc, autogroup scheduling off for the run (restored). Everything listens on 127.0.0.1 and
 # every process started here is ended by its PID.
 #
@@ -80,6 +82,7 @@ http {
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_set_header Host \$host;
+$(bench_nginx_forwarding)
         }
     }
 }
@@ -98,6 +101,7 @@ defaults
     http-reuse always
 frontend https_in
     bind 127.0.0.1:$HAPROXY_PORT ssl crt $WORK/combined.pem alpn h2,http/1.1
+$(bench_haproxy_forwarding https)
     default_backend app_up
 backend app_up
     server up 127.0.0.1:$UP_PORT
@@ -148,10 +152,13 @@ run() { # target workload run
     errors=$(awk -F'[ =]' '/^requests=/ {print $10}' "$out")
     [ "${errors:-1}" = 0 ] || log "$t tls-resumed run $r: ${errors:-no summary} failed visits ($(grep -m1 'error' "$out" || true))"
   else
-    h2load -c16 -m10 -t2 -D "$DURATION" "$url" >"$out" 2>&1
+    h2load -c16 -m10 -t2 -D "$DURATION" --log-file="$WORK/h2.times" "$url" >"$out" 2>&1
     rps=$(awk '/^finished in/ {gsub(/,/, "", $4); print $4}' "$out")
     n=$(awk '/^requests:/ {print $8}' "$out")
-    p99=nan
+    # h2load prints no percentiles; its log has each request's time (µs) in column 3.
+    p99=$(awk -F'\t' '$2 > 0 {print $3}' "$WORK/h2.times" | sort -n \
+      | awk '{ v[NR] = $1 } END { if (NR) printf "%.2f", v[int(NR * 0.99 + 0.5)] / 1000; else print "nan" }')
+    rm -f "$WORK/h2.times"
   fi
   c1=$(cpu_ticks "$(pid_of "$t")")
   local cpu

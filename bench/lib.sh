@@ -82,6 +82,27 @@ EOF
   wait_port "$1"
 }
 
+# The forwarding fields the edge adds to every request it sends upstream (X-Forwarded-For,
+# Forwarded, X-Forwarded-Proto, X-Forwarded-Host), as nginx `location` lines and as haproxy
+# `frontend` lines for scheme $1: the peers do the same work, and the upstream reads the same
+# fields from each.
+bench_nginx_forwarding() {
+  cat <<'EOF'
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header Forwarded "for=$remote_addr;host=\"$host\";proto=$scheme";
+            proxy_set_header X-Forwarded-Proto $scheme;
+            proxy_set_header X-Forwarded-Host $host;
+EOF
+}
+bench_haproxy_forwarding() {
+  cat <<EOF
+    option forwardfor
+    http-request set-header Forwarded "for=%[src];host=\\"%[req.hdr(host)]\\";proto=$1"
+    http-request set-header X-Forwarded-Proto $1
+    http-request set-header X-Forwarded-Host %[req.hdr(host)]
+EOF
+}
+
 # A process and its descendants.
 tree_pids() {
   local c
