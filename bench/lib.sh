@@ -89,9 +89,9 @@ EOF
 bench_nginx_forwarding() {
   cat <<'EOF'
             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
-            proxy_set_header Forwarded "for=$remote_addr;host=\"$host\";proto=$scheme";
+            proxy_set_header Forwarded "for=$remote_addr;host=\"$http_host\";proto=$scheme";
             proxy_set_header X-Forwarded-Proto $scheme;
-            proxy_set_header X-Forwarded-Host $host;
+            proxy_set_header X-Forwarded-Host $http_host;
 EOF
 }
 bench_haproxy_forwarding() {

@@ -21,6 +21,7 @@ fn shapes(request: &[u8]) -> Vec<u8> {
     let fixed: &[u8] = match target.as_str() {
         "/chunked" => b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: x-hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nX-Kept: yes\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n",
         "/interim" => b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        "/interims" => b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
         "/no-content" => b"HTTP/1.1 204 No Content\r\nX-Kept: yes\r\n\r\n",
         "/until-close" => b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil close",
         "/garbage" => b"nonsense\r\n\r\n",
@@ -68,8 +69,9 @@ fn big_answer(head: bool) -> Vec<u8> {
     answer
 }
 
-/// The big body in chunks of 7919 bytes (a prime: the edge's reads end anywhere in a chunk
-/// and in its framing), the last one shorter.
+/// The big body in chunks of 7919 bytes, the last one shorter: the edge's reads of the
+/// upstream end anywhere in a chunk (now and then in its framing; a cut at every offset of the
+/// framing is `ChunkedScan`'s unit tests' job).
 fn big_chunked_answer() -> Vec<u8> {
     let mut answer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
     let body: Vec<u8> = (0..BIG).map(big_byte).collect();
@@ -340,6 +342,8 @@ fn responses_reach_http2_clients_without_hop_by_hop_fields(position: Position) {
 
     let interim = h2.get("/interim");
     assert_eq!((interim.status, interim.text().as_str()), (200, "ok"));
+    let interims = h2.get("/interims");
+    assert_eq!((interims.status, interims.text().as_str()), (200, "ok"));
 
     let none = h2.get("/no-content");
     assert_eq!((none.status, none.body.len()), (204, 0));

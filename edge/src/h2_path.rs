@@ -497,8 +497,10 @@ async fn exchange(
             return Err(ExchangeError::BadResponse("101 without an upgrade request"));
         }
         if (100..200).contains(&plan.status) {
-            // Interim responses stay here: Pingora's HTTP/2 server drops them too.
-            at += len;
+            // Interim responses stay here: Pingora's HTTP/2 server drops them too. Dropped
+            // from the buffer as well: an upstream may send any number of them.
+            resp.drain(..at + len);
+            at = 0;
             continue;
         }
         let head = h2_response_head(&parsed, plan.framing).map_err(ExchangeError::BadResponse)?;
@@ -553,7 +555,8 @@ async fn exchange(
                     session.finish().map_err(broken_client)?;
                     break;
                 }
-                // What is left is part of a chunk's framing: kept at the front.
+                // The scan takes all it is given until the body ends, so this empties the
+                // buffer; anything it had left would stay at the front.
                 resp.drain(..at);
                 at = 0;
                 read_body_bytes(upstream, resp).await?;
