@@ -89,7 +89,7 @@ http {
             proxy_pass http://app_up;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
-            proxy_set_header Host \$host;
+            proxy_set_header Host \$http_host;
 $(bench_nginx_forwarding)
             proxy_request_buffering off;
         }

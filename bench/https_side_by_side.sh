@@ -19,9 +19,9 @@
 # TLS-terminating reverse proxies with a keep-alive upstream pool and no access log, each with
 # WORKERS workers (threads for haproxy and the edge), both adding the forwarding fields the edge
 # adds (X-Forwarded-For, Forwarded, X-Forwarded-Proto and -Host): the same work, the same head
-# upstream. RUNS interleaved runs per target and workload (median, and every run's figure), CPU per request from
-# /proc, autogroup scheduling off for the run (restored). Everything listens on 127.0.0.1 and
-# every process started here is ended by its PID.
+# upstream. RUNS interleaved runs per target and workload (median, and every run's figure), CPU
+# per request from /proc, autogroup scheduling off for the run (restored). Everything listens
+# on 127.0.0.1 and every process started here is ended by its PID.
 #
 # Usage: bench/https_side_by_side.sh   (knobs: DURATION [10], RUNS [3], WORKERS [nproc],
 #        BASE_PORT [18480], TARGETS and WORKLOADS [all, space-separated], VISITORS [2000])
@@ -81,7 +81,7 @@ http {
             proxy_pass http://app_up;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
-            proxy_set_header Host \$host;
+            proxy_set_header Host \$http_host;
 $(bench_nginx_forwarding)
         }
     }

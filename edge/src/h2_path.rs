@@ -38,7 +38,8 @@ use crate::fast_path::{
 };
 use crate::proxy::{parse_content_length, push_decimal, write_forwarding, Attempts, Finished};
 
-/// Bytes read from an upstream at a time for an HTTP/2 response: one DATA frame's worth.
+/// How much the read buffer grows by when less than 4 KiB of it is free (a read takes all the
+/// free space there is: the worker's buffer starts at 32 KiB).
 const READ_SIZE: usize = 16 * 1024;
 
 /// What the HTTP/2 path needs of an accepted request; the upstream request head is in the
