@@ -7,15 +7,17 @@
 # number of requests wrk completed. With PROTOCOL=h2, HTTP/2 over TLS instead (a self-signed
 # ECDSA certificate for localhost): h2load -c16 -m10, many streams per connection, on the
 # edge's HTTP/2 path, REQUESTS of them (default 20000: a fixed count, so that no stream is
-# still in flight when the counters are dumped).
+# still in flight when the counters are dumped). With PROTOCOL=chunked, HTTP/1.1 POSTs of about
+# 4 KiB with `Transfer-Encoding: chunked` in four chunks (bench/http1_shapes_side_by_side.sh's
+# chunked upload), which the edge streams to the upstream framed anew.
 #
-# Usage: [PROTOCOL=h2 [REQUESTS=N]] bench/edge_instructions.sh [SECONDS]   (default 10;
+# Usage: [PROTOCOL=h2|chunked [REQUESTS=N]] bench/edge_instructions.sh [SECONDS]   (default 10;
 #        installs valgrind, wrk, nginx, and for h2 nghttp2-client)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_RUN="${1:-10}"
 PROTOCOL="${PROTOCOL:-http1}"
-case $PROTOCOL in http1 | h2) ;; *) echo "PROTOCOL must be http1 or h2, not '$PROTOCOL'" >&2; exit 2 ;; esac
+case $PROTOCOL in http1 | h2 | chunked) ;; *) echo "PROTOCOL must be http1, h2 or chunked, not '$PROTOCOL'" >&2; exit 2 ;; esac
 for p in valgrind:valgrind wrk:wrk nginx:nginx h2load:nghttp2-client; do
   command -v "${p%%:*}" >/dev/null || apt-get install -y -q "${p#*:}" >/dev/null
 done
@@ -60,9 +62,29 @@ if [ "$PROTOCOL" = h2 ]; then
   callgrind_control -z "$edge" >/dev/null
   out=$(h2load -c16 -m10 -t1 -n "${REQUESTS:-20000}" "https://localhost:$EDGE_TLS/")
 else
-  wrk -t1 -c4 -d2s -H "Host: app.internal" "http://127.0.0.1:$EDGE/" >/dev/null
+  script=()
+  if [ "$PROTOCOL" = chunked ]; then
+    # 4,000 bytes in four chunks (sizes in hex), then the last chunk; wrk sends it verbatim.
+    {
+      for size in 1024 1024 1024 928; do
+        printf '%x\r\n' "$size"
+        head -c "$size" /dev/zero | tr '\0' 'c'
+        printf '\r\n'
+      done
+      printf '0\r\n\r\n'
+    } >"$work/chunked.body"
+    cat >"$work/chunked.lua" <<EOF
+local f = assert(io.open("$work/chunked.body", "rb"))
+local body = f:read("*a")
+f:close()
+local req = wrk.format("POST", "/", { ["Host"] = "app.internal", ["Transfer-Encoding"] = "chunked" }, nil) .. body
+request = function() return req end
+EOF
+    script=(-s "$work/chunked.lua")
+  fi
+  wrk -t1 -c4 -d2s "${script[@]}" -H "Host: app.internal" "http://127.0.0.1:$EDGE/" >/dev/null
   callgrind_control -z "$edge" >/dev/null
-  out=$(wrk -t1 -c4 -d"${SECONDS_RUN}s" -H "Host: app.internal" "http://127.0.0.1:$EDGE/")
+  out=$(wrk -t1 -c4 -d"${SECONDS_RUN}s" "${script[@]}" -H "Host: app.internal" "http://127.0.0.1:$EDGE/")
 fi
 callgrind_control -d "$edge" >/dev/null
 # The dump is written by the busy process: wait until its size holds still.
@@ -81,6 +103,7 @@ else
   N=$(echo "$out" | awk '/requests in/ {print $1; exit}')
   echo "$out" | grep -E "requests in|Non-2xx|Socket errors" || true
   what="keep-alive HTTP/1.1 requests"
+  [ "$PROTOCOL" = chunked ] && what="chunked HTTP/1.1 uploads of 4,000 bytes"
 fi
 total=$(callgrind_annotate "$work/cg.out.1" | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
 echo "user-space instructions per request: $((total / N))  (edge-bench, 1 thread, $N $what)"

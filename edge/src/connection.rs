@@ -49,7 +49,7 @@ use pingora::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::time::Instant;
 
-use crate::fast_path::{ChunkedScan, Downstream, FastPath, Served, MAX_FIELDS, MAX_READ_AHEAD};
+use crate::fast_path::{ChunkedScan, Downstream, FastPath, Served, MAX_READ_AHEAD};
 use crate::service::EdgeClosing;
 use crate::EdgeProxy;
 
@@ -579,20 +579,37 @@ pub enum HeaderScan {
 }
 
 impl HeaderScan {
-    /// Feeds `bytes`; `Some(n)`: the header ended with the first `n` of them.
+    /// Feeds `bytes`; `Some(n)`: the header ended with the first `n` of them. Inside a line
+    /// only a `\n` matters, so the scan jumps from one to the next (memchr) rather than
+    /// stepping through every byte of the head.
     pub fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
-        for (i, &b) in bytes.iter().enumerate() {
-            *self = match (*self, b) {
-                (HeaderScan::Leading, b'\r' | b'\n') => HeaderScan::Leading,
-                (HeaderScan::Leading, _) => HeaderScan::InLine,
-                (HeaderScan::InLine, b'\n') => HeaderScan::LineStart,
-                (HeaderScan::InLine, _) => HeaderScan::InLine,
-                (HeaderScan::LineStart | HeaderScan::LineStartCr, b'\n') => return Some(i + 1),
-                (HeaderScan::LineStart, b'\r') => HeaderScan::LineStartCr,
-                (HeaderScan::LineStart | HeaderScan::LineStartCr, _) => HeaderScan::InLine,
+        let mut i = 0;
+        while i < bytes.len() {
+            if *self == HeaderScan::InLine {
+                i += memchr::memchr(b'\n', &bytes[i..])? + 1;
+                *self = HeaderScan::LineStart;
+                continue;
+            }
+            *self = match self.step(bytes[i]) {
+                Some(next) => next,
+                None => return Some(i + 1),
             };
+            i += 1;
         }
         None
+    }
+
+    /// The state after one byte; `None`: that byte ended the header.
+    fn step(self, b: u8) -> Option<HeaderScan> {
+        Some(match (self, b) {
+            (HeaderScan::Leading, b'\r' | b'\n') => HeaderScan::Leading,
+            (HeaderScan::Leading, _) => HeaderScan::InLine,
+            (HeaderScan::InLine, b'\n') => HeaderScan::LineStart,
+            (HeaderScan::InLine, _) => HeaderScan::InLine,
+            (HeaderScan::LineStart | HeaderScan::LineStartCr, b'\n') => return None,
+            (HeaderScan::LineStart, b'\r') => HeaderScan::LineStartCr,
+            (HeaderScan::LineStart | HeaderScan::LineStartCr, _) => HeaderScan::InLine,
+        })
     }
 }
 
@@ -612,10 +629,12 @@ enum RequestBytes {
 impl RequestBytes {
     /// How the body of the request whose head is `head` ends, read as Pingora reads it.
     fn of(head: &[u8]) -> RequestBytes {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-        let mut req = httparse::Request::new(&mut fields);
-        if !matches!(req.parse(head), Ok(httparse::Status::Complete(_)))
-            || req.method == Some("CONNECT")
+        let mut fields = crate::fast_path::field_slots();
+        let mut req = httparse::Request::new(&mut []);
+        if !matches!(
+            req.parse_with_uninit_headers(head, &mut fields),
+            Ok(httparse::Status::Complete(_))
+        ) || req.method == Some("CONNECT")
         {
             return RequestBytes::Unbounded;
         }
@@ -899,6 +918,8 @@ impl fmt::Debug for ReplayStream {
 
 #[cfg(test)]
 mod tests {
+    use proptest::strategy::Just;
+
     use super::HeaderScan;
 
     fn ends(chunks: &[&[u8]]) -> bool {
@@ -939,5 +960,44 @@ mod tests {
     fn a_single_line_end_does_not() {
         assert!(!ends(&[b"GET / HTTP/1.1\r\nHost: a\r\nX: \r\n"]));
         assert!(!ends(&[b"GET / HTTP/1.1\r\nX: a\rb\r\n"]));
+    }
+
+    /// The scan one byte at a time: what `feed` must agree with, wherever reads split a head.
+    fn byte_by_byte(bytes: &[u8]) -> Option<usize> {
+        let mut scan = HeaderScan::default();
+        for (i, &b) in bytes.iter().enumerate() {
+            scan = match scan.step(b) {
+                Some(next) => next,
+                None => return Some(i + 1),
+            };
+        }
+        None
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn feeding_in_pieces_finds_the_end_a_byte_at_a_time_finds(
+            // Mostly the bytes that matter, so that heads end in every way they can.
+            bytes in proptest::collection::vec(
+                proptest::prop_oneof![Just(b'\r'), Just(b'\n'), Just(b'a'), Just(b':'), proptest::num::u8::ANY],
+                0..64,
+            ),
+            cuts in proptest::collection::vec(0usize..64, 0..4),
+        ) {
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+            cuts.push(bytes.len());
+            cuts.sort_unstable();
+            let mut scan = HeaderScan::default();
+            let mut from = 0;
+            let mut found = None;
+            for cut in cuts {
+                if let Some(n) = scan.feed(&bytes[from..cut]) {
+                    found = Some(from + n);
+                    break;
+                }
+                from = cut;
+            }
+            proptest::prop_assert_eq!(found, byte_by_byte(&bytes));
+        }
     }
 }

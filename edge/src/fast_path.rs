@@ -32,6 +32,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Mutex;
@@ -325,9 +326,22 @@ pub(crate) fn write_upstream_head(
 /// Whether a head has a line that ends in a bare LF (httparse accepts them); such a head is
 /// written again with CRLF before it reaches the client.
 pub(crate) fn has_bare_lf(head: &[u8]) -> bool {
-    head.iter()
-        .enumerate()
-        .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
+    memchr::memchr_iter(b'\n', head).any(|i| i == 0 || head[i - 1] != b'\r')
+}
+
+/// Room for the fields of one head, left uninitialised: httparse writes those it finds (an
+/// array of [`MAX_FIELDS`] empty fields would be written in full before every parse).
+pub(crate) fn field_slots<'b>() -> [MaybeUninit<httparse::Header<'b>>; MAX_FIELDS] {
+    [MaybeUninit::uninit(); MAX_FIELDS]
+}
+
+/// Parses a response head as `httparse::Response::parse` does, its fields into `slots`.
+pub(crate) fn parse_response<'h, 'b>(
+    resp: &mut httparse::Response<'h, 'b>,
+    buf: &'b [u8],
+    slots: &'h mut [MaybeUninit<httparse::Header<'b>>],
+) -> httparse::Result<usize> {
+    httparse::ParserConfig::default().parse_response_with_uninit_headers(resp, buf, slots)
 }
 
 /// How a response body ends.
@@ -354,21 +368,65 @@ pub(crate) struct ResponsePlan {
     pub says_close: bool,
 }
 
-/// Response fields never passed on: hop-by-hop ones, and every field a `Connection` field of
-/// `resp` names.
-pub(crate) fn dropped_response_field(name: &str, resp: &httparse::Response<'_, '_>) -> bool {
+/// The field names a response head's `Connection` fields list (RFC 9110 section 7.6.1),
+/// gathered once per head so that each of its fields is checked against them alone, not
+/// against every field of the head again.
+pub(crate) struct ConnectionOptions<'a> {
+    names: [&'a [u8]; 8],
+    len: usize,
+    /// More names than fit: each check reads the head's `Connection` fields again.
+    more: Option<&'a [httparse::Header<'a>]>,
+}
+
+impl<'a> ConnectionOptions<'a> {
+    pub(crate) fn of<'b: 'a>(resp: &'a httparse::Response<'_, 'b>) -> ConnectionOptions<'a> {
+        let fields: &'a [httparse::Header<'a>] = resp.headers;
+        let mut options = ConnectionOptions {
+            names: [&[]; 8],
+            len: 0,
+            more: None,
+        };
+        let tokens = fields
+            .iter()
+            .filter(|h| is(h.name, "connection"))
+            .flat_map(|h| h.value.split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|token| !token.is_empty());
+        for token in tokens {
+            if options.len == options.names.len() {
+                options.more = Some(fields);
+                break;
+            }
+            options.names[options.len] = token;
+            options.len += 1;
+        }
+        options
+    }
+
+    /// Whether a `Connection` field lists `name`.
+    fn names(&self, name: &str) -> bool {
+        let listed = |token: &[u8]| name.as_bytes().eq_ignore_ascii_case(token);
+        match self.more {
+            Some(fields) => fields
+                .iter()
+                .filter(|h| is(h.name, "connection"))
+                .flat_map(|h| h.value.split(|b| *b == b','))
+                .any(|token| listed(token.trim_ascii())),
+            None => self.names[..self.len].iter().any(|token| listed(token)),
+        }
+    }
+}
+
+/// Response fields never passed on: hop-by-hop ones, and every field the head's `Connection`
+/// fields name (`options`).
+pub(crate) fn dropped_response_field(name: &str, options: &ConnectionOptions<'_>) -> bool {
     match name.len() {
         10 if is(name, "connection") || is(name, "keep-alive") => true,
         16 if is(name, "proxy-connection") => true,
         // The framing fields stay whatever `Connection` names: without them the body's end
         // would be lost.
         14 | 17 if is(name, "content-length") || is(name, "transfer-encoding") => false,
-        _ => resp
-            .headers
-            .iter()
-            .filter(|h| is(h.name, "connection"))
-            .flat_map(|h| h.value.split(|b| *b == b','))
-            .any(|token| name.as_bytes().eq_ignore_ascii_case(token.trim_ascii())),
+        _ => options.names(name),
     }
 }
 
@@ -461,8 +519,9 @@ pub(crate) fn write_response_head(
     out.extend_from_slice(resp.reason.unwrap_or_default().as_bytes());
     out.extend_from_slice(b"\r\n");
     let drop_length = plan.framing == Framing::Chunked || plan.framing == Framing::UntilClose;
+    let options = ConnectionOptions::of(resp);
     for h in resp.headers.iter() {
-        if dropped_response_field(h.name, resp)
+        if dropped_response_field(h.name, &options)
             || (drop_length && is(h.name, "content-length"))
             || (http10 && is(h.name, "transfer-encoding"))
         {
@@ -796,10 +855,10 @@ impl FastPath {
     /// Plans `head_len` bytes of request head in `conn.buf`: `Some` when the fast path serves
     /// it (the upstream head is then already in the returned buffers).
     pub(crate) fn accept(&self, conn: &Downstream, head_len: usize) -> Option<(Plan, Buffers)> {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-        let mut req = httparse::Request::new(&mut fields);
+        let mut fields = field_slots();
+        let mut req = httparse::Request::new(&mut []);
         let buf = &conn.buf[..head_len];
-        match req.parse(buf) {
+        match req.parse_with_uninit_headers(buf, &mut fields) {
             Ok(httparse::Status::Complete(n)) if n == head_len => {}
             _ => return None,
         }
@@ -1385,9 +1444,9 @@ async fn upstream_answered(
             if resp.is_empty() {
                 return Ok(false);
             }
-            let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-            let mut parsed = httparse::Response::new(&mut fields);
-            match parsed.parse(resp) {
+            let mut fields = field_slots();
+            let mut parsed = httparse::Response::new(&mut []);
+            match parse_response(&mut parsed, resp, &mut fields) {
                 Ok(httparse::Status::Complete(len))
                     if parsed
                         .code
@@ -1404,15 +1463,12 @@ async fn upstream_answered(
 }
 /// Appends `n` in hexadecimal, as chunk sizes are written.
 fn push_hex(out: &mut Vec<u8>, n: usize) {
-    let digits = usize::BITS as usize / 4;
-    let mut started = false;
-    for i in (0..digits).rev() {
-        let d = (n >> (i * 4)) & 0xf;
-        if d != 0 || started || i == 0 {
-            started = true;
-            out.push(b"0123456789abcdef"[d]);
-        }
+    let digits = ((usize::BITS - n.leading_zeros()).div_ceil(4) as usize).max(1);
+    let mut hex = [0u8; usize::BITS as usize / 4];
+    for (i, digit) in hex[..digits].iter_mut().enumerate() {
+        *digit = b"0123456789abcdef"[(n >> ((digits - 1 - i) * 4)) & 0xf];
     }
+    out.extend_from_slice(&hex[..digits]);
 }
 
 /// A response head read from the upstream, and how it goes to the client.
@@ -1478,9 +1534,9 @@ fn plan_response_head(
     http10: bool,
     out: &mut Vec<u8>,
 ) -> Result<PlannedHead, ExchangeError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-    let mut parsed = httparse::Response::new(&mut fields);
-    let len = match parsed.parse(resp) {
+    let mut fields = field_slots();
+    let mut parsed = httparse::Response::new(&mut []);
+    let len = match parse_response(&mut parsed, resp, &mut fields) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) | Err(_) => {
             return Err(ExchangeError::BadResponse("a malformed response head"))
@@ -1784,6 +1840,8 @@ mod tests {
             (255, "ff"),
             (4096, "1000"),
             (0xabcdef, "abcdef"),
+            (1 << 60, "1000000000000000"),
+            (usize::MAX, "ffffffffffffffff"),
         ] {
             let mut out = Vec::new();
             push_hex(&mut out, n);

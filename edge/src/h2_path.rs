@@ -32,9 +32,9 @@ use tokio::net::TcpStream;
 
 use crate::connection::HeaderScan;
 use crate::fast_path::{
-    dropped_request_field, dropped_response_field, is, plain_target, response_plan, send_request,
-    Buffers, ChunkedScan, ExchangeError, Exchanged, FastPath, Framing, IO_TIMEOUT, MAX_FAST_BODY,
-    MAX_FIELDS, MAX_RESPONSE_HEAD,
+    dropped_request_field, dropped_response_field, field_slots, is, parse_response, plain_target,
+    response_plan, send_request, Buffers, ChunkedScan, ConnectionOptions, ExchangeError, Exchanged,
+    FastPath, Framing, IO_TIMEOUT, MAX_FAST_BODY, MAX_RESPONSE_HEAD,
 };
 use crate::proxy::{parse_content_length, push_decimal, write_forwarding, Attempts, Finished};
 
@@ -170,10 +170,14 @@ pub(crate) fn plan_h2(
 }
 
 /// A parsed upstream response head as the HTTP/2 client gets it: the status and the fields
-/// but the hop-by-hop and framing ones (a `Content-Length` stays when it frames the body).
-/// `Err` names what makes it unusable.
+/// but the hop-by-hop and framing ones (a `Content-Length` stays when it frames the body) and
+/// `Date` (Pingora's HTTP/2 server writes the edge's own over whatever the head has). `raw` is
+/// what `resp` was parsed from, and `shared` a copy of (at least) its head: the field values
+/// are slices of that one copy rather than a copy each. `Err` names what makes it unusable.
 pub(crate) fn h2_response_head(
     resp: &httparse::Response<'_, '_>,
+    raw: &[u8],
+    shared: &Bytes,
     framing: Framing,
 ) -> Result<ResponseHeader, &'static str> {
     let status = resp.code.ok_or("no valid status code")?;
@@ -182,25 +186,38 @@ pub(crate) fn h2_response_head(
         .body(())
         .map_err(|_| "no valid status code")?;
     let keep_length = matches!(framing, Framing::Length(_) | Framing::Empty);
+    let options = ConnectionOptions::of(resp);
     let fields = head.headers_mut();
     fields.reserve(resp.headers.len());
     for h in resp.headers.iter() {
         let dropped = match h.name.len() {
             2 => is(h.name, "te"),
+            4 => is(h.name, "date"),
             7 => is(h.name, "upgrade"),
             14 => is(h.name, "content-length") && !keep_length,
             17 => is(h.name, "transfer-encoding"),
             _ => false,
         };
-        if dropped || dropped_response_field(h.name, resp) {
+        if dropped || dropped_response_field(h.name, &options) {
             continue;
         }
         let name =
             HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| "an invalid field name")?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| "an invalid field value")?;
+        let value = match slice_of(raw, h.value).filter(|at| at.end <= shared.len()) {
+            Some(at) => HeaderValue::from_maybe_shared(shared.slice(at)),
+            None => HeaderValue::from_bytes(h.value),
+        }
+        .map_err(|_| "an invalid field value")?;
         fields.append(name, value);
     }
     Ok(head.into_parts().0.into())
+}
+
+/// Where `part` lies in `whole`, if it is a part of it.
+fn slice_of(whole: &[u8], part: &[u8]) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= whole.len()).then_some(start..end)
 }
 
 impl FastPath {
@@ -457,7 +474,10 @@ async fn exchange(
     resp.clear();
     // Where the unread part of `resp` begins.
     let mut at = 0;
-    let (head, framing, reusable) = loop {
+    // The final response's head, with as much of its body as came with it when its length is
+    // known, is copied out of `resp` once: the field values and that first piece of the body
+    // are slices of the copy.
+    let (head, shared_body, framing, reusable) = loop {
         let mut scan = HeaderScan::default();
         let mut scanned = at;
         loop {
@@ -485,9 +505,10 @@ async fn exchange(
                 ));
             }
         }
-        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-        let mut parsed = httparse::Response::new(&mut fields);
-        let len = match parsed.parse(&resp[at..]) {
+        let mut fields = field_slots();
+        let mut parsed = httparse::Response::new(&mut []);
+        let raw = &resp[at..];
+        let len = match parse_response(&mut parsed, raw, &mut fields) {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) | Err(_) => {
                 return Err(ExchangeError::BadResponse("a malformed response head"))
@@ -504,9 +525,16 @@ async fn exchange(
             at = 0;
             continue;
         }
-        let head = h2_response_head(&parsed, plan.framing).map_err(ExchangeError::BadResponse)?;
-        at += len;
-        break (head, plan.framing, plan.reusable);
+        let body_now = match plan.framing {
+            Framing::Length(n) => (raw.len() - len).min(n.try_into().unwrap_or(usize::MAX)),
+            _ => 0,
+        };
+        let shared = Bytes::copy_from_slice(&raw[..len + body_now]);
+        let head = h2_response_head(&parsed, raw, &shared, plan.framing)
+            .map_err(ExchangeError::BadResponse)?;
+        at += len + body_now;
+        let body = (body_now > 0).then(|| shared.slice(len..));
+        break (head, body, plan.framing, plan.reusable);
     };
     let status = head.status.as_u16();
     let broken_client =
@@ -518,22 +546,22 @@ async fn exchange(
     let clean = match framing {
         Framing::Empty | Framing::Length(0) => at == resp.len(),
         Framing::Length(mut left) => {
-            loop {
-                let take = (resp.len() - at).min(left.try_into().unwrap_or(usize::MAX));
-                if take > 0 {
-                    left -= take as u64;
-                    let piece = Bytes::copy_from_slice(&resp[at..at + take]);
-                    at += take;
-                    write_body(session, piece, left == 0)
-                        .await
-                        .map_err(broken_client)?;
-                }
-                if left == 0 {
-                    break;
-                }
+            if let Some(piece) = shared_body {
+                left -= piece.len() as u64;
+                write_body(session, piece, left == 0)
+                    .await
+                    .map_err(broken_client)?;
+            }
+            while left > 0 {
                 resp.clear();
-                at = 0;
                 read_body_bytes(upstream, resp).await?;
+                let take = resp.len().min(left.try_into().unwrap_or(usize::MAX));
+                left -= take as u64;
+                at = take;
+                let piece = Bytes::copy_from_slice(&resp[..take]);
+                write_body(session, piece, left == 0)
+                    .await
+                    .map_err(broken_client)?;
             }
             at == resp.len()
         }
@@ -609,6 +637,7 @@ async fn read_body_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fast_path::MAX_FIELDS;
 
     fn limits() -> crate::EdgeLimits {
         crate::EdgeLimits::default()
@@ -770,19 +799,22 @@ mod tests {
         let mut parsed = httparse::Response::new(&mut fields);
         parsed.parse(raw).unwrap();
         let plan = response_plan(&parsed, head_request)?;
-        h2_response_head(&parsed, plan.framing)
+        h2_response_head(&parsed, raw, &Bytes::copy_from_slice(raw), plan.framing)
     }
 
     #[test]
     fn response_heads_lose_their_hop_by_hop_and_framing_fields() {
         let head = head_for(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nProxy-Connection: x\r\nUpgrade: h2c\r\nTE: trailers\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nX-Kept: yes\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nProxy-Connection: x\r\nUpgrade: h2c\r\nTE: trailers\r\nDate: Thu, 01 Jan 1970 00:00:00 GMT\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nConnection: x-other\r\nX-Other: 2\r\nX-Kept: yes\r\n\r\n",
             false,
         )
         .unwrap();
+        // `Date` goes too: Pingora's HTTP/2 server writes the edge's own.
         let names: Vec<&str> = head.headers.keys().map(|n| n.as_str()).collect();
         assert_eq!(names, ["set-cookie", "x-kept"]);
-        assert_eq!(head.headers.get_all("set-cookie").iter().count(), 2);
+        let cookies: Vec<&HeaderValue> = head.headers.get_all("set-cookie").iter().collect();
+        assert_eq!(cookies, ["a=1", "b=2"]);
+        assert_eq!(head.headers["x-kept"], "yes");
 
         let sized = head_for(
             b"HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\n\r\n",
@@ -797,5 +829,21 @@ mod tests {
         // Until close: the length-less body ends with the stream.
         let until_close = head_for(b"HTTP/1.0 200 OK\r\nX-A: 1\r\n\r\n", false).unwrap();
         assert!(!until_close.headers.contains_key("content-length"));
+    }
+
+    #[test]
+    fn field_values_outside_the_shared_copy_are_copied() {
+        let raw = b"HTTP/1.1 200 OK\r\nX-A: first\r\nContent-Length: 0\r\n\r\n";
+        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+        let mut parsed = httparse::Response::new(&mut fields);
+        parsed.parse(raw).unwrap();
+        // A copy that ends inside the first value: that value is copied on its own.
+        let short = Bytes::copy_from_slice(&raw[..20]);
+        let head = h2_response_head(&parsed, raw, &short, Framing::Length(0)).unwrap();
+        assert_eq!(head.headers["x-a"], "first");
+        assert_eq!(head.headers["content-length"], "0");
+        // Values from another buffer than `raw` are copied as well.
+        let head = h2_response_head(&parsed, b"elsewhere", &short, Framing::Length(0)).unwrap();
+        assert_eq!(head.headers["x-a"], "first");
     }
 }
