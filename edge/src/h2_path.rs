@@ -87,9 +87,11 @@ pub(crate) fn plan_h2(
     let mut length = None;
     let mut header_bytes = 0;
     let mut cookies = 0;
+    let mut forwarded_for = false;
     for (name, value) in req.headers.iter() {
         header_bytes += name.as_str().len() + value.len() + 4;
         match name.as_str() {
+            "x-forwarded-for" => forwarded_for = true,
             "content-length" => {
                 if length.is_some() {
                     return None;
@@ -150,12 +152,14 @@ pub(crate) fn plan_h2(
         push_decimal(out, content_length);
         out.extend_from_slice(b"\r\n");
     }
+    // Looked up only when there is one: a lookup by name hashes it.
+    let forwarded = forwarded_for.then(|| req.headers.get_all("x-forwarded-for"));
     write_forwarding(
         out,
         client,
-        req.headers
-            .get_all("x-forwarded-for")
+        forwarded
             .iter()
+            .flat_map(|all| all.iter())
             .map(HeaderValue::as_bytes),
         host,
         proto,
