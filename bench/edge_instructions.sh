@@ -15,6 +15,8 @@
 #        installs valgrind, wrk, nginx, and for h2 nghttp2-client)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 SECONDS_RUN="${1:-10}"
 PROTOCOL="${PROTOCOL:-http1}"
 case $PROTOCOL in http1 | h2 | chunked) ;; *) echo "PROTOCOL must be http1, h2 or chunked, not '$PROTOCOL'" >&2; exit 2 ;; esac
@@ -64,15 +66,7 @@ if [ "$PROTOCOL" = h2 ]; then
 else
   script=()
   if [ "$PROTOCOL" = chunked ]; then
-    # 4,000 bytes in four chunks (sizes in hex), then the last chunk; wrk sends it verbatim.
-    {
-      for size in 1024 1024 1024 928; do
-        printf '%x\r\n' "$size"
-        head -c "$size" /dev/zero | tr '\0' 'c'
-        printf '\r\n'
-      done
-      printf '0\r\n\r\n'
-    } >"$work/chunked.body"
+    bench_chunked_body "$work/chunked.body"
     cat >"$work/chunked.lua" <<EOF
 local f = assert(io.open("$work/chunked.body", "rb"))
 local body = f:read("*a")

@@ -133,15 +133,7 @@ pid_of() { case $1 in nginx) echo "$NGINX_PID" ;; haproxy) echo "$HAPROXY_PID" ;
 # ---------------------------------------------------------------- request bodies and wrk scripts
 head -c 102400 /dev/zero | tr '\0' 'a' >"$WORK/post-100k.body"
 head -c 1024 /dev/zero | tr '\0' 'e' >"$WORK/expect-continue.body"
-# A valid chunked encoding of 4,000 bytes in four chunks (sizes in hex), then the last chunk.
-{
-  for size in 1024 1024 1024 928; do
-    printf '%x\r\n' "$size"
-    head -c "$size" /dev/zero | tr '\0' 'c'
-    printf '\r\n'
-  done
-  printf '0\r\n\r\n'
-} >"$WORK/chunked-upload.body"
+bench_chunked_body "$WORK/chunked-upload.body"
 # wrk sends the request these scripts build, verbatim, on every connection. wrk.format adds
 # Content-Length only when given a body, so the chunked request is formatted without one and its
 # encoded body appended.

@@ -45,6 +45,19 @@ bench_cleanup() {
   rm -rf "$WORK"
 }
 
+# bench_chunked_body FILE: the chunked upload the benches send, 4,000 bytes of data in four
+# chunks (sizes in hex), then the last chunk: a valid encoding, written to FILE.
+bench_chunked_body() {
+  {
+    for size in 1024 1024 1024 928; do
+      printf '%x\r\n' "$size"
+      head -c "$size" /dev/zero | tr '\0' 'c'
+      printf '\r\n'
+    done
+    printf '0\r\n\r\n'
+  } >"$1"
+}
+
 # Waits up to ten seconds for a TCP listener on 127.0.0.1:$1.
 wait_port() {
   for _ in $(seq 1 100); do
