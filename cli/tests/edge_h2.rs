@@ -23,6 +23,7 @@ fn shapes(request: &[u8]) -> Vec<u8> {
         "/interim" => b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
         "/interims" => b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
         "/no-content" => b"HTTP/1.1 204 No Content\r\nX-Kept: yes\r\n\r\n",
+        "/dated" => b"HTTP/1.1 200 OK\r\nDate: Thu, 01 Jan 1970 00:00:00 GMT\r\nContent-Length: 2\r\n\r\nok",
         "/until-close" => b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nuntil close",
         "/garbage" => b"nonsense\r\n\r\n",
         "/switch" => b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
@@ -344,6 +345,13 @@ fn responses_reach_http2_clients_without_hop_by_hop_fields(position: Position) {
     assert_eq!((interim.status, interim.text().as_str()), (200, "ok"));
     let interims = h2.get("/interims");
     assert_eq!((interims.status, interims.text().as_str()), (200, "ok"));
+
+    // One `Date`, the edge's own: the upstream's is not passed on beside or instead of it.
+    let dated = h2.get("/dated");
+    assert_eq!((dated.status, dated.text().as_str()), (200, "ok"));
+    let dates: Vec<_> = dated.headers.get_all("date").iter().collect();
+    assert_eq!(dates.len(), 1, "{dated:?}");
+    assert_ne!(dates[0], "Thu, 01 Jan 1970 00:00:00 GMT", "{dated:?}");
 
     let none = h2.get("/no-content");
     assert_eq!((none.status, none.body.len()), (204, 0));

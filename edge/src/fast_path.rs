@@ -386,13 +386,7 @@ impl<'a> ConnectionOptions<'a> {
             len: 0,
             more: None,
         };
-        let tokens = fields
-            .iter()
-            .filter(|h| is(h.name, "connection"))
-            .flat_map(|h| h.value.split(|b| *b == b','))
-            .map(<[u8]>::trim_ascii)
-            .filter(|token| !token.is_empty());
-        for token in tokens {
+        for token in listed_names(fields) {
             if options.len == options.names.len() {
                 options.more = Some(fields);
                 break;
@@ -407,14 +401,20 @@ impl<'a> ConnectionOptions<'a> {
     fn names(&self, name: &str) -> bool {
         let listed = |token: &[u8]| name.as_bytes().eq_ignore_ascii_case(token);
         match self.more {
-            Some(fields) => fields
-                .iter()
-                .filter(|h| is(h.name, "connection"))
-                .flat_map(|h| h.value.split(|b| *b == b','))
-                .any(|token| listed(token.trim_ascii())),
+            Some(fields) => listed_names(fields).any(listed),
             None => self.names[..self.len].iter().any(|token| listed(token)),
         }
     }
+}
+
+/// The names the `Connection` fields among `fields` list, trimmed, empty ones left out.
+fn listed_names<'a>(fields: &'a [httparse::Header<'a>]) -> impl Iterator<Item = &'a [u8]> {
+    fields
+        .iter()
+        .filter(|h| is(h.name, "connection"))
+        .flat_map(|h| h.value.split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|token| !token.is_empty())
 }
 
 /// Response fields never passed on: hop-by-hop ones, and every field the head's `Connection`
