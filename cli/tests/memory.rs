@@ -14,6 +14,10 @@ use common::{free_ports, Reaped, PLOYZ};
 const CONNECTIONS: usize = 400;
 /// Bytes of each upstream response body.
 const BODY: usize = 20_000;
+/// What the edge keeps after any burst, by design, KiB: each worker's spare request buffers (up
+/// to 64 pairs, here with the pages a 20 KB body touched) and its idle upstream connections.
+/// The bursts take about 20 MiB with two workers; a quarter of that is about what is kept.
+const KEPT_BY_DESIGN_KIB: u64 = 6 * 1024;
 
 /// Resident anonymous memory of a process, KiB.
 fn rss_anon_kib(pid: u32) -> u64 {
@@ -26,9 +30,16 @@ fn rss_anon_kib(pid: u32) -> u64 {
 }
 
 /// An upstream that answers every request after 300 ms, one thread per connection, so a burst
-/// has all its requests in flight through the edge at once. Ends with the test process.
+/// has all its requests in flight through the edge at once. Its listen backlog holds a whole
+/// burst: with std's 128, connections the accepting thread has not taken yet in a busy moment
+/// overflow it, their SYNs are dropped, and the edge's connects time out (1 s) before the
+/// retransmission. Ends with the test process.
 fn slow_upstream() -> u16 {
+    use std::os::fd::AsRawFd;
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    // SAFETY: listen(2) again on a listening socket the TcpListener owns only sets its backlog.
+    let relisten = unsafe { libc::listen(listener.as_raw_fd(), 2 * CONNECTIONS as libc::c_int) };
+    assert_eq!(relisten, 0, "{}", std::io::Error::last_os_error());
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
@@ -123,8 +134,9 @@ fn memory_taken_by_a_burst_of_connections_is_returned_afterwards() {
         peak >= before + 16 * 1024,
         "the bursts did not take memory ({before} KiB -> {peak} KiB): the test shows nothing"
     );
-    // Back to at most a quarter of what the bursts took, within 30 s.
-    let target = before + (peak - before) / 4;
+    // Back to at most a quarter of what the bursts took (or to what the edge keeps by design,
+    // if that is more), within 30 s.
+    let target = before + ((peak - before) / 4).max(KEPT_BY_DESIGN_KIB);
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut now = rss_anon_kib(pid);
     while now > target {
@@ -136,4 +148,9 @@ fn memory_taken_by_a_burst_of_connections_is_returned_afterwards() {
         std::thread::sleep(Duration::from_millis(200));
         now = rss_anon_kib(pid);
     }
+    // The figures, for `--nocapture`.
+    eprintln!(
+        "resident anonymous memory: {before} KiB before the bursts, {peak} KiB at most, \
+         {now} KiB after"
+    );
 }

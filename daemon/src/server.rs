@@ -111,8 +111,19 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         .with_challenges(challenges.clone()),
     );
     let edge_closing = edge.closing();
-    edge.add_tcp(&config.http_listen.to_string());
-    edge.add_tls(config.https_listen, tls_config(&certificates)?);
+    edge.add_tcp(config.http_listen).with_context(|| {
+        format!(
+            "the edge's HTTP listener cannot listen on {} (http_listen)",
+            config.http_listen
+        )
+    })?;
+    edge.add_tls(config.https_listen, tls_config(&certificates)?)
+        .with_context(|| {
+            format!(
+                "the edge's HTTPS listener cannot listen on {} (https_listen)",
+                config.https_listen
+            )
+        })?;
     server.add_service(edge);
     let mesh_view = Arc::new(crate::mesh::MeshView::new(config.mesh.clone()));
     server.add_service(background_service(
@@ -237,8 +248,8 @@ fn edge_limits(config: &DaemonConfig) -> ployz_edge::EdgeLimits {
     }
 }
 
-/// Checks nothing listens on a listener's address (the setting `key`): Pingora binds with
-/// SO_REUSEPORT, so a live listener on the port would silently share it.
+/// Checks nothing listens on a listener's address (the setting `key`) before anything starts,
+/// so that a port in use is one clear error that names its setting.
 fn check_listener_free(key: &str, addr: std::net::SocketAddr) -> anyhow::Result<()> {
     if let Err(e) = std::net::TcpListener::bind(addr) {
         let listener = match key {
@@ -849,7 +860,7 @@ impl EdgeTls {
 /// benchmarks and for debugging the proxy in isolation. Blocks until SIGTERM or SIGINT.
 ///
 /// Of `config` it uses `http_listen`, `access_log`, `[limits]`, `[edge]` and the drain delay and
-/// grace period of `[shutdown]`, and validates those; `threads` Pingora worker threads serve.
+/// grace period of `[shutdown]`, and validates those; `threads` edge workers serve.
 /// With `tls`, an HTTPS listener too (HTTP/1.1 and HTTP/2 by ALPN), serving its certificates.
 pub fn run_edge_alone(
     config: &DaemonConfig,
@@ -894,12 +905,14 @@ pub fn run_edge_alone(
         ),
     );
     let edge_closing = edge.closing();
-    edge.add_tcp(&config.http_listen.to_string());
+    edge.add_tcp(config.http_listen)
+        .with_context(|| format!("the edge cannot listen on {}", config.http_listen))?;
     if let Some(tls) = &tls {
         edge.add_tls(
             tls.listen,
             tls_config(&CertificateResolver::fixed(&tls.materials))?,
-        );
+        )
+        .with_context(|| format!("the edge cannot listen on {}", tls.listen))?;
     }
     server.add_service(edge);
     server.run(RunArgs {

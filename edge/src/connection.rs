@@ -76,7 +76,8 @@ pub struct EdgeApp {
     /// The longest request head read; a longer one is answered 414 or 431 and the connection
     /// closed.
     max_head: usize,
-    /// Counts open connections, so shutdown can wait for them.
+    /// Counts open connections (from accept on, by the listening service), so shutdown can
+    /// wait for them.
     closing: EdgeClosing,
     /// Set on the app of an HTTPS listener: every connection begins with a TLS handshake.
     tls: Option<Arc<Acceptor>>,
@@ -84,12 +85,13 @@ pub struct EdgeApp {
 
 impl EdgeApp {
     /// `pingora` is the same `proxy` inside Pingora's proxy; a header that takes longer than
-    /// the limits' header timeout ends the connection.
-    pub fn new(pingora: HttpProxy<EdgeProxy>, proxy: EdgeProxy) -> EdgeApp {
+    /// the limits' header timeout ends the connection. `workers`: how many edge workers serve
+    /// its connections (each keeps upstream connections of its own).
+    pub fn new(pingora: HttpProxy<EdgeProxy>, proxy: EdgeProxy, workers: usize) -> EdgeApp {
         let limits = *proxy.limits();
         EdgeApp {
             pingora: Arc::new(pingora),
-            fast: Arc::new(FastPath::new(proxy)),
+            fast: Arc::new(FastPath::new(proxy, workers)),
             fast_path: limits.fast_path,
             header_timeout: limits.header_timeout,
             max_head: limits.max_header_bytes + limits.max_uri_bytes + 4096,
@@ -482,7 +484,7 @@ impl ServerApp for EdgeApp {
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        let _open = self.closing.opened();
+        // Counted in `EdgeClosing` from accept on (`service::Accepted`).
         let stream = self.handshake(stream, shutdown).await?;
         if stream.selected_alpn_proto() == Some(ALPN::H2) {
             self.serve_h2(stream, shutdown).await;

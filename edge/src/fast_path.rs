@@ -677,10 +677,39 @@ impl ChunkedScan {
     }
 }
 
-/// Idle upstream connections, by upstream address.
-#[derive(Default)]
+/// Idle upstream connections, by upstream address, kept per edge worker: a connection is
+/// registered with the event loop of the worker that opened it, so the worker that reuses it
+/// is that one (its events are read where it is used). Threads that are not workers share one
+/// more pool.
 pub(crate) struct UpstreamPool {
-    inner: Mutex<PoolInner>,
+    /// The pool of threads that are not workers, then one per worker.
+    pools: Box<[Mutex<PoolInner>]>,
+}
+
+thread_local! {
+    /// 1 + the index of the edge worker running here; 0 on any other thread.
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks the calling thread as edge worker `index`, for the upstream pools.
+pub(crate) fn set_worker(index: usize) {
+    WORKER.with(|w| w.set(index + 1));
+}
+
+impl UpstreamPool {
+    /// Pools for `workers` workers and for the threads that are not.
+    pub(crate) fn new(workers: usize) -> UpstreamPool {
+        UpstreamPool {
+            pools: (0..=workers).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+impl Default for UpstreamPool {
+    /// One pool, for every thread.
+    fn default() -> UpstreamPool {
+        UpstreamPool::new(0)
+    }
 }
 
 #[derive(Default)]
@@ -696,8 +725,15 @@ fn alive(stream: &TcpStream) -> bool {
 }
 
 impl UpstreamPool {
+    /// This thread's pool (a worker of another edge, with more workers than this one has
+    /// pools, shares one).
+    fn mine(&self) -> std::sync::MutexGuard<'_, PoolInner> {
+        let pool = &self.pools[WORKER.with(std::cell::Cell::get) % self.pools.len()];
+        pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn take(&self, addr: SocketAddr) -> Option<TcpStream> {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.mine();
         let idle = inner.idle.get_mut(&addr)?;
         while let Some((stream, since)) = idle.pop() {
             if since.elapsed() < UPSTREAM_IDLE && alive(&stream) {
@@ -709,7 +745,7 @@ impl UpstreamPool {
 
     pub(crate) fn put(&self, addr: SocketAddr, stream: TcpStream) {
         let now = Instant::now();
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.mine();
         if inner
             .swept
             .is_none_or(|t| now.duration_since(t) > UPSTREAM_IDLE)
@@ -729,8 +765,13 @@ impl UpstreamPool {
     /// Idle connections kept, over every upstream.
     #[cfg(test)]
     fn len(&self) -> usize {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        inner.idle.values().map(Vec::len).sum()
+        self.pools
+            .iter()
+            .map(|pool| {
+                let inner = pool.lock().unwrap_or_else(|e| e.into_inner());
+                inner.idle.values().map(Vec::len).sum::<usize>()
+            })
+            .sum()
     }
 }
 
@@ -845,10 +886,11 @@ pub(crate) struct FastPath {
 }
 
 impl FastPath {
-    pub(crate) fn new(edge: EdgeProxy) -> FastPath {
+    /// The fast path of `edge`, served by `workers` edge workers.
+    pub(crate) fn new(edge: EdgeProxy, workers: usize) -> FastPath {
         FastPath {
             edge,
-            pool: UpstreamPool::default(),
+            pool: UpstreamPool::new(workers),
         }
     }
 

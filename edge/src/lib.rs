@@ -49,10 +49,12 @@ pub fn edge_service(
     conf: &std::sync::Arc<pingora::server::configuration::ServerConf>,
     proxy: EdgeProxy,
 ) -> EdgeService {
-    let app = EdgeApp::new(pingora::proxy::http_proxy(conf, proxy.clone()), proxy);
+    let workers = conf.threads.max(1);
+    let app = EdgeApp::new(
+        pingora::proxy::http_proxy(conf, proxy.clone()),
+        proxy,
+        workers,
+    );
     let closing = app.closing();
-    EdgeService::new(
-        pingora::services::listening::Service::new("edge".to_owned(), app),
-        closing,
-    )
+    EdgeService::new(app, closing, workers)
 }
