@@ -11,7 +11,8 @@
 //!   routing, round robin with connect retries, forwarding headers, access log;
 //! - [`connection`]: [`EdgeApp`], the connection loops with the fast path (HTTP/1, and
 //!   HTTP/2 streams in `h2_path`) in front of Pingora's proxy;
-//! - [`service`]: [`EdgeService`], the listening service whose listeners close after SIGTERM's
+//! - [`service`]: [`EdgeService`], the edge's listeners, an acceptor each, and the edge workers
+//!   (an event loop each) that serve their connections; the listeners close after SIGTERM's
 //!   drain delay while requests in flight are answered;
 //! - [`tls`]: the HTTPS listeners' rustls configuration (certificates by SNI, HTTP/2 by ALPN,
 //!   resumption by session tickets) and their handshake.

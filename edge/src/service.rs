@@ -6,9 +6,10 @@
 //! to close. A connection's events are then read by the thread that serves it, and so are
 //! those of the upstream connections the edge's own paths open for it: [`crate::fast_path`]'s
 //! pool is kept per worker. (Pingora's proxy, for the requests the edge's paths leave to it,
-//! keeps one upstream pool for every worker.) A shared event loop, as a work-stealing runtime has, wakes one thread for every
-//! event and lets a worker sit in a run queue while the other CPU idles: measured on two CPUs
-//! under load, the machine stayed about 10% idle with it, and about 4% with a loop per thread.
+//! keeps one upstream pool for every worker.) A shared event loop, as a work-stealing runtime
+//! has, wakes one thread for every event and lets a worker sit in a run queue while the other
+//! CPU idles: measured on two CPUs under load (`bench/edge_ab.sh`), the machine stayed 9-11%
+//! idle with it, and 3-5% with a loop per worker.
 //!
 //! Shutdown: after SIGTERM's drain delay [`EdgeClosing::close`] closes the listeners while the
 //! rest of the daemon still runs, idle connections close between requests, and
@@ -734,7 +735,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn once_closed_closed_also_waits_for_the_acceptors() {
+    async fn after_close_the_wait_for_connections_also_waits_for_the_acceptors() {
         let closing = EdgeClosing::default();
         let acceptor = closing.accepting();
         // Not closed yet: a running acceptor is no reason to wait.
