@@ -72,23 +72,32 @@ fn three_machines_form_a_cluster_replicate_and_outlive_a_dead_machine() {
 
     // A rename made on one Machine is seen on all, the renamed one included; renamed back
     // through another.
+    let named_everywhere = |name: &str| {
+        (0..3)
+            .all(|i| {
+                machines(&lab, i).is_some_and(|l| {
+                    l.iter()
+                        .any(|m| m["id"] == ids[1].as_str() && m["name"] == name)
+                })
+            })
+            .then_some(())
+    };
     ok(&lab, 0, &["machine", "rename", "m1", "renamed"]);
     wait_for(
         &lab,
         "the new name everywhere",
         Duration::from_secs(15),
-        || {
-            (0..3)
-                .all(|i| {
-                    machines(&lab, i).is_some_and(|l| {
-                        l.iter()
-                            .any(|m| m["id"] == ids[1].as_str() && m["name"] == "renamed")
-                    })
-                })
-                .then_some(())
-        },
+        || named_everywhere("renamed"),
     );
     ok(&lab, 2, &["machine", "rename", "renamed", "m1"]);
+    // Each Machine sees the rename when it reaches it: Machine 0 may still know the Machine as
+    // 'renamed' right after Machine 2 answered, so the next command by name waits for it.
+    wait_for(
+        &lab,
+        "the old name back everywhere",
+        Duration::from_secs(15),
+        || named_everywhere("m1"),
+    );
     // An endpoint given by hand is tried before the advertised ones, everywhere; cleared, gone.
     let hand = format!("{}:51899", lab.underlay_addr(1));
     ok(&lab, 0, &["machine", "update", "m1", "--endpoint", &hand]);
