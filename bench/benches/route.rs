@@ -93,6 +93,12 @@ fn bench(c: &mut Criterion) {
     c.bench_function("route/match_hit_10k_hosts", |b| {
         b.iter(|| black_box(t.match_host(black_box(host))))
     });
+    // As browsers send it: lowercase, no port (looked up without a copy).
+    let as_sent = b"app-7321.customer-46.example.com";
+    assert!(t.match_host(as_sent).is_some());
+    c.bench_function("route/match_hit_as_sent_10k_hosts", |b| {
+        b.iter(|| black_box(t.match_host(black_box(as_sent))))
+    });
     c.bench_function("route/match_miss_10k_hosts", |b| {
         b.iter(|| black_box(t.match_host(black_box(b"unknown.example.com"))))
     });

@@ -714,7 +714,9 @@ impl Default for UpstreamPool {
 
 #[derive(Default)]
 struct PoolInner {
-    idle: HashMap<SocketAddr, Vec<(TcpStream, Instant)>>,
+    /// Keyed by the routes' upstream addresses (never a client's choice): foldhash, not
+    /// SipHash, on every request's path.
+    idle: HashMap<SocketAddr, Vec<(TcpStream, Instant)>, foldhash::fast::RandomState>,
     swept: Option<Instant>,
 }
 
