@@ -374,6 +374,16 @@ fn sigterm_answers_each_kept_alive_client_once_with_close_on_a_real_daemon(posit
     let init = json(&lab.ployz(&daemon, &["machine", "init", "--name", "term", "--json"]));
     let id = init["id"].as_str().unwrap().to_owned();
     let port = daemon.http_port;
+    // The edge learns the Machine's ID from the daemon's route service, a moment after `init`
+    // has answered: verify answers 503 until then.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while http_get(port, "x", "/.ployz/verify") != (200, id.clone()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edge never answered verify with the Machine's ID"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let verify = b"GET /.ployz/verify HTTP/1.1\r\nHost: x\r\n\r\n";
     let mut clients: Vec<std::net::TcpStream> = (0..10)
         .map(|_| {

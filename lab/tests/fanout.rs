@@ -577,6 +577,7 @@ fn a_machine_stopped_under_load_fails_no_request_through_another_machines_edge()
     );
 
     let stop = std::sync::atomic::AtomicBool::new(false);
+    let started = Instant::now();
     let netns = format!("--net=/var/run/netns/{}", lab.netns(0));
     let answers = std::thread::scope(|scope| {
         let load = scope.spawn(|| {
@@ -595,13 +596,33 @@ fn a_machine_stopped_under_load_fails_no_request_through_another_machines_edge()
                     ])
                     .output()
                     .expect("nsenter runs");
-                answers.push(String::from_utf8_lossy(&out.stdout).trim().to_owned());
+                let body = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+                // A failure keeps what curl said of it (28: timed out, 52: an empty reply, 56: a
+                // reset), and when it ended, counted from the load's start.
+                answers.push(if body.starts_with("web-on-") {
+                    body
+                } else {
+                    format!(
+                        "{body:?} ({}, at {:.2} s: {})",
+                        out.status,
+                        started.elapsed().as_secs_f64(),
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    )
+                });
             }
             answers
         });
         // Let load run, stop Machine 2 (daemon and dockerd), let load run on.
         std::thread::sleep(Duration::from_secs(2));
+        eprintln!(
+            "Machine 2 stopping at {:.2} s",
+            started.elapsed().as_secs_f64()
+        );
         lab.stop_machine(2);
+        eprintln!(
+            "Machine 2 stopped at {:.2} s",
+            started.elapsed().as_secs_f64()
+        );
         std::thread::sleep(Duration::from_secs(8));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         load.join().expect("the load thread")
@@ -613,9 +634,10 @@ fn a_machine_stopped_under_load_fails_no_request_through_another_machines_edge()
     assert!(answers.len() > 10, "too little load: {answers:?}");
     assert!(
         failed.is_empty(),
-        "{} of {} failed: {failed:?}",
+        "{} of {} failed: {failed:?}\n{}",
         failed.len(),
-        answers.len()
+        answers.len(),
+        logs(&lab)
     );
     assert!(
         answers.iter().rev().take(5).all(|a| a != &on_m2),
