@@ -143,7 +143,11 @@ impl Daemon {
                 return;
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("daemon exited early ({status}): {}", self.log_text());
+                panic!(
+                    "daemon exited early ({status}): {}{}",
+                    self.log_text(),
+                    self.port_holders()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -152,6 +156,30 @@ impl Daemon {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// When the daemon found one of its ports in use: every socket `ss` lists on those ports,
+    /// with its process, for the failure message (the ports were reserved for this test).
+    fn port_holders(&self) -> String {
+        if !self.log_text().contains("Address already in use") {
+            return String::new();
+        }
+        let ports = [self.http_port, self.https_port, self.metrics_port];
+        let filter = ports
+            .iter()
+            .map(|p| format!("sport = :{p}"))
+            .collect::<Vec<_>>()
+            .join(" or ");
+        match std::process::Command::new("ss")
+            .args(["-tuanp", &filter])
+            .output()
+        {
+            Ok(out) => format!(
+                "\nsockets on ports {ports:?} (ss -tuanp):\n{}",
+                String::from_utf8_lossy(&out.stdout)
+            ),
+            Err(e) => format!("\n(ss did not run: {e})"),
+        }
     }
 
     /// SIGTERM, a bounded wait, then SIGKILL. Returns whether it stopped on SIGTERM.
