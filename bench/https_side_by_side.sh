@@ -20,7 +20,8 @@
 # WORKERS workers (threads for haproxy and the edge), both adding the forwarding fields the edge
 # adds (X-Forwarded-For, Forwarded, X-Forwarded-Proto and -Host): the same work, the same head
 # upstream. RUNS interleaved runs per target and workload (median, and every run's figure), CPU
-# per request from /proc, autogroup scheduling off for the run (restored). Everything listens
+# per request from /proc (its user-space part in brackets), autogroup scheduling off for the
+# run (restored). Everything listens
 # on 127.0.0.1 and every process started here is ended by its PID.
 #
 # Usage: bench/https_side_by_side.sh   (knobs: DURATION [10], RUNS [3], WORKERS [nproc],
@@ -129,9 +130,10 @@ done
 : >"$WORK/metrics.txt"
 : >"$WORK/resumed.txt"
 run() { # target workload run
-  local t=$1 w=$2 r=$3 out="$WORK/$1.$2.$3.txt" c0 c1 rps p99 n
+  local t=$1 w=$2 r=$3 out="$WORK/$1.$2.$3.txt" c0 c1 u0 u1 rps p99 n
   local url="https://$HOST:$(port_of "$t")/"
   c0=$(cpu_ticks "$(pid_of "$t")")
+  u0=$(cpu_ticks "$(pid_of "$t")" user)
   if [ "$w" = https-keepalive ] || [ "$w" = tls-new ]; then
     if [ "$w" = tls-new ]; then
       wrk -t2 -c32 -d"${DURATION}s" --latency -H "Connection: close" "$url" >"$out" 2>&1
@@ -161,10 +163,13 @@ run() { # target workload run
     rm -f "$WORK/h2.times"
   fi
   c1=$(cpu_ticks "$(pid_of "$t")")
-  local cpu
-  cpu=$(awk -v d=$((c1 - c0)) -v hz="$(getconf CLK_TCK)" -v n="${n:-0}" 'BEGIN { if (n > 0) printf "%.1f", d * 1e6 / hz / n; else print "nan" }')
-  echo "$t $w $r ${rps:-nan} $cpu ${p99:-nan}" >>"$WORK/metrics.txt"
-  log "$(printf '%-6s %-16s run %d: %10s req/s  %s us CPU/request  p99 %s ms' "$t" "$w" "$r" "${rps:-nan}" "$cpu" "${p99:-nan}")"
+  u1=$(cpu_ticks "$(pid_of "$t")" user)
+  local cpu user
+  per_request() { awk -v d="$1" -v hz="$(getconf CLK_TCK)" -v n="${n:-0}" 'BEGIN { if (n > 0) printf "%.1f", d * 1e6 / hz / n; else print "nan" }'; }
+  cpu=$(per_request $((c1 - c0)))
+  user=$(per_request $((u1 - u0)))
+  echo "$t $w $r ${rps:-nan} $cpu ${p99:-nan} $user" >>"$WORK/metrics.txt"
+  log "$(printf '%-6s %-16s run %d: %10s req/s  %s us CPU/request (user %s)  p99 %s ms' "$t" "$w" "$r" "${rps:-nan}" "$cpu" "$user" "${p99:-nan}")"
 }
 # Warm-up, then interleaved runs.
 for t in $TARGETS; do wrk -t2 -c64 -d2s "https://$HOST:$(port_of "$t")/" >/dev/null 2>&1 || true; done
@@ -176,15 +181,16 @@ done
 
 echo
 echo "## HTTPS $(date -u +%Y-%m-%dT%H:%M:%SZ) cpus=$(nproc); ECDSA P-256, $WORKERS workers each; wrk -t2 -c64 -d${DURATION}s (HTTP/1.1 keep-alive), h2load -c16 -m10 -t2 -D $DURATION (HTTP/2), wrk -t2 -c32 -H 'Connection: close' (a full handshake per request), tls-churn --resume -c32 --visitors $VISITORS (a new connection per request from returning visitors); $RUNS interleaved runs, median; nginx $(nginx -v 2>&1 | awk -F/ '{print $2}'), haproxy $(haproxy -v 2>/dev/null | awk 'NR==1 {print $3}')"
-echo "| target | workload | req/s (median) | CPU µs per request | p99 ms | runs |"
+echo "| target | workload | req/s (median) | CPU µs per request (user space) | p99 ms | runs |"
 echo "|---|---|---|---|---|---|"
 for w in $WORKLOADS; do
   for t in $TARGETS; do
     q=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {print $4}' "$WORK/metrics.txt" | median)
     c=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {print $5}' "$WORK/metrics.txt" | median)
     p=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {print $6}' "$WORK/metrics.txt" | median)
+    u=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {print $7}' "$WORK/metrics.txt" | median)
     all=$(awk -v t="$t" -v w="$w" '$1==t && $2==w {printf "%s%.0f", (n++ ? "/" : ""), $4}' "$WORK/metrics.txt")
-    printf '| %s | %s | %.0f | %s | %s | %s |\n' "$t" "$w" "$q" "$c" "$p" "$all"
+    printf '| %s | %s | %.0f | %s (%s) | %s | %s |\n' "$t" "$w" "$q" "$c" "$u" "$p" "$all"
   done
   n=$(awk -v w="$w" '$1=="nginx" && $2==w {print $4}' "$WORK/metrics.txt" | median)
   h=$(awk -v w="$w" '$1=="haproxy" && $2==w {print $4}' "$WORK/metrics.txt" | median)

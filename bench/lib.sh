@@ -123,11 +123,13 @@ tree_pids() {
   for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do tree_pids "$c"; done
 }
 
-# CPU ticks (user + system) of a process tree so far.
+# CPU ticks (user + system) of a process tree so far; with `user` as second argument, user
+# space only.
 cpu_ticks() {
-  local t=0 p v
+  local t=0 p v fields='$12 + $13'
+  [ "${2:-}" = user ] && fields='$12'
   for p in $(tree_pids "$1"); do
-    v=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$p/stat" 2>/dev/null) || continue
+    v=$(awk "{ sub(/^.*\\) /, \"\"); print $fields }" "/proc/$p/stat" 2>/dev/null) || continue
     t=$((t + ${v:-0}))
   done
   echo "$t"

@@ -705,13 +705,6 @@ impl UpstreamPool {
     }
 }
 
-impl Default for UpstreamPool {
-    /// One pool, for every thread.
-    fn default() -> UpstreamPool {
-        UpstreamPool::new(0)
-    }
-}
-
 #[derive(Default)]
 struct PoolInner {
     /// Keyed by the routes' upstream addresses (never a client's choice): foldhash, not
@@ -2305,7 +2298,7 @@ mod tests {
     async fn the_pool_keeps_live_connections_and_drops_closed_ones() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let pool = UpstreamPool::default();
+        let pool = UpstreamPool::new(0);
         let a = TcpStream::connect(addr).await.unwrap();
         let (server_a, _) = listener.accept().await.unwrap();
         let b = TcpStream::connect(addr).await.unwrap();

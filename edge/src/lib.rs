@@ -56,6 +56,5 @@ pub fn edge_service(
         proxy,
         workers,
     );
-    let closing = app.closing();
-    EdgeService::new(app, closing, workers)
+    EdgeService::new(app, workers)
 }

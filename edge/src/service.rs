@@ -43,8 +43,8 @@ const LISTEN_BACKLOG: i32 = 65535;
 const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 /// How often at most an acceptor logs that it is out of file descriptors (or memory).
 const ACCEPT_WARNING_EVERY: Duration = Duration::from_secs(10);
-/// Connections an acceptor takes in one go before it lets the other tasks of its thread (the
-/// other listeners, the shutdown signal) run.
+/// Connections an acceptor takes in one go before it yields, so that what shares its task (the
+/// other listeners' acceptors, the shutdown signal) gets polled.
 const ACCEPT_BATCH: usize = 64;
 
 /// Closes the edge's listeners and counts the connections still open.
@@ -166,7 +166,6 @@ impl Drop for OpenConnection {
 pub struct EdgeService {
     app: EdgeApp,
     listeners: Vec<Listener>,
-    closing: EdgeClosing,
     /// Worker threads to start.
     workers: usize,
 }
@@ -181,11 +180,10 @@ struct Listener {
 
 impl EdgeService {
     /// `workers`: how many threads serve connections (at least one).
-    pub(crate) fn new(app: EdgeApp, closing: EdgeClosing, workers: usize) -> EdgeService {
+    pub(crate) fn new(app: EdgeApp, workers: usize) -> EdgeService {
         EdgeService {
             app,
             listeners: Vec::new(),
-            closing,
             workers: workers.max(1),
         }
     }
@@ -193,14 +191,8 @@ impl EdgeService {
     /// Adds a plain HTTP listener on `addr`, bound now: the error is the bind's (the address
     /// is taken, or not this machine's).
     pub fn add_tcp(&mut self, addr: SocketAddr) -> io::Result<()> {
-        let socket = bind(addr)?;
-        let addr = socket.local_addr()?;
-        self.listeners.push(Listener {
-            addr,
-            socket,
-            app: Arc::new(self.app.clone()),
-        });
-        Ok(())
+        let app = self.app.clone();
+        self.add(addr, app)
     }
 
     /// Adds an HTTPS listener on `addr`, bound now: its connections get a TLS handshake with
@@ -212,19 +204,24 @@ impl EdgeService {
         addr: SocketAddr,
         config: Arc<rustls::ServerConfig>,
     ) -> io::Result<()> {
+        let app = self.app.with_tls(config);
+        self.add(addr, app)
+    }
+
+    fn add(&mut self, addr: SocketAddr, app: EdgeApp) -> io::Result<()> {
         let socket = bind(addr)?;
         let addr = socket.local_addr()?;
         self.listeners.push(Listener {
             addr,
             socket,
-            app: Arc::new(self.app.with_tls(config)),
+            app: Arc::new(app),
         });
         Ok(())
     }
 
     /// Closes this service's listeners ahead of the server and waits for its connections.
     pub fn closing(&self) -> EdgeClosing {
-        self.closing.clone()
+        self.app.closing()
     }
 }
 
@@ -383,6 +380,7 @@ async fn run_acceptor(
         };
         // The connections waiting now, up to a batch, then back to waiting (at once if more
         // are waiting: the listener stays ready until an accept would block).
+        let mut batch_full = true;
         for _ in 0..ACCEPT_BATCH {
             match ready.try_io(|socket| socket.get_ref().accept()) {
                 Ok(Ok((stream, peer))) => {
@@ -406,12 +404,18 @@ async fn run_acceptor(
                         // The client left before it was accepted, or similar: its own loss.
                         tracing::debug!(error = %e, %addr, "accept failed");
                     }
+                    batch_full = false;
                     break;
                 }
-                Err(_would_block) => break,
+                Err(_would_block) => {
+                    batch_full = false;
+                    break;
+                }
             }
         }
-        tokio::task::yield_now().await;
+        if batch_full {
+            tokio::task::yield_now().await;
+        }
     }
     tracing::info!(%addr, "the edge's listener closed");
 }
@@ -435,7 +439,7 @@ fn dispatch(workers: &[Worker], turn: &mut usize, mut conn: Accepted) {
         let chosen = (0..count)
             .map(|i| (start + i) % count)
             .min_by_key(|&i| workers[i].load.load(Ordering::Relaxed))
-            .unwrap_or(0);
+            .expect("an edge has at least one worker");
         let worker = &workers[chosen];
         worker.load.fetch_add(1, Ordering::Relaxed);
         match worker.queue.send(conn) {
@@ -465,7 +469,7 @@ impl pingora::services::Service for EdgeService {
         // shutdown.
         let (tx, rx) = watch::channel(false);
         let mut server = shutdown;
-        let mut close = self.closing.subscribe();
+        let mut close = self.app.closing().subscribe();
         let forward = async {
             tokio::select! {
                 _ = server.wait_for(|down| *down) => {}
@@ -488,9 +492,7 @@ impl pingora::services::Service for EdgeService {
         let accepting: Vec<_> = self
             .listeners
             .drain(..)
-            .map(|listener| {
-                run_acceptor(listener, workers.clone(), self.closing.clone(), rx.clone())
-            })
+            .map(|listener| run_acceptor(listener, workers.clone(), self.app.closing(), rx.clone()))
             .collect();
         // The workers' queues close with the last acceptor.
         drop(workers);
