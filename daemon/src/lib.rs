@@ -22,6 +22,7 @@ mod lease;
 mod local_machine;
 mod mesh;
 mod mesh_service;
+mod notify;
 mod public_addresses;
 pub mod replication;
 mod server;

@@ -35,6 +35,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
     };
     let signals = listen_for_signals()?;
     let listener = bind_socket(&config.socket, &config.socket_group)?;
+    crate::notify::status("opening this Machine's store");
     let machine = Arc::new(
         LocalMachine::open_with(
             DataDir::new(&config.data_dir),
@@ -218,6 +219,16 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             machine: machine.clone(),
         },
     ));
+    if crate::notify::enabled() {
+        server.add_service(background_service(
+            "readiness",
+            Readiness {
+                socket: config.socket.clone(),
+                edge: vec![config.http_listen, config.https_listen],
+            },
+        ));
+    }
+    crate::notify::status("starting the edge, the management API and the modules");
     server.run(RunArgs {
         shutdown_signal: Box::new(DrainFirst {
             state: edge_state_for_signal,
@@ -489,7 +500,13 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
     async fn recv(&self) -> pingora::server::ShutdownSignal {
         use pingora::server::ShutdownSignal;
         let mut signals = self.signals.lock().await;
-        match signals.recv().await {
+        let signal = signals.recv().await;
+        crate::notify::stopping(match signal {
+            Some(Stop::Term) | None => "draining: health answers 503",
+            Some(Stop::Int) => "stopping now (SIGINT)",
+            Some(Stop::Quit) => "handing over to a new process",
+        });
+        match signal {
             Some(Stop::Term) | None => {
                 self.state.set_draining();
                 tracing::info!(
@@ -522,6 +539,122 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
             }
             Some(Stop::Int) => ShutdownSignal::FastShutdown,
             Some(Stop::Quit) => ShutdownSignal::GracefulUpgrade,
+        }
+    }
+}
+
+/// Tells the service manager the daemon is ready once it is, observed from outside: the
+/// management API answers `GET /v1/version` on its socket and every edge listener accepts a
+/// connection (the store is open before any of it starts). Then, with a watchdog, keeps it alive
+/// for as long as the API keeps answering.
+struct Readiness {
+    socket: std::path::PathBuf,
+    edge: Vec<std::net::SocketAddr>,
+}
+
+/// How long one readiness probe may take.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl Readiness {
+    /// What is not serving yet, or `None` when everything is.
+    async fn waiting_for(&self) -> Option<String> {
+        if !api_answers(&self.socket).await {
+            return Some(format!(
+                "waiting for the management API on {}",
+                self.socket.display()
+            ));
+        }
+        for addr in &self.edge {
+            if !accepts(*addr).await {
+                return Some(format!("waiting for the edge's listener on {addr}"));
+            }
+        }
+        None
+    }
+}
+
+/// Whether the management API on `socket` answers a version request with 200.
+async fn api_answers(socket: &Path) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut stream = tokio::net::UnixStream::connect(socket).await.ok()?;
+        let request = format!(
+            "GET {} HTTP/1.1\r\nHost: ployz\r\nConnection: close\r\n\r\n",
+            ployz_core::api::paths::VERSION
+        );
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).await.ok()?;
+        Some(&head == b"HTTP/1.1 200")
+    };
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, probe).await,
+        Ok(Some(true))
+    )
+}
+
+/// Whether a listener on `addr` accepts a TCP connection (an unspecified address is probed on
+/// loopback).
+async fn accepts(addr: std::net::SocketAddr) -> bool {
+    let mut to = addr;
+    if to.ip().is_unspecified() {
+        to.set_ip(match addr {
+            std::net::SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(to)).await,
+        Ok(Ok(_))
+    )
+}
+
+#[async_trait]
+impl BackgroundService for Readiness {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut last = String::new();
+        loop {
+            let Some(waiting) = self.waiting_for().await else {
+                break;
+            };
+            if waiting != last {
+                crate::notify::status(&waiting);
+                last = waiting;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+        crate::notify::ready(&format!(
+            "serving: the edge on {}, the management API on {}",
+            self.edge
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(" and "),
+            self.socket.display()
+        ));
+        tracing::info!("ready: told the service manager");
+        let Some(every) = crate::notify::watchdog_interval() else {
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = shutdown.changed() => return,
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+            if api_answers(&self.socket).await {
+                crate::notify::watchdog();
+            } else {
+                tracing::warn!(
+                    socket = %self.socket.display(),
+                    "the management API did not answer; the watchdog is not fed"
+                );
+            }
         }
     }
 }
