@@ -179,6 +179,9 @@ enum Trouble {
     },
     /// The changes are durable, but the acknowledgement record could not follow them.
     RecordBehind { reason: String },
+    /// This process handed its files to the daemon process taking over from it
+    /// ([`Store::hand_over`]); it never writes again.
+    HandedOver,
 }
 
 impl Trouble {
@@ -192,6 +195,9 @@ impl Trouble {
                 "{reason}; writes resume by themselves once it can be written (free space on its \
                  filesystem if it is full)"
             ),
+            Trouble::HandedOver => "this daemon process handed its store to the process taking \
+                 over from it; send the write again, and that process takes it"
+                .to_owned(),
         }
     }
 }
@@ -1003,6 +1009,20 @@ impl Store {
         }
     }
 
+    /// Hands the store's files over to another process (a daemon taking over from this one):
+    /// flushes, then lets go of sled (and its lock on the files) for good. Reads go on from
+    /// what is in memory; every write is refused from now on, saying why.
+    pub fn hand_over(&self) -> Result<(), StoreError> {
+        let mut writer = self.lock_writer();
+        if let Some(sled) = &writer.sled {
+            sled.db.flush()?;
+        }
+        writer.sled = None;
+        writer.trouble = Some(Trouble::HandedOver);
+        self.publish_writability(&writer);
+        Ok(())
+    }
+
     /// Tries to make a store that refuses writes write again: writes the acknowledgement
     /// record if it fell behind; reopens a frozen store from disk once a probe write to its
     /// directory succeeds. Returns whether the store writes now. Cheap when nothing is wrong;
@@ -1017,6 +1037,7 @@ impl Store {
         match writer.trouble.take() {
             None => return Ok(()),
             Some(Trouble::RecordBehind { .. }) => self.acknowledge(writer),
+            Some(Trouble::HandedOver) => writer.trouble = Some(Trouble::HandedOver),
             Some(Trouble::Frozen { reason, failed }) => {
                 if let Err(still) = self.reopen(writer, failed.as_deref()) {
                     tracing::debug!(reason = %still, "the store cannot reopen yet");

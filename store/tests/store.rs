@@ -203,3 +203,27 @@ fn the_store_reopens_with_everything_and_keeps_counting() {
     let again = s.put(&k, b"v2".to_vec()).unwrap();
     assert_eq!(again.seq, 2);
 }
+
+#[test]
+fn a_store_handed_over_lets_another_open_it_and_never_writes_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let id = MachineId::generate();
+    let old = Store::open(dir.path().join("store"), id.clone()).unwrap();
+    let k = Key::cluster("policy", "acme");
+    old.put(&k, b"before".to_vec()).unwrap();
+    // Held: a second process (here, a second handle) cannot open the files.
+    assert!(Store::open(dir.path().join("store"), id.clone()).is_err());
+    old.hand_over().unwrap();
+    let new = Store::open(dir.path().join("store"), id.clone()).expect("opens once handed over");
+    assert_eq!(
+        new.get(&k).unwrap().and_then(|r| r.live_value().map(<[u8]>::to_vec)),
+        Some(b"before".to_vec())
+    );
+    // The old handle reads what it had and refuses every write, saying why; it does not
+    // take the files back.
+    assert!(old.get(&k).unwrap().is_some());
+    let err = old.put(&k, b"after".to_vec()).unwrap_err();
+    assert!(err.to_string().contains("handed its store"), "{err}");
+    assert!(!old.recover());
+    new.put(&k, b"after".to_vec()).unwrap();
+}
