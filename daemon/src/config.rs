@@ -207,6 +207,10 @@ pub struct ShutdownSettings {
     pub grace_seconds: u64,
     /// After the grace period, seconds in-flight work may take before it is cut.
     pub timeout_seconds: u64,
+    /// After a handover (`ployz daemon handover`), seconds the process that handed over may
+    /// take to finish its requests in flight: the new process serves meanwhile, so a long
+    /// request need not be cut as a stop would.
+    pub handover_grace_seconds: u64,
 }
 
 impl Default for ShutdownSettings {
@@ -215,6 +219,7 @@ impl Default for ShutdownSettings {
             drain_delay_seconds: 5,
             grace_seconds: 10,
             timeout_seconds: 5,
+            handover_grace_seconds: 300,
         }
     }
 }
@@ -228,6 +233,11 @@ impl ShutdownSettings {
     /// How long requests in flight may take once the listeners closed.
     pub fn grace(&self) -> Duration {
         Duration::from_secs(self.grace_seconds)
+    }
+
+    /// How long requests in flight may take in a process that handed over.
+    pub fn handover_grace(&self) -> Duration {
+        Duration::from_secs(self.handover_grace_seconds)
     }
 }
 

@@ -17,6 +17,7 @@ mod docker_api;
 mod drain;
 mod forward;
 mod fsutil;
+mod handover;
 mod identity;
 mod lease;
 mod local_machine;
@@ -33,4 +34,4 @@ pub use config::{
     LimitSettings, LogFormat, MembershipProfileSetting, MeshSettings, ShutdownSettings,
     UnderscoreHeaders, WireGuardBackendSetting,
 };
-pub use server::{parse_route, run, run_edge_alone, EdgeTls};
+pub use server::{parse_route, run, run_edge_alone, run_taking_over, EdgeTls, PID_FILE};

@@ -25,6 +25,16 @@ use crate::local_machine::{Initialised, LocalMachine};
 /// `config` is validated first ([`DaemonConfig::validate`]: [`DaemonConfig::load`] has done it
 /// already, a configuration built by hand has not), before anything is bound or written.
 pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
+    run_as(config, false)
+}
+
+/// Runs the daemon taking over from the one running on the same data dir (`--take-over`,
+/// [`crate::handover`]): its edge listeners, store and modules, without a request dropped.
+pub fn run_taking_over(config: DaemonConfig) -> anyhow::Result<()> {
+    run_as(config, true)
+}
+
+fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
     config.validate()?;
     // Before any file or thread: nothing the daemon creates is open to others by default.
     crate::fsutil::restrict_umask();
@@ -33,17 +43,33 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         Some(at) => ployz_acme::VerdictResolver::At(at),
         None => ployz_acme::VerdictResolver::System,
     };
-    let signals = listen_for_signals()?;
-    let listener = bind_socket(&config.socket, &config.socket_group)?;
+    let (stops, signals) = tokio::sync::mpsc::unbounded_channel();
+    listen_for_signals(stops.clone())?;
+    let runtime_dir = config.data_dir.join("run");
+    // Taking over: the running daemon's socket stays in place (and answers) until this one
+    // serves; this one's is renamed over it then.
+    let api_path = if take_over {
+        taking_over_path(&config.socket)
+    } else {
+        config.socket.clone()
+    };
+    let listener = bind_socket(&api_path, &config.socket_group)?;
+    let mut taken = if take_over {
+        crate::notify::status("asking the running daemon to hand over");
+        tracing::info!("asking the running daemon to hand over");
+        match crate::handover::take_over(&runtime_dir) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                drop(listener);
+                let _ = std::fs::remove_file(&api_path);
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
     crate::notify::status("opening this Machine's store");
-    let machine = Arc::new(
-        LocalMachine::open_with(
-            DataDir::new(&config.data_dir),
-            config.docker_host.clone(),
-            config.accept_data_loss,
-        )
-        .context("cannot load this Machine's data")?,
-    );
+    let machine = Arc::new(open_machine(&config, take_over)?);
     machine.set_store_clock(
         std::time::Duration::from_millis(config.mesh.max_clock_drift_ms),
         config.mesh.clock_offset_ms,
@@ -73,12 +99,25 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             }
         }
     }
-    let runtime_dir = config.data_dir.join("run");
     std::fs::create_dir_all(&runtime_dir)
         .with_context(|| format!("cannot create {}", runtime_dir.display()))?;
-    check_listener_free("http_listen", config.http_listen)?;
-    check_listener_free("https_listen", config.https_listen)?;
-    check_listener_free("metrics_listen", config.metrics_listen)?;
+    let handed = |taken: &mut Option<crate::handover::TakenOver>, addr, tls| {
+        taken.as_mut().and_then(|t| t.take(addr, tls))
+    };
+    let http_handed = handed(&mut taken, config.http_listen, false);
+    let https_handed = handed(&mut taken, config.https_listen, true);
+    if http_handed.is_none() {
+        check_listener_free("http_listen", config.http_listen)?;
+    }
+    if https_handed.is_none() {
+        check_listener_free("https_listen", config.https_listen)?;
+    }
+    if !take_over {
+        // Taking over, the running daemon holds it until it retires; it is bound when free.
+        check_listener_free("metrics_listen", config.metrics_listen)?;
+    }
+    let handover_listener = crate::handover::HandoverService::bind(&runtime_dir)?;
+    let handover = crate::handover::Handover::new();
     let conf = ServerConf {
         pid_file: runtime_dir.join("ployz.pid").display().to_string(),
         upgrade_sock: runtime_dir.join("upgrade.sock").display().to_string(),
@@ -112,41 +151,60 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         .with_challenges(challenges.clone()),
     );
     let edge_closing = edge.closing();
-    edge.add_tcp(config.http_listen).with_context(|| {
+    match http_handed {
+        Some(socket) => edge.add_tcp_listening(socket),
+        None => edge.add_tcp(config.http_listen),
+    }
+    .with_context(|| {
         format!(
             "the edge's HTTP listener cannot listen on {} (http_listen)",
             config.http_listen
         )
     })?;
-    edge.add_tls(config.https_listen, tls_config(&certificates)?)
-        .with_context(|| {
-            format!(
-                "the edge's HTTPS listener cannot listen on {} (https_listen)",
-                config.https_listen
-            )
-        })?;
+    match https_handed {
+        Some(socket) => edge.add_tls_listening(socket, tls_config(&certificates)?),
+        None => edge.add_tls(config.https_listen, tls_config(&certificates)?),
+    }
+    .with_context(|| {
+        format!(
+            "the edge's HTTPS listener cannot listen on {} (https_listen)",
+            config.https_listen
+        )
+    })?;
+    let edge_sockets = edge
+        .listening_sockets()
+        .context("cannot copy the edge's listening sockets")?;
     server.add_service(edge);
     let mesh_view = Arc::new(crate::mesh::MeshView::new(config.mesh.clone()));
+    use crate::handover::{Stage, UntilStage};
     server.add_service(background_service(
         "route controller",
-        RouteService {
-            machine: machine.clone(),
-            routes: routes.clone(),
-            certificates,
-            challenges,
-            state: edge_state,
-            mesh: mesh_view.clone(),
-        },
+        UntilStage::new(
+            RouteService {
+                machine: machine.clone(),
+                routes: routes.clone(),
+                certificates,
+                challenges,
+                state: edge_state.clone(),
+                mesh: mesh_view.clone(),
+            },
+            Stage::Releasing,
+            &handover,
+        ),
     ));
     if config.certificates.enabled {
         server.add_service(background_service(
             "certificate issuer",
-            IssuerService {
-                machine: machine.clone(),
-                verdict_resolver,
-                counters: issuer_counters.clone(),
-                challenge_port: config.http_listen.port(),
-            },
+            UntilStage::new(
+                IssuerService {
+                    machine: machine.clone(),
+                    verdict_resolver,
+                    counters: issuer_counters.clone(),
+                    challenge_port: config.http_listen.port(),
+                },
+                Stage::Releasing,
+                &handover,
+            ),
         ));
     }
     let lease = crate::lease::MachineLease::new(machine.clone());
@@ -162,72 +220,116 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         machine.set_mesh_interface(&config.mesh.interface);
         server.add_service(background_service(
             "mesh",
-            crate::mesh_service::MeshService {
-                machine: machine.clone(),
-                view: mesh_view.clone(),
-                header_timeout: config.limits.header_timeout(),
-                api: api_app.clone(),
-            },
+            UntilStage::new(
+                crate::mesh_service::MeshService {
+                    machine: machine.clone(),
+                    view: mesh_view.clone(),
+                    header_timeout: config.limits.header_timeout(),
+                    api: api_app.clone(),
+                },
+                Stage::Releasing,
+                &handover,
+            ),
         ));
     }
     server.add_service(background_service(
         "management API",
-        ApiService {
-            listener: Mutex::new(Some(listener)),
-            machine: machine.clone(),
-            app: api_app.clone(),
-            header_timeout: config.limits.header_timeout(),
-            mesh: mesh_view.clone(),
-        },
+        UntilStage::new(
+            ApiService {
+                listener: Mutex::new(Some(listener)),
+                machine: machine.clone(),
+                app: api_app.clone(),
+                header_timeout: config.limits.header_timeout(),
+                mesh: mesh_view.clone(),
+            },
+            Stage::Retiring,
+            &handover,
+        ),
     ));
     server.add_service(background_service(
         "drain-mark sweeper",
-        crate::drain::Sweeper::new(machine.clone(), lease),
+        UntilStage::new(
+            crate::drain::Sweeper::new(machine.clone(), lease),
+            Stage::Releasing,
+            &handover,
+        ),
     ));
     server.add_service(background_service(
         "metrics",
-        MetricsService {
-            addr: config.metrics_listen,
-            metrics,
-            routes: routes.clone(),
-            dns: dns_metrics.clone(),
-            failures: StoreFailures {
+        UntilStage::new(
+            MetricsService {
+                addr: config.metrics_listen,
+                metrics,
                 routes: routes.clone(),
-                dns: (config.dns.listen != DnsListen::Off).then(|| dns.clone()),
-                issuer: config.certificates.enabled.then(|| issuer_counters.clone()),
+                dns: dns_metrics.clone(),
+                failures: StoreFailures {
+                    routes: routes.clone(),
+                    dns: (config.dns.listen != DnsListen::Off).then(|| dns.clone()),
+                    issuer: config.certificates.enabled.then(|| issuer_counters.clone()),
+                },
+                header_timeout: config.limits.header_timeout(),
+                mesh: mesh_view.clone(),
+                take_over,
             },
-            header_timeout: config.limits.header_timeout(),
-            mesh: mesh_view.clone(),
-        },
+            Stage::Retiring,
+            &handover,
+        ),
     ));
     if config.dns.listen != DnsListen::Off {
         server.add_service(background_service(
             "internal DNS",
-            DnsService {
-                machine: machine.clone(),
-                controller: dns,
-                listen: config.dns.listen,
-                upstreams: config.dns.upstreams.clone(),
-                cache_entries: config.dns.cache_entries,
-                metrics: dns_metrics,
-            },
+            UntilStage::new(
+                DnsService {
+                    machine: machine.clone(),
+                    controller: dns,
+                    listen: config.dns.listen,
+                    upstreams: config.dns.upstreams.clone(),
+                    cache_entries: config.dns.cache_entries,
+                    metrics: dns_metrics,
+                    take_over,
+                },
+                Stage::Retiring,
+                &handover,
+            ),
         ));
     }
     server.add_service(background_service(
         "docker observer",
-        ObserverService {
-            machine: machine.clone(),
-        },
+        UntilStage::new(
+            ObserverService {
+                machine: machine.clone(),
+            },
+            Stage::Releasing,
+            &handover,
+        ),
     ));
-    if crate::notify::enabled() {
-        server.add_service(background_service(
-            "readiness",
+    server.add_service(background_service(
+        "readiness",
+        UntilStage::new(
             Readiness {
                 socket: config.socket.clone(),
+                probe_socket: api_path.clone(),
                 edge: vec![config.http_listen, config.https_listen],
+                pid_file: runtime_dir.join(PID_FILE),
+                taken: Mutex::new(taken),
             },
-        ));
-    }
+            Stage::Releasing,
+            &handover,
+        ),
+    ));
+    server.add_service(background_service(
+        "handover",
+        crate::handover::HandoverService {
+            listener: Mutex::new(Some(handover_listener)),
+            path: crate::handover::socket_path(&runtime_dir),
+            releasing: handover.releasing(),
+            stage: handover.stage.clone(),
+            edge: Mutex::new(edge_sockets),
+            machine: machine.clone(),
+            edge_state: edge_state.clone(),
+            retire: stops,
+        },
+    ));
     crate::notify::status("starting the edge, the management API and the modules");
     server.run(RunArgs {
         shutdown_signal: Box::new(DrainFirst {
@@ -235,14 +337,69 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             delay: config.shutdown.drain_delay(),
             edge: edge_closing,
             grace: config.shutdown.grace(),
+            handover_grace: config.shutdown.handover_grace(),
             signals: tokio::sync::Mutex::new(signals),
         }),
     });
 
+    let handed_over = *handover.stage.borrow() != Stage::Serving;
+    if handed_over {
+        // The socket's path, the pid file and the store are the new process's now.
+        tracing::info!("ployz daemon handed over and stopped");
+        if *handover.stage.borrow() != Stage::Retiring {
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     machine.flush();
     let _ = std::fs::remove_file(&config.socket);
+    let pid_file = runtime_dir.join(PID_FILE);
+    if std::fs::read_to_string(&pid_file).is_ok_and(|p| p.trim() == std::process::id().to_string())
+    {
+        let _ = std::fs::remove_file(&pid_file);
+    }
+    let _ = std::fs::remove_file(crate::handover::socket_path(&runtime_dir));
     tracing::info!("ployz daemon stopped");
     Ok(())
+}
+
+/// The pid file in the runtime directory: the process serving this data dir, written once it
+/// is ready (`ployz daemon handover` waits for the new process's number there).
+pub const PID_FILE: &str = "daemon.pid";
+
+/// Writes this process's ID to `path`: a temporary file renamed into place, so a reader sees
+/// the old number or the new one.
+fn write_pid_file(path: &Path) -> std::io::Result<()> {
+    let tmp = path.with_extension("pid.tmp");
+    std::fs::write(&tmp, format!("{}\n", std::process::id()))?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Where a process taking over binds the management API before it renames it into place.
+fn taking_over_path(socket: &Path) -> std::path::PathBuf {
+    let mut name = socket.file_name().unwrap_or_default().to_owned();
+    name.push(".taking-over");
+    socket.with_file_name(name)
+}
+
+/// Opens this Machine's data. Taking over, the running daemon has just let go of the store; a
+/// moment's wait for its files is allowed.
+fn open_machine(config: &DaemonConfig, take_over: bool) -> anyhow::Result<LocalMachine> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match LocalMachine::open_with(
+            DataDir::new(&config.data_dir),
+            config.docker_host.clone(),
+            config.accept_data_loss,
+        ) {
+            Ok(m) => return Ok(m),
+            Err(e) if take_over && std::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "the store is not free yet");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(e) => return Err(e).context("cannot load this Machine's data"),
+        }
+    }
 }
 
 /// What the edge enforces per request, from the daemon's settings.
@@ -414,16 +571,19 @@ impl BackgroundService for ApiService {
 
 /// The signals that end the daemon, as they arrive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
+pub(crate) enum Stop {
     Term,
     Int,
     Quit,
+    /// A new process took over ([`crate::handover`]): close the edge, finish what is in flight.
+    Retire,
+    /// A handover failed after this process gave up its store: stop at once.
+    Failed,
 }
 
 /// Starts listening for SIGTERM, SIGINT and SIGQUIT at once, on a thread of its own, so a
 /// signal that arrives while the server is still starting is not lost (nor fatal).
-fn listen_for_signals() -> anyhow::Result<tokio::sync::mpsc::UnboundedReceiver<Stop>> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+fn listen_for_signals(tx: tokio::sync::mpsc::UnboundedSender<Stop>) -> anyhow::Result<()> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("ployz-signals".into())
@@ -457,7 +617,7 @@ fn listen_for_signals() -> anyhow::Result<tokio::sync::mpsc::UnboundedReceiver<S
             });
         })?;
     match ready_rx.recv() {
-        Ok(true) => Ok(rx),
+        Ok(true) => Ok(()),
         _ => bail!("cannot install signal handlers"),
     }
 }
@@ -472,6 +632,8 @@ struct DrainFirst {
     delay: std::time::Duration,
     edge: ployz_edge::EdgeClosing,
     grace: std::time::Duration,
+    /// How long requests in flight may take after a handover.
+    handover_grace: std::time::Duration,
     signals: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Stop>>,
 }
 
@@ -501,12 +663,44 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
         use pingora::server::ShutdownSignal;
         let mut signals = self.signals.lock().await;
         let signal = signals.recv().await;
-        crate::notify::stopping(match signal {
-            Some(Stop::Term) | None => "draining: health answers 503",
-            Some(Stop::Int) => "stopping now (SIGINT)",
-            Some(Stop::Quit) => "handing over to a new process",
-        });
         match signal {
+            Some(Stop::Term) | None => crate::notify::stopping("draining: health answers 503"),
+            Some(Stop::Int) => crate::notify::stopping("stopping now (SIGINT)"),
+            Some(Stop::Quit) => crate::notify::stopping("stopping (SIGQUIT)"),
+            // The service goes on in the new process: nothing to tell the service manager.
+            Some(Stop::Retire | Stop::Failed) => {}
+        }
+        match signal {
+            Some(Stop::Retire) => {
+                self.state.set_handing_over();
+                // Clients with a request under way get `Connection: close` with its response
+                // and reconnect to the new process before the listeners close here.
+                if let Err(fast) =
+                    unless_interrupted(tokio::time::sleep(HANDOVER_LINGER), &mut signals).await
+                {
+                    return fast;
+                }
+                self.edge.close();
+                tracing::info!(
+                    connections = self.edge.open(),
+                    grace_s = self.grace.as_secs(),
+                    "handed over: the edge's listeners are closed here; answering the requests in flight"
+                );
+                match unless_interrupted(self.edge.closed(self.handover_grace), &mut signals).await
+                {
+                    Err(fast) => fast,
+                    Ok(0) => ShutdownSignal::GracefulTerminate,
+                    Ok(left) => {
+                        tracing::warn!(
+                            connections = left,
+                            grace_s = self.handover_grace.as_secs(),
+                            "connections still busy after the grace period are cut"
+                        );
+                        ShutdownSignal::GracefulTerminate
+                    }
+                }
+            }
+            Some(Stop::Failed) => ShutdownSignal::FastShutdown,
             Some(Stop::Term) | None => {
                 self.state.set_draining();
                 tracing::info!(
@@ -548,8 +742,15 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
 /// connection (the store is open before any of it starts). Then, with a watchdog, keeps it alive
 /// for as long as the API keeps answering.
 struct Readiness {
+    /// The management API's path.
     socket: std::path::PathBuf,
+    /// Where it is bound now: the path, or (taking over) beside it until ready.
+    probe_socket: std::path::PathBuf,
     edge: Vec<std::net::SocketAddr>,
+    /// Written with this process's ID once ready.
+    pid_file: std::path::PathBuf,
+    /// Taking over: the running daemon, told once this one serves.
+    taken: Mutex<Option<crate::handover::TakenOver>>,
 }
 
 /// How long one readiness probe may take.
@@ -558,10 +759,10 @@ const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 impl Readiness {
     /// What is not serving yet, or `None` when everything is.
     async fn waiting_for(&self) -> Option<String> {
-        if !api_answers(&self.socket).await {
+        if !api_answers(&self.probe_socket).await {
             return Some(format!(
                 "waiting for the management API on {}",
-                self.socket.display()
+                self.probe_socket.display()
             ));
         }
         for addr in &self.edge {
@@ -626,6 +827,13 @@ impl BackgroundService for Readiness {
                 _ = shutdown.changed() => return,
             }
         }
+        let taken = self.taken.lock().expect("readiness lock").take();
+        if taken.is_some() {
+            // Atomic: a client connecting now reaches one process or the other, never none.
+            if let Err(e) = std::fs::rename(&self.probe_socket, &self.socket) {
+                tracing::error!(error = %e, from = %self.probe_socket.display(), to = %self.socket.display(), "cannot move the management API's socket into place");
+            }
+        }
         crate::notify::ready(&format!(
             "serving: the edge on {}, the management API on {}",
             self.edge
@@ -635,7 +843,20 @@ impl BackgroundService for Readiness {
                 .join(" and "),
             self.socket.display()
         ));
-        tracing::info!("ready: told the service manager");
+        if crate::notify::enabled() {
+            tracing::info!("ready: told the service manager");
+        }
+        if let Err(e) = write_pid_file(&self.pid_file) {
+            tracing::warn!(error = %e, file = %self.pid_file.display(), "cannot write the pid file");
+        }
+        if let Some(mut taken) = taken {
+            match taken.ready() {
+                Ok(()) => tracing::info!("took over: the previous process retires"),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot tell the previous process this one serves")
+                }
+            }
+        }
         let Some(every) = crate::notify::watchdog_interval() else {
             return;
         };
@@ -659,6 +880,10 @@ impl BackgroundService for Readiness {
     }
 }
 
+/// How long a retiring process keeps accepting on the edge's listeners, answering with
+/// `Connection: close`, after the process taking over serves.
+const HANDOVER_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Serves `GET /metrics` (Prometheus text format) on the metrics listener.
 struct MetricsService {
     addr: std::net::SocketAddr,
@@ -672,16 +897,29 @@ struct MetricsService {
     mesh: Arc<crate::mesh::MeshView>,
     /// How long a client has to send a request head.
     header_timeout: std::time::Duration,
+    /// Taking over: the address is retried until the previous process lets go of it.
+    take_over: bool,
 }
 
 #[async_trait]
 impl BackgroundService for MetricsService {
-    async fn start(&self, shutdown: ShutdownWatch) {
-        let listener = match tokio::net::TcpListener::bind(self.addr).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(addr = %self.addr, error = %e, "metrics listener cannot bind");
-                return;
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        // Taking over, the previous process holds the address until it retires.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        let listener = loop {
+            match tokio::net::TcpListener::bind(self.addr).await {
+                Ok(l) => break l,
+                Err(e) if self.take_over && std::time::Instant::now() < deadline => {
+                    tracing::debug!(addr = %self.addr, error = %e, "the metrics address is not free yet");
+                    tokio::select! {
+                        _ = shutdown.changed() => return,
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(addr = %self.addr, error = %e, "metrics listener cannot bind");
+                    return;
+                }
             }
         };
         let metrics = self.metrics.clone();
@@ -777,6 +1015,8 @@ struct DnsService {
     /// Forwarded answers kept (`[dns] cache_entries`).
     cache_entries: usize,
     metrics: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>>,
+    /// Taking over: the port is retried quickly until the previous process lets go of it.
+    take_over: bool,
 }
 
 #[async_trait]
@@ -834,7 +1074,10 @@ impl BackgroundService for DnsService {
                 _ = shutdown.changed() => return,
                 _ = tokio::time::sleep(delay) => {}
             }
-            delay = (delay * 2).min(std::time::Duration::from_secs(30));
+            // Taking over, the previous process lets go of the port when it retires: soon.
+            if !self.take_over {
+                delay = (delay * 2).min(std::time::Duration::from_secs(30));
+            }
         };
         tracing::info!(listen = %server.local_addr(), upstreams = ?upstreams, "internal DNS listening");
         let _ = self.metrics.set(server.metrics());
@@ -1004,7 +1247,8 @@ pub fn run_edge_alone(
     config.limits.validate()?;
     config.edge.validate()?;
     init_logging(LogFormat::Text);
-    let signals = listen_for_signals()?;
+    let (stops, signals) = tokio::sync::mpsc::unbounded_channel();
+    listen_for_signals(stops)?;
     check_listener_free("http_listen", config.http_listen)?;
     if let Some(tls) = &tls {
         check_listener_free("https_listen", tls.listen)?;
@@ -1054,6 +1298,7 @@ pub fn run_edge_alone(
             delay: config.shutdown.drain_delay(),
             edge: edge_closing,
             grace: config.shutdown.grace(),
+            handover_grace: config.shutdown.handover_grace(),
             signals: tokio::sync::Mutex::new(signals),
         }),
     });

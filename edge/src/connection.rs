@@ -109,6 +109,11 @@ impl EdgeApp {
         }
     }
 
+    /// Whether its connections start with a TLS handshake.
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// The TLS handshake of a connection to an HTTPS listener, within the header timeout; a
     /// connection to a plain listener as it is. `None`: the handshake failed or took too long
     /// (counted in the edge's metrics), or the edge's listeners closed first: a connection

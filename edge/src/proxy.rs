@@ -29,6 +29,9 @@ pub struct EdgeState {
     machine_id: OnceLock<String>,
     /// Set on shutdown: health answers 503 while requests are still served.
     draining: AtomicBool,
+    /// Set once another daemon process took over the listeners: responses close their
+    /// connections (clients move to that process), health still answers as before.
+    handing_over: AtomicBool,
     /// Why this Machine's store cannot write, while it cannot: health answers 503 meanwhile,
     /// since what is deployed or imported now would not be served.
     store_unwritable: std::sync::Mutex<Option<String>>,
@@ -43,6 +46,13 @@ impl EdgeState {
         self.draining.store(true, Ordering::Relaxed);
     }
 
+    /// Another daemon process is taking over the listeners: every response says
+    /// `Connection: close` (HTTP/2 connections get GOAWAY), so clients reconnect (to it, once
+    /// it accepts), and health answers for the Machine as it was.
+    pub fn set_handing_over(&self) {
+        self.handing_over.store(true, Ordering::Relaxed);
+    }
+
     /// Records why the store cannot write (`None`: it writes again).
     pub fn set_store_unwritable(&self, reason: Option<String>) {
         *self
@@ -53,6 +63,17 @@ impl EdgeState {
 
     /// (HTTP status, JSON body) of the health endpoint.
     pub fn health(&self) -> (u16, String) {
+        if let (Some(id), true) = (
+            self.machine_id.get(),
+            self.handing_over.load(Ordering::Relaxed),
+        ) {
+            // The Machine goes on serving, through the process taking over; this one's modules
+            // stopping (and its store handed over) say nothing about it.
+            return (
+                200,
+                format!(r#"{{"status":"serving","machine_id":"{id}"}}"#),
+            );
+        }
         match (self.machine_id.get(), self.draining.load(Ordering::Relaxed)) {
             (None, _) => (
                 503,
@@ -339,8 +360,9 @@ impl EdgeProxy {
 
 impl EdgeState {
     /// Whether SIGTERM arrived: every HTTP/1 response then says `Connection: close`.
+    /// Whether connections close after their response: draining, or handing over.
     pub(crate) fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
+        self.draining.load(Ordering::Relaxed) || self.handing_over.load(Ordering::Relaxed)
     }
 }
 

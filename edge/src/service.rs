@@ -208,8 +208,38 @@ impl EdgeService {
         self.add(addr, app)
     }
 
+    /// Adds a plain HTTP listener on a socket already listening (one another daemon process
+    /// handed over).
+    pub fn add_tcp_listening(&mut self, socket: std::net::TcpListener) -> io::Result<()> {
+        let app = self.app.clone();
+        self.add_listening(socket, app)
+    }
+
+    /// Adds an HTTPS listener on a socket already listening, as [`EdgeService::add_tls`].
+    pub fn add_tls_listening(
+        &mut self,
+        socket: std::net::TcpListener,
+        config: Arc<rustls::ServerConfig>,
+    ) -> io::Result<()> {
+        let app = self.app.with_tls(config);
+        self.add_listening(socket, app)
+    }
+
+    /// Copies of the listening sockets, with their addresses and whether each is HTTPS, for a
+    /// daemon process taking over: they go on listening in both until this one closes its own.
+    pub fn listening_sockets(&self) -> io::Result<Vec<(SocketAddr, bool, std::net::TcpListener)>> {
+        self.listeners
+            .iter()
+            .map(|l| Ok((l.addr, l.app.is_tls(), l.socket.try_clone()?)))
+            .collect()
+    }
+
     fn add(&mut self, addr: SocketAddr, app: EdgeApp) -> io::Result<()> {
-        let socket = bind(addr)?;
+        self.add_listening(bind(addr)?, app)
+    }
+
+    fn add_listening(&mut self, socket: std::net::TcpListener, app: EdgeApp) -> io::Result<()> {
+        socket.set_nonblocking(true)?;
         let addr = socket.local_addr()?;
         self.listeners.push(Listener {
             addr,

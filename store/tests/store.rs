@@ -216,7 +216,9 @@ fn a_store_handed_over_lets_another_open_it_and_never_writes_again() {
     old.hand_over().unwrap();
     let new = Store::open(dir.path().join("store"), id.clone()).expect("opens once handed over");
     assert_eq!(
-        new.get(&k).unwrap().and_then(|r| r.live_value().map(<[u8]>::to_vec)),
+        new.get(&k)
+            .unwrap()
+            .and_then(|r| r.live_value().map(<[u8]>::to_vec)),
         Some(b"before".to_vec())
     );
     // The old handle reads what it had and refuses every write, saying why; it does not

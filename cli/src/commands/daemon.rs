@@ -1,4 +1,4 @@
-//! `ployz daemon run`, and the hidden `ployz daemon edge`.
+//! `ployz daemon run`, `ployz daemon handover`, and the hidden `ployz daemon edge`.
 //!
 //! The flags are the top layer of the daemon's configuration (`ployz_daemon::DaemonConfig`):
 //! each is serialised under the config key it sets (`#[serde(rename =
@@ -10,6 +10,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use ployz_daemon::{parse_socket_addr, DaemonConfig, DnsListen, LogFormat, UnderscoreHeaders};
 use serde::{Serialize, Serializer};
@@ -18,6 +19,10 @@ use serde::{Serialize, Serializer};
 pub enum DaemonCommand {
     /// Run the daemon in the foreground until SIGTERM (graceful) or SIGINT (fast).
     Run(Box<RunArgs>),
+    /// Hand the running daemon over to a new process of this executable, dropping no request:
+    /// starts `ployz daemon run --take-over` with the same flags, waits until it serves (the
+    /// running one then retires, finishing its requests in flight). The unit's reload.
+    Handover(Box<RunArgs>),
     /// Run only the edge, with fixed routes (benchmarks, debugging).
     #[command(hide = true)]
     Edge(Box<EdgeArgs>),
@@ -186,17 +191,94 @@ pub struct RunArgs {
     #[arg(long)]
     #[serde(skip)]
     accept_data_loss: bool,
+    /// Take over from the daemon running on the same data dir: its edge listeners, its store,
+    /// its modules, with no request dropped (what `ployz daemon handover` starts).
+    #[arg(long)]
+    #[serde(skip)]
+    take_over: bool,
 }
 
 pub fn run(cmd: DaemonCommand) -> anyhow::Result<()> {
-    let args = match cmd {
-        DaemonCommand::Run(args) => *args,
+    let (args, handing_over) = match cmd {
+        DaemonCommand::Run(args) => (*args, false),
+        DaemonCommand::Handover(args) => (*args, true),
         DaemonCommand::Edge(args) => return edge(*args),
     };
     let mut config = DaemonConfig::load(args.config.as_deref(), &args)?;
     // A flag only, for one start: never in the file.
     config.accept_data_loss = args.accept_data_loss;
-    ployz_daemon::run(config)
+    if handing_over {
+        if args.take_over {
+            anyhow::bail!("--take-over is what `daemon handover` gives the new process; give it to `daemon run`, or leave it out");
+        }
+        return handover(&config);
+    }
+    if args.take_over {
+        ployz_daemon::run_taking_over(config)
+    } else {
+        ployz_daemon::run(config)
+    }
+}
+
+/// How long `daemon handover` waits for the new process to serve.
+const HANDOVER_WITHIN: std::time::Duration = std::time::Duration::from_secs(150);
+
+/// `ployz daemon handover`: starts this executable as `daemon run --take-over` with the flags
+/// given, and returns once the new process serves (its ID in the pid file).
+fn handover(config: &DaemonConfig) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    let pid_file = config.data_dir.join("run").join(ployz_daemon::PID_FILE);
+    let read_pid =
+        || -> Option<u32> { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() };
+    let old = read_pid();
+    // The same flags, given to `daemon run --take-over`.
+    let mut words: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let at = words
+        .iter()
+        .position(|w| w == "handover")
+        .ok_or_else(|| anyhow::anyhow!("cannot find `handover` among the arguments"))?;
+    words[at] = "run".into();
+    words.push("--take-over".into());
+    let exe = std::env::current_exe().context("cannot find this executable")?;
+    let mut child = std::process::Command::new(&exe)
+        .args(&words)
+        .stdin(std::process::Stdio::null())
+        // Its log is on stderr, which it shares with this command (the journal, under systemd).
+        .stdout(std::process::Stdio::null())
+        // Its own process group: the new daemon outlives this command.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {}", exe.display()))?;
+    let new = child.id();
+    eprintln!(
+        "handing over from process {} to process {new} ({}) ...",
+        old.map_or_else(|| "?".to_owned(), |p| p.to_string()),
+        exe.display()
+    );
+    let deadline = std::time::Instant::now() + HANDOVER_WITHIN;
+    loop {
+        if read_pid() == Some(new) {
+            break;
+        }
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!(
+                "the new daemon process exited ({status}) before it served; see its log (the running one goes on serving unless it had handed over its store: then it exits too, for the service manager to start a fresh daemon)"
+            );
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            anyhow::bail!(
+                "the new daemon process did not serve within {} s and was stopped; see its log",
+                HANDOVER_WITHIN.as_secs()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    println!(
+        "handed over: process {new} serves; process {} finishes its requests in flight and exits",
+        old.map_or_else(|| "?".to_owned(), |p| p.to_string())
+    );
+    Ok(())
 }
 
 fn edge(args: EdgeArgs) -> anyhow::Result<()> {

@@ -190,6 +190,38 @@ impl Daemon {
         stop_child(&mut child, Duration::from_secs(10))
     }
 
+    /// The flags after `daemon run` this daemon was started with (`daemon handover` takes
+    /// the same).
+    pub fn run_flags(&self) -> Vec<String> {
+        daemon_flags(
+            &self.data_dir,
+            &self.socket,
+            [self.http_port, self.https_port, self.metrics_port],
+            self.drain_delay,
+            &self.args,
+        )
+    }
+
+    /// Where its log goes (appended to by any process started on this data dir).
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Waits up to `within` for the process to exit by itself; its status, or `None`.
+    pub fn wait_exited(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.as_mut()?.try_wait().unwrap() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Starts again after the process was killed from outside.
     pub fn restart_after_kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -228,11 +260,40 @@ impl Drop for Daemon {
     }
 }
 
+/// The flags after `daemon run` every test daemon gets, then `args`.
+fn daemon_flags(
+    data_dir: &Path,
+    socket: &Path,
+    [http_port, https_port, metrics_port]: [u16; 3],
+    drain_delay: u64,
+    args: &[String],
+) -> Vec<String> {
+    let mut flags: Vec<String> = vec![
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--socket".into(),
+        socket.display().to_string(),
+        "--http-listen".into(),
+        format!("127.0.0.1:{http_port}"),
+        "--https-listen".into(),
+        format!("127.0.0.1:{https_port}"),
+        "--metrics-listen".into(),
+        format!("127.0.0.1:{metrics_port}"),
+        "--drain-delay".into(),
+        drain_delay.to_string(),
+        "--max-body-bytes".into(),
+        "1048576".into(),
+        "--no-mesh".into(),
+    ];
+    flags.extend(args.iter().cloned());
+    flags
+}
+
 fn spawn_daemon(
     data_dir: &Path,
     socket: &Path,
     log: &Path,
-    [http_port, https_port, metrics_port]: [u16; 3],
+    ports: [u16; 3],
     drain_delay: u64,
     args: &[String],
 ) -> Child {
@@ -242,20 +303,8 @@ fn spawn_daemon(
         .open(log)
         .unwrap();
     Command::new(PLOYZ)
-        .args(["daemon", "run", "--data-dir"])
-        .arg(data_dir)
-        .arg("--socket")
-        .arg(socket)
-        .arg("--http-listen")
-        .arg(format!("127.0.0.1:{http_port}"))
-        .arg("--https-listen")
-        .arg(format!("127.0.0.1:{https_port}"))
-        .arg("--metrics-listen")
-        .arg(format!("127.0.0.1:{metrics_port}"))
-        .args(["--drain-delay", &drain_delay.to_string()])
-        .args(["--max-body-bytes", "1048576"])
-        .arg("--no-mesh")
-        .args(args)
+        .args(["daemon", "run"])
+        .args(daemon_flags(data_dir, socket, ports, drain_delay, args))
         .env("PLOYZ_LOG", "info")
         .stdin(Stdio::null())
         .stdout(log_file.try_clone().unwrap())
