@@ -23,6 +23,7 @@ mod local_machine;
 mod mesh;
 mod mesh_service;
 mod public_addresses;
+mod reconcile;
 pub mod replication;
 mod server;
 mod store_api;

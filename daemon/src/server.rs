@@ -126,6 +126,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         })?;
     server.add_service(edge);
     let mesh_view = Arc::new(crate::mesh::MeshView::new(config.mesh.clone()));
+    let reconciler = crate::reconcile::Reconciler::new(machine.clone(), &config);
     server.add_service(background_service(
         "route controller",
         RouteService {
@@ -156,6 +157,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
         mesh_view.clone(),
         lease.clone(),
         crate::docker_api::OwnListeners::from_config(&config),
+        reconciler.clone(),
     );
     if config.mesh.enabled {
         machine.set_mesh_interface(&config.mesh.interface);
@@ -166,9 +168,16 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
                 view: mesh_view.clone(),
                 header_timeout: config.limits.header_timeout(),
                 api: api_app.clone(),
+                reconcile: reconciler.clone(),
             },
         ));
     }
+    server.add_service(background_service(
+        "reconciler",
+        crate::reconcile::ReconcileService {
+            reconciler: reconciler.clone(),
+        },
+    ));
     server.add_service(background_service(
         "management API",
         ApiService {
@@ -197,6 +206,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
             },
             header_timeout: config.limits.header_timeout(),
             mesh: mesh_view.clone(),
+            reconcile: reconciler.clone(),
         },
     ));
     if config.dns.listen != DnsListen::Off {
@@ -209,6 +219,7 @@ pub fn run(config: DaemonConfig) -> anyhow::Result<()> {
                 upstreams: config.dns.upstreams.clone(),
                 cache_entries: config.dns.cache_entries,
                 metrics: dns_metrics,
+                listener: reconciler.dns_listener().unwrap_or_default(),
             },
         ));
     }
@@ -361,9 +372,12 @@ fn local_api(
     mesh: Arc<crate::mesh::MeshView>,
     lease: Arc<crate::lease::MachineLease>,
     listeners: crate::docker_api::OwnListeners,
+    reconciler: Arc<crate::reconcile::Reconciler>,
 ) -> axum::Router {
     api::with_api_errors(crate::lease::guarded(
-        api::router(machine, routes, dns, mesh).layer(axum::Extension(listeners)),
+        api::router(machine, routes, dns, mesh)
+            .merge(crate::reconcile::router(reconciler))
+            .layer(axum::Extension(listeners)),
         lease,
     ))
 }
@@ -539,6 +553,8 @@ struct MetricsService {
     mesh: Arc<crate::mesh::MeshView>,
     /// How long a client has to send a request head.
     header_timeout: std::time::Duration,
+    /// The reconciliation's series.
+    reconcile: Arc<crate::reconcile::Reconciler>,
 }
 
 #[async_trait]
@@ -556,6 +572,7 @@ impl BackgroundService for MetricsService {
         let dns = self.dns.clone();
         let failures = self.failures.clone();
         let mesh = self.mesh.clone();
+        let reconcile = self.reconcile.clone();
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
@@ -564,6 +581,7 @@ impl BackgroundService for MetricsService {
                 let dns = dns.clone();
                 let failures = failures.clone();
                 let mesh = mesh.clone();
+                let reconcile = reconcile.clone();
                 async move {
                     let table = routes.table().load();
                     let mut text = metrics.render(table.generation(), table.len());
@@ -572,6 +590,7 @@ impl BackgroundService for MetricsService {
                     }
                     failures.render(&mut text);
                     mesh.render(&mut text);
+                    reconcile.render(&mut text);
                     ([("content-type", "text/plain; version=0.0.4")], text)
                 }
             }),
@@ -644,6 +663,8 @@ struct DnsService {
     /// Forwarded answers kept (`[dns] cache_entries`).
     cache_entries: usize,
     metrics: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>>,
+    /// Where it reports its sockets, and is asked to bind again when they stop answering.
+    listener: Arc<crate::reconcile::DnsListener>,
 }
 
 #[async_trait]
@@ -670,42 +691,62 @@ impl BackgroundService for DnsService {
         } else {
             self.upstreams.clone()
         };
-        // The Machine Gateway appears with the `ployz` network; a port held by another server
-        // is reported and retried, so fixing it needs no restart.
-        let mut delay = std::time::Duration::from_millis(200);
-        let server = loop {
-            let mut config = ployz_dns::DnsServerConfig::new(listen);
-            // This Machine itself (whose queries may leave with any of its addresses, NAT
-            // included), its containers and the mesh; nobody else.
-            config.allowed_sources = crate::public_addresses::interface_addresses()
-                .into_iter()
-                .fold(
-                    ployz_dns::AllowedSources::loopback()
-                        .with_machine_subnet(info.subnet)
-                        .with(
-                            ployz_core::DEFAULT_CLUSTER_NETWORK
-                                .parse()
-                                .expect("the cluster network is a network"),
-                        ),
-                    |acl, a| acl.with(ployz_dns::IpNet::from(a)),
-                );
-            config.upstreams = upstreams.clone();
-            config.cache_entries = self.cache_entries;
-            match ployz_dns::DnsServer::bind(config, self.controller.snapshot().clone()).await {
-                Ok(server) => break server,
-                Err(e) => {
-                    tracing::error!(listen = %listen, error = %e, retry_in_s = delay.as_secs_f32(), "internal DNS cannot listen");
+        // Bound again when the reconciler finds the sockets no longer answer.
+        loop {
+            // The Machine Gateway appears with the `ployz` network; a port held by another server
+            // is reported and retried, so fixing it needs no restart.
+            let mut delay = std::time::Duration::from_millis(200);
+            let server = loop {
+                let mut config = ployz_dns::DnsServerConfig::new(listen);
+                // This Machine itself (whose queries may leave with any of its addresses, NAT
+                // included), its containers and the mesh; nobody else.
+                config.allowed_sources = crate::public_addresses::interface_addresses()
+                    .into_iter()
+                    .fold(
+                        ployz_dns::AllowedSources::loopback()
+                            .with_machine_subnet(info.subnet)
+                            .with(
+                                ployz_core::DEFAULT_CLUSTER_NETWORK
+                                    .parse()
+                                    .expect("the cluster network is a network"),
+                            ),
+                        |acl, a| acl.with(ployz_dns::IpNet::from(a)),
+                    );
+                config.upstreams = upstreams.clone();
+                config.cache_entries = self.cache_entries;
+                config.metrics = self.metrics.get().cloned();
+                match ployz_dns::DnsServer::bind(config, self.controller.snapshot().clone()).await {
+                    Ok(server) => break server,
+                    Err(e) => {
+                        tracing::error!(listen = %listen, error = %e, retry_in_s = delay.as_secs_f32(), "internal DNS cannot listen");
+                        self.listener.set_bind_error(e.to_string());
+                    }
                 }
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(std::time::Duration::from_secs(30));
+            };
+            tracing::info!(listen = %server.local_addr(), upstreams = ?upstreams, "internal DNS listening");
+            let _ = self.metrics.set(server.metrics());
+            self.listener.set_bound(Some(server.local_addr()));
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            let running = server.run(stopped);
+            tokio::pin!(running);
+            let rebind = tokio::select! {
+                _ = &mut running => false,
+                _ = shutdown.changed() => false,
+                _ = self.listener.rebind_requested() => true,
+            };
+            self.listener.set_bound(None);
+            stop.send_replace(true);
+            running.await;
+            if !rebind {
+                break;
             }
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(delay) => {}
-            }
-            delay = (delay * 2).min(std::time::Duration::from_secs(30));
-        };
-        tracing::info!(listen = %server.local_addr(), upstreams = ?upstreams, "internal DNS listening");
-        let _ = self.metrics.set(server.metrics());
-        server.run(shutdown).await;
+            tracing::warn!(listen = %listen, "internal DNS binding its sockets again");
+        }
         let _ = rebuilding.await;
     }
 }
