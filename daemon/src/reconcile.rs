@@ -241,6 +241,15 @@ impl Reconciler {
         *self.mesh.lock().expect("reconciler poisoned") = None;
     }
 
+    /// Whether `concern` has had a pass in this process.
+    fn has_passed(&self, concern: Concern) -> bool {
+        self.records
+            .lock()
+            .expect("reconciler poisoned")
+            .get(&concern)
+            .is_some_and(|r| r.passes > 0)
+    }
+
     fn mesh_parts(&self) -> Option<Arc<MeshParts>> {
         self.mesh.lock().expect("reconciler poisoned").clone()
     }
@@ -651,7 +660,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Probes before the listener is judged not answering.
 const PROBE_TRIES: usize = 2;
 /// How long a rebind may take before the pass gives up (and the next one tries again).
-const REBIND_TIMEOUT: Duration = Duration::from_secs(10);
+const REBIND_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A DNS query for `name`, type A, with `id`.
 pub fn probe_query(id: u16, name: &str) -> Vec<u8> {
@@ -819,7 +828,11 @@ impl Pass {
                 (Concern::Firewall, Some(parts)) => firewall(parts.clone()).await,
                 (Concern::DockerNetwork, _) => self.docker_network().await,
                 (Concern::DnsListener, _) => match self.r.dns.clone() {
-                    Some(dns) => dns_listener(&dns).await,
+                    Some(dns) => match dns_listener(&dns).await {
+                        Some(outcome) => outcome,
+                        // The DNS service has not finished its first bind: no pass yet.
+                        None => continue,
+                    },
                     None => continue,
                 },
                 (Concern::MachineRecord, _) => self.machine_record().await,
@@ -858,6 +871,16 @@ impl Pass {
                     ployz_orchestrator::docker::NETWORK
                 ),
             },
+            // A Machine's first pass makes the network it never had (a new Machine): that is
+            // the declaration applied, not drift.
+            Some(NetworkDrift::Missing) if !self.r.has_passed(Concern::DockerNetwork) => {
+                match docker.ensure_network().await {
+                    Ok(()) => Outcome::InSync,
+                    Err(e) => Outcome::CouldNot {
+                        error: format!("cannot create the Docker network: {e}"),
+                    },
+                }
+            }
             Some(NetworkDrift::Missing) => match docker.ensure_network().await {
                 Ok(()) => Outcome::Corrected {
                     found: format!(
@@ -997,22 +1020,27 @@ async fn firewall(parts: Arc<MeshParts>) -> Outcome {
     }
 }
 
-async fn dns_listener(dns: &DnsListener) -> Outcome {
+/// One pass of the DNS listener; `None` while the DNS service has not finished its first bind.
+async fn dns_listener(dns: &DnsListener) -> Option<Outcome> {
     let Some(addr) = dns.bound() else {
         let why = dns
             .bind_error
             .lock()
             .expect("dns listener poisoned")
-            .clone()
-            .unwrap_or_else(|| "not bound yet".to_owned());
-        return Outcome::CouldNot {
+            .clone()?;
+        return Some(Outcome::CouldNot {
             error: format!("the internal DNS does not listen: {why}"),
-        };
+        });
     };
     let found = match probe_dns(addr).await {
-        Ok(()) => return Outcome::InSync,
+        Ok(()) => return Some(Outcome::InSync),
         Err(found) => found,
     };
+    Some(rebind(dns, found).await)
+}
+
+/// Asks the DNS service to bind again, waits for it, and checks it answers.
+async fn rebind(dns: &DnsListener, found: String) -> Outcome {
     let rebound = dns.rebound.notified();
     tokio::pin!(rebound);
     rebound.as_mut().enable();

@@ -394,6 +394,12 @@ impl UdpWorker {
             let received = match recv.recv(&self.socket) {
                 Ok(n) => n,
                 Err(e) if is_timeout(&e) => continue,
+                Err(e) if is_socket_gone(&e) => {
+                    // Nothing more arrives here; the daemon binds again when it finds the
+                    // listener no longer answers.
+                    tracing::error!(error = %e, "DNS UDP socket gone; this worker stops");
+                    return;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "DNS UDP receive failed");
                     // Whatever it is, do not spin on it.
@@ -457,6 +463,12 @@ impl UdpWorker {
             }
         });
     }
+}
+
+/// Whether the error says the descriptor is no longer a socket (closed or replaced under the
+/// server): every further receive would fail the same way.
+fn is_socket_gone(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EBADF) | Some(libc::ENOTSOCK))
 }
 
 fn is_timeout(e: &io::Error) -> bool {
