@@ -4,7 +4,8 @@
 //! [`DaemonConfig`] is both what the daemon runs with and the shape of the TOML file: the file's
 //! top level holds the Machine's own settings (paths, socket, Docker, logging, listeners) and
 //! each `[section]` is one settings struct of its concern ([`LimitSettings`], [`EdgeSettings`],
-//! [`ShutdownSettings`], [`CertificateSettings`], [`DnsSettings`]). A key's path is its field's
+//! [`ShutdownSettings`], [`CertificateSettings`], [`DnsSettings`], [`MeshSettings`],
+//! [`ReconcileSettings`]). A key's path is its field's
 //! path: `edge.fast_path` is `config.edge.fast_path`. Every field holds its parsed type (a
 //! [`SocketAddr`], an enum), so a bad value is refused while the file is read, naming the key.
 //!

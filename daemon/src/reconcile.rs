@@ -828,9 +828,9 @@ impl Pass {
                 (Concern::Firewall, Some(parts)) => firewall(parts.clone()).await,
                 (Concern::DockerNetwork, _) => self.docker_network().await,
                 (Concern::DnsListener, _) => match self.r.dns.clone() {
-                    Some(dns) => match dns_listener(&dns).await {
+                    Some(dns) => match dns_listener(&dns, trigger).await {
                         Some(outcome) => outcome,
-                        // The DNS service has not finished its first bind: no pass yet.
+                        // The DNS service is still binding at start: no pass yet.
                         None => continue,
                     },
                     None => continue,
@@ -1020,9 +1020,13 @@ async fn firewall(parts: Arc<MeshParts>) -> Outcome {
     }
 }
 
-/// One pass of the DNS listener; `None` while the DNS service has not finished its first bind.
-async fn dns_listener(dns: &DnsListener) -> Option<Outcome> {
+/// One pass of the DNS listener; `None` while the DNS service has not finished its first bind,
+/// or at start while it is still binding (the Machine Gateway appears with the network).
+async fn dns_listener(dns: &DnsListener, trigger: &Trigger) -> Option<Outcome> {
     let Some(addr) = dns.bound() else {
+        if *trigger == Trigger::Start {
+            return None;
+        }
         let why = dns
             .bind_error
             .lock()

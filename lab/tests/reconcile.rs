@@ -110,6 +110,12 @@ fn assert_counted_and_shown(lab: &Lab, i: usize, concern: &str, before: (u64, u6
                 logs(lab)
             )
         });
+    for failed in log
+        .lines()
+        .filter(|l| l.contains("reconciliation could not"))
+    {
+        eprintln!("{failed}");
+    }
     eprintln!("{line}\n{text}");
 }
 
