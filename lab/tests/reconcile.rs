@@ -330,3 +330,49 @@ fn a_dns_listener_whose_sockets_were_taken_away_is_bound_again_and_answers() {
     );
     assert_counted_and_shown(&lab, 0, "dns_listener", before);
 }
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn a_downed_wireguard_interface_is_set_up_again_with_its_address() {
+    let lab = reconcile_cluster();
+    let iface = lab.wg_interface(0).to_owned();
+    let wg = lab.json(0, &["wg", "show", "--json"]);
+    let address = wg["management_address"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a Management Address: {wg}"))
+        .to_owned();
+    let link = || -> (bool, bool) {
+        let out = lab.exec_in(0, &["ip", "-j", "addr", "show", "dev", &iface]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let link = &v[0];
+        let up = link["flags"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f == "UP"));
+        let has_address = link["addr_info"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|a| a["local"] == address.as_str()));
+        (up, has_address)
+    };
+    assert_eq!(
+        link(),
+        (true, true),
+        "the interface is up with its address first"
+    );
+    let before = counts_before(&lab, 0, "interface");
+    let out = lab.exec_in(0, &["ip", "link", "set", "dev", &iface, "down"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let downed = Instant::now();
+    wait_for(
+        &lab,
+        "the interface up with its address",
+        deadline(),
+        || (link() == (true, true)).then_some(()),
+    );
+    eprintln!(
+        "the interface was up again {:.1} s after it was set down",
+        downed.elapsed().as_secs_f64()
+    );
+    assert_counted_and_shown(&lab, 0, "interface", before);
+    // Its routes come back with the next pass of peers and routes: the peer is reached again.
+    wait_until_whole(&lab, 2, deadline());
+}
