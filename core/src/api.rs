@@ -46,6 +46,9 @@ pub mod paths {
     /// `GET`: [`super::MeshStatus`], this Machine's WireGuard interface and peers as it
     /// observes them.
     pub const MESH: &str = "/v1/mesh";
+    /// `GET`: [`super::ReconcileStatus`], this Machine's last reconciliation pass per concern
+    /// of its plumbing, and the totals.
+    pub const RECONCILE: &str = "/v1/reconcile";
     /// `GET`: [`super::StoreDigest`], how much of each origin this Machine's store holds.
     pub const STORE_DIGEST: &str = "/v1/store/digest";
     /// `GET`: [`super::ScratchRecord`]s; `PUT` [`super::PutScratchRequest`]: writes them;
@@ -443,6 +446,61 @@ pub struct MeshStatus {
     pub mtu: u32,
     pub management_address: ManagementAddress,
     pub peers: Vec<MeshPeer>,
+}
+
+/// What one Machine's daemon last did to keep its own plumbing (interface, peers, routes,
+/// firewall, Docker network, DNS listener, Machine record) as it should be (`ployz machine
+/// status`): Live Observation of that Machine's record of its passes, as of `observed_at`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconcileStatus {
+    /// The Machine whose passes these are (the one that answered).
+    pub machine: MachineId,
+    pub machine_name: MachineName,
+    /// Seconds between timer passes (`reconcile.interval_secs`).
+    pub interval_secs: u64,
+    /// Unix seconds on the answering Machine's clock when this was read.
+    pub observed_at: u64,
+    /// One entry per concern it reconciles, in a fixed order.
+    pub concerns: Vec<ConcernStatus>,
+}
+
+/// One concern's last pass and its totals since the daemon started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConcernStatus {
+    /// `interface`, `peers`, `routes`, `firewall`, `docker_network`, `dns_listener` or
+    /// `machine_record`.
+    pub concern: String,
+    /// The last pass; `None` before the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<ConcernPass>,
+    /// Passes run.
+    pub passes: u64,
+    /// Passes that found drift and corrected it.
+    pub corrections: u64,
+    /// Passes that could not observe or correct.
+    pub failures: u64,
+}
+
+/// One pass of one concern.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConcernPass {
+    /// Seconds before `observed_at` the pass ended.
+    pub secs_ago: u64,
+    /// What started it: `start`, `declaration`, `timer` or `reconnect: ...`.
+    pub trigger: String,
+    pub outcome: ReconcileOutcome,
+}
+
+/// What one pass found and did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ReconcileOutcome {
+    /// What is there is what should be: nothing done.
+    InSync,
+    /// Drift found and corrected.
+    Corrected { found: String, done: String },
+    /// It could not observe or correct; tried again at the next pass.
+    CouldNot { error: String },
 }
 
 /// One WireGuard peer as this Machine observes it.

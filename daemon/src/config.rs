@@ -4,7 +4,8 @@
 //! [`DaemonConfig`] is both what the daemon runs with and the shape of the TOML file: the file's
 //! top level holds the Machine's own settings (paths, socket, Docker, logging, listeners) and
 //! each `[section]` is one settings struct of its concern ([`LimitSettings`], [`EdgeSettings`],
-//! [`ShutdownSettings`], [`CertificateSettings`], [`DnsSettings`]). A key's path is its field's
+//! [`ShutdownSettings`], [`CertificateSettings`], [`DnsSettings`], [`MeshSettings`],
+//! [`ReconcileSettings`]). A key's path is its field's
 //! path: `edge.fast_path` is `config.edge.fast_path`. Every field holds its parsed type (a
 //! [`SocketAddr`], an enum), so a bad value is refused while the file is read, naming the key.
 //!
@@ -80,6 +81,8 @@ pub struct DaemonConfig {
     pub dns: DnsSettings,
     /// `[mesh]`: the WireGuard mesh, membership and replication.
     pub mesh: MeshSettings,
+    /// `[reconcile]`: how often the daemon checks its Machine's plumbing.
+    pub reconcile: ReconcileSettings,
     /// Start even though the data dir lost acknowledged data (the store, its acknowledgement
     /// record, the WireGuard key), keeping what is left. A flag only, never in the file: it is
     /// meant for one start.
@@ -105,6 +108,7 @@ impl Default for DaemonConfig {
             certificates: CertificateSettings::default(),
             dns: DnsSettings::default(),
             mesh: MeshSettings::default(),
+            reconcile: ReconcileSettings::default(),
             accept_data_loss: false,
         }
     }
@@ -311,7 +315,8 @@ pub struct MeshSettings {
     /// (counted and logged): one Machine with a clock far ahead would otherwise win every
     /// cluster-scoped key until the others' clocks caught up.
     pub max_clock_drift_ms: u64,
-    /// How often the interface, peers, routes and firewall rules are put back as they should be.
+    /// How often the interface and firewall rules are checked between the timer passes of
+    /// `[reconcile]` (peers and routes are checked every second).
     pub reconcile_interval_ms: u64,
     /// Test only: shifts this daemon's clock (the store's timestamps) by this many milliseconds,
     /// so a lab can give one Machine a skewed clock without touching the host's.
@@ -363,6 +368,49 @@ impl MeshSettings {
             anyhow::bail!(
                 "mesh.reconcile_interval_ms {} is too short; use at least 100",
                 self.reconcile_interval_ms
+            );
+        }
+        Ok(())
+    }
+}
+
+/// `[reconcile]`: the timer of the daemon's reconciliation of its Machine's plumbing (the
+/// WireGuard interface, peers and routes, the firewall chain, the Docker `ployz` network, the
+/// DNS listener, its Machine record). Passes also run at start, on store changes that concern
+/// the Machine and after reconnects; the timer is what finds drift nothing announced.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReconcileSettings {
+    /// Seconds between two timer passes over every concern; 1 to 86400.
+    pub interval_secs: u64,
+}
+
+impl Default for ReconcileSettings {
+    fn default() -> Self {
+        ReconcileSettings { interval_secs: 60 }
+    }
+}
+
+/// The longest `reconcile.interval_secs`: a day.
+const MAX_RECONCILE_INTERVAL_SECS: u64 = 86_400;
+
+impl ReconcileSettings {
+    /// The time between two timer passes.
+    pub fn interval(&self) -> Duration {
+        Duration::from_secs(self.interval_secs)
+    }
+
+    /// Refuses an interval of zero (a pass without pause) or over a day (drift left standing).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let secs = self.interval_secs;
+        if secs == 0 {
+            anyhow::bail!(
+                "reconcile.interval_secs = 0 ([reconcile] in the config file) would check the Machine's plumbing without pause: give at least 1 second (default 60)"
+            );
+        }
+        if secs > MAX_RECONCILE_INTERVAL_SECS {
+            anyhow::bail!(
+                "reconcile.interval_secs = {secs} ([reconcile] in the config file) would leave drift standing for more than a day: give at most {MAX_RECONCILE_INTERVAL_SECS} (default 60)"
             );
         }
         Ok(())
@@ -583,6 +631,7 @@ impl DaemonConfig {
         self.limits.validate()?;
         self.edge.validate()?;
         self.mesh.validate()?;
+        self.reconcile.validate()?;
         let listeners = [
             ("http_listen", self.http_listen),
             ("https_listen", self.https_listen),
@@ -813,6 +862,20 @@ mod tests {
         ));
         assert!(err.contains("upstream_connect_timeout_ms = 0"), "{err}");
         assert!(err.contains("--upstream-connect-timeout-ms"), "{err}");
+    }
+
+    #[test]
+    fn a_reconcile_interval_out_of_range_is_refused_naming_the_key_and_the_fix() {
+        let err = error(DaemonConfig::parse("[reconcile]\ninterval_secs = 0\n"));
+        assert!(err.contains("reconcile.interval_secs = 0"), "{err}");
+        assert!(err.contains("give at least 1 second"), "{err}");
+        let err = error(DaemonConfig::parse("[reconcile]\ninterval_secs = 100000\n"));
+        assert!(err.contains("reconcile.interval_secs = 100000"), "{err}");
+        assert!(err.contains("at most 86400"), "{err}");
+        let config = DaemonConfig::parse("[reconcile]\ninterval_secs = 2\n").unwrap();
+        assert_eq!(config.reconcile.interval(), Duration::from_secs(2));
+        let err = error(DaemonConfig::parse("[reconcile]\ninterval = 2\n"));
+        assert!(err.contains("interval"), "{err}");
     }
 
     #[test]

@@ -25,6 +25,7 @@ mod mesh;
 mod mesh_service;
 mod notify;
 mod public_addresses;
+mod reconcile;
 pub mod replication;
 mod server;
 mod store_api;

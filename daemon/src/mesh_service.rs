@@ -1,12 +1,14 @@
 //! The mesh as a module of the daemon: once this Machine is initialised, brings up the WireGuard
 //! interface, the firewall chain, membership gossip, the management API's mesh listener and
 //! replication, and every second puts the peers, routes and Selected Endpoints in line with the
-//! member roster (and the firewall every `reconcile_interval_ms`). A peer's reset request
+//! member roster (each pass of peers and routes recorded by the [`Reconciler`], which also
+//! checks the interface and the firewall this module hands it). A peer's reset request
 //! (`machine rm` elsewhere) tears it all down, deletes this Machine's identity and starts the
 //! daemon again, uninitialised.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -26,6 +28,7 @@ use ployz_mesh::wireguard::{
 use crate::config::{MembershipProfileSetting, MeshSettings, WireGuardBackendSetting};
 use crate::local_machine::{LocalMachine, MeshMember, PeerObservation};
 use crate::mesh::{MeshMetrics, MeshView, PEER_GRANT, PEER_RESET};
+use crate::reconcile::{Concern, MeshParts, Outcome, PeerLedger, Reconciler, Trigger};
 use crate::replication::{ReplicationSettings, Replicator, SyncPeer};
 
 /// How often peers, endpoints and observations are brought in line.
@@ -43,6 +46,9 @@ pub(crate) struct MeshService {
     /// The management API over this Machine, which the mesh listener serves to members (calls
     /// forwarded by the Machine a CLI reached).
     pub api: Router,
+    /// This Machine's reconciliation: it records the passes of peers and routes, and checks the
+    /// interface and firewall handed to it.
+    pub reconcile: Arc<Reconciler>,
 }
 
 /// Everything the mesh runs once it is up.
@@ -57,8 +63,14 @@ struct Running {
     stop: tokio::sync::watch::Sender<bool>,
     listener: tokio::task::JoinHandle<()>,
     selector: EndpointSelector,
-    last_firewall: Instant,
-    firewall_repairs: u64,
+    /// Firewall rules put back (by the reconciler).
+    firewall_repairs: Arc<AtomicU64>,
+    /// Set by the reconciler when it made the interface again.
+    interface_recreated: Arc<AtomicBool>,
+    /// What the last pass of peers and routes applied.
+    ledger: PeerLedger,
+    /// The members observed up at the last tick (one newly up triggers a pass of every concern).
+    up: BTreeSet<MachineId>,
     public_key: String,
     /// The subnet collisions last logged.
     collisions_logged: u64,
@@ -119,11 +131,13 @@ impl pingora::services::background::BackgroundService for MeshService {
             ployz_store::KeyPrefix::cluster_namespace(crate::local_machine::MEMBERS_NAMESPACE),
             ployz_store::KeyPrefix::machine_namespace(ployz_store::machines::MACHINES_NAMESPACE),
         ]);
+        let mut trigger = Trigger::Start;
         loop {
             tokio::select! {
                 _ = shutdown.changed() => break,
                 _ = tick.tick() => {}
                 event = changes.next() => if event.is_none() { break },
+                asked = self.reconcile.mesh_pass_requested() => trigger = asked,
                 _ = resets.changed() => {
                     let stop_containers = resets.borrow_and_update().unwrap_or(false);
                     self.reset(running, stop_containers, &initialised).await;
@@ -131,7 +145,8 @@ impl pingora::services::background::BackgroundService for MeshService {
                 }
             }
             // The first tick comes at once: the first reconciliation follows the start.
-            match self.step(&settings, &mut running).await {
+            let this = std::mem::replace(&mut trigger, Trigger::Declaration);
+            match self.step(&settings, &mut running, &this).await {
                 Ok(()) if running.failing => {
                     running.failing = false;
                     tracing::info!("mesh reconciliation works again");
@@ -144,6 +159,7 @@ impl pingora::services::background::BackgroundService for MeshService {
                 Err(_) => {}
             }
         }
+        self.reconcile.detach_mesh();
         running.membership.shutdown().await;
         running.stop.send_replace(true);
         let _ = running.listener.await;
@@ -372,6 +388,7 @@ impl MeshService {
             gateway: identity.subnet.gateway(),
             mtu: None,
         };
+        let made_from = config.clone();
         let interface = tokio::task::spawn_blocking(move || MeshInterface::up(config)).await??;
         tracing::info!(interface = %interface.name(), backend = %interface.backend(), mtu = interface.mtu(), "mesh interface up");
         let firewall = Arc::new(Firewall::system(FirewallConfig {
@@ -438,6 +455,15 @@ impl MeshService {
         );
         let public_key = identity.public_key.clone();
         let interface = Arc::new(Mutex::new(interface));
+        let firewall_repairs = Arc::new(AtomicU64::new(0));
+        let interface_recreated = Arc::new(AtomicBool::new(false));
+        self.reconcile.attach_mesh(MeshParts {
+            interface: interface.clone(),
+            config: made_from,
+            firewall: firewall.clone(),
+            firewall_repairs: firewall_repairs.clone(),
+            interface_recreated: interface_recreated.clone(),
+        });
         Ok(Running {
             interface,
             firewall,
@@ -447,8 +473,10 @@ impl MeshService {
             stop,
             listener,
             selector: EndpointSelector::new(),
-            last_firewall: Instant::now(),
-            firewall_repairs: 0,
+            firewall_repairs,
+            interface_recreated,
+            ledger: PeerLedger::default(),
+            up: BTreeSet::new(),
             public_key,
             collisions_logged: 0,
             published: None,
@@ -456,9 +484,14 @@ impl MeshService {
         })
     }
 
-    /// One reconciliation: phase, peers, endpoints, membership, replication peers, firewall,
-    /// and what the API shows.
-    async fn step(&self, settings: &MeshSettings, running: &mut Running) -> anyhow::Result<()> {
+    /// One reconciliation: phase, peers, endpoints, membership, replication peers, and what the
+    /// API shows; the passes of peers and routes are recorded under `trigger`.
+    async fn step(
+        &self,
+        settings: &MeshSettings,
+        running: &mut Running,
+        trigger: &Trigger,
+    ) -> anyhow::Result<()> {
         let advertised = self.view.advertised_endpoints();
         let backend = running
             .interface
@@ -502,6 +535,22 @@ impl MeshService {
                 .collect(),
         )?;
         let observed = running.membership.observations();
+        let up_now: BTreeSet<MachineId> = members
+            .iter()
+            .filter(|m| {
+                observed
+                    .get(&m.member.id)
+                    .is_some_and(|o| o.state == MembershipObservation::Up)
+            })
+            .map(|m| m.member.id.clone())
+            .collect();
+        if let Some(back) = up_now.difference(&running.up).next() {
+            // A peer observed up again (or for the first time): its routes and everything that
+            // hangs on reaching it are checked now rather than at the next timer.
+            self.reconcile
+                .trigger(Trigger::Reconnect(format!("peer {back} up")));
+        }
+        running.up = up_now;
         for m in &members {
             let up = observed
                 .get(&m.member.id)
@@ -525,14 +574,37 @@ impl MeshService {
                 endpoint: running.selector.selected(&m.member.public_key),
             })
             .collect();
+        if running.interface_recreated.swap(false, Ordering::Relaxed) {
+            running.ledger.forget();
+        }
         let interface = running.interface.clone();
-        let changed = tokio::task::spawn_blocking(move || {
-            interface
-                .lock()
-                .expect("mesh interface poisoned")
-                .set_peers(&peers)
+        let mut ledger = std::mem::take(&mut running.ledger);
+        let (passed, ledger) = tokio::task::spawn_blocking(move || {
+            let mut interface = interface.lock().expect("mesh interface poisoned");
+            let passed = crate::reconcile::peers_and_routes(&mut interface, &peers, &mut ledger);
+            (passed, ledger)
         })
-        .await??;
+        .await?;
+        running.ledger = ledger;
+        let changed = match passed {
+            Ok((peers, routes, changed)) => {
+                self.reconcile.record(Concern::Peers, trigger, peers);
+                self.reconcile.record(Concern::Routes, trigger, routes);
+                changed
+            }
+            Err(error) => {
+                for concern in [Concern::Peers, Concern::Routes] {
+                    self.reconcile.record(
+                        concern,
+                        trigger,
+                        Outcome::CouldNot {
+                            error: error.clone(),
+                        },
+                    );
+                }
+                anyhow::bail!("setting the WireGuard peers: {error}");
+            }
+        };
         if !changed.is_empty() {
             tracing::info!(
                 added = changed.added,
@@ -561,16 +633,6 @@ impl MeshService {
                 true
             }
         });
-        if running.last_firewall.elapsed() >= Duration::from_millis(settings.reconcile_interval_ms)
-        {
-            running.last_firewall = Instant::now();
-            let fw = running.firewall.clone();
-            let repaired = tokio::task::spawn_blocking(move || fw.reconcile()).await??;
-            if repaired > 0 {
-                tracing::warn!(rules = repaired, "firewall rules put back");
-                running.firewall_repairs += repaired as u64;
-            }
-        }
         let collisions = self.machine.subnet_collision_count().unwrap_or(0);
         if collisions != running.collisions_logged {
             if collisions > 0 {
@@ -671,7 +733,7 @@ impl MeshService {
                 gossip.bytes_sent,
                 gossip.bytes_received,
             ],
-            firewall_repairs: running.firewall_repairs,
+            firewall_repairs: running.firewall_repairs.load(Ordering::Relaxed),
         });
     }
 
@@ -687,6 +749,8 @@ impl MeshService {
             stop_containers,
             "removed from the cluster: resetting this machine"
         );
+        // The reconciler leaves the interface and firewall alone from here: they go now.
+        self.reconcile.detach_mesh();
         running.membership.shutdown().await;
         running.stop.send_replace(true);
         let _ = running.listener.await;

@@ -177,6 +177,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
     server.add_service(edge);
     let mesh_view = Arc::new(crate::mesh::MeshView::new(config.mesh.clone()));
     use crate::handover::{Stage, UntilStage};
+    let reconciler = crate::reconcile::Reconciler::new(machine.clone(), &config);
     server.add_service(background_service(
         "route controller",
         UntilStage::new(
@@ -215,6 +216,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
         mesh_view.clone(),
         lease.clone(),
         crate::docker_api::OwnListeners::from_config(&config),
+        reconciler.clone(),
     );
     if config.mesh.enabled {
         machine.set_mesh_interface(&config.mesh.interface);
@@ -226,12 +228,23 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                     view: mesh_view.clone(),
                     header_timeout: config.limits.header_timeout(),
                     api: api_app.clone(),
+                    reconcile: reconciler.clone(),
                 },
                 Stage::Releasing,
                 &handover,
             ),
         ));
     }
+    server.add_service(background_service(
+        "reconciler",
+        UntilStage::new(
+            crate::reconcile::ReconcileService {
+                reconciler: reconciler.clone(),
+            },
+            Stage::Releasing,
+            &handover,
+        ),
+    ));
     server.add_service(background_service(
         "management API",
         UntilStage::new(
@@ -270,6 +283,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                 header_timeout: config.limits.header_timeout(),
                 mesh: mesh_view.clone(),
                 take_over,
+                reconcile: reconciler.clone(),
             },
             Stage::Retiring,
             &handover,
@@ -287,6 +301,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                     cache_entries: config.dns.cache_entries,
                     metrics: dns_metrics,
                     take_over,
+                    listener: reconciler.dns_listener().unwrap_or_default(),
                 },
                 Stage::Retiring,
                 &handover,
@@ -529,9 +544,12 @@ fn local_api(
     mesh: Arc<crate::mesh::MeshView>,
     lease: Arc<crate::lease::MachineLease>,
     listeners: crate::docker_api::OwnListeners,
+    reconciler: Arc<crate::reconcile::Reconciler>,
 ) -> axum::Router {
     api::with_api_errors(crate::lease::guarded(
-        api::router(machine, routes, dns, mesh).layer(axum::Extension(listeners)),
+        api::router(machine, routes, dns, mesh)
+            .merge(crate::reconcile::router(reconciler))
+            .layer(axum::Extension(listeners)),
         lease,
     ))
 }
@@ -899,6 +917,8 @@ struct MetricsService {
     header_timeout: std::time::Duration,
     /// Taking over: the address is retried until the previous process lets go of it.
     take_over: bool,
+    /// The reconciliation's series.
+    reconcile: Arc<crate::reconcile::Reconciler>,
 }
 
 #[async_trait]
@@ -927,6 +947,7 @@ impl BackgroundService for MetricsService {
         let dns = self.dns.clone();
         let failures = self.failures.clone();
         let mesh = self.mesh.clone();
+        let reconcile = self.reconcile.clone();
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
@@ -935,6 +956,7 @@ impl BackgroundService for MetricsService {
                 let dns = dns.clone();
                 let failures = failures.clone();
                 let mesh = mesh.clone();
+                let reconcile = reconcile.clone();
                 async move {
                     let table = routes.table().load();
                     let mut text = metrics.render(table.generation(), table.len());
@@ -943,6 +965,7 @@ impl BackgroundService for MetricsService {
                     }
                     failures.render(&mut text);
                     mesh.render(&mut text);
+                    reconcile.render(&mut text);
                     ([("content-type", "text/plain; version=0.0.4")], text)
                 }
             }),
@@ -1017,6 +1040,8 @@ struct DnsService {
     metrics: Arc<std::sync::OnceLock<Arc<ployz_dns::DnsMetrics>>>,
     /// Taking over: the port is retried quickly until the previous process lets go of it.
     take_over: bool,
+    /// Where it reports its sockets, and is asked to bind again when they stop answering.
+    listener: Arc<crate::reconcile::DnsListener>,
 }
 
 #[async_trait]
@@ -1043,45 +1068,65 @@ impl BackgroundService for DnsService {
         } else {
             self.upstreams.clone()
         };
-        // The Machine Gateway appears with the `ployz` network; a port held by another server
-        // is reported and retried, so fixing it needs no restart.
-        let mut delay = std::time::Duration::from_millis(200);
-        let server = loop {
-            let mut config = ployz_dns::DnsServerConfig::new(listen);
-            // This Machine itself (whose queries may leave with any of its addresses, NAT
-            // included), its containers and the mesh; nobody else.
-            config.allowed_sources = crate::public_addresses::interface_addresses()
-                .into_iter()
-                .fold(
-                    ployz_dns::AllowedSources::loopback()
-                        .with_machine_subnet(info.subnet)
-                        .with(
-                            ployz_core::DEFAULT_CLUSTER_NETWORK
-                                .parse()
-                                .expect("the cluster network is a network"),
-                        ),
-                    |acl, a| acl.with(ployz_dns::IpNet::from(a)),
-                );
-            config.upstreams = upstreams.clone();
-            config.cache_entries = self.cache_entries;
-            match ployz_dns::DnsServer::bind(config, self.controller.snapshot().clone()).await {
-                Ok(server) => break server,
-                Err(e) => {
-                    tracing::error!(listen = %listen, error = %e, retry_in_s = delay.as_secs_f32(), "internal DNS cannot listen");
+        // Bound again when the reconciler finds the sockets no longer answer.
+        loop {
+            // The Machine Gateway appears with the `ployz` network; a port held by another server
+            // is reported and retried, so fixing it needs no restart.
+            let mut delay = std::time::Duration::from_millis(200);
+            let server = loop {
+                let mut config = ployz_dns::DnsServerConfig::new(listen);
+                // This Machine itself (whose queries may leave with any of its addresses, NAT
+                // included), its containers and the mesh; nobody else.
+                config.allowed_sources = crate::public_addresses::interface_addresses()
+                    .into_iter()
+                    .fold(
+                        ployz_dns::AllowedSources::loopback()
+                            .with_machine_subnet(info.subnet)
+                            .with(
+                                ployz_core::DEFAULT_CLUSTER_NETWORK
+                                    .parse()
+                                    .expect("the cluster network is a network"),
+                            ),
+                        |acl, a| acl.with(ployz_dns::IpNet::from(a)),
+                    );
+                config.upstreams = upstreams.clone();
+                config.cache_entries = self.cache_entries;
+                config.metrics = self.metrics.get().cloned();
+                match ployz_dns::DnsServer::bind(config, self.controller.snapshot().clone()).await {
+                    Ok(server) => break server,
+                    Err(e) => {
+                        tracing::error!(listen = %listen, error = %e, retry_in_s = delay.as_secs_f32(), "internal DNS cannot listen");
+                        self.listener.set_bind_error(e.to_string());
+                    }
                 }
+                tokio::select! {
+                    _ = shutdown.changed() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                // Taking over, the previous process lets go of the port when it retires: soon.
+                if !self.take_over {
+                    delay = (delay * 2).min(std::time::Duration::from_secs(30));
+                }
+            };
+            tracing::info!(listen = %server.local_addr(), upstreams = ?upstreams, "internal DNS listening");
+            let _ = self.metrics.set(server.metrics());
+            self.listener.set_bound(Some(server.local_addr()));
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            let running = server.run(stopped);
+            tokio::pin!(running);
+            let rebind = tokio::select! {
+                _ = &mut running => false,
+                _ = shutdown.changed() => false,
+                _ = self.listener.rebind_requested() => true,
+            };
+            self.listener.set_bound(None);
+            stop.send_replace(true);
+            running.await;
+            if !rebind {
+                break;
             }
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(delay) => {}
-            }
-            // Taking over, the previous process lets go of the port when it retires: soon.
-            if !self.take_over {
-                delay = (delay * 2).min(std::time::Duration::from_secs(30));
-            }
-        };
-        tracing::info!(listen = %server.local_addr(), upstreams = ?upstreams, "internal DNS listening");
-        let _ = self.metrics.set(server.metrics());
-        server.run(shutdown).await;
+            tracing::warn!(listen = %listen, "internal DNS binding its sockets again");
+        }
         let _ = rebuilding.await;
     }
 }

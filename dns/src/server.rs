@@ -53,6 +53,9 @@ pub struct DnsServerConfig {
     pub tcp_idle_timeout: Duration,
     /// Forwarded answers kept for their TTL (`crate::cache`); 0 keeps none. Default 10,000.
     pub cache_entries: usize,
+    /// The counters to add to; `None`: new ones. A server bound again after its sockets were
+    /// lost keeps counting where the last one stopped.
+    pub metrics: Option<Arc<DnsMetrics>>,
 }
 
 impl DnsServerConfig {
@@ -68,6 +71,7 @@ impl DnsServerConfig {
             max_tcp_connections: 128,
             tcp_idle_timeout: Duration::from_secs(10),
             cache_entries: 10_000,
+            metrics: None,
         }
     }
 }
@@ -278,7 +282,7 @@ impl DnsServer {
         snapshot: Arc<ArcSwap<DnsSnapshot>>,
     ) -> Result<DnsServer, DnsError> {
         let (addr, udp, tcp) = bind_sockets(config.listen, config.udp_workers.max(1))?;
-        let metrics = Arc::new(DnsMetrics::default());
+        let metrics = config.metrics.unwrap_or_default();
         let shared = Arc::new(Shared {
             snapshot,
             allowed: config.allowed_sources,
@@ -390,6 +394,12 @@ impl UdpWorker {
             let received = match recv.recv(&self.socket) {
                 Ok(n) => n,
                 Err(e) if is_timeout(&e) => continue,
+                Err(e) if is_socket_gone(&e) => {
+                    // Nothing more arrives here; the daemon binds again when it finds the
+                    // listener no longer answers.
+                    tracing::error!(error = %e, "DNS UDP socket gone; this worker stops");
+                    return;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "DNS UDP receive failed");
                     // Whatever it is, do not spin on it.
@@ -453,6 +463,12 @@ impl UdpWorker {
             }
         });
     }
+}
+
+/// Whether the error says the descriptor is no longer a socket (closed or replaced under the
+/// server): every further receive would fail the same way.
+fn is_socket_gone(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EBADF) | Some(libc::ENOTSOCK))
 }
 
 fn is_timeout(e: &io::Error) -> bool {

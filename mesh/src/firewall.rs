@@ -373,6 +373,35 @@ impl<R: CommandRunner> Firewall<R> {
         Ok(position.map_or(1, |i| i + 1))
     }
 
+    /// What is missing now, without changing anything: each of the chains this module keeps
+    /// that does not exist (`PLOYZ-INPUT` per family, `DOCKER-USER`), then each rule
+    /// [`Firewall::reconcile`] would put back, in that order. Empty when everything is there.
+    pub fn missing(&self) -> Result<Vec<String>> {
+        let mut missing = Vec::new();
+        for (family, chain) in [
+            (Family::V4, CHAIN),
+            (Family::V6, CHAIN),
+            (Family::V4, DOCKER_USER),
+        ] {
+            if !self.chain_exists(family, "filter", chain)? {
+                missing.push(format!("chain {chain} ({})", family.program()));
+            }
+        }
+        let forward_jump = Rule {
+            family: Family::V4,
+            table: "filter",
+            chain: "FORWARD",
+            spec: spec(&["-j", DOCKER_USER]),
+            placement: Placement::At(1),
+        };
+        for rule in std::iter::once(forward_jump).chain(self.rules()) {
+            if !self.rule_exists(&rule)? {
+                missing.push(format!("rule {rule}"));
+            }
+        }
+        Ok(missing)
+    }
+
     /// Puts every missing rule, chain and jump back, each exactly where it belongs, and returns
     /// how many rules it put back (zero when everything was in place). Creates `DOCKER-USER` and
     /// its jump from `FORWARD` when Docker has not (yet): Docker keeps both when it starts.
@@ -660,6 +689,46 @@ mod tests {
             ["-i ployz0 -d 10.210.3.0/24 -j ACCEPT"]
         );
         assert!(fake.chain("ip6tables", "filter", DOCKER_USER).is_none());
+    }
+
+    #[test]
+    fn missing_names_what_reconcile_would_put_back_and_changes_nothing() {
+        let firewall = Firewall::new(config(), FakeTables::with_builtins());
+        let before = firewall.missing().unwrap();
+        assert!(
+            before.contains(&"chain PLOYZ-INPUT (iptables)".to_owned()),
+            "{before:?}"
+        );
+        assert!(
+            before.contains(&"chain DOCKER-USER (iptables)".to_owned()),
+            "{before:?}"
+        );
+        assert!(firewall
+            .runner()
+            .chain("iptables", "filter", CHAIN)
+            .is_none());
+        firewall.reconcile().unwrap();
+        assert_eq!(firewall.missing().unwrap(), Vec::<String>::new());
+        // The chain deleted from outside, its jump with it.
+        firewall.runner().chains.borrow_mut().remove(&(
+            "iptables".into(),
+            "filter".into(),
+            CHAIN.into(),
+        ));
+        firewall
+            .runner()
+            .set_chain("iptables", "filter", "INPUT", &[]);
+        let missing = firewall.missing().unwrap();
+        assert_eq!(
+            missing,
+            [
+                "chain PLOYZ-INPUT (iptables)",
+                "rule iptables -t filter PLOYZ-INPUT -p udp --dport 51820 -j ACCEPT",
+                "rule iptables -t filter INPUT -j PLOYZ-INPUT",
+            ],
+        );
+        assert_eq!(firewall.reconcile().unwrap(), 2);
+        assert!(firewall.missing().unwrap().is_empty());
     }
 
     #[test]

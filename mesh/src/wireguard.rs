@@ -726,18 +726,7 @@ impl MeshInterface {
             }
         }
 
-        let source = local_ipv4_addresses()
-            .contains(&self.gateway)
-            .then_some(self.gateway);
-        let wanted: BTreeMap<String, Option<IpAddr>> = desired
-            .values()
-            .flat_map(|(config, _)| {
-                [
-                    (config.subnet.to_string(), source.map(IpAddr::V4)),
-                    (format!("{}/128", config.management_address), None),
-                ]
-            })
-            .collect();
+        let wanted = wanted_routes(peers, self.route_source());
         let (set, removed) = self.reconcile_routes(&wanted)?;
         changes.routes_set = set;
         changes.routes_removed = removed;
@@ -745,6 +734,53 @@ impl MeshInterface {
             tracing::info!(interface = %self.name, ?changes, "mesh peers reconciled");
         }
         Ok(changes)
+    }
+
+    /// The source the routes to peers' Machine Subnets carry now: this Machine's Gateway when
+    /// an interface holds it (the Docker `ployz` network), else none.
+    pub fn route_source(&self) -> Option<Ipv4Addr> {
+        local_ipv4_addresses()
+            .contains(&self.gateway)
+            .then_some(self.gateway)
+    }
+
+    /// The peers WireGuard holds now, as [`ObservedPeer`]s ordered by public key.
+    pub fn observe_peers(&self) -> Result<Vec<ObservedPeer>> {
+        let host = self.read()?;
+        let mut peers: Vec<ObservedPeer> = host
+            .peers
+            .values()
+            .map(|peer| ObservedPeer {
+                public_key: key_base64(&peer.public_key),
+                allowed_ips: ip_set(&peer.allowed_ips)
+                    .into_iter()
+                    .map(|(ip, cidr)| format!("{ip}/{cidr}"))
+                    .collect(),
+                persistent_keepalive: peer.persistent_keepalive_interval,
+                endpoint: peer.endpoint,
+            })
+            .collect();
+        peers.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+        Ok(peers)
+    }
+
+    /// Sets the interface up (`ip link set up`).
+    pub fn set_link_up(&self) -> Result<()> {
+        run_ip(&["link", "set", "dev", &self.name, "up"]).map(drop)
+    }
+
+    /// Puts the Management Address (/128) back on the interface.
+    pub fn restore_address(&self, management_address: Ipv6Addr) -> Result<()> {
+        let address = format!("{management_address}/128");
+        run_ip(&["-6", "addr", "replace", &address, "dev", &self.name]).map(drop)
+    }
+
+    /// Removes what is left of the interface and creates it again from `config` (no peers: the
+    /// next [`MeshInterface::set_peers`] adds them). For an interface deleted from outside.
+    pub fn recreate(&mut self, config: MeshConfig) -> Result<()> {
+        self.remove();
+        *self = MeshInterface::up(config)?;
+        Ok(())
     }
 
     /// Makes the routes through the interface tagged [`ROUTE_PROTOCOL`] exactly `wanted`
@@ -885,6 +921,84 @@ impl Drop for MeshInterface {
     fn drop(&mut self) {
         self.remove();
     }
+}
+
+/// One peer as WireGuard holds it ([`MeshInterface::observe_peers`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedPeer {
+    /// Its public key, base64.
+    pub public_key: String,
+    /// Its allowed IPs, `ADDR/PREFIX`.
+    pub allowed_ips: BTreeSet<String>,
+    /// Its persistent keepalive, seconds.
+    pub persistent_keepalive: Option<u16>,
+    /// The endpoint WireGuard sends to.
+    pub endpoint: Option<SocketAddr>,
+}
+
+/// The allowed IPs [`MeshInterface::set_peers`] gives a peer, `ADDR/PREFIX`.
+pub fn wanted_allowed_ips(config: &PeerConfig) -> BTreeSet<String> {
+    ip_set(&allowed_ips(config))
+        .into_iter()
+        .map(|(ip, cidr)| format!("{ip}/{cidr}"))
+        .collect()
+}
+
+/// The routes [`MeshInterface::set_peers`] keeps for `peers`: destination (with its prefix
+/// length) -> preferred source. Each peer's Machine Subnet (from `source` when given) and its
+/// Management Address /128.
+pub fn wanted_routes(
+    peers: &[PeerConfig],
+    source: Option<Ipv4Addr>,
+) -> BTreeMap<String, Option<IpAddr>> {
+    peers
+        .iter()
+        .flat_map(|config| {
+            [
+                (config.subnet.to_string(), source.map(IpAddr::V4)),
+                (format!("{}/128", config.management_address), None),
+            ]
+        })
+        .collect()
+}
+
+/// What one link of the calling thread's namespace looks like ([`observe_link`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkObservation {
+    /// Whether a link of that name exists.
+    pub exists: bool,
+    /// Whether it is administratively up.
+    pub up: bool,
+    /// The addresses it holds.
+    pub addresses: BTreeSet<IpAddr>,
+}
+
+/// The link `name` as it is now: whether it exists, is up, and which addresses it holds.
+pub fn observe_link(name: &str) -> Result<LinkObservation> {
+    if !link_exists(name) {
+        return Ok(LinkObservation::default());
+    }
+    let shown = ip_json(&["addr", "show", "dev", name])?;
+    let Some(link) = shown.as_array().and_then(|a| a.first()) else {
+        return Ok(LinkObservation::default());
+    };
+    let up = link
+        .get("flags")
+        .and_then(|f| f.as_array())
+        .is_some_and(|flags| flags.iter().any(|f| f.as_str() == Some("UP")));
+    let addresses = link
+        .get("addr_info")
+        .and_then(|a| a.as_array())
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|a| a.get("local")?.as_str()?.parse().ok())
+        .collect();
+    Ok(LinkObservation {
+        exists: true,
+        up,
+        addresses,
+    })
 }
 
 fn allowed_ips(config: &PeerConfig) -> Vec<IpAddrMask> {

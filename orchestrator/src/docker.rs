@@ -233,6 +233,17 @@ pub struct MachineDocker {
     mesh_interface: Option<std::sync::Arc<str>>,
 }
 
+/// The `ployz` network as Docker shows it ([`MachineDocker::observe_network`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkObservation {
+    /// Its IPAM subnets.
+    pub subnets: Vec<String>,
+    /// Its bridge interface's name, when set by option.
+    pub bridge: Option<String>,
+    /// How many containers it holds.
+    pub containers: usize,
+}
+
 /// The bridge name Docker gives the `ployz` network, so the mesh's forwarding rules can name it.
 pub const BRIDGE_NAME: &str = "ployz";
 
@@ -387,6 +398,29 @@ impl MachineDocker {
         }
         let id = net.id.unwrap_or_default();
         Ok(format!("br-{}", &id[..id.len().min(12)]))
+    }
+
+    /// The `ployz` network as Docker shows it now; `None` when there is none.
+    pub async fn observe_network(&self) -> Result<Option<NetworkObservation>, DockerError> {
+        match self.inspect_network().await? {
+            Ok(net) => Ok(Some(NetworkObservation {
+                subnets: net
+                    .ipam
+                    .and_then(|i| i.config)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|c| c.subnet)
+                    .collect(),
+                bridge: net
+                    .options
+                    .as_ref()
+                    .and_then(|o| o.get("com.docker.network.bridge.name"))
+                    .cloned(),
+                containers: net.containers.map_or(0, |c| c.len()),
+            })),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(self.classify(e)),
+        }
     }
 
     /// Creates the `ployz` bridge network on the Machine Subnet with the Machine Gateway, leaves

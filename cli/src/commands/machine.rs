@@ -38,6 +38,8 @@ pub enum MachineCommand {
     Rename(RenameArgs),
     /// Change a Machine: its public addresses, its WireGuard endpoints.
     Update(UpdateArgs),
+    /// Show what a Machine last did to keep its plumbing as it should be, per concern.
+    Status(super::machine_status::StatusArgs),
 }
 
 #[derive(Debug, Args)]
@@ -174,6 +176,7 @@ pub async fn run(global: &GlobalArgs, cmd: MachineCommand) -> anyhow::Result<()>
         MachineCommand::Rm(args) => rm(global, args).await,
         MachineCommand::Rename(args) => rename(global, args).await,
         MachineCommand::Update(args) => update(global, args).await,
+        MachineCommand::Status(args) => super::machine_status::status(global, args).await,
     }
 }
 

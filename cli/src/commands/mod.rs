@@ -7,6 +7,7 @@ pub mod deploy;
 pub mod dial_stdio;
 pub mod dns;
 pub mod machine;
+pub mod machine_status;
 pub mod run;
 pub mod service;
 pub mod store;
