@@ -157,3 +157,117 @@ fn without_a_service_manager_nothing_is_sent_and_nothing_waits() {
         daemon.log_text()
     );
 }
+
+#[test]
+fn a_handover_tells_the_service_manager_the_new_main_process_and_keeps_the_watchdog_fed() {
+    let lab = Lab::new();
+    let notify = lab.path("notify");
+    let mut manager = Manager {
+        socket: UnixDatagram::bind(&notify).unwrap(),
+        seen: Vec::new(),
+    };
+    let socket = lab.path("ployz.sock");
+    let [http, https, metrics] = free_ports();
+    let flags: Vec<String> = [
+        "--data-dir".to_owned(),
+        lab.path("data").display().to_string(),
+        "--socket".to_owned(),
+        socket.display().to_string(),
+        "--http-listen".to_owned(),
+        format!("127.0.0.1:{http}"),
+        "--https-listen".to_owned(),
+        format!("127.0.0.1:{https}"),
+        "--metrics-listen".to_owned(),
+        format!("127.0.0.1:{metrics}"),
+        "--drain-delay".to_owned(),
+        "0".to_owned(),
+        "--no-mesh".to_owned(),
+    ]
+    .into_iter()
+    .chain(QUIET_DAEMON.iter().map(|s| s.to_string()))
+    .collect();
+    let log = std::fs::File::create(lab.path("daemon.log")).unwrap();
+    let child = Command::new(PLOYZ)
+        .args(["daemon", "run"])
+        .args(&flags)
+        .env("NOTIFY_SOCKET", &notify)
+        .env("WATCHDOG_USEC", "400000")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log.try_clone().unwrap())
+        .spawn()
+        .unwrap();
+    let mut old = Reaped(child);
+    let old_pid = old.0.id();
+    manager.wait_for("READY=1", Duration::from_secs(20), &mut old);
+
+    // As a unit's reload runs: $NOTIFY_SOCKET, but no $WATCHDOG_USEC (only the first process
+    // gets it).
+    let out = Command::new(PLOYZ)
+        .args(["daemon", "handover"])
+        .args(&flags)
+        .env("NOTIFY_SOCKET", &notify)
+        .env_remove("WATCHDOG_USEC")
+        .stderr(log)
+        .output()
+        .unwrap();
+    let new_pid: u32 = std::fs::read_to_string(lab.path("data/run/daemon.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let mut new = Reaped(
+        // Not our child: stopped by PID at the end (Reaped needs a Child, so a watcher).
+        Command::new("tail")
+            .args(["--pid", &new_pid.to_string(), "-f", "/dev/null"])
+            .spawn()
+            .unwrap(),
+    );
+    let _kill_new = scopeguard_kill(new_pid);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_ne!(new_pid, old_pid);
+    let ready = manager.wait_for("READY=1", Duration::from_secs(20), &mut new);
+    assert!(
+        ready.lines().any(|l| l == format!("MAINPID={new_pid}")),
+        "the new process names itself the main process: {ready:?}"
+    );
+    // The old one retires without telling the service manager it stops.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while old.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the old process did not retire");
+        let _ = manager.next(Duration::from_millis(50));
+    }
+    assert!(
+        !manager.seen.iter().any(|m| m.contains("STOPPING=1")),
+        "a handover is not a stop: {:?}",
+        manager.seen
+    );
+    // With the old process gone, keep-alives still come: the new one's.
+    for _ in 0..2 {
+        manager.wait_for("WATCHDOG=1", Duration::from_secs(5), &mut new);
+    }
+    let (status, _, _) = api_request(&socket, "GET", "/v1/version", "", b"");
+    assert_eq!(status, 200);
+}
+
+/// SIGTERM, then SIGKILL, to `pid` when dropped.
+fn scopeguard_kill(pid: u32) -> impl Drop {
+    struct Kill(i32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            unsafe {
+                libc::kill(self.0, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::path::Path::new(&format!("/proc/{}", self.0)).exists()
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            unsafe {
+                libc::kill(self.0, libc::SIGKILL);
+            }
+        }
+    }
+    Kill(pid as i32)
+}

@@ -63,9 +63,22 @@ struct Handed {
     tls: bool,
 }
 
+/// What the old process sends, beside the descriptors.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Handing {
+    /// One per descriptor, in order.
+    listeners: Vec<Handed>,
+    /// The service manager's watchdog period the old process kept (`$WATCHDOG_USEC`, which
+    /// only the unit's first process is given), microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    watchdog_usec: Option<u64>,
+}
+
 /// What a process taking over received: the edge's listening sockets.
 pub(crate) struct TakenOver {
     pub edge: Vec<(SocketAddr, bool, std::net::TcpListener)>,
+    /// Half the watchdog period the old process kept, for this one to keep.
+    pub watchdog: Option<Duration>,
     /// Where `READY` goes.
     conn: UnixStream,
 }
@@ -105,7 +118,10 @@ pub(crate) fn take_over(runtime_dir: &Path) -> anyhow::Result<TakenOver> {
     conn.set_read_timeout(Some(RELEASE_WITHIN + Duration::from_secs(15)))?;
     writeln!(conn, "{ASK} {}", std::process::id())?;
     let (payload, fds) = receive(&conn).context("the running daemon did not hand over")?;
-    let handed: Vec<Handed> = serde_json::from_slice(&payload).with_context(|| {
+    let Handing {
+        listeners: handed,
+        watchdog_usec,
+    } = serde_json::from_slice(&payload).with_context(|| {
         format!(
             "the running daemon's handover is not understood: {}",
             String::from_utf8_lossy(&payload)
@@ -124,7 +140,13 @@ pub(crate) fn take_over(runtime_dir: &Path) -> anyhow::Result<TakenOver> {
         .map(|(h, fd)| (h.addr, h.tls, std::net::TcpListener::from(fd)))
         .collect();
     conn.set_read_timeout(None)?;
-    Ok(TakenOver { edge, conn })
+    Ok(TakenOver {
+        edge,
+        watchdog: watchdog_usec
+            .filter(|u| *u > 0)
+            .map(|u| Duration::from_micros(u / 2)),
+        conn,
+    })
 }
 
 /// Receives one message with its file descriptors.
@@ -334,15 +356,17 @@ impl HandoverService {
             store.hand_over().context("cannot hand the store over")?;
         }
         let edge = std::mem::take(&mut *self.edge.lock().expect("handover lock"));
-        let payload = serde_json::to_vec(
-            &edge
+        let payload = serde_json::to_vec(&Handing {
+            listeners: edge
                 .iter()
                 .map(|(addr, tls, _)| Handed {
                     addr: *addr,
                     tls: *tls,
                 })
-                .collect::<Vec<_>>(),
-        )?;
+                .collect(),
+            watchdog_usec: crate::notify::watchdog_interval()
+                .map(|half| half.as_micros() as u64 * 2),
+        })?;
         let fds: Vec<RawFd> = edge.iter().map(|(_, _, l)| l.as_raw_fd()).collect();
         let std_conn = conn.into_inner().into_std()?;
         std_conn.set_nonblocking(false)?;

@@ -846,6 +846,7 @@ impl BackgroundService for Readiness {
             }
         }
         let taken = self.taken.lock().expect("readiness lock").take();
+        let handed_watchdog = taken.as_ref().and_then(|t| t.watchdog);
         if taken.is_some() {
             // Atomic: a client connecting now reaches one process or the other, never none.
             if let Err(e) = std::fs::rename(&self.probe_socket, &self.socket) {
@@ -875,7 +876,9 @@ impl BackgroundService for Readiness {
                 }
             }
         }
-        let Some(every) = crate::notify::watchdog_interval() else {
+        // Taking over, the service manager's watchdog is the old process's: `$WATCHDOG_USEC`
+        // was given to the unit's first process only.
+        let Some(every) = crate::notify::watchdog_interval().or(handed_watchdog) else {
             return;
         };
         loop {
