@@ -5,7 +5,9 @@
 //! range 198.18.0.0/15, never a real network), with its own `dockerd` and its own
 //! `ployz daemon run`, both started inside the namespace with `nsenter --net` (not
 //! `ip netns exec`, which remounts `/sys`, where dockerd then finds no cgroups), and optionally
-//! an `sshd` on its underlay address. Tests drive Machines through the real CLI ([`Lab::ployz`]),
+//! an `sshd` on its underlay address. With [`LabOptions::hosts`] each Machine is a host of its
+//! own instead (systemd as its PID 1, private `/etc`, `/usr`, `/var/lib` and `/run`), where tests
+//! install Ployz over SSH as users do. Tests drive Machines through the real CLI ([`Lab::ployz`]),
 //! stop and start their processes, partition the underlay and add loss and delay to it.
 //!
 //! ```no_run
@@ -29,6 +31,7 @@
 //! The public operations panic with a message naming what failed (this is a test harness);
 //! [`Lab::try_start`] returns the error instead.
 
+mod host;
 mod netem;
 mod procs;
 mod state;
@@ -59,6 +62,10 @@ pub const UNDERLAY_INTERFACE: &str = "eth0";
 const DOCKERD_READY: Duration = Duration::from_secs(60);
 /// How long a daemon may take to answer after it started.
 const DAEMON_READY: Duration = Duration::from_secs(30);
+/// How long a host Machine's systemd may take to come up.
+const HOST_READY: Duration = Duration::from_secs(60);
+/// The PATH of a root shell on a host Machine.
+const HOST_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long sshd may take to listen.
 const SSHD_READY: Duration = Duration::from_secs(10);
 /// What SIGTERM gets before SIGKILL, per process.
@@ -82,6 +89,12 @@ pub struct LabOptions {
     pub per_machine: Vec<MachineOptions>,
     /// The daemons' `PLOYZ_LOG` filter; `None`: `info`.
     pub log_filter: Option<String>,
+    /// Host Machines: each Machine a host of its own, the way a server is one (systemd as
+    /// PID 1 of its own namespaces; private `/etc`, `/usr`, `/var/lib`, `/var/log`,
+    /// `/var/cache`, `/run` and `/tmp`; its own dockerd serving `/run/docker.sock`; an sshd),
+    /// with no Ployz on it: tests install it as users do (`ployz machine init ssh://...`).
+    /// Implies `sshd`; see `host.rs`.
+    pub hosts: bool,
 }
 
 impl LabOptions {
@@ -134,6 +147,10 @@ struct Machine {
     dockerd: Option<Child>,
     daemon: Option<Child>,
     sshd: Option<Child>,
+    /// A host Machine's first process (`unshare`, whose child becomes its systemd).
+    host: Option<Child>,
+    /// A host Machine's systemd, once it runs.
+    systemd: Option<u32>,
 }
 
 struct SshClient {
@@ -188,7 +205,9 @@ impl Lab {
         if n == 0 || n > MAX_MACHINES {
             bail!("LabOptions.machines = {n}: give 1 to {MAX_MACHINES}");
         }
-        preflight(options.sshd)?;
+        let mut options = options;
+        options.sshd |= options.hosts;
+        preflight(options.sshd, options.hosts)?;
         let ployz = ployz_bin()?;
         let root = lab_root();
         let lock = LabLock::acquire(&root)?;
@@ -228,6 +247,14 @@ impl Lab {
         std::fs::create_dir_all(self.home())?;
         self.make_underlay()?;
         let tarball = self.make_image_tarball()?;
+        if self.options.hosts {
+            for i in 0..self.machines.len() {
+                self.boot_host(i)?;
+            }
+            for i in 0..self.machines.len() {
+                self.wait_host(i)?;
+            }
+        }
         for i in 0..self.machines.len() {
             self.spawn_dockerd(i)?;
         }
@@ -238,6 +265,10 @@ impl Lab {
         if self.options.sshd {
             self.start_sshds()?;
         }
+        if self.options.hosts {
+            // Nothing of Ployz runs on a host Machine until a test installs it.
+            return Ok(());
+        }
         for i in 0..self.machines.len() {
             self.spawn_daemon(i)?;
         }
@@ -245,6 +276,132 @@ impl Lab {
             self.wait_daemon(i)?;
         }
         Ok(())
+    }
+
+    // ---- host Machines ------------------------------------------------------------------
+
+    /// Boots host Machine `i`: in its network namespace and its own cgroup, a process in new
+    /// PID, mount, UTS, IPC and cgroup namespaces that builds the host's mounts and becomes its
+    /// systemd (`host.rs`).
+    fn boot_host(&mut self, i: usize) -> anyhow::Result<()> {
+        let m = self.state.machines[i].clone();
+        let script = m.dir.join("host-boot.sh");
+        std::fs::write(&script, host::boot_script(&m, &format!("host{i}")))?;
+        let mut cmd = self.in_ns(i, "sh");
+        cmd.arg("-c").arg(format!(
+            "set -e\n{}exec unshare --pid --fork --mount --uts --ipc --cgroup --mount-proc --propagation private sh {}",
+            host::enter_cgroups(&m.cgroup),
+            script.display()
+        ));
+        let child = self.spawn_logged(i, cmd, &m.dir.join("host-console.log"))?;
+        self.machines[i].host = Some(child);
+        Ok(())
+    }
+
+    /// Waits until host Machine `i`'s systemd runs and says the system is up.
+    fn wait_host(&mut self, i: usize) -> anyhow::Result<()> {
+        let deadline = Instant::now() + HOST_READY;
+        let console = self.machine_dir(i).join("host-console.log");
+        loop {
+            let first = match self.machines[i].host.as_mut() {
+                Some(c) => {
+                    if let Some(status) = c.try_wait()? {
+                        bail!(
+                            "host Machine {i} did not boot ({status}): {}",
+                            tail(&read(&console), 30)
+                        );
+                    }
+                    c.id()
+                }
+                None => bail!("host Machine {i} was not booted"),
+            };
+            // `unshare` forks the namespace's PID 1, which execs the boot script, then systemd.
+            if let Some(pid) = host::systemd_pid(first) {
+                self.machines[i].systemd = Some(pid);
+                let out = self.host_exec(i, &["systemctl", "is-system-running"]);
+                let state = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+                if state == "running" || state == "degraded" {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "host Machine {i}'s systemd did not come up within {HOST_READY:?}: {}",
+                    tail(&read(&console), 30)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Host Machine `i`'s systemd, which must run.
+    fn systemd_pid(&self, i: usize) -> anyhow::Result<u32> {
+        if !self.options.hosts {
+            bail!("Machine {i} is not a host Machine (LabOptions.hosts)");
+        }
+        self.machines[i]
+            .systemd
+            .ok_or_else(|| anyhow!("host Machine {i}'s systemd is not running"))
+    }
+
+    /// A command in every namespace of host Machine `i` (its mounts, PID 1, network, cgroup),
+    /// as a root shell on that host would run it.
+    fn in_host(&self, i: usize, program: impl AsRef<std::ffi::OsStr>) -> anyhow::Result<Command> {
+        let pid = self.systemd_pid(i)?;
+        let mut c = Command::new("nsenter");
+        c.args([
+            "-t",
+            &pid.to_string(),
+            "-m",
+            "-u",
+            "-i",
+            "-n",
+            "-p",
+            "-C",
+            "--",
+        ])
+        .arg(program)
+        .env_clear()
+        .env("PATH", HOST_PATH)
+        .env("HOME", "/root")
+        .env("LANG", "C.UTF-8");
+        Ok(c)
+    }
+
+    /// Runs `cmd` as root on host Machine `i` (see [`LabOptions::hosts`]):
+    /// `host_exec(0, &["systemctl", "is-active", "ployz"])`.
+    pub fn host_exec(&self, i: usize, cmd: &[&str]) -> Output {
+        let (program, args) = cmd
+            .split_first()
+            .unwrap_or_else(|| panic!("host_exec({i}, []): give a command"));
+        let mut c = or_panic(self.in_host(i, program));
+        c.args(args).stdin(Stdio::null());
+        output(&mut c)
+    }
+
+    /// A path on host Machine `i` as the lab host reaches it (through its systemd's root):
+    /// `host_path(0, "/run/ployz/ployz.sock")`.
+    pub fn host_path(&self, i: usize, path: &str) -> PathBuf {
+        let pid = or_panic(self.systemd_pid(i));
+        PathBuf::from(format!("/proc/{pid}/root")).join(path.trim_start_matches('/'))
+    }
+
+    /// The journal of `unit` on host Machine `i`, its last `n` lines.
+    pub fn host_journal(&self, i: usize, unit: &str, n: usize) -> String {
+        let out = self.host_exec(
+            i,
+            &[
+                "journalctl",
+                "-u",
+                unit,
+                "-n",
+                &n.to_string(),
+                "--no-pager",
+                "-o",
+                "cat",
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     // ---- the underlay -------------------------------------------------------------------
@@ -345,13 +502,27 @@ impl Lab {
         let config = d.join("dockerd.json");
         // Its own (empty) config file: the host's /etc/docker/daemon.json is not this Machine's.
         std::fs::write(&config, "{}\n")?;
-        let mut cmd = self.in_ns(i, "dockerd");
+        // A host Machine's dockerd runs in all of its namespaces and serves the socket where
+        // Docker's package serves it, so what is installed there finds it as on a server.
+        let (mut cmd, socket, cgroup_parent) = if self.options.hosts {
+            (
+                self.in_host(i, "dockerd")?,
+                "/run/docker.sock".to_owned(),
+                "/docker".to_owned(),
+            )
+        } else {
+            (
+                self.in_ns(i, "dockerd"),
+                d.join("docker.sock").display().to_string(),
+                format!("/{}", m.cgroup),
+            )
+        };
         cmd.arg("--data-root")
             .arg(d.join("data"))
             .arg("--exec-root")
             .arg(d.join("exec"))
             .arg("-H")
-            .arg(format!("unix://{}", d.join("docker.sock").display()))
+            .arg(format!("unix://{socket}"))
             .arg("--pidfile")
             .arg(d.join("docker.pid"))
             .arg("--config-file")
@@ -361,7 +532,7 @@ impl Lab {
             // Containers' cgroups under a name of this lab, removed with it; cgroupfs so the
             // name means the same with or without systemd.
             .args(["--exec-opt", "native.cgroupdriver=cgroupfs"])
-            .arg(format!("--cgroup-parent=/{}", m.cgroup))
+            .arg(format!("--cgroup-parent={cgroup_parent}"))
             // A stopped Machine stops its containers quickly.
             .args(["--shutdown-timeout", "2"]);
         let child = self.spawn_logged(i, cmd, &d.join("dockerd.log"))?;
@@ -370,7 +541,7 @@ impl Lab {
     }
 
     fn wait_dockerd(&mut self, i: usize) -> anyhow::Result<()> {
-        let sock = self.state.machines[i].dir.join("docker.sock");
+        let sock = self.docker_socket(i);
         let deadline = Instant::now() + DOCKERD_READY;
         loop {
             if docker_ping(&sock) {
@@ -486,7 +657,18 @@ impl Lab {
                 );
             };
             known.push_str(&format!("{} {kind} {key}\n", m.underlay));
-            let socket = self.socket(i);
+            // A host Machine's sessions find what is installed there, as on a server; the
+            // others find the lab's build and their daemon's socket.
+            let env = if self.options.hosts {
+                format!("PATH={HOST_PATH}")
+            } else {
+                let socket = self.socket(i);
+                format!(
+                    "PATH={bin}:{HOST_PATH} PLOYZ_SOCKET={sock} PLOYZ_CONNECT=unix://{sock}",
+                    bin = bin_dir.display(),
+                    sock = socket.display(),
+                )
+            };
             let config = m.dir.join("sshd_config");
             std::fs::write(
                 &config,
@@ -494,16 +676,19 @@ impl Lab {
                     "ListenAddress {addr}\nPort 22\nHostKey {host_key}\nAuthorizedKeysFile {auth}\n\
                      PidFile {pid}\nStrictModes no\nUsePAM no\nPasswordAuthentication no\n\
                      KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n\
-                     SetEnv PATH={bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin PLOYZ_SOCKET={sock} PLOYZ_CONNECT=unix://{sock}\n",
+                     SetEnv {env}\n",
                     addr = m.underlay,
                     host_key = host_key.display(),
                     auth = authorized.display(),
                     pid = m.dir.join("sshd.pid").display(),
-                    bin = bin_dir.display(),
-                    sock = socket.display(),
                 ),
             )?;
-            let mut cmd = self.in_ns(i, "/usr/sbin/sshd");
+            let mut cmd = if self.options.hosts {
+                std::fs::create_dir_all(self.host_path(i, "/run/sshd"))?;
+                self.in_host(i, "/usr/sbin/sshd")?
+            } else {
+                self.in_ns(i, "/usr/sbin/sshd")
+            };
             cmd.args(["-D", "-e", "-f"]).arg(&config);
             let child = self.spawn_logged(i, cmd, &m.dir.join("sshd.log"))?;
             children.push(child);
@@ -695,17 +880,28 @@ impl Lab {
         &self.state.machines[i].wg_interface
     }
 
-    /// Machine `i`'s daemon socket.
+    /// Machine `i`'s daemon socket (on a host Machine, the installed daemon's
+    /// `/run/ployz/ployz.sock`, reached through its systemd's root).
     pub fn socket(&self, i: usize) -> PathBuf {
-        self.state.machines[i].dir.join("ployz.sock")
+        if self.options.hosts {
+            self.host_path(i, "/run/ployz/ployz.sock")
+        } else {
+            self.state.machines[i].dir.join("ployz.sock")
+        }
     }
 
     /// Machine `i`'s dockerd, as `DOCKER_HOST` says it (`unix:///...`).
     pub fn docker_host(&self, i: usize) -> String {
-        format!(
-            "unix://{}",
-            self.state.machines[i].dir.join("docker.sock").display()
-        )
+        format!("unix://{}", self.docker_socket(i).display())
+    }
+
+    /// Machine `i`'s dockerd's socket, as the lab host reaches it.
+    fn docker_socket(&self, i: usize) -> PathBuf {
+        if self.options.hosts {
+            self.host_path(i, "/run/docker.sock")
+        } else {
+            self.state.machines[i].dir.join("docker.sock")
+        }
     }
 
     /// `ssh://root@<underlay>` of Machine `i` (with `sshd: true`).
@@ -719,8 +915,15 @@ impl Lab {
         self.ssh.as_ref().map(|s| s.command.as_str())
     }
 
-    /// The daemon log of Machine `i` (every start appends), for failure messages.
+    /// The daemon log of Machine `i` (every start appends), for failure messages; on a host
+    /// Machine, the end of `ployz.service`'s journal.
     pub fn log(&self, i: usize) -> String {
+        if self.options.hosts {
+            return match self.machines[i].systemd {
+                Some(_) => self.host_journal(i, "ployz.service", 200),
+                None => String::new(),
+            };
+        }
         read(&self.machine_dir(i).join("daemon.log"))
     }
 
@@ -782,6 +985,14 @@ impl Lab {
     /// [`Lab::cli`] without `--connect`: give it one (`--connect ssh://root@<underlay>`).
     pub fn cli_bare(&self) -> Command {
         let mut c = Command::new(&self.ployz);
+        self.cli_env(&mut c);
+        c
+    }
+
+    /// [`Lab::cli_bare`] with another build of the CLI (an upgrade's), in the same
+    /// workstation: the lab's HOME, contexts and SSH client.
+    pub fn cli_program(&self, program: &Path) -> Command {
+        let mut c = Command::new(program);
         self.cli_env(&mut c);
         c
     }
@@ -1170,6 +1381,14 @@ impl Lab {
             self.state.bridge
         );
         for (i, m) in self.state.machines.iter().enumerate() {
+            if let Some(pid) = self.machines[i].systemd {
+                s.push_str(&format!(
+                    "  host Machine {i} ({addr}):\n    shell:   nsenter -t {pid} -m -u -i -n -p -C bash\n    logs:    (in that shell) journalctl -u ployz; {dir}/dockerd.log\n",
+                    addr = m.underlay,
+                    dir = m.dir.display(),
+                ));
+                continue;
+            }
             s.push_str(&format!(
                 "  Machine {i} ({addr}):\n    shell:   nsenter --net={ns} bash\n    ployz:   {bin} --connect unix://{sock} machine ls\n    docker:  docker -H {docker} ps -a\n    logs:    {dir}/daemon.log {dir}/dockerd.log\n",
                 addr = m.underlay,
@@ -1200,9 +1419,14 @@ impl Lab {
         // which then leave no sockets or mounts behind.
         let mut running: Vec<Child> = Vec::new();
         for m in &mut self.machines {
-            for c in [m.daemon.take(), m.dockerd.take(), m.sshd.take()]
-                .into_iter()
-                .flatten()
+            for c in [
+                m.daemon.take(),
+                m.dockerd.take(),
+                m.sshd.take(),
+                m.host.take(),
+            ]
+            .into_iter()
+            .flatten()
             {
                 procs::signal(c.id() as i32, libc::SIGTERM);
                 running.push(c);
@@ -1272,7 +1496,7 @@ pub fn process_runs(pid: i32) -> bool {
 }
 
 /// Checks the tools and rights a lab needs, naming what is missing.
-fn preflight(sshd: bool) -> anyhow::Result<()> {
+fn preflight(sshd: bool, hosts: bool) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the lab needs root (network namespaces, dockerd, iptables): run the test as root");
@@ -1298,6 +1522,20 @@ fn preflight(sshd: bool) -> anyhow::Result<()> {
     }
     if !Path::new("/bin/busybox").is_file() {
         bail!("/bin/busybox is missing: install Debian's busybox-static (the lab's test image)");
+    }
+    if hosts {
+        for (tool, package) in [
+            ("unshare", "util-linux"),
+            ("systemctl", "systemd"),
+            ("sudo", "sudo"),
+        ] {
+            if which(tool).is_none() {
+                bail!("`{tool}` is not on PATH: install Debian's {package} (LabOptions.hosts)");
+            }
+        }
+        if !Path::new("/lib/systemd/systemd").is_file() {
+            bail!("/lib/systemd/systemd is missing: install Debian's systemd (LabOptions.hosts)");
+        }
     }
     if sshd && !Path::new("/usr/sbin/sshd").is_file() {
         bail!("/usr/sbin/sshd is missing: install Debian's openssh-server (LabOptions.sshd)");
