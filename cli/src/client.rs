@@ -72,6 +72,17 @@ trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for T {}
 
 fn ssh_command(target: &SshTarget) -> anyhow::Result<Command> {
+    let mut cmd = ssh_to(target)?;
+    cmd.args(["ployz", "dial-stdio"]);
+    if let Some(socket) = &target.remote_socket {
+        cmd.args(["--socket", socket]);
+    }
+    Ok(cmd)
+}
+
+/// The system `ssh` (or `$PLOYZ_SSH_COMMAND`) to `target`, with the options every Ployz
+/// session uses; the remote command goes after it.
+pub(crate) fn ssh_to(target: &SshTarget) -> anyhow::Result<Command> {
     let words = match std::env::var(SSH_COMMAND_ENV) {
         Ok(v) if !v.trim().is_empty() => shlex::split(&v)
             .ok_or_else(|| anyhow!("{SSH_COMMAND_ENV}='{v}' has unbalanced quotes"))?,
@@ -101,10 +112,6 @@ fn ssh_command(target: &SshTarget) -> anyhow::Result<Command> {
         None => target.host.clone(),
     };
     cmd.arg("--").arg(destination);
-    cmd.args(["ployz", "dial-stdio"]);
-    if let Some(socket) = &target.remote_socket {
-        cmd.args(["--socket", socket]);
-    }
     Ok(cmd)
 }
 

@@ -24,6 +24,7 @@ mod client;
 mod commands;
 mod config;
 mod connection;
+mod host;
 mod leases;
 mod memory;
 mod output;

@@ -80,8 +80,9 @@ pub(crate) fn boot_script(m: &MachineState, hostname: &str) -> String {
     s.push_str(
         "mkdir -p /sys/fs/cgroup/systemd\nmount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd\n",
     );
+    // Its name resolves, as on a server (sudo looks it up, and waits on DNS when it does not).
     s.push_str(&format!(
-        "hostname {hostname}\necho {hostname} > /etc/hostname\n"
+        "hostname {hostname}\necho {hostname} > /etc/hostname\nprintf '127.0.0.1 localhost\\n127.0.1.1 {hostname}\\n::1 localhost ip6-localhost ip6-loopback\\n' > /etc/hosts\n"
     ));
     // A machine ID of its own (systemd and journald key on it).
     s.push_str(&format!(

@@ -1,4 +1,4 @@
-//! `ployz machine`: init, add, token, join, ls, rm, rename, update.
+//! `ployz machine`: init, add, token, join, ls, rm, rename, update, status, upgrade.
 
 use std::time::{Duration, Instant};
 
@@ -40,13 +40,44 @@ pub enum MachineCommand {
     Update(UpdateArgs),
     /// Show what a Machine last did to keep its plumbing as it should be, per concern.
     Status(super::machine_status::StatusArgs),
+    /// Upgrade Machines to this CLI's own build over SSH, one at a time, each participating
+    /// again before the next.
+    Upgrade(UpgradeArgs),
+}
+
+/// Installing on a host reached over SSH.
+#[derive(Debug, Args)]
+pub struct InstallArgs {
+    /// Install nothing: fail when Ployz (or Docker) is missing on the host.
+    #[arg(long)]
+    no_install: bool,
+    /// Install Docker from the distribution's packages without asking, when it is missing.
+    #[arg(short, long)]
+    yes: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct UpgradeArgs {
+    /// A Machine to upgrade: its Name or Machine ID (repeatable) [default: every Machine the
+    /// current context has an ssh:// connection to; with --connect ssh://..., that host].
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    machines: Vec<String>,
+    /// Seconds to wait for each Machine to participate again.
+    #[arg(long, default_value_t = 120, value_name = "SECONDS")]
+    wait: u64,
+    /// Print the outcome as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
 pub struct AddArgs {
-    /// The new host: ssh://user@host[:port] (its `ployz daemon run` must be running).
+    /// The new host: ssh://user@host[:port]. Ployz is installed there (as the ployz.service
+    /// unit) when missing.
     #[arg(value_name = "SSH_URL")]
     host: Connection,
+    #[command(flatten)]
+    install: InstallArgs,
     /// The Machine Name [default: the new host's sanitised hostname].
     #[arg(short, long)]
     name: Option<String>,
@@ -143,6 +174,13 @@ pub struct UpdateArgs {
 
 #[derive(Debug, Args)]
 pub struct InitArgs {
+    /// The host of the Cluster's first Machine: ssh://user@host[:port]. Ployz is installed
+    /// there (as the ployz.service unit) when missing, and the connection is saved in the
+    /// context [default: the daemon `--connect` or the context reaches].
+    #[arg(value_name = "SSH_URL")]
+    host: Option<Connection>,
+    #[command(flatten)]
+    install: InstallArgs,
     /// The Machine Name [default: the daemon's sanitised hostname].
     #[arg(short, long)]
     name: Option<String>,
@@ -177,6 +215,7 @@ pub async fn run(global: &GlobalArgs, cmd: MachineCommand) -> anyhow::Result<()>
         MachineCommand::Rename(args) => rename(global, args).await,
         MachineCommand::Update(args) => update(global, args).await,
         MachineCommand::Status(args) => super::machine_status::status(global, args).await,
+        MachineCommand::Upgrade(args) => upgrade(global, args).await,
     }
 }
 
@@ -330,6 +369,8 @@ async fn add(global: &GlobalArgs, args: AddArgs) -> anyhow::Result<()> {
             entry_version.phase
         );
     }
+    let remote = crate::host::Host::new(&args.host)?;
+    crate::host::ensure_installed(&remote, install_options(&args.install, args.json)).await?;
     progress(&args, &format!("reaching {} ...", args.host));
     let mut new = tokio::time::timeout(Duration::from_secs(30), ApiClient::connect(&args.host))
         .await
@@ -395,6 +436,7 @@ async fn add(global: &GlobalArgs, args: AddArgs) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    let saved = remember(global, &args.host, false)?;
     if args.json {
         return print_json(&serde_json::json!({
             "member": member,
@@ -402,6 +444,7 @@ async fn add(global: &GlobalArgs, args: AddArgs) -> anyhow::Result<()> {
             "warnings": admission.warnings,
         }));
     }
+    eprintln!("{saved}");
     if phase == LocalMachinePhase::Participating {
         println!(
             "Machine '{}' ({}) joined and is participating; subnet {}, Management Address {}.",
@@ -619,8 +662,220 @@ async fn admit_request(
 /// Reaching the new host failed: most likely no daemon runs there yet.
 fn missing_daemon(host: &Connection, e: anyhow::Error) -> anyhow::Error {
     e.context(format!(
-        "cannot reach a Ployz daemon on {host}: install ployz there and start `ployz daemon run` (as a service), then add it again"
+        "cannot reach the Ployz daemon on {host}: see `systemctl status ployz` and `journalctl -u ployz` there"
     ))
+}
+
+fn install_options(args: &InstallArgs, json: bool) -> crate::host::InstallOptions {
+    crate::host::InstallOptions {
+        no_install: args.no_install,
+        yes: args.yes,
+        quiet: json,
+    }
+}
+
+/// Saves `host` among the connections of the context in use, so that later commands (and
+/// `machine upgrade`) reach it: the one `-c` names, else the current one; with none, a new
+/// context `default` (made current) when `create`. Nothing is saved when `--connect` was
+/// given to reach the Cluster. Returns the line saying what was done.
+fn remember(global: &GlobalArgs, host: &Connection, create: bool) -> anyhow::Result<String> {
+    use crate::config::CliConfig;
+    use crate::connection::ConnectionConfig;
+    if global.connect.is_some() && !create {
+        return Ok(format!(
+            "(reached through --connect: no context changed; `ployz ctx` saves {host})"
+        ));
+    }
+    let path = super::config_path(global);
+    let mut cfg = CliConfig::load(&path)?;
+    let name = match global.context.clone().or(cfg.current_context.clone()) {
+        Some(n) => n,
+        None if create => "default".to_owned(),
+        None => {
+            return Ok(format!(
+                "(no context in use: {host} is not saved; `ployz ctx add NAME --connect {host}` saves it)"
+            ))
+        }
+    };
+    let entry = ConnectionConfig::from_connection(host);
+    let context = cfg.contexts.entry(name.clone()).or_default();
+    let new = !context.connections.contains(&entry);
+    if new {
+        context.connections.push(entry);
+    }
+    if cfg.current_context.is_none() {
+        cfg.current_context = Some(name.clone());
+    }
+    cfg.save(&path)?;
+    Ok(if new {
+        format!("context '{name}' now reaches {host} ({})", path.display())
+    } else {
+        format!("context '{name}' already reaches {host}")
+    })
+}
+
+/// One Machine of `machine upgrade`: the Machine and how the CLI reaches its host.
+struct UpgradeTarget {
+    id: ployz_core::MachineId,
+    name: String,
+    host: Connection,
+}
+
+async fn upgrade(global: &GlobalArgs, args: UpgradeArgs) -> anyhow::Result<()> {
+    let options = crate::host::InstallOptions {
+        no_install: false,
+        yes: false,
+        quiet: args.json,
+    };
+    // Every ssh:// connection the CLI knows, and the Machine each one reaches.
+    let candidates: Vec<Connection> = super::connections(global)?
+        .into_iter()
+        .filter(|c| matches!(c, Connection::Ssh(_)))
+        .collect();
+    if candidates.is_empty() {
+        bail!("`machine upgrade` reaches each Machine's host over SSH, and the CLI knows no ssh:// connection: give --connect ssh://user@host, or a context whose connections are ssh:// (`ployz machine add` saves them)");
+    }
+    let mut reached = Vec::new();
+    let mut unreachable = Vec::new();
+    let mut list: Option<MachineList> = None;
+    for c in &candidates {
+        match ApiClient::connect(c).await {
+            Ok(mut client) => match client.get::<VersionInfo>(api::paths::VERSION).await {
+                Ok(v) => {
+                    if list.is_none() {
+                        list = client.get::<MachineList>(api::paths::MACHINES).await.ok();
+                    }
+                    reached.push((c.clone(), v));
+                }
+                Err(e) => unreachable.push(format!("{c}: {e:#}")),
+            },
+            Err(e) => unreachable.push(format!("{c}: {e:#}")),
+        }
+    }
+    let name_of = |id: &ployz_core::MachineId| {
+        list.as_ref()
+            .and_then(|l| l.values.iter().find(|v| &v.info.id == id))
+            .map(|v| v.info.name.to_string())
+            .unwrap_or_else(|| id.to_string())
+    };
+    let mut targets: Vec<UpgradeTarget> = Vec::new();
+    for (host, v) in &reached {
+        let Some(id) = &v.machine else { continue };
+        if targets.iter().any(|t| &t.id == id) {
+            continue;
+        }
+        targets.push(UpgradeTarget {
+            id: id.clone(),
+            name: name_of(id),
+            host: host.clone(),
+        });
+    }
+    if !args.machines.is_empty() {
+        let list = list.clone().unwrap_or(MachineList {
+            values: Vec::new(),
+            failures: Vec::new(),
+        });
+        let mut chosen = Vec::new();
+        for wanted in &args.machines {
+            let id = resolve(&list, wanted)?.info.id.clone();
+            match targets.iter().position(|t| t.id == id) {
+                Some(i) => chosen.push(targets.remove(i)),
+                None if chosen.iter().any(|t: &UpgradeTarget| t.id == id) => {}
+                None => bail!(
+                    "the CLI knows no ssh:// connection to Machine '{wanted}' ({id}){}; add one to the context (`ployz ctx add`) or give --connect ssh://user@host",
+                    if unreachable.is_empty() { String::new() } else { format!(" (not reached: {})", unreachable.join("; ")) }
+                ),
+            }
+        }
+        targets = chosen;
+    } else if !unreachable.is_empty() {
+        bail!(
+            "not every host answered, and `machine upgrade` upgrades one at a time only a Cluster it can see: {}; name the Machines to upgrade with -m",
+            unreachable.join("; ")
+        );
+    }
+    if targets.is_empty() {
+        bail!(
+            "no initialised Machine among the hosts reached ({}); `ployz machine init` one first",
+            candidates
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let mut outcomes = Vec::new();
+    for t in &targets {
+        if !args.json {
+            eprintln!(
+                "upgrading Machine '{}' ({}) on {} ...",
+                t.name, t.id, t.host
+            );
+        }
+        let host = crate::host::Host::new(&t.host)?;
+        let from = crate::host::upgrade(&host, options)
+            .await
+            .with_context(|| {
+                format!(
+                    "Machine '{}' was not upgraded{}",
+                    t.name,
+                    if outcomes.is_empty() {
+                        String::new()
+                    } else {
+                        "; the Machines before it were".to_owned()
+                    }
+                )
+            })?;
+        let Some(from) = from else {
+            if !args.json {
+                eprintln!("Machine '{}' already runs this build", t.name);
+            }
+            outcomes.push(serde_json::json!({"machine": t.id, "name": t.name, "upgraded": false, "version": crate::host::VERSION}));
+            continue;
+        };
+        // Participating again (and answering with this release) before the next one.
+        let deadline = Instant::now() + Duration::from_secs(args.wait);
+        let mut phase = None;
+        loop {
+            if let Ok(mut c) = ApiClient::connect(&t.host).await {
+                if let Ok(v) = c.get::<VersionInfo>(api::paths::VERSION).await {
+                    if v.version == crate::host::VERSION
+                        && v.phase == LocalMachinePhase::Participating
+                    {
+                        break;
+                    }
+                    phase = Some(v.phase);
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "Machine '{}' runs the new build but is {} after {} s; not upgrading the ones after it (`ployz machine ls`)",
+                    t.name,
+                    phase.map(|p| p.to_string()).unwrap_or_else(|| "not answering".into()),
+                    args.wait
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        if !args.json {
+            eprintln!(
+                "Machine '{}' upgraded from {from} to {} and participating",
+                t.name,
+                crate::host::VERSION
+            );
+        }
+        outcomes.push(serde_json::json!({"machine": t.id, "name": t.name, "upgraded": true, "from": from, "version": crate::host::VERSION}));
+    }
+    if args.json {
+        return print_json(&serde_json::json!({ "machines": outcomes }));
+    }
+    println!(
+        "{} of {} Machines upgraded to {}.",
+        outcomes.iter().filter(|o| o["upgraded"] == true).count(),
+        outcomes.len(),
+        crate::host::VERSION
+    );
+    Ok(())
 }
 
 async fn rm(global: &GlobalArgs, args: RmArgs) -> anyhow::Result<()> {
@@ -733,7 +988,17 @@ async fn init(global: &GlobalArgs, args: InitArgs) -> anyhow::Result<()> {
         name.parse::<MachineName>()
             .map_err(|e| anyhow::anyhow!("--name: {e}"))?;
     }
-    let mut client = super::connect(global).await?;
+    let mut client = match &args.host {
+        Some(host) => {
+            let remote = crate::host::Host::new(host)?;
+            crate::host::ensure_installed(&remote, install_options(&args.install, args.json))
+                .await?;
+            ApiClient::connect(host)
+                .await
+                .map_err(|e| missing_daemon(host, e))?
+        }
+        None => super::connect(global).await?,
+    };
     let view: MachineView = client
         .post(
             api::paths::MACHINE_INIT,
@@ -743,11 +1008,18 @@ async fn init(global: &GlobalArgs, args: InitArgs) -> anyhow::Result<()> {
             },
         )
         .await?;
+    let saved = match &args.host {
+        Some(host) => Some(remember(global, host, true)?),
+        None => None,
+    };
     if args.json {
         return print_json(&view);
     }
     let info = &view.info;
     println!("Machine '{}' initialised and {}.", info.name, info.phase);
+    if let Some(note) = saved {
+        eprintln!("{note}");
+    }
     println!("  ID                  {}", info.id);
     println!("  Machine Subnet      {}", info.subnet);
     println!("  Machine Gateway     {}", info.subnet.gateway());
