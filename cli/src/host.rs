@@ -44,8 +44,10 @@ pub struct Probe {
     pub sudo: bool,
     pub systemd: bool,
     pub docker: bool,
-    /// `ployz --version`'s release, when installed.
+    /// `ployz --version`'s release, when installed as `/usr/bin/ployz`.
     pub ployz: Option<String>,
+    /// Where `ployz` is on the SSH user's PATH, wherever it was installed.
+    pub ployz_path: Option<String>,
     /// The SHA-256 of the installed executable.
     pub ployz_sha256: Option<String>,
     /// `systemctl is-active ployz`.
@@ -84,6 +86,7 @@ pub fn parse_probe(out: &str) -> Probe {
                     .map(str::to_owned)
             }
             "ployz_sha256" => p.ployz_sha256 = Some(v.to_owned()).filter(|s| !s.is_empty()),
+            "ployz_path" => p.ployz_path = Some(v.to_owned()).filter(|s| !s.is_empty()),
             "active" => p.active = Some(v.to_owned()).filter(|s| !s.is_empty()),
             "os" => p.os.extend(v.split_whitespace().map(str::to_owned)),
             _ => {}
@@ -97,6 +100,7 @@ const PROBE: &str = r#"echo "uid=$(id -u)"
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then echo sudo=yes; fi
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then echo systemd=yes; fi
 if command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || [ -x /usr/bin/dockerd ]; then echo docker=yes; fi
+if command -v ployz >/dev/null 2>&1; then echo "ployz_path=$(command -v ployz)"; fi
 if [ -x /usr/bin/ployz ]; then
   echo "ployz=$(/usr/bin/ployz --version 2>/dev/null | head -n 1)"
   echo "ployz_sha256=$(sha256sum /usr/bin/ployz | cut -d ' ' -f 1)"
@@ -114,6 +118,7 @@ pub fn release(v: &str) -> Option<Vec<u64>> {
 /// A host over SSH.
 pub struct Host {
     target: SshTarget,
+    connection: Connection,
     url: String,
 }
 
@@ -122,6 +127,7 @@ impl Host {
         match connection {
             Connection::Ssh(t) => Ok(Host {
                 target: t.clone(),
+                connection: connection.clone(),
                 url: connection.to_string(),
             }),
             Connection::Unix(_) => {
@@ -132,6 +138,24 @@ impl Host {
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// What a daemon already running on the host says of itself through `ployz dial-stdio`
+    /// (however it was installed and started), or `None` when none answers.
+    async fn running_daemon(&self) -> Option<ployz_core::api::VersionInfo> {
+        let ask = async {
+            let mut client = crate::client::ApiClient::connect(&self.connection)
+                .await
+                .ok()?;
+            client
+                .get::<ployz_core::api::VersionInfo>(ployz_core::api::paths::VERSION)
+                .await
+                .ok()
+        };
+        tokio::time::timeout(Duration::from_secs(30), ask)
+            .await
+            .ok()
+            .flatten()
     }
 
     /// Runs `script` with `sh` on the host (as the SSH user), `stdin` fed from `input`.
@@ -307,19 +331,20 @@ fn hex(bytes: &[u8]) -> String {
 pub async fn ensure_installed(host: &Host, options: InstallOptions) -> anyhow::Result<Installed> {
     progress(&options, &format!("checking {} over SSH ...", host.url()));
     let probe = host.probe().await?;
-    if let Some(theirs) = &probe.ployz {
-        match (release(theirs), release(VERSION)) {
-            (Some(t), Some(o)) if t < o => bail!(
-                "{} runs Ployz {theirs}, older than this CLI's {VERSION}; upgrade it first: `ployz machine upgrade --connect {}` (or `-m MACHINE` for a Machine of a Cluster)",
-                host.url(),
-                host.url()
-            ),
-            (Some(t), Some(o)) if t > o => bail!(
-                "{} runs Ployz {theirs}, newer than this CLI's {VERSION}; use a CLI of release {theirs} or newer",
-                host.url()
-            ),
-            _ => {}
+    // A daemon that runs and answers is used as it is, however it was installed (a package, a
+    // tarball, by hand under another service manager).
+    if probe.ployz.is_none() && probe.ployz_path.is_some() {
+        if let Some(v) = host.running_daemon().await {
+            same_release(host, &v.version)?;
+            progress(
+                &options,
+                &format!("a Ployz {} daemon answers on {}", v.version, host.url()),
+            );
+            return Ok(Installed::Current);
         }
+    }
+    if let Some(theirs) = &probe.ployz {
+        same_release(host, theirs)?;
         if probe.active.as_deref() == Some("active") {
             progress(
                 &options,
@@ -355,6 +380,22 @@ pub async fn ensure_installed(host: &Host, options: InstallOptions) -> anyhow::R
     };
     install(host, &probe, sudo, options).await?;
     Ok(Installed::Fresh { docker })
+}
+
+/// Fails, naming the way forward, unless `theirs` (the host's release) is this CLI's.
+fn same_release(host: &Host, theirs: &str) -> anyhow::Result<()> {
+    match (release(theirs), release(VERSION)) {
+        (Some(t), Some(o)) if t < o => bail!(
+            "{} runs Ployz {theirs}, older than this CLI's {VERSION}; upgrade it first: `ployz machine upgrade --connect {}` (or `-m MACHINE` for a Machine of a Cluster)",
+            host.url(),
+            host.url()
+        ),
+        (Some(t), Some(o)) if t > o => bail!(
+            "{} runs Ployz {theirs}, newer than this CLI's {VERSION}; use a CLI of release {theirs} or newer",
+            host.url()
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// Installs Docker from the distribution's packages, asking first (unless `--yes`).
@@ -579,8 +620,9 @@ mod tests {
     #[test]
     fn the_probe_reads_what_the_script_prints() {
         let p = parse_probe(
-            "uid=1000\nsudo=yes\nsystemd=yes\nployz=ployz 0.1.0\nployz_sha256=ab12\nactive=inactive\nos=debian \n",
+            "uid=1000\nsudo=yes\nsystemd=yes\nployz_path=/usr/bin/ployz\nployz=ployz 0.1.0\nployz_sha256=ab12\nactive=inactive\nos=debian \n",
         );
+        assert_eq!(p.ployz_path.as_deref(), Some("/usr/bin/ployz"));
         assert!(!p.root && p.sudo && p.systemd && !p.docker);
         assert_eq!(p.ployz.as_deref(), Some("0.1.0"));
         assert_eq!(p.ployz_sha256.as_deref(), Some("ab12"));

@@ -419,19 +419,17 @@ fn upgrade_under_load(lab: &Lab) {
         .map(|i| host_sh(lab, i, "systemctl show -p MainPID --value ployz.service"))
         .collect();
 
-    // Every replica answers before the load starts.
-    wait_for(
-        lab,
-        "web answers through Machine 0's edge",
-        Duration::from_secs(30),
-        || {
+    let answers = |what: &str, path: &str| {
+        wait_for(lab, what, Duration::from_secs(30), || {
             matches!(
-                request(edge, "GET", "/", "", Duration::from_secs(5)),
+                request(edge, "GET", path, "", Duration::from_secs(5)),
                 Ok((200, _))
             )
             .then_some(())
-        },
-    );
+        })
+    };
+    // Every replica answers before the load starts.
+    answers("web answers through Machine 0's edge", "/");
     let slow = std::thread::spawn(move || {
         let started = Instant::now();
         (
@@ -439,18 +437,7 @@ fn upgrade_under_load(lab: &Lab) {
             started.elapsed(),
         )
     });
-    wait_for(
-        lab,
-        "the long request runs in a container",
-        Duration::from_secs(30),
-        || {
-            matches!(
-                request(edge, "GET", "/slow-started", "", Duration::from_secs(5)),
-                Ok((200, _))
-            )
-            .then_some(())
-        },
-    );
+    answers("the long request runs in a container", "/slow-started");
 
     let stop = Arc::new(AtomicBool::new(false));
     let failures = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -559,16 +546,16 @@ fn upgrade_under_load(lab: &Lab) {
         );
         assert_eq!(unit_state(lab, i), ("active".into(), "enabled".into()));
     }
-    // Upgrading again to the same build does nothing.
+    // Upgrading one Machine, by name, to the build it already runs does nothing.
     let mut again = lab.cli_program(&next);
-    again.args(["machine", "upgrade"]);
+    again.args(["machine", "upgrade", "-m", "m1", "--json"]);
     let out = again.output().expect("the new CLI runs");
     assert!(out.status.success(), "{}", text(&out));
-    assert!(
-        stdout(&out).contains("0 of 3 Machines upgraded"),
-        "{}",
-        text(&out)
-    );
+    let outcome: Value = serde_json::from_slice(&out.stdout).expect("machine upgrade --json");
+    let machines = outcome["machines"].as_array().expect("machines");
+    assert_eq!(machines.len(), 1, "{outcome}");
+    assert_eq!(machines[0]["name"], "m1", "{outcome}");
+    assert_eq!(machines[0]["upgraded"], false, "{outcome}");
 }
 
 /// The repository's root (the lab crate's parent).
