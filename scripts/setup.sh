@@ -19,7 +19,6 @@ PLOYZ_TEST_PACKAGES=(
   dnsutils                           # dig, for DNS tests
   docker-compose                     # the reference the Compose loader is compared with
   iproute2 iptables procps psmisc openssl   # the lab: network namespaces, firewalls
-  gdb                                # the lab closes a daemon's DNS socket under it (drift)
   systemd sudo                       # the lab's host Machines run systemd; a non-root SSH user
   lintian                            # the package is checked as Debian checks packages
 )

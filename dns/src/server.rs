@@ -468,7 +468,10 @@ impl UdpWorker {
 /// Whether the error says the descriptor is no longer a socket (closed or replaced under the
 /// server): every further receive would fail the same way.
 fn is_socket_gone(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EBADF) | Some(libc::ENOTSOCK))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EBADF) | Some(libc::ENOTSOCK) | Some(libc::ECONNABORTED)
+    )
 }
 
 fn is_timeout(e: &io::Error) -> bool {
