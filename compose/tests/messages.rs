@@ -256,16 +256,18 @@ fn warned_and_refused_keys_say_what_the_table_says() {
         "is ignored: Ployz has no project name; each Service is known by its own key"
     );
     let e = only_error(
-        "services:\n  base: { image: nginx }\n  web:\n    image: nginx\n    extends: base\n",
+        "services:\n  base: { image: nginx, extends: web }\n  web:\n    image: nginx\n    extends: base\n",
     );
+    assert_eq!(e.service.as_deref(), Some("base"));
     assert_eq!(e.key.as_deref(), Some("extends"));
-    assert_eq!(e.value.as_deref(), Some("base"));
-    assert_eq!(e.message, "extends is not supported");
+    assert_eq!(e.value.as_deref(), Some("web"));
+    assert_eq!(
+        e.message,
+        "extends goes round in a cycle: 'base' -> 'web' -> 'base'"
+    );
     assert_eq!(
         e.fix.as_deref(),
-        Some(
-            "copy the shared settings, or share them with a YAML anchor and merge key (<<: *base)"
-        )
+        Some("make one of these services stop extending the next")
     );
     let e = only_error("include: [other.yaml]\nservices:\n  web: { image: nginx }\n");
     assert_eq!(e.key.as_deref(), Some("include"));

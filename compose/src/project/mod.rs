@@ -8,6 +8,7 @@
 //! - [`order`]: `depends_on` checked across the project, and the dependency order.
 
 mod configs;
+mod extends;
 mod files;
 mod order;
 mod secrets;
@@ -104,7 +105,10 @@ pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeE
     let mut fatal = false;
     for (idx, path) in input.files.iter().enumerate() {
         match read_file(path, &files[idx], &vars, &mut d) {
-            Some(doc) => docs.push((idx, doc)),
+            Some(mut doc) => {
+                extends::resolve(&mut doc, path, &files[idx], &vars, &mut d);
+                docs.push((idx, doc))
+            }
             None => fatal = true,
         }
     }

@@ -64,10 +64,13 @@ fn pull_policy(ctx: &mut ServiceCtx<'_>, k: &str, p: String) -> PullPolicy {
 
 /// A service needs an image; `build:` is not supported yet (an error without an image, a
 /// warning with one). Returns the image, empty when there is none (an error was recorded).
-/// No follow-on errors: a service whose `image:` was refused is not also told it has no
-/// image, and one refused for `pull_policy: build` is not also told `build:` is unsupported.
+/// No follow-on errors: a service whose `image:` or `extends` was refused is not also told it
+/// has no image, and one refused for `pull_policy: build` is not also told `build:` is
+/// unsupported.
 pub(super) fn check_image(ctx: &mut ServiceCtx<'_>, image: Option<String>, build: bool) -> String {
-    if image.is_none() && (refused(ctx, "image") || (build && refused(ctx, "pull_policy"))) {
+    if image.is_none()
+        && (refused(ctx, "image") || (build && refused(ctx, "pull_policy")) || refused_extends(ctx))
+    {
         return String::new();
     }
     match (&image, build) {
@@ -99,6 +102,17 @@ fn refused(ctx: &ServiceCtx<'_>, key: &str) -> bool {
         .errors
         .iter()
         .any(|e| e.service.as_deref() == Some(service) && e.key.as_deref() == Some(key))
+}
+
+/// Whether this service's `extends` was refused: its image may be the base's it could not get.
+fn refused_extends(ctx: &ServiceCtx<'_>) -> bool {
+    let service = ctx.name.as_str();
+    ctx.d.errors.iter().any(|e| {
+        e.service.as_deref() == Some(service)
+            && e.key
+                .as_deref()
+                .is_some_and(|k| k == "extends" || k.starts_with("extends."))
+    })
 }
 
 /// Why an image reference is refused, and how to write it.

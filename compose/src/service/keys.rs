@@ -151,7 +151,7 @@ pub const KEY_RULES: &[KeyRule] = &[
     svc("env_file", Translated, "read at load time into the container's environment (environment: wins)"),
     svc("environment", Kept, "the container's environment; a name twice in the list form is refused"),
     svc("expose", Warned, "has no effect: every container port is reachable from the other Services on the Ployz network"),
-    svc("extends", Refused, "copy the shared settings, or share them with a YAML anchor and merge key (<<: *base)"),
+    svc("extends", Translated, "resolved as Compose does: the base service (of the same file, or of file:) with the service's own keys merged over it"),
     svc("external_links", Warned, "is not supported and is ignored"),
     svc("extra_hosts", Warned, "is not supported and is ignored; no /etc/hosts entries are added"),
     svc("gpus", Warned, "is not supported yet and is ignored; the container gets no GPU"),
