@@ -112,6 +112,16 @@ fn unit_state(lab: &Lab, i: usize) -> (String, String) {
     )
 }
 
+/// Host Machine `i`'s `ployz.service` is active and enabled.
+fn assert_running(lab: &Lab, i: usize) {
+    assert_eq!(
+        unit_state(lab, i),
+        ("active".into(), "enabled".into()),
+        "{}",
+        host_logs(lab)
+    );
+}
+
 /// Per Machine, what host Machine `i`'s daemon observes: (name, phase, membership).
 fn observed(lab: &Lab, i: usize) -> Option<Vec<(String, String, String)>> {
     let out = lab.ployz(i, &["machine", "ls", "--json"]);
@@ -221,12 +231,7 @@ fn three_hosts_installed_over_ssh_form_a_cluster_serve_a_deploy_and_upgrade_unde
         "{}",
         text(&init)
     );
-    assert_eq!(
-        unit_state(&lab, 0),
-        ("active".into(), "enabled".into()),
-        "{}",
-        host_logs(&lab)
-    );
+    assert_running(&lab, 0);
     // What the installation made, with its modes.
     assert_eq!(
         host_sh(
@@ -243,12 +248,7 @@ fn three_hosts_installed_over_ssh_form_a_cluster_serve_a_deploy_and_upgrade_unde
     let add = cli_ok(&lab, &["machine", "add", "--name", "m2", &as_user]);
     assert!(stderr(&add).contains("installing Ployz "), "{}", text(&add));
     for i in 1..3 {
-        assert_eq!(
-            unit_state(&lab, i),
-            ("active".into(), "enabled".into()),
-            "{}",
-            host_logs(&lab)
-        );
+        assert_running(&lab, i);
     }
     // The sudo user reaches the daemon's socket as a member of the group ployz.
     assert!(
@@ -544,7 +544,7 @@ fn upgrade_under_load(lab: &Lab) {
             "host Machine {i}'s unit was restarted\n{}",
             host_logs(lab)
         );
-        assert_eq!(unit_state(lab, i), ("active".into(), "enabled".into()));
+        assert_running(lab, i);
     }
     // Upgrading one Machine, by name, to the build it already runs does nothing.
     let mut again = lab.cli_program(&next);
@@ -695,12 +695,7 @@ fn the_tarball_and_the_package_install_upgrade_and_remove_on_a_host_cut_off_from
         Some(&tarball),
     );
     assert!(said.contains("starting ployz.service"), "{said}");
-    assert_eq!(
-        unit_state(&lab, 0),
-        ("active".into(), "enabled".into()),
-        "{}",
-        host_logs(&lab)
-    );
+    assert_running(&lab, 0);
     let pid = host_sh(&lab, 0, "systemctl show -p MainPID --value ployz.service");
     let version = cli_ok(&lab, &["--connect", &lab.ssh_url(0), "version", "--json"]);
     assert!(
@@ -748,12 +743,7 @@ fn the_tarball_and_the_package_install_upgrade_and_remove_on_a_host_cut_off_from
         "cat > /root/ployz.deb && dpkg -i /root/ployz.deb",
         Some(&deb),
     );
-    assert_eq!(
-        unit_state(&lab, 0),
-        ("active".into(), "enabled".into()),
-        "{}",
-        host_logs(&lab)
-    );
+    assert_running(&lab, 0);
     assert_eq!(
         host_sh(&lab, 0, "stat -c '%a' /var/lib/ployz && getent group ployz | cut -d: -f1 && dpkg-query -W -f '${Version}' ployz"),
         "700\nployz\n0.1.0"
@@ -771,12 +761,7 @@ fn the_tarball_and_the_package_install_upgrade_and_remove_on_a_host_cut_off_from
         host_sh(&lab, 0, "dpkg-query -W -f '${Version}' ployz"),
         "0.1.1"
     );
-    assert_eq!(
-        unit_state(&lab, 0),
-        ("active".into(), "enabled".into()),
-        "{}",
-        host_logs(&lab)
-    );
+    assert_running(&lab, 0);
     assert_ne!(
         host_sh(&lab, 0, "systemctl show -p MainPID --value ployz.service"),
         pid,
