@@ -119,7 +119,6 @@ pub fn release(v: &str) -> Option<Vec<u64>> {
 pub struct Host {
     target: SshTarget,
     connection: Connection,
-    url: String,
 }
 
 impl Host {
@@ -128,7 +127,6 @@ impl Host {
             Connection::Ssh(t) => Ok(Host {
                 target: t.clone(),
                 connection: connection.clone(),
-                url: connection.to_string(),
             }),
             Connection::Unix(_) => {
                 bail!("installing needs the host as ssh://user@host[:port], not '{connection}'")
@@ -136,8 +134,9 @@ impl Host {
         }
     }
 
-    pub fn url(&self) -> &str {
-        &self.url
+    /// The host as the user gave it (`ssh://user@host[:port]`), for messages.
+    pub fn url(&self) -> String {
+        self.connection.to_string()
     }
 
     /// What a daemon already running on the host says of itself through `ployz dial-stdio`
@@ -175,7 +174,7 @@ impl Host {
         .kill_on_drop(true);
         let mut child = cmd
             .spawn()
-            .with_context(|| format!("cannot start ssh for {}", self.url))?;
+            .with_context(|| format!("cannot start ssh for {}", self.url()))?;
         if let Some(input) = input {
             let mut stdin = child.stdin.take().expect("piped stdin");
             let feeding = async move {
@@ -192,7 +191,7 @@ impl Host {
             let out = out?;
             if let Err(e) = fed {
                 if out.status.success() {
-                    return Err(anyhow!(e).context(format!("cannot send a file to {}", self.url)));
+                    return Err(anyhow!(e).context(format!("cannot send a file to {}", self.url())));
                 }
             }
             return Ok(Remote(out));
@@ -211,7 +210,7 @@ impl Host {
         if !out.0.status.success() {
             bail!(
                 "{what} on {} failed ({}): {}",
-                self.url,
+                self.url(),
                 out.0.status,
                 out.text()
             );
@@ -225,7 +224,7 @@ impl Host {
         if !out.0.status.success() {
             bail!(
                 "cannot run commands on {} over SSH ({}): {}; check that `ssh {}` logs in without a password prompt",
-                self.url,
+                self.url(),
                 out.0.status,
                 out.text(),
                 self.destination()
@@ -254,7 +253,7 @@ impl Host {
         } else {
             bail!(
                 "{} logs in as a user who is not root and cannot use sudo without a password; installing needs root: connect as root, or give the user passwordless sudo (a line `{} ALL=(ALL) NOPASSWD:ALL` in /etc/sudoers.d/ployz)",
-                self.url,
+                self.url(),
                 self.target.user.as_deref().unwrap_or("USER")
             )
         }
@@ -305,23 +304,13 @@ async fn own_sha256() -> anyhow::Result<String> {
                 }
                 ctx.update(&buf[..n]);
             }
-            Ok(hex(ctx.finish().as_ref()))
+            Ok(hex::encode(ctx.finish()))
         })
         .await
         .context("hashing this CLI's executable")?
     })
     .await
     .cloned()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(DIGITS[usize::from(b >> 4)] as char);
-        s.push(DIGITS[usize::from(b & 0xf)] as char);
-    }
-    s
 }
 
 /// Makes sure the host runs this CLI's release of Ployz as `ployz.service`: installs it (and
@@ -630,16 +619,6 @@ mod tests {
         assert_eq!(p.os, vec!["debian"]);
         let bare = parse_probe("uid=0\nos= \n");
         assert!(bare.root && bare.ployz.is_none() && bare.os.is_empty());
-    }
-
-    #[test]
-    fn digests_are_written_as_lowercase_hex() {
-        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
-        let digest = ring::digest::digest(&ring::digest::SHA256, b"abc");
-        assert_eq!(
-            hex(digest.as_ref()),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
     }
 
     #[test]

@@ -254,35 +254,6 @@ fn one_deploy_through_one_machine_places_services_on_all_three() {
     assert_eq!(agents, ["m0", "m1"], "{v}");
 }
 
-/// A Service answering `GET /` with the Machine it runs on, `POST /cgi-bin/echo` with the body
-/// it was sent, and `GET /cgi-bin/slow` after 20 s. `VERSION` changes its spec.
-fn web_compose(version: u32) -> String {
-    let setup = [
-        "mkdir -p /www/cgi-bin",
-        "echo web-on-$$PLOYZ_MACHINE_ID > /www/index.html",
-        "printf '#!/bin/sh\\nprintf \"Content-Type: text/plain\\\\r\\\\n\\\\r\\\\n\"\\nhead -c $$CONTENT_LENGTH\\n' > /www/cgi-bin/echo",
-        "printf '#!/bin/sh\\nsleep 20\\nprintf \"Content-Type: text/plain\\\\r\\\\n\\\\r\\\\nslow-on-%%s\\\\n\" $$PLOYZ_MACHINE_ID\\n' > /www/cgi-bin/slow",
-        "chmod +x /www/cgi-bin/echo /www/cgi-bin/slow",
-        "exec httpd -f -p 8080 -h /www",
-    ]
-    .join(" && ");
-    format!(
-        r#"
-services:
-  web:
-    image: {LAB_IMAGE}
-    command: ["sh", "-c", "{setup}"]
-    environment:
-      VERSION: "{version}"
-    deploy:
-      replicas: 3
-    x-ports:
-      - web.example.test:8080/http
-"#,
-        setup = setup.replace('"', "\\\"")
-    )
-}
-
 /// `curl` inside Machine `i`'s namespace against its own edge, for web.example.test.
 fn curl_edge(lab: &Lab, i: usize, path: &str, post: Option<&str>, max_seconds: u32) -> Output {
     let url = format!("http://{}{path}", lab.underlay_addr(i));

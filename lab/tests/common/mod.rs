@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use ployz_lab::{Lab, LabOptions};
+use ployz_lab::{Lab, LabOptions, LAB_IMAGE};
 use serde_json::Value;
 
 pub fn text(out: &Output) -> String {
@@ -197,4 +197,34 @@ pub fn options(n: usize) -> LabOptions {
         sshd: true,
         ..LabOptions::machines(n)
     }
+}
+
+/// A Service answering `GET /` with the Machine it runs on, `POST /cgi-bin/echo` with the body
+/// it was sent, and `GET /cgi-bin/slow` with `slow-on-<Machine ID>` after 20 s (having written
+/// `/www/slow-started` when it began, for a test to wait on). `VERSION` changes its spec.
+pub fn web_compose(version: u32) -> String {
+    let setup = [
+        "mkdir -p /www/cgi-bin",
+        "echo web-on-$$PLOYZ_MACHINE_ID > /www/index.html",
+        "printf '#!/bin/sh\\nprintf \"Content-Type: text/plain\\\\r\\\\n\\\\r\\\\n\"\\nhead -c $$CONTENT_LENGTH\\n' > /www/cgi-bin/echo",
+        "printf '#!/bin/sh\\necho started > /www/slow-started\\nsleep 20\\nprintf \"Content-Type: text/plain\\\\r\\\\n\\\\r\\\\nslow-on-%%s\\\\n\" $$PLOYZ_MACHINE_ID\\n' > /www/cgi-bin/slow",
+        "chmod +x /www/cgi-bin/echo /www/cgi-bin/slow",
+        "exec httpd -f -p 8080 -h /www",
+    ]
+    .join(" && ");
+    format!(
+        r#"
+services:
+  web:
+    image: {LAB_IMAGE}
+    command: ["sh", "-c", "{setup}"]
+    environment:
+      VERSION: "{version}"
+    deploy:
+      replicas: 3
+    x-ports:
+      - web.example.test:8080/http
+"#,
+        setup = setup.replace('"', "\\\"")
+    )
 }
