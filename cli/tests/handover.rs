@@ -422,3 +422,154 @@ fn wait_for_answers(answered: &AtomicUsize, n: usize) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Waits until the connection from local port `client` to the edge's `port` is accepted by
+/// the process `pid` (`ss` names the process holding each socket).
+fn wait_accepted_by(pid: u32, port: u16, client: u16) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = std::process::Command::new("ss")
+            .args(["-Htnp", "state", "established"])
+            .arg(format!("( sport = :{port} and dport = :{client} )"))
+            .output()
+            .expect("ss runs");
+        if String::from_utf8_lossy(&out.stdout).contains(&format!("pid={pid},")) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} never accepted the connection from port {client}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Reads one answer to `/.ployz/verify`: its head, and its body, which must be `id`. `None`
+/// if the connection ended first.
+fn verify_answer(s: &mut std::net::TcpStream, id: &str) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let mut body = vec![0u8; id.len()];
+    s.read_exact(&mut body).ok()?;
+    assert_eq!(String::from_utf8_lossy(&body), id);
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// A client whose request is on its way just as the retiring process closes its listeners is
+/// answered there (told to close), not met with a closed connection: on a kept-alive
+/// connection between two requests, on a fresh connection that has sent nothing yet, and on
+/// an HTTPS connection that has not begun its handshake.
+#[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
+fn a_request_sent_as_the_old_process_closes_its_listeners_is_answered() {
+    let lab = Lab::new();
+    let mut m = DockerMachine::new(&lab, "straggler");
+    let (port, id) = (m.daemon.http_port, m.id.clone());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http_get(port, "x", "/.ployz/verify") != (200, id.clone()) {
+        assert!(
+            Instant::now() < deadline,
+            "the edge never answered verify with the Machine's ID"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let verify = b"GET /.ployz/verify HTTP/1.1\r\nHost: x\r\n\r\n";
+    let connect = |port: u16| {
+        let s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+    let mut kept = connect(port);
+    kept.write_all(verify).unwrap();
+    let head = verify_answer(&mut kept, &id).expect("an answer before the handover");
+    assert!(
+        !head.to_ascii_lowercase().contains("connection: close"),
+        "{head}"
+    );
+    let mut fresh = connect(port);
+    let tls = connect(m.daemon.https_port);
+    let old_pid = m.daemon.pid();
+    for (s, port) in [(&fresh, port), (&tls, m.daemon.https_port)] {
+        wait_accepted_by(old_pid, port, s.local_addr().unwrap().port());
+    }
+
+    let out = lab
+        .cli()
+        .args(["daemon", "handover"])
+        .args(m.daemon.run_flags())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(m.daemon.log_path())
+                .unwrap(),
+        )
+        .output()
+        .unwrap();
+    let new_pid: Option<u32> = std::fs::read_to_string(m.daemon.data_dir.join("run/daemon.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse().ok());
+    let _new = KillOnDrop(new_pid.filter(|p| *p != old_pid));
+    assert!(
+        out.status.success(),
+        "handover failed: {}\n{}",
+        stdout(&out),
+        m.daemon.log_text()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !m
+        .daemon
+        .log_text()
+        .contains("the edge's listeners are closed here")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the old process never closed its listeners:\n{}",
+            m.daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    for (what, s) in [("kept-alive", &mut kept), ("fresh", &mut fresh)] {
+        s.write_all(verify).unwrap();
+        let head = verify_answer(s, &id)
+            .unwrap_or_else(|| panic!("the {what} connection was closed without an answer"));
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("\r\nconnection: close\r\n"),
+            "the {what} connection's answer does not say close: {head}"
+        );
+    }
+    // No certificate is held for this name: the edge's answer to the handshake is an alert,
+    // where a connection closed under it would end without one.
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from("straggler.test").unwrap();
+    let mut client = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let mut tls = tls;
+    let handshake = client.complete_io(&mut tls);
+    assert!(
+        matches!(
+            handshake,
+            Err(ref e) if e.to_string().contains("received fatal alert")
+        ),
+        "the HTTPS connection's handshake: {handshake:?}"
+    );
+    assert!(
+        m.daemon
+            .wait_exited(Duration::from_secs(30))
+            .is_some_and(|s| s.success()),
+        "the old process did not retire:\n{}",
+        m.daemon.log_text()
+    );
+}

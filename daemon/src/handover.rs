@@ -15,9 +15,11 @@
 //!    the management API renamed into the socket's path, the service manager told `MAINPID=`
 //!    and `READY=1`);
 //! 4. **retires**: the management API, the internal DNS and the metrics listener stop (the new
-//!    process binds them again: a bounded gap, which DNS clients retry through), every response
-//!    says `Connection: close`, the edge's listeners close in this process, and the requests in
-//!    flight finish (within the shutdown grace) before it exits.
+//!    process binds them again: a bounded gap, which DNS clients retry through), the edge's
+//!    listeners close in this process at once (the new one accepts on the same sockets), every
+//!    response says `Connection: close`, a connection here whose next request is only on its
+//!    way is still answered (the edge's idle window at shutdown), and the requests in flight
+//!    finish (within the shutdown grace) before it exits.
 //!
 //! A new process that goes away before `READY` leaves the old one without its store: it exits
 //! (status 1), for the service manager to start a fresh daemon.

@@ -690,14 +690,11 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
         }
         match signal {
             Some(Stop::Retire) => {
+                // The new process accepts on the same listening sockets: this one stops at
+                // once. Requests under way here get `Connection: close` with their responses,
+                // and a connection accepted here whose next request is only now on its way is
+                // still answered (the edge's idle window at shutdown).
                 self.state.set_handing_over();
-                // Clients with a request under way get `Connection: close` with its response
-                // and reconnect to the new process before the listeners close here.
-                if let Err(fast) =
-                    unless_interrupted(tokio::time::sleep(HANDOVER_LINGER), &mut signals).await
-                {
-                    return fast;
-                }
                 self.edge.close();
                 tracing::info!(
                     connections = self.edge.open(),
@@ -900,10 +897,6 @@ impl BackgroundService for Readiness {
         }
     }
 }
-
-/// How long a retiring process keeps accepting on the edge's listeners, answering with
-/// `Connection: close`, after the process taking over serves.
-const HANDOVER_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Serves `GET /metrics` (Prometheus text format) on the metrics listener.
 struct MetricsService {

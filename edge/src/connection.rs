@@ -63,6 +63,13 @@ const MAX_MALFORMED_STREAMS: usize = 32;
 /// How long an idle client connection keeps its upstream connection before giving it back to
 /// the pool, so idle clients do not pin upstream connections.
 const HOLD_UPSTREAM: Duration = Duration::from_secs(1);
+/// Once the edge's listeners close, how long a connection with no request under way (a fresh
+/// one, one still shaking hands, a kept-alive one between requests) still waits for its next
+/// request: a client that sent it as the listeners closed is answered (with `Connection:
+/// close`) rather than met with a closed connection, which a client cannot tell from a lost
+/// request. A client that has been quiet that long is idle, and closing it is the keep-alive
+/// timeout's race, which clients retry through.
+const IDLE_AT_SHUTDOWN: Duration = Duration::from_secs(2);
 
 /// The edge's Pingora application: the fast path first, Pingora's proxy for the rest. A clone
 /// is the same edge (its state is shared).
@@ -116,8 +123,8 @@ impl EdgeApp {
 
     /// The TLS handshake of a connection to an HTTPS listener, within the header timeout; a
     /// connection to a plain listener as it is. `None`: the handshake failed or took too long
-    /// (counted in the edge's metrics), or the edge's listeners closed first: a connection
-    /// still shaking hands has no request to answer, so shutdown does not wait for it.
+    /// (counted in the edge's metrics). Once the edge's listeners close, a handshake under way
+    /// gets at most [`IDLE_AT_SHUTDOWN`] more: its client is about to send a request.
     async fn handshake(&self, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
         let Some(acceptor) = &self.tls else {
             return Some(stream);
@@ -131,10 +138,19 @@ impl EdgeApp {
         };
         let metrics = self.fast.edge.metrics();
         let mut closing = shutdown.clone();
-        let handshake = tokio::time::timeout(self.header_timeout, acceptor.tls_handshake(*tcp));
+        let deadline = Instant::now() + self.header_timeout;
+        let handshake = acceptor.tls_handshake(*tcp);
+        tokio::pin!(handshake);
         let finished = tokio::select! {
-            finished = handshake => finished,
-            _ = closing.wait_for(|closed| *closed) => return None,
+            finished = tokio::time::timeout_at(deadline, &mut handshake) => Some(finished),
+            _ = closing.wait_for(|closed| *closed) => None,
+        };
+        let finished = match finished {
+            Some(finished) => finished,
+            None => {
+                let until = deadline.min(Instant::now() + IDLE_AT_SHUTDOWN);
+                tokio::time::timeout_at(until, handshake).await
+            }
         };
         match finished {
             Ok(Ok(tls)) => Some(Box::new(tls)),
@@ -233,10 +249,11 @@ enum Head {
 
 /// Reads until `conn.buf` holds a whole request head. `deadline`: when the head must be
 /// complete; `None` on a kept-alive connection between requests, where the clock starts at the
-/// first byte (or at once if part of the next request is already buffered). While the
-/// connection idles between requests, shutdown closes it, unless the next request's first
-/// bytes are already waiting in the socket; and after [`HOLD_UPSTREAM`] its kept upstream
-/// connection goes back to the pool for other clients.
+/// first byte (or at once if part of the next request is already buffered). Once the edge's
+/// listeners close, a connection with nothing of a request read yet (a fresh one, or one
+/// between requests) closes unless the next request's first bytes arrive within
+/// [`IDLE_AT_SHUTDOWN`]. While a kept-alive connection idles, after [`HOLD_UPSTREAM`] its kept
+/// upstream connection goes back to the pool for other clients.
 async fn read_head(
     conn: &mut Downstream,
     mut deadline: Option<Instant>,
@@ -250,6 +267,8 @@ async fn read_head(
     }
     let mut scan = HeaderScan::default();
     let mut scanned = 0;
+    // Set once shutdown is seen with nothing of a request read.
+    let mut idle_until: Option<Instant> = None;
     loop {
         if let Some(end) = scan.feed(&conn.buf[scanned..]) {
             return Head::Complete(scanned + end);
@@ -261,11 +280,16 @@ async fn read_head(
         if conn.buf.capacity() - conn.buf.len() < 1024 {
             conn.buf.reserve(4096);
         }
-        // Nothing of a request read yet: shutdown may close the connection.
+        // Nothing of a request read yet: shutdown closes the connection, unless the next
+        // request begins within IDLE_AT_SHUTDOWN.
         let idle = conn.buf.is_empty();
         if idle && *shutdown.borrow() {
-            match read_now(conn).await {
-                Some(Ok(n)) if n > 0 => {
+            let mut until = *idle_until.get_or_insert_with(|| Instant::now() + IDLE_AT_SHUTDOWN);
+            if let Some(deadline) = deadline {
+                until = until.min(deadline);
+            }
+            match tokio::time::timeout_at(until, conn.stream.read_buf(&mut conn.buf)).await {
+                Ok(Ok(n)) if n > 0 => {
                     deadline.get_or_insert_with(|| Instant::now() + timeout);
                     continue;
                 }
@@ -325,15 +349,6 @@ async fn read_head(
                 }
             }
         }
-    }
-}
-
-/// One read of what the client has already sent, without waiting: `None` if nothing is there.
-async fn read_now(conn: &mut Downstream) -> Option<std::io::Result<usize>> {
-    tokio::select! {
-        biased;
-        r = conn.stream.read_buf(&mut conn.buf) => Some(r),
-        () = std::future::ready(()) => None,
     }
 }
 
