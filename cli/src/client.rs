@@ -24,9 +24,18 @@ use crate::connection::{Connection, SshTarget};
 /// `StrictHostKeyChecking=accept-new` on the command line, which a config file cannot weaken.
 const SSH_COMMAND_ENV: &str = "PLOYZ_SSH_COMMAND";
 
+/// A request body: a small JSON document, or a stream (an image sent to a Machine).
+type ApiBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
+
+fn full(bytes: Bytes) -> ApiBody {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
 /// A connected client.
 pub struct ApiClient {
-    sender: SendRequest<Full<Bytes>>,
+    sender: SendRequest<ApiBody>,
     connection: Connection,
     ssh: Option<SshProcess>,
     /// The Machine lease's fencing token, sent with every call while this client holds it.
@@ -246,6 +255,11 @@ impl ApiClient {
         Ok(())
     }
 
+    /// `DELETE path`, decoding the JSON answer.
+    pub async fn delete_value<T: DeserializeOwned>(&mut self, path: &str) -> anyhow::Result<T> {
+        self.call(Method::DELETE, path, None::<&()>).await
+    }
+
     /// Where this client connects.
     pub fn connection(&self) -> &Connection {
         &self.connection
@@ -284,9 +298,7 @@ impl ApiClient {
         mut sink: impl FnMut(&[u8]),
     ) -> anyhow::Result<()> {
         self.fresh().await?;
-        let request = self
-            .request(Method::GET, path)
-            .body(Full::new(Bytes::new()))?;
+        let request = self.request(Method::GET, path).body(full(Bytes::new()))?;
         self.sender.ready().await?;
         let response = self.sender.send_request(request).await?;
         let status = response.status();
@@ -308,6 +320,59 @@ impl ApiClient {
         Ok(())
     }
 
+    /// `POST path` with a body streamed from `body` as it is made (any length: the daemon
+    /// takes it as it comes), decoding the JSON answer.
+    pub async fn post_stream<S, T>(&mut self, path: &str, body: S) -> anyhow::Result<T>
+    where
+        S: futures_util::Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+        T: DeserializeOwned,
+    {
+        use futures_util::StreamExt as _;
+        self.fresh().await?;
+        let frames = body.map(|chunk| chunk.map(hyper::body::Frame::data));
+        let request = self
+            .request(Method::POST, path)
+            .header("user-agent", concat!("ployz/", env!("CARGO_PKG_VERSION")))
+            .header("content-type", "application/zstd")
+            .body(http_body_util::StreamBody::new(frames).boxed_unsync())?;
+        self.sender.ready().await?;
+        let sent = async {
+            let response = self.sender.send_request(request).await?;
+            let status = response.status();
+            let headers = response.headers().clone();
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok::<_, hyper::Error>((status, headers, body))
+        }
+        .await;
+        let (status, body) = match sent {
+            Ok((status, headers, body)) => {
+                self.answered(&headers);
+                (status, body)
+            }
+            Err(e) => {
+                if let Some(ssh) = &mut self.ssh {
+                    if ssh.child.try_wait().ok().flatten().is_some() {
+                        let report = ssh.failure_report().await;
+                        bail!("cannot reach the daemon at {}: {report}", self.connection);
+                    }
+                }
+                bail!(
+                    "the transfer to the daemon at {} broke off: {e:#}",
+                    self.connection
+                );
+            }
+        };
+        if status.is_success() {
+            return serde_json::from_slice(&body).with_context(|| {
+                format!("the daemon answered {path} with a body this CLI does not understand; compare `ployz version` on both sides")
+            });
+        }
+        match serde_json::from_slice::<ApiError>(&body) {
+            Ok(api_error) => Err(api_error.into()),
+            Err(_) => Err(unexpected(status, &body)),
+        }
+    }
+
     async fn call<B: Serialize, T: DeserializeOwned>(
         &mut self,
         method: Method,
@@ -324,7 +389,7 @@ impl ApiClient {
             .request(method, path)
             .header("user-agent", concat!("ployz/", env!("CARGO_PKG_VERSION")))
             .header("content-type", "application/json")
-            .body(Full::new(bytes))?;
+            .body(full(bytes))?;
         let sent = async {
             self.sender.ready().await?;
             let response = self.sender.send_request(request).await?;

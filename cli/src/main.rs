@@ -116,6 +116,10 @@ enum Command {
     /// Internal DNS: what a Machine would answer for a name.
     #[command(subcommand)]
     Dns(commands::dns::DnsCommand),
+    /// Images on the Machines: send them from the local Docker without a registry, list,
+    /// remove.
+    #[command(subcommand)]
+    Image(commands::image::ImageCommand),
     /// Manage Docker Volumes.
     #[command(subcommand)]
     Volume(commands::volume::VolumeCommand),
@@ -218,6 +222,7 @@ fn main() -> ExitCode {
         Command::Scale(args) => client_runtime(commands::service::scale(&cli.global, args)),
         Command::Cert(cmd) => client_runtime(commands::cert::run(&cli.global, cmd)),
         Command::Dns(cmd) => client_runtime(commands::dns::run(&cli.global, cmd)),
+        Command::Image(cmd) => client_runtime(commands::image::run(&cli.global, cmd)),
         Command::Volume(cmd) => client_runtime(commands::volume::run(&cli.global, cmd)),
     };
     match result {

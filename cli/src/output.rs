@@ -167,3 +167,19 @@ impl std::fmt::Display for Problems {
 }
 
 impl std::error::Error for Problems {}
+
+/// A byte count as people read it: `512 B`, `1.5 KiB`, `12.3 MiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}

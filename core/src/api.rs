@@ -650,11 +650,129 @@ pub mod docker_paths {
     /// the token in [`super::LEASE_TOKEN_HEADER`]: renews it, [`super::LeaseHolder`]; `DELETE`
     /// with the token: releases it.
     pub const LEASE: &str = "/v1/lease";
+    /// `GET`: the Machine's [`super::ImageSummary`]s; `DELETE ?reference=R&force=bool`:
+    /// removes one ([`super::RemovedImage`]).
+    pub const IMAGES: &str = "/v1/images";
+    /// `GET ?reference=R`: the [`super::ImageOffer`] this Machine would make of its image `R`
+    /// (ID, layers, tags); 404 when it has none.
+    pub const IMAGE_DESCRIBE: &str = "/v1/images/describe";
+    /// `POST` [`super::ImageOffer`]: [`super::OfferAnswer`], whether the Machine has the image
+    /// (then its tags are applied) or which of its layers it lacks.
+    pub const IMAGE_OFFERS: &str = "/v1/images/offers";
+    /// `POST ?id=sha256:...` with a body streamed as it is made: the image as `docker save`
+    /// writes it, only the layers the offer's answer named, compressed with zstd
+    /// (`application/zstd`): [`super::LoadedImage`] once Docker loaded it and it has that ID.
+    pub const IMAGE_LOAD: &str = "/v1/images/load";
+    /// `POST` [`super::PeerPullRequest`]: this Machine fetches an image from another Machine
+    /// over the mesh (only the layers it lacks): [`super::PeerPullAnswer`].
+    pub const IMAGE_PULL_FROM_PEER: &str = "/v1/images/pull-from-peer";
+    /// `GET ?id=sha256:...&skip=sha256:...,...`: the image as [`IMAGE_LOAD`] takes it, without
+    /// the layers named in `skip` (another Machine's share of a peer pull).
+    pub const IMAGE_EXPORT: &str = "/v1/images/export";
 
     /// A path with `{id}` or `{name}` filled in.
     pub fn fill(template: &str, value: &str) -> String {
         template.replace("{id}", value).replace("{name}", value)
     }
+}
+
+/// Percent-encodes a query-string value (everything but letters, digits and `-._~`).
+pub fn query_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// One image on a Machine, as `ployz image ls` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageSummary {
+    /// `sha256:` and 64 hexadecimal digits.
+    pub id: String,
+    /// `repo:tag` references; empty for an untagged image.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Bytes on disk, shared layers counted in full.
+    pub size: u64,
+    /// When it was built (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<String>,
+    /// Containers using it, when Docker counted them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containers: Option<u64>,
+}
+
+/// An image offered to a Machine before it is sent: its ID, its layers (diff IDs, bottom
+/// first) and the tags it should carry there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageOffer {
+    pub id: String,
+    pub layers: Vec<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+}
+
+/// A Machine's answer to an [`ImageOffer`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OfferAnswer {
+    /// The Machine has the image (by ID); the offer's tags now point at it.
+    pub present: bool,
+    /// The diff IDs of the layers to send (none when present), each once.
+    #[serde(default)]
+    pub missing: Vec<String>,
+}
+
+/// An image that arrived and was loaded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadedImage {
+    pub id: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Bytes received (compressed, as they crossed the network).
+    pub received: u64,
+}
+
+/// The answer to removing an image: what Docker untagged and deleted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemovedImage {
+    #[serde(default)]
+    pub untagged: Vec<String>,
+    #[serde(default)]
+    pub deleted: Vec<String>,
+}
+
+/// Fetch an image from another Machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerPullRequest {
+    /// The reference the plan names (`app:1.2`); the peer resolves it to its image ID.
+    pub image: String,
+    /// The Machine that has it.
+    pub from: crate::MachineId,
+}
+
+/// What a peer pull did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerPullAnswer {
+    pub id: String,
+    /// Already here: nothing was sent.
+    pub present: bool,
+    /// Layers fetched, of the image's.
+    pub layers_sent: usize,
+    pub layers: usize,
+    /// Bytes received over the mesh (compressed).
+    pub received: u64,
 }
 
 /// Create and start one Service Container.

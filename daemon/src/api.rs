@@ -386,6 +386,7 @@ pub fn router(
         .merge(crate::cluster_api::router(machine.clone(), mesh.clone()))
         .merge(crate::store_api::router(machine.clone()))
         .merge(crate::docker_api::router(machine.clone()))
+        .merge(crate::images_api::router(machine.clone(), mesh.clone()))
         .merge(crate::cert_api::router(machine.clone()))
         .merge(crate::drain::drain_router(machine, routes, mesh))
         .merge(
@@ -411,6 +412,35 @@ pub const MAX_CONNECTIONS: usize = 256;
 /// How long in-flight requests may take once shutdown begins (a followed log never ends).
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The routes whose body is streamed to them as it arrives, of any length: an image sent to
+/// this Machine. Its bytes must keep coming: a pause longer than the body deadline ends it.
+const STREAMED_BODIES: &[&str] = &[ployz_core::api::docker_paths::IMAGE_LOAD];
+
+/// `request` with a body that fails when no byte arrives for `idle` (a sender that stalls
+/// does not hold a connection slot for ever).
+fn idle_bounded(
+    request: axum::extract::Request,
+    idle: std::time::Duration,
+) -> axum::extract::Request {
+    use futures_util::StreamExt as _;
+    let (parts, body) = request.into_parts();
+    let stream =
+        futures_util::stream::unfold(body.into_data_stream(), move |mut data| async move {
+            match tokio::time::timeout(idle, data.next()).await {
+                Ok(Some(item)) => Some((item.map_err(std::io::Error::other), data)),
+                Ok(None) => None,
+                Err(_) => Some((
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("no byte of the body for {} s", idle.as_secs()),
+                    )),
+                    data,
+                )),
+            }
+        });
+    axum::extract::Request::from_parts(parts, axum::body::Body::from_stream(stream))
+}
+
 /// Reads a request's whole body within `deadline` before the route sees it (every body the API
 /// takes is a small JSON document): a client that sends a head and then trickles or withholds
 /// its body gets 408 and its connection closed instead of holding a connection slot.
@@ -419,6 +449,9 @@ async fn body_within(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    if STREAMED_BODIES.contains(&request.uri().path()) {
+        return next.run(idle_bounded(request, deadline)).await;
+    }
     let (method, path) = (request.method().clone(), request.uri().path().to_owned());
     let too_large = || {
         rejection(

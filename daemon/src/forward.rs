@@ -116,7 +116,11 @@ pub(crate) async fn forward(State(f): State<Forwarding>, request: Request, next:
 
 /// The member `id` as this Machine observes the roster.
 fn member_of(f: &Forwarding, id: &MachineId) -> Result<Member, Failure> {
-    if f.machine.identity().is_none() {
+    member_seen_by(&f.machine, id)
+}
+
+fn member_seen_by(machine: &LocalMachine, id: &MachineId) -> Result<Member, Failure> {
+    if machine.identity().is_none() {
         return Err(failure(
             StatusCode::CONFLICT,
             ErrorCode::FailedPrecondition,
@@ -124,7 +128,7 @@ fn member_of(f: &Forwarding, id: &MachineId) -> Result<Member, Failure> {
             Some("run `ployz machine init` or join a Cluster first"),
         ));
     }
-    f.machine.member(id).map_err(|_| {
+    machine.member(id).map_err(|_| {
         failure(
             StatusCode::NOT_FOUND,
             ErrorCode::NotFound,
@@ -135,23 +139,71 @@ fn member_of(f: &Forwarding, id: &MachineId) -> Result<Member, Failure> {
 }
 
 fn mesh_addr(f: &Forwarding, member: &Member) -> SocketAddr {
+    member_addr(&f.mesh, member)
+}
+
+fn member_addr(mesh: &MeshView, member: &Member) -> SocketAddr {
     SocketAddr::new(
         IpAddr::V6(member.management_address.addr()),
-        f.mesh.settings().management_port,
+        mesh.settings().management_port,
     )
 }
 
-/// The parts of a request to forward: its head, its path with the query, and its body (bounded
-/// as the API bounds its own).
+/// A call of this Machine's own to another member's management API over the mesh (a peer
+/// pull fetching an image): served there like a forwarded call; the answer's head within
+/// `answer_within`, its body streamed.
+pub(crate) async fn call_member(
+    machine: &LocalMachine,
+    mesh: &MeshView,
+    id: &MachineId,
+    method: Method,
+    path_and_query: &str,
+    body: Body,
+    answer_within: Option<Duration>,
+) -> Result<hyper::Response<hyper::body::Incoming>, Failure> {
+    let member = member_seen_by(machine, id)?;
+    let addr = member_addr(mesh, &member);
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        axum::http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(
+        axum::http::header::USER_AGENT,
+        HeaderValue::from_static(concat!("ployz/", env!("CARGO_PKG_VERSION"))),
+    );
+    if let Ok(v) = HeaderValue::from_str(id.as_str()) {
+        headers.insert(MACHINE_TARGET_HEADER, v);
+    }
+    headers.insert(axum::http::header::HOST, HeaderValue::from_static("ployz"));
+    send(addr, method, path_and_query, headers, body, answer_within)
+        .await
+        .map_err(|why| unreachable_member(&member, &why))
+}
+
+/// A request to forward: its head, its path with the query, and its body as it comes (the
+/// Machine it goes to bounds it as it bounds its own).
+fn streamed_parts(request: Request) -> (axum::http::request::Parts, String, Body) {
+    let (parts, body) = request.into_parts();
+    let path = path_of(&parts);
+    (parts, path, body)
+}
+
+fn path_of(parts: &axum::http::request::Parts) -> String {
+    parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| parts.uri.path().to_owned())
+}
+
+/// The parts of a request to ask of several Machines: its head, its path with the query, and
+/// its body read whole (bounded as the API bounds its own), to send to each.
 async fn request_parts(
     request: Request,
 ) -> Result<(axum::http::request::Parts, String, Bytes), Failure> {
     let (parts, body) = request.into_parts();
-    let path = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| parts.uri.path().to_owned());
+    let path = path_of(&parts);
     let bytes = axum::body::to_bytes(body, MAX_FORWARDED_BODY)
         .await
         .map_err(|e| {
@@ -195,7 +247,7 @@ async fn send(
     method: Method,
     path_and_query: &str,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
     answer_within: Option<Duration>,
 ) -> Result<hyper::Response<hyper::body::Incoming>, String> {
     let connected = tokio::time::timeout(PER_MACHINE_TIMEOUT, tokio::net::TcpStream::connect(addr))
@@ -218,7 +270,7 @@ async fn send(
         let mut request = hyper::Request::builder()
             .method(method)
             .uri(path_and_query)
-            .body(http_body_util::Full::new(body))
+            .body(body)
             .map_err(|e| e.to_string())?;
         *request.headers_mut() = headers;
         sender
@@ -243,7 +295,7 @@ async fn forward_one(
 ) -> Result<Response, Failure> {
     let member = member_of(f, id)?;
     let addr = mesh_addr(f, &member);
-    let (parts, path, body) = request_parts(request).await?;
+    let (parts, path, body) = streamed_parts(request);
     let headers = forwarded_headers(&parts.headers, id);
     let answer = send(addr, parts.method, &path, headers, body, None)
         .await
@@ -409,7 +461,7 @@ async fn ask_there(
             Method::GET,
             path,
             forwarded_headers(headers, id),
-            body,
+            Body::from(body),
             Some(PER_MACHINE_TIMEOUT),
         )
         .await?;

@@ -19,6 +19,7 @@ mod forward;
 mod fsutil;
 mod handover;
 mod identity;
+mod images_api;
 mod lease;
 mod local_machine;
 mod mesh;

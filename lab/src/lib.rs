@@ -1066,6 +1066,13 @@ impl Lab {
         c
     }
 
+    /// [`Lab::docker`] as a command to run as the caller needs (its stdin piped in).
+    pub fn docker_command(&self, i: usize, args: &[&str]) -> Command {
+        let mut c = self.docker_cmd(i);
+        c.args(args);
+        c
+    }
+
     /// The docker CLI against Machine `i`'s dockerd (tests may; the product never shells out
     /// to docker).
     pub fn docker(&self, i: usize, args: &[&str]) -> Output {

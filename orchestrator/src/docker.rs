@@ -360,6 +360,18 @@ impl MachineDocker {
         }
     }
 
+    /// The engine's client for image transfers ([`crate::images`]), speaking its API version:
+    /// each request bounded by [`CALL_TIMEOUT`] until Docker's answer begins, or with `long`
+    /// by [`crate::images::LOAD_TIMEOUT`] (`docker load` answers once the whole archive is in).
+    pub async fn engine(&self, long: bool) -> Result<Docker, DockerError> {
+        let api = self.api().await?.clone();
+        Ok(if long {
+            api.with_timeout(crate::images::LOAD_TIMEOUT)
+        } else {
+            api
+        })
+    }
+
     /// Checks the engine answers.
     pub async fn ping(&self) -> Result<(), DockerError> {
         let api = self.api().await?;

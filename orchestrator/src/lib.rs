@@ -11,6 +11,7 @@
 
 pub mod docker;
 pub mod execute;
+pub mod images;
 pub mod observer;
 pub mod plan;
 pub mod preview;

@@ -28,18 +28,6 @@ pub enum DnsCommand {
     },
 }
 
-/// Percent-encodes a query-string value.
-fn encode(v: &str) -> String {
-    v.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 pub async fn run(global: &GlobalArgs, cmd: DnsCommand) -> anyhow::Result<()> {
     let DnsCommand::Lookup {
         name,
@@ -55,8 +43,8 @@ pub async fn run(global: &GlobalArgs, cmd: DnsCommand) -> anyhow::Result<()> {
     let path = format!(
         "{}?name={}&type={}",
         paths::DNS_LOOKUP,
-        encode(&name),
-        encode(&qtype)
+        ployz_core::api::query_value(&name),
+        ployz_core::api::query_value(&qtype)
     );
     if !machines.is_empty() {
         let (answers, failures) =

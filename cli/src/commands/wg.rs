@@ -29,21 +29,6 @@ pub async fn run(global: &GlobalArgs, cmd: WgCommand) -> anyhow::Result<()> {
     }
 }
 
-fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
 async fn show(global: &GlobalArgs, args: ShowArgs) -> anyhow::Result<()> {
     let mut client = super::connect(global).await?;
     if let Some(wanted) = &args.machine {
@@ -87,8 +72,8 @@ async fn show(global: &GlobalArgs, args: ShowArgs) -> anyhow::Result<()> {
             p.last_handshake_secs
                 .map(|s| format!("{s} s ago"))
                 .unwrap_or_else(|| "never".to_owned()),
-            bytes(p.rx_bytes),
-            bytes(p.tx_bytes),
+            crate::output::bytes(p.rx_bytes),
+            crate::output::bytes(p.tx_bytes),
             p.membership.to_string(),
         ]);
     }

@@ -1,0 +1,315 @@
+//! Images without a registry: `ployz image push` from the Docker where the CLI runs to the
+//! Machines, through the Machine reached and the mesh; only what each Machine lacks crosses.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use ployz_lab::Lab;
+use serde_json::Value;
+
+/// The Docker where the CLI runs: the lab host's.
+const LOCAL_DOCKER: &str = "unix:///var/run/docker.sock";
+
+fn host_docker(args: &[&str]) -> std::process::Output {
+    let out = Command::new("docker")
+        .arg("-H")
+        .arg(LOCAL_DOCKER)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("docker runs");
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Builds `tag` in the host's Docker: `FROM scratch`, the busybox binary, then `size` bytes of
+/// data made from `seed` (incompressible), one layer each.
+fn build(dir: &Path, tag: &str, seed: u8, size: usize) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::copy("/bin/busybox", dir.join("busybox")).unwrap();
+    let mut data = vec![0u8; size];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(seed);
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    std::fs::write(dir.join("data"), &data).unwrap();
+    std::fs::write(
+        dir.join("Dockerfile"),
+        "FROM scratch\nCOPY busybox /bin/busybox\nCOPY data /data\n",
+    )
+    .unwrap();
+    host_docker(&["build", "-q", "-t", tag, dir.to_str().unwrap()]);
+    image_id_on_host(tag)
+}
+
+fn image_id_on_host(tag: &str) -> String {
+    let out = host_docker(&["image", "inspect", "-f", "{{.Id}}", tag]);
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The ID of image `tag` on Machine `i`'s Docker, if it has it.
+fn image_id_on(lab: &Lab, i: usize, tag: &str) -> Option<String> {
+    let out = lab.docker(i, &["image", "inspect", "-f", "{{.Id}}", tag]);
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// `ployz image push --json` through Machine 0, with the lab host's Docker as the local one.
+fn push(lab: &Lab, args: &[&str]) -> std::process::Output {
+    let mut c = lab.cli(0);
+    c.env("DOCKER_HOST", LOCAL_DOCKER)
+        .args(["image", "push", "--json"])
+        .args(args);
+    c.output().unwrap()
+}
+
+/// Each Machine's outcome in a push's JSON, by Machine Name.
+fn outcomes(out: &std::process::Output) -> std::collections::BTreeMap<String, Value> {
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", text(out)));
+    v[0]["values"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no values: {v}"))
+        .iter()
+        .map(|o| (o["machine_name"].as_str().unwrap().to_owned(), o.clone()))
+        .collect()
+}
+
+/// How many images arrived at Machine `i` (its daemon logs each one it loads).
+fn arrivals(lab: &Lab, i: usize) -> usize {
+    lab.log(i).matches("an image arrived").count()
+}
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn a_push_sends_only_what_each_machine_lacks_and_a_machine_that_has_it_costs_one_round_trip() {
+    let lab = cluster(3);
+    let tag_one = format!("ployz-push-test/{}:1", lab.run());
+    let tag_two = format!("ployz-push-test/{}:2", lab.run());
+    let _cleanup = RemoveOnDrop(vec![tag_one.clone(), tag_two.clone()]);
+    let data = 1 << 20;
+    let id = build(&lab.dir().join("one"), &tag_one, 1, data);
+    // Machine 1 has the image already (by ID), under another tag.
+    let save = Command::new("docker")
+        .args(["-H", LOCAL_DOCKER, "save", &id])
+        .output()
+        .unwrap();
+    assert!(save.status.success());
+    let mut load = lab.docker_command(1, &["load"]);
+    load.stdin(Stdio::piped()).stdout(Stdio::null());
+    let mut child = load.spawn().unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &save.stdout).unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    assert_eq!(image_id_on(&lab, 1, &id).as_deref(), Some(id.as_str()));
+
+    let out = push(&lab, &[&tag_one]);
+    assert!(out.status.success(), "{}\n{}", text(&out), logs(&lab));
+    let got = outcomes(&out);
+    // Machine 1: the offer alone; nothing sent, nothing loaded, the tag applied.
+    assert_eq!(got["m1"]["present"], true, "{got:?}");
+    assert_eq!(got["m1"]["bytes_sent"], 0, "{got:?}");
+    assert_eq!(arrivals(&lab, 1), 0, "Machine 1 loaded an image");
+    for m in ["m0", "m2"] {
+        assert_eq!(got[m]["present"], false, "{got:?}");
+        assert_eq!(got[m]["layers_sent"], 2, "{m}: {got:?}");
+        let sent = got[m]["bytes_sent"].as_u64().unwrap();
+        // busybox (compressible) and the data (not): more than the data, less than both.
+        assert!(
+            sent > data as u64 && sent < data as u64 + 1_982_256,
+            "{m} sent {sent} bytes"
+        );
+    }
+    for i in 0..3 {
+        assert_eq!(
+            image_id_on(&lab, i, &tag_one).as_deref(),
+            Some(id.as_str()),
+            "Machine {i} has no {tag_one} with the pushed ID"
+        );
+    }
+    assert_eq!(arrivals(&lab, 0), 1);
+    assert_eq!(arrivals(&lab, 2), 1);
+
+    // Again: every Machine has it, nothing crosses.
+    let out = push(&lab, &[&tag_one]);
+    assert!(out.status.success(), "{}", text(&out));
+    let got = outcomes(&out);
+    assert!(
+        got.values()
+            .all(|o| o["present"] == true && o["bytes_sent"] == 0),
+        "{got:?}"
+    );
+
+    // A change to one file: only its layer crosses (the busybox layer is there).
+    let two = build(&lab.dir().join("two"), &tag_two, 2, data);
+    let out = push(&lab, &[&tag_two, "-m", "m2", "-m", "m1"]);
+    assert!(out.status.success(), "{}\n{}", text(&out), logs(&lab));
+    let got = outcomes(&out);
+    assert_eq!(got.len(), 2, "{got:?}");
+    for m in ["m1", "m2"] {
+        assert_eq!(got[m]["layers_sent"], 1, "{m}: {got:?}");
+        let sent = got[m]["bytes_sent"].as_u64().unwrap();
+        assert!(
+            sent > data as u64 && sent < data as u64 + 64 * 1024,
+            "{m} sent {sent} bytes for a {data}-byte layer"
+        );
+    }
+    assert_eq!(
+        image_id_on(&lab, 2, &tag_two).as_deref(),
+        Some(two.as_str())
+    );
+    assert_eq!(image_id_on(&lab, 0, &tag_two), None, "m0 was not asked");
+
+    // `image ls` sees it on each Machine that has it; `image rm` removes it there.
+    let v = lab.json(0, &["image", "ls", &tag_two, "--json"]);
+    let mut on: Vec<&str> = v["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["machine_name"].as_str().unwrap())
+        .collect();
+    on.sort();
+    assert_eq!(on, ["m1", "m2"], "{v}");
+    ok(&lab, 0, &["image", "rm", &tag_two]);
+    for i in 0..3 {
+        assert_eq!(image_id_on(&lab, i, &tag_two), None, "Machine {i}");
+    }
+}
+
+/// Removes the host Docker's test images when the test ends, however it ends.
+struct RemoveOnDrop(Vec<String>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        for tag in &self.0 {
+            let _ = Command::new("docker")
+                .args(["-H", LOCAL_DOCKER, "rmi", "-f", tag])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn a_push_cut_off_half_way_leaves_no_half_image_and_the_next_push_completes() {
+    let lab = cluster(2);
+    let tag = format!("ployz-push-test/{}:big", lab.run());
+    let _cleanup = RemoveOnDrop(vec![tag.clone()]);
+    let id = build(&lab.dir().join("big"), &tag, 3, 96 << 20);
+    let tmp = lab.machine_dir(1).join("data/tmp");
+    let mut c = lab.cli(0);
+    c.env("DOCKER_HOST", LOCAL_DOCKER)
+        .args(["image", "push", &tag, "-m", "m1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut cli = c.spawn().unwrap();
+    // Bytes are arriving at Machine 1's Docker: kill the CLI then.
+    wait_for(
+        &lab,
+        "Machine 1's Docker receiving the image",
+        Duration::from_secs(60),
+        || {
+            let receiving = std::fs::read_dir(&tmp).ok()?.flatten().any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("docker-import-")
+                    && dir_bytes(&e.path()) > 8 << 20
+            });
+            receiving.then_some(())
+        },
+    );
+    cli.kill().unwrap();
+    cli.wait().unwrap();
+    // Docker gives up on the cut-off archive and removes what it unpacked; no image.
+    wait_for(
+        &lab,
+        "Machine 1's Docker letting go of the partial archive",
+        Duration::from_secs(60),
+        || {
+            let left = std::fs::read_dir(&tmp)
+                .map(|d| {
+                    d.flatten().any(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .starts_with("docker-import-")
+                    })
+                })
+                .unwrap_or(false);
+            (!left).then_some(())
+        },
+    );
+    assert_eq!(image_id_on(&lab, 1, &id), None, "a half image on Machine 1");
+    // The next push completes.
+    let out = push(&lab, &[&tag, "-m", "m1"]);
+    assert!(out.status.success(), "{}\n{}", text(&out), logs(&lab));
+    assert_eq!(image_id_on(&lab, 1, &tag).as_deref(), Some(id.as_str()));
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn bad_input_is_refused_before_any_machine_is_asked() {
+    let lab = cluster(1);
+    // No such image in the local Docker.
+    let out = push(&lab, &["ployz-push-test/none:0"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("has no image 'ployz-push-test/none:0'") && err.contains("docker images"),
+        "{err}"
+    );
+    // No local Docker.
+    let mut c = lab.cli(0);
+    c.env(
+        "DOCKER_HOST",
+        format!("unix://{}/none.sock", lab.dir().display()),
+    )
+    .args(["image", "push", "ployz-lab/busybox:latest"]);
+    let out = c.output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot reach the local Docker") && err.contains("DOCKER_HOST"),
+        "{err}"
+    );
+    // A Machine that does not exist.
+    let tag = format!("ployz-push-test/{}:small", lab.run());
+    let _cleanup = RemoveOnDrop(vec![tag.clone()]);
+    build(&lab.dir().join("small"), &tag, 4, 1024);
+    let out = push(&lab, &[&tag, "-m", "nowhere"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("no Machine is named or has the ID 'nowhere'"),
+        "{}",
+        text(&out)
+    );
+}

@@ -1,0 +1,906 @@
+//! Images from one Docker to another without a registry: only the layers the receiving side
+//! lacks cross the network.
+//!
+//! The sender describes the image ([`describe`]: its ID, its layers' diff IDs, its tags) and
+//! offers it ([`offer`] on the receiving side): the receiver either has the image by ID (one
+//! round trip; the offered tags are applied) or names the layers it lacks, judged by chain ID
+//! as Docker's own loader judges them. The sender then streams [`export`]: `docker save`'s
+//! archive with every other layer left out, compressed with zstd, never held whole in memory.
+//! The receiver feeds it to `docker load` ([`load`]), which skips the layers it has and checks
+//! each one it reads against its diff ID, then checks the image that arrived has the offered
+//! ID. Docker unpacks the whole archive before it registers anything, so a transfer cut off
+//! half way leaves no half image, and the next offer starts over from what is there.
+
+use std::collections::HashSet;
+use std::io::{self, Read, Seek, Write};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::query_parameters::{
+    ImportImageOptions, ListImagesOptions, RemoveImageOptions, TagImageOptions,
+};
+use bollard::Docker;
+use bytes::Bytes;
+use futures_util::{Stream, StreamExt, TryStreamExt};
+use ployz_core::api::{ImageOffer, ImageSummary, LoadedImage, OfferAnswer, RemovedImage};
+
+use crate::docker::{check_image_reference, DockerError};
+
+/// The zstd level on the wire: fast enough to keep up with a gigabit link on one core, and
+/// most of what a higher level would save on layers of binaries and text.
+const ZSTD_LEVEL: i32 = 3;
+/// Chunks between the thread that writes the archive and the connection that sends it.
+const CHUNK: usize = 256 * 1024;
+const CHANNEL_CHUNKS: usize = 8;
+/// How long a `docker load` may take from the last byte sent to its answer.
+pub const LOAD_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// What crossed, counted as it goes (read by progress displays while a transfer runs).
+#[derive(Debug, Default)]
+pub struct TransferCounters {
+    /// Bytes of the archive before compression.
+    pub archive: AtomicU64,
+    /// Bytes after compression: what crosses the network.
+    pub wire: AtomicU64,
+    /// Layers put in the archive.
+    pub layers_sent: AtomicUsize,
+    /// Layers left out (the receiver has them).
+    pub layers_skipped: AtomicUsize,
+}
+
+impl TransferCounters {
+    pub fn wire(&self) -> u64 {
+        self.wire.load(Ordering::Relaxed)
+    }
+    pub fn archive(&self) -> u64 {
+        self.archive.load(Ordering::Relaxed)
+    }
+    pub fn layers_sent(&self) -> usize {
+        self.layers_sent.load(Ordering::Relaxed)
+    }
+    pub fn layers_skipped(&self) -> usize {
+        self.layers_skipped.load(Ordering::Relaxed)
+    }
+}
+
+/// `sha256:` and the hexadecimal SHA-256 of `bytes`.
+fn sha256(bytes: &[u8]) -> String {
+    format!(
+        "sha256:{}",
+        hex::encode(ring::digest::digest(&ring::digest::SHA256, bytes))
+    )
+}
+
+/// The chain ID of each layer of an image, bottom first: the first is its diff ID, each next
+/// one `sha256(parent chain ID + " " + diff ID)`. Docker keeps layers by chain ID, so a layer
+/// is the same only on the same layers below it.
+pub fn chain_ids(diff_ids: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(diff_ids.len());
+    for diff_id in diff_ids {
+        let next = match out.last() {
+            None => diff_id.clone(),
+            Some(parent) => sha256(format!("{parent} {diff_id}").as_bytes()),
+        };
+        out.push(next);
+    }
+    out
+}
+
+/// Whether `id` is an image ID or diff ID as Docker writes them: `sha256:` and 64 lowercase
+/// hexadecimal digits.
+pub fn is_digest(id: &str) -> bool {
+    id.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+fn invalid(field: &'static str, value: &str, rule: &'static str) -> DockerError {
+    DockerError::InvalidName {
+        field,
+        value: value
+            .chars()
+            .take(80)
+            .flat_map(char::escape_debug)
+            .collect(),
+        rule,
+    }
+}
+
+/// Checks an offer before anything is asked of Docker.
+pub fn check_offer(offer: &ImageOffer) -> Result<(), DockerError> {
+    if !is_digest(&offer.id) {
+        return Err(invalid(
+            "id",
+            &offer.id,
+            "an image ID: sha256: and 64 lowercase hexadecimal digits",
+        ));
+    }
+    if offer.layers.is_empty() || offer.layers.len() > 1024 {
+        return Err(invalid(
+            "layers",
+            &offer.layers.len().to_string(),
+            "1 to 1024 diff IDs, bottom layer first",
+        ));
+    }
+    if let Some(bad) = offer.layers.iter().find(|l| !is_digest(l)) {
+        return Err(invalid(
+            "layers",
+            bad,
+            "a diff ID: sha256: and 64 lowercase hexadecimal digits",
+        ));
+    }
+    for tag in &offer.tags {
+        check_tag(tag)?;
+    }
+    Ok(())
+}
+
+/// A tag as an offer carries it: a reference with a tag and no digest (`app:1.2`).
+fn check_tag(tag: &str) -> Result<(), DockerError> {
+    check_image_reference(tag)?;
+    if tag.contains('@') || split_tag(tag).is_none() {
+        return Err(invalid(
+            "tags",
+            tag,
+            "a tagged reference such as app:1.2 or registry.example.com/team/app:latest",
+        ));
+    }
+    Ok(())
+}
+
+/// `repo:tag` split at the tag's colon (not a registry port's).
+fn split_tag(reference: &str) -> Option<(&str, &str)> {
+    let (repo, tag) = reference.rsplit_once(':')?;
+    (!tag.contains('/') && !tag.is_empty() && !repo.is_empty()).then_some((repo, tag))
+}
+
+fn not_found(e: &bollard::errors::Error) -> bool {
+    matches!(
+        e,
+        bollard::errors::Error::DockerResponseServerError {
+            status_code: 404,
+            ..
+        }
+    )
+}
+
+fn unreachable(host: &str, e: bollard::errors::Error) -> DockerError {
+    match e {
+        bollard::errors::Error::DockerResponseServerError { .. }
+        | bollard::errors::Error::DockerStreamError { .. } => DockerError::Docker(e),
+        other => DockerError::Unreachable(format!("at {host}: {other}")),
+    }
+}
+
+/// The offer `docker` would make of its image `reference` (a tag, a name, or an ID): `None`
+/// when it has no such image. A reference that is a tag is the offer's one tag; an ID carries
+/// the image's own tags.
+pub async fn describe(
+    docker: &Docker,
+    host: &str,
+    reference: &str,
+) -> Result<Option<ImageOffer>, DockerError> {
+    check_image_reference(reference)?;
+    let inspect = match docker.inspect_image(reference).await {
+        Ok(i) => i,
+        Err(e) if not_found(&e) => return Ok(None),
+        Err(e) => return Err(unreachable(host, e)),
+    };
+    let id = inspect.id.unwrap_or_default();
+    let layers = inspect.root_fs.and_then(|r| r.layers).unwrap_or_default();
+    let own_tags = inspect.repo_tags.unwrap_or_default();
+    let tags = if is_digest(reference) || reference.contains('@') {
+        own_tags
+    } else {
+        // `app` means `app:latest`, and Docker lists `docker.io/library/app:1` as `app:1`.
+        let wanted = if split_tag(reference).is_some() {
+            reference.to_owned()
+        } else {
+            format!("{reference}:latest")
+        };
+        vec![wanted]
+    };
+    Ok(Some(ImageOffer { id, layers, tags }))
+}
+
+/// Every chain ID of every image `docker` holds: the layers it has.
+async fn chains_present(docker: &Docker, host: &str) -> Result<HashSet<String>, DockerError> {
+    let list = docker
+        .list_images(Some(ListImagesOptions {
+            all: true,
+            ..Default::default()
+        }))
+        .await
+        .map_err(|e| unreachable(host, e))?;
+    let inspected: Vec<_> = futures_util::stream::iter(list.into_iter().map(|image| async move {
+        match docker.inspect_image(&image.id).await {
+            Ok(i) => Ok(i.root_fs.and_then(|r| r.layers).unwrap_or_default()),
+            // Removed since it was listed.
+            Err(e) if not_found(&e) => Ok(Vec::new()),
+            Err(e) => Err(unreachable(host, e)),
+        }
+    }))
+    .buffer_unordered(8)
+    .collect()
+    .await;
+    let mut present = HashSet::new();
+    for layers in inspected {
+        present.extend(chain_ids(&layers?));
+    }
+    Ok(present)
+}
+
+/// The receiving side of an offer: the image is here by ID (and now carries the offered tags),
+/// or these are the layers to send.
+pub async fn offer(
+    docker: &Docker,
+    host: &str,
+    offer: &ImageOffer,
+) -> Result<OfferAnswer, DockerError> {
+    check_offer(offer)?;
+    match docker.inspect_image(&offer.id).await {
+        Ok(inspect) => {
+            let has = inspect.repo_tags.unwrap_or_default();
+            apply_tags(docker, host, &offer.id, &offer.tags, &has).await?;
+            return Ok(OfferAnswer {
+                present: true,
+                missing: Vec::new(),
+            });
+        }
+        Err(e) if not_found(&e) => {}
+        Err(e) => return Err(unreachable(host, e)),
+    }
+    let present = chains_present(docker, host).await?;
+    Ok(OfferAnswer {
+        present: false,
+        missing: missing_layers(&offer.layers, &present),
+    })
+}
+
+/// Points each of `tags` (checked) that is not among `has` at image `id`.
+async fn apply_tags(
+    docker: &Docker,
+    host: &str,
+    id: &str,
+    tags: &[String],
+    has: &[String],
+) -> Result<(), DockerError> {
+    for tag in tags.iter().filter(|t| !has.contains(t)) {
+        let (repo, tag_part) = split_tag(tag).expect("checked");
+        docker
+            .tag_image(
+                id,
+                Some(TagImageOptions {
+                    repo: Some(repo.to_owned()),
+                    tag: Some(tag_part.to_owned()),
+                }),
+            )
+            .await
+            .map_err(|e| unreachable(host, e))?;
+    }
+    Ok(())
+}
+
+/// The diff IDs of `layers` whose chain is not in `present`, each once, bottom first.
+pub fn missing_layers(layers: &[String], present: &HashSet<String>) -> Vec<String> {
+    let mut missing: Vec<String> = Vec::new();
+    for (diff_id, chain) in layers.iter().zip(chain_ids(layers)) {
+        if !present.contains(&chain) && !missing.contains(diff_id) {
+            missing.push(diff_id.clone());
+        }
+    }
+    missing
+}
+
+/// The images `docker` holds, tagged or not (not the intermediate layers of builds).
+pub async fn list(docker: &Docker, host: &str) -> Result<Vec<ImageSummary>, DockerError> {
+    let list = docker
+        .list_images(None::<ListImagesOptions>)
+        .await
+        .map_err(|e| unreachable(host, e))?;
+    let mut out: Vec<ImageSummary> = list
+        .into_iter()
+        .map(|i| {
+            let mut tags: Vec<String> = i
+                .repo_tags
+                .into_iter()
+                .filter(|t| t != "<none>:<none>")
+                .collect();
+            tags.sort();
+            ImageSummary {
+                id: i.id,
+                tags,
+                size: u64::try_from(i.size).unwrap_or(0),
+                created: chrono_free_rfc3339(i.created),
+                containers: u64::try_from(i.containers).ok(),
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.tags.cmp(&b.tags).then(a.id.cmp(&b.id)));
+    Ok(out)
+}
+
+/// Seconds since the epoch as RFC 3339 UTC (`2026-12-06T08:38:27Z`).
+fn chrono_free_rfc3339(secs: i64) -> Option<String> {
+    if secs <= 0 {
+        return None;
+    }
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    Some(format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    ))
+}
+
+/// Removes an image (a tag, a name or an ID) as `docker image rm` does; `force` also removes
+/// it from under stopped containers and removes an ID with several tags.
+pub async fn remove(
+    docker: &Docker,
+    host: &str,
+    reference: &str,
+    force: bool,
+) -> Result<RemovedImage, DockerError> {
+    check_image_reference(reference)?;
+    match docker
+        .remove_image(
+            reference,
+            Some(RemoveImageOptions {
+                force,
+                ..Default::default()
+            }),
+            None,
+        )
+        .await
+    {
+        Ok(items) => Ok(RemovedImage {
+            untagged: items.iter().filter_map(|i| i.untagged.clone()).collect(),
+            deleted: items.iter().filter_map(|i| i.deleted.clone()).collect(),
+        }),
+        Err(e) if not_found(&e) => Err(DockerError::ImageUnavailable {
+            image: reference.to_owned(),
+            reason: "no such image on this Machine".to_owned(),
+        }),
+        Err(e) => Err(unreachable(host, e)),
+    }
+}
+
+/// A writer that hands what it is given, in chunks, to the other end of a channel (blocking
+/// while the channel is full: the connection sets the pace).
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<io::Result<Bytes>>,
+    buf: Vec<u8>,
+    counters: Arc<TransferCounters>,
+}
+
+impl ChannelWriter {
+    fn send(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.counters
+            .wire
+            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the receiver went away"))
+    }
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(bytes);
+        if self.buf.len() >= CHUNK {
+            self.send()?;
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send()
+    }
+}
+
+/// Counts what passes into the compressor.
+struct Counting<W> {
+    inner: W,
+    counters: Arc<TransferCounters>,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(bytes)?;
+        self.counters.archive.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// A layer file of a `docker save` archive: `<v1 id>/layer.tar` (Docker before 25), or an OCI
+/// blob `blobs/sha256/<hex>` (Docker 25 and later, where layers are blobs named by diff ID;
+/// configs and manifests are blobs too, and are never left out).
+enum Entry {
+    LegacyLayer,
+    Blob(String),
+    Other,
+}
+
+fn classify(path: &std::path::Path) -> Entry {
+    let parts: Vec<&str> = path.iter().filter_map(|p| p.to_str()).collect();
+    match parts.as_slice() {
+        [_, "layer.tar"] => Entry::LegacyLayer,
+        ["blobs", "sha256", hex] => Entry::Blob(format!("sha256:{hex}")),
+        _ => Entry::Other,
+    }
+}
+
+/// Copies a `docker save` archive from `input` to `output` as a zstd-compressed archive,
+/// leaving out each layer whose diff ID is in `skip`. A legacy layer's diff ID is the SHA-256
+/// of its file, read once into a spool file (never into memory) while it is hashed.
+pub fn filter_archive(
+    input: impl Read,
+    output: impl Write,
+    skip: &HashSet<String>,
+    counters: &Arc<TransferCounters>,
+) -> io::Result<()> {
+    let mut archive = tar::Archive::new(input);
+    let encoder = zstd::stream::write::Encoder::new(output, ZSTD_LEVEL)?;
+    let mut builder = tar::Builder::new(Counting {
+        inner: encoder,
+        counters: counters.clone(),
+    });
+    builder.mode(tar::HeaderMode::Complete);
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let mut header = entry.header().clone();
+        let path = entry.path()?.into_owned();
+        let kind = if header.entry_type().is_file() {
+            classify(&path)
+        } else {
+            Entry::Other
+        };
+        match kind {
+            Entry::Other if header.entry_type().is_file() => {
+                builder.append_data(&mut header, &path, &mut entry)?
+            }
+            Entry::Other => builder.append(&header, &mut entry)?,
+            Entry::Blob(digest) => {
+                if skip.contains(&digest) {
+                    io::copy(&mut entry, &mut io::sink())?;
+                    counters.layers_skipped.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    builder.append_data(&mut header, &path, &mut entry)?;
+                    if is_digest(&digest) {
+                        counters.layers_sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Entry::LegacyLayer => {
+                let mut spool = tempfile::tempfile()?;
+                let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
+                let mut chunk = vec![0u8; 64 * 1024];
+                loop {
+                    let n = entry.read(&mut chunk)?;
+                    if n == 0 {
+                        break;
+                    }
+                    hash.update(&chunk[..n]);
+                    spool.write_all(&chunk[..n])?;
+                }
+                let diff_id = format!("sha256:{}", hex::encode(hash.finish()));
+                if skip.contains(&diff_id) {
+                    counters.layers_skipped.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    spool.rewind()?;
+                    builder.append_data(&mut header, &path, &mut spool)?;
+                    counters.layers_sent.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+    let counting = builder.into_inner()?;
+    let mut output = counting.inner.finish()?;
+    output.flush()
+}
+
+/// Streams image `id` out of `docker` without the layers whose diff IDs are in `skip` (the
+/// receiver has them): the archive [`filter_archive`] makes of `docker save`, in chunks as
+/// they are made. An error (Docker's, or the archive's) ends the stream with it, so the
+/// receiver never loads a shortened archive.
+pub fn export(
+    docker: &Docker,
+    id: &str,
+    skip: HashSet<String>,
+    counters: Arc<TransferCounters>,
+) -> impl Stream<Item = io::Result<Bytes>> + Send + 'static {
+    let save = docker.export_image(id).map_err(io::Error::other);
+    let reader = tokio_util::io::StreamReader::new(save);
+    let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL_CHUNKS);
+    let bridge = tokio_util::io::SyncIoBridge::new(reader);
+    tokio::task::spawn_blocking(move || {
+        let failed = tx.clone();
+        let writer = ChannelWriter {
+            tx,
+            buf: Vec::with_capacity(CHUNK),
+            counters: counters.clone(),
+        };
+        if let Err(e) = filter_archive(bridge, writer, &skip, &counters) {
+            let _ = failed.blocking_send(Err(e));
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+}
+
+/// The layers of `offer` to leave out for a receiver that answered `missing`.
+pub fn skipped(offer: &ImageOffer, missing: &[String]) -> HashSet<String> {
+    offer
+        .layers
+        .iter()
+        .filter(|l| !missing.contains(l))
+        .cloned()
+        .collect()
+}
+
+/// Decompresses a zstd stream on a blocking thread, chunk by chunk.
+fn decompress<S>(body: S, received: Arc<AtomicU64>) -> impl Stream<Item = io::Result<Bytes>>
+where
+    S: Stream<Item = io::Result<Bytes>> + Send + Unpin + 'static,
+{
+    let counted = body.inspect_ok(move |chunk| {
+        received.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+    });
+    let reader = tokio_util::io::StreamReader::new(counted);
+    let bridge = tokio_util::io::SyncIoBridge::new(reader);
+    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(CHANNEL_CHUNKS);
+    tokio::task::spawn_blocking(move || {
+        let mut decoder = match zstd::stream::read::Decoder::new(bridge) {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(e));
+                return;
+            }
+        };
+        loop {
+            let mut chunk = vec![0u8; CHUNK];
+            match decoder.read(&mut chunk) {
+                Ok(0) => return,
+                Ok(n) => {
+                    chunk.truncate(n);
+                    if tx.blocking_send(Ok(Bytes::from(chunk))).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+}
+
+/// Loads an archive [`export`] made into `docker`, checks the image `id` is there after, and
+/// points `tags` at it. `docker` must allow a long request ([`LOAD_TIMEOUT`]): Docker answers
+/// only once the whole archive is in.
+pub async fn load<S>(
+    docker: &Docker,
+    host: &str,
+    id: &str,
+    tags: &[String],
+    body: S,
+) -> Result<LoadedImage, DockerError>
+where
+    S: Stream<Item = io::Result<Bytes>> + Send + Unpin + 'static,
+{
+    if !is_digest(id) {
+        return Err(invalid(
+            "id",
+            id,
+            "an image ID: sha256: and 64 lowercase hexadecimal digits",
+        ));
+    }
+    for tag in tags {
+        check_tag(tag)?;
+    }
+    let received = Arc::new(AtomicU64::new(0));
+    let archive = decompress(body, received.clone());
+    let mut answers = docker.import_image_stream(
+        ImportImageOptions {
+            quiet: true,
+            ..Default::default()
+        },
+        archive,
+        None,
+    );
+    let mut said = Vec::new();
+    while let Some(answer) = answers.next().await {
+        match answer {
+            Ok(info) => {
+                if let Some(text) = info.stream.filter(|s| !s.trim().is_empty()) {
+                    said.push(text.trim().to_owned());
+                }
+            }
+            Err(e) => {
+                return Err(DockerError::ImageUnavailable {
+                    image: id.to_owned(),
+                    reason: format!("docker load refused what arrived: {e}"),
+                })
+            }
+        }
+    }
+    match docker.inspect_image(id).await {
+        Ok(inspect) => {
+            let mut has = inspect.repo_tags.unwrap_or_default();
+            apply_tags(docker, host, id, tags, &has).await?;
+            for tag in tags {
+                if !has.contains(tag) {
+                    has.push(tag.clone());
+                }
+            }
+            has.sort();
+            Ok(LoadedImage {
+                id: id.to_owned(),
+                tags: has,
+                received: received.load(Ordering::Relaxed),
+            })
+        }
+        Err(e) if not_found(&e) => Err(DockerError::ImageUnavailable {
+            image: id.to_owned(),
+            reason: format!(
+                "what arrived loaded as another image ({}); send it again",
+                said.join("; ")
+            ),
+        }),
+        Err(e) => Err(unreachable(host, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(n: u8) -> String {
+        sha256(&[n])
+    }
+
+    #[test]
+    fn chain_ids_are_dockers() {
+        // Docker 20.10's own: an image of two layers (busybox, then `COPY a /a`) as
+        // `docker image inspect` lists its diff IDs, and the chain ID its layer database names
+        // the second layer by (/var/lib/docker/image/overlay2/layerdb/sha256/).
+        let base = "sha256:0430451cdf018207d9f4a37e05d99b79411bd921d5642b5c25218b735f271a3a";
+        let top = "sha256:09e4e36ac0ebb5da78fba46e20bce5b9c7b9d087e6dbd6249745d9f4b6efb901";
+        let chains = chain_ids(&[base.to_owned(), top.to_owned()]);
+        assert_eq!(
+            chains,
+            [
+                base,
+                "sha256:5b654633a31fb5e5c499a3d19d09c3a6b24bbf6a5f61cf5194e668e5221b3af0"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_layer_is_present_only_on_the_same_layers_below() {
+        let present: HashSet<String> = chain_ids(&[d(1), d(2)]).into_iter().collect();
+        assert_eq!(missing_layers(&[d(1), d(2), d(3)], &present), [d(3)]);
+        // The same diff ID on another base is another layer.
+        assert_eq!(missing_layers(&[d(9), d(2)], &present), [d(9), d(2)]);
+        // A diff ID twice is sent once.
+        assert_eq!(missing_layers(&[d(4), d(4)], &HashSet::new()), [d(4)]);
+    }
+
+    #[test]
+    fn offers_are_checked_naming_the_field() {
+        let good = ImageOffer {
+            id: d(0),
+            layers: vec![d(1)],
+            tags: vec!["registry.example.com:5000/app:1.2".into()],
+        };
+        check_offer(&good).unwrap();
+        let cases = [
+            (
+                ImageOffer {
+                    id: "sha256:XYZ".into(),
+                    ..good.clone()
+                },
+                "id",
+            ),
+            (
+                ImageOffer {
+                    layers: vec![],
+                    ..good.clone()
+                },
+                "layers",
+            ),
+            (
+                ImageOffer {
+                    layers: vec!["../etc".into()],
+                    ..good.clone()
+                },
+                "layers",
+            ),
+            (
+                ImageOffer {
+                    tags: vec!["app".into()],
+                    ..good.clone()
+                },
+                "tags",
+            ),
+            (
+                ImageOffer {
+                    tags: vec!["app@sha256:00".into()],
+                    ..good.clone()
+                },
+                "tags",
+            ),
+        ];
+        for (offer, field) in cases {
+            let e = check_offer(&offer).unwrap_err();
+            assert!(
+                matches!(&e, DockerError::InvalidName { field: f, .. } if *f == field),
+                "{offer:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn tags_split_at_the_tag_not_the_port() {
+        assert_eq!(split_tag("app:1"), Some(("app", "1")));
+        assert_eq!(
+            split_tag("reg.example:5000/app:v2"),
+            Some(("reg.example:5000/app", "v2"))
+        );
+        assert_eq!(split_tag("reg.example:5000/app"), None);
+        assert_eq!(split_tag("app"), None);
+    }
+
+    #[test]
+    fn times_read_as_rfc3339() {
+        assert_eq!(
+            chrono_free_rfc3339(1_796_459_907).as_deref(),
+            Some("2026-12-05T08:38:27Z")
+        );
+        assert_eq!(
+            chrono_free_rfc3339(951_782_400).as_deref(),
+            Some("2000-02-29T00:00:00Z")
+        );
+        assert_eq!(chrono_free_rfc3339(0), None);
+    }
+
+    /// An archive shaped as `docker save` writes one (Docker before 25): two layers, a config,
+    /// the manifest.
+    fn saved(layers: &[&[u8]]) -> (Vec<u8>, Vec<String>) {
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut diff_ids = Vec::new();
+        let mut names = Vec::new();
+        for (i, layer) in layers.iter().enumerate() {
+            let dir = format!("{i:064x}");
+            let mut header = tar::Header::new_gnu();
+            header.set_size(layer.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            builder
+                .append_data(&mut header, format!("{dir}/layer.tar"), *layer)
+                .unwrap();
+            diff_ids.push(sha256(layer));
+            names.push(format!("{dir}/layer.tar"));
+        }
+        let manifest = serde_json::json!([{"Config": "c.json", "Layers": names}]).to_string();
+        for (name, body) in [
+            ("c.json", b"{}".as_slice()),
+            ("manifest.json", manifest.as_bytes()),
+        ] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(body.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            builder.append_data(&mut header, name, body).unwrap();
+        }
+        (builder.into_inner().unwrap(), diff_ids)
+    }
+
+    fn entries(compressed: &[u8]) -> Vec<(String, Vec<u8>)> {
+        let plain = zstd::stream::decode_all(compressed).unwrap();
+        let mut archive = tar::Archive::new(plain.as_slice());
+        archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let mut e = e.unwrap();
+                let path = e.path().unwrap().to_string_lossy().into_owned();
+                let mut body = Vec::new();
+                e.read_to_end(&mut body).unwrap();
+                (path, body)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_archive_leaves_out_the_layers_the_receiver_has_and_keeps_the_rest_whole() {
+        let big: Vec<u8> = (0..300_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let (archive, diff_ids) = saved(&[b"base layer", &big]);
+        let counters = Arc::new(TransferCounters::default());
+        let mut out = Vec::new();
+        let skip: HashSet<String> = [diff_ids[0].clone()].into();
+        filter_archive(archive.as_slice(), &mut out, &skip, &counters).unwrap();
+        let got = entries(&out);
+        let names: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                format!("{:064x}/layer.tar", 1).as_str(),
+                "c.json",
+                "manifest.json"
+            ]
+        );
+        assert_eq!(got[0].1, big);
+        assert_eq!(counters.layers_sent(), 1);
+        assert_eq!(counters.layers_skipped(), 1);
+        assert_eq!(
+            counters.wire(),
+            0,
+            "only the channel writer counts the wire"
+        );
+        assert!(counters.archive() > big.len() as u64);
+        assert!((out.len() as u64) < counters.archive(), "compressed");
+    }
+
+    #[test]
+    fn oci_blobs_are_left_out_by_name_and_other_blobs_kept() {
+        let layer = b"a layer".as_slice();
+        let config = b"{\"config\":1}".as_slice();
+        let (layer_id, config_id) = (sha256(layer), sha256(config));
+        let mut builder = tar::Builder::new(Vec::new());
+        for (id, body) in [(&layer_id, layer), (&config_id, config)] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(body.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            let name = format!("blobs/sha256/{}", id.trim_start_matches("sha256:"));
+            builder.append_data(&mut header, name, body).unwrap();
+        }
+        let archive = builder.into_inner().unwrap();
+        let counters = Arc::new(TransferCounters::default());
+        let mut out = Vec::new();
+        filter_archive(archive.as_slice(), &mut out, &[layer_id].into(), &counters).unwrap();
+        let got = entries(&out);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].1, config);
+    }
+
+    #[test]
+    fn a_cut_off_archive_is_an_error_not_a_shorter_archive() {
+        let (archive, _) = saved(&[b"base layer"]);
+        let counters = Arc::new(TransferCounters::default());
+        let mut out = Vec::new();
+        let cut = &archive[..700];
+        assert!(filter_archive(cut, &mut out, &HashSet::new(), &counters).is_err());
+    }
+}
