@@ -385,6 +385,38 @@ pub struct DeployPlan {
     pub volume_operations: Vec<Operation>,
     /// Services in deploy order; a Service with nothing to do has no operations.
     pub services: Vec<ServicePlan>,
+    /// Images Machines fetch from other Machines before the operations run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transfers: Vec<ImageTransfer>,
+}
+
+/// An image one Machine fetches from another over the mesh before a Deploy's operations run (a
+/// peer pull): a container of it is to run there, the Machine lacks it, its `pull_policy` is
+/// `missing`, and another Machine of the snapshot has it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageTransfer {
+    pub image: String,
+    /// The Machine that fetches it.
+    pub machine_id: MachineId,
+    /// The Machine that has it.
+    pub from: MachineId,
+}
+
+/// What one image transfer did. A failed one is not the Deploy's failure: the container's own
+/// pull (from its registry) comes next.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferOutcome {
+    pub transfer: ImageTransfer,
+    /// The Machine had it by then: nothing crossed.
+    pub present: bool,
+    pub layers_sent: usize,
+    pub layers: usize,
+    /// Bytes that crossed the mesh (compressed).
+    pub bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl DeployPlan {
@@ -460,6 +492,9 @@ pub struct Compensation {
 /// The evidence of executing a Deploy Plan. No atomicity or rollback is implied.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeployOutcome {
+    /// The image transfers run before the operations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<TransferOutcome>,
     pub completed: Vec<CompletedOperation>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<FailedOperation>,

@@ -31,8 +31,9 @@ pub use certificate_policy::{
 pub use deploy::{
     AppliedDrain, Compensation, CompletedOperation, ContainerHealth, ContainerKind, ContainerRef,
     ContainerRuntimeObservation, ContainerState, DeployIntent, DeployOutcome, DeployPlan,
-    DeployPreview, DeploySnapshot, DockerVolume, DrainMark, EdgeReport, FailedOperation, Listener,
-    ListenerRole, MachineSnapshot, NotIncluded, Operation, ServicePlan,
+    DeployPreview, DeploySnapshot, DockerVolume, DrainMark, EdgeReport, FailedOperation,
+    ImageTransfer, Listener, ListenerRole, MachineSnapshot, NotIncluded, Operation, ServicePlan,
+    TransferOutcome,
 };
 pub use healthcheck::{ConfiguredHealthcheck, Healthcheck};
 pub use id::{ClusterId, ContainerId, IdError, MachineId, ServiceId};

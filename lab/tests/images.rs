@@ -313,3 +313,63 @@ fn bad_input_is_refused_before_any_machine_is_asked() {
         text(&out)
     );
 }
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn a_deploy_through_one_machine_has_another_fetch_the_image_from_the_machine_that_has_it() {
+    let lab = cluster(3);
+    let tag = format!("ployz-push-test/{}:peer", lab.run());
+    let _cleanup = RemoveOnDrop(vec![tag.clone()]);
+    let id = build(&lab.dir().join("peer"), &tag, 5, 256 << 10);
+    // Only Machine 1 has it.
+    let out = push(&lab, &[&tag, "-m", "m1"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(image_id_on(&lab, 2, &tag), None);
+    let compose = lab.dir().join("peer.yaml");
+    std::fs::write(
+        &compose,
+        format!(
+            "services:\n  job:\n    image: {tag}\n    command: [\"/bin/busybox\", \"sleep\", \"3600\"]\n    x-machines: [m1, m2]\n    deploy:\n      replicas: 2\n"
+        ),
+    )
+    .unwrap();
+    let file = compose.to_str().unwrap();
+    // The preview shows the fetch as a step, from the Machine that has the image.
+    let preview = ok(&lab, 0, &["deploy", "--dry-run", "-f", file]);
+    let preview = String::from_utf8_lossy(&preview.stdout).into_owned();
+    assert!(
+        preview.contains(&format!("⇣ fetch image {tag} on m2 from m1")),
+        "{preview}"
+    );
+    assert!(!preview.contains("on m1 from"), "{preview}");
+
+    let out = ok(&lab, 0, &["deploy", "-y", "--json", "-f", file]);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let images = report["outcome"]["images"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(images.len(), 1, "{report}");
+    let fetched = &images[0];
+    assert_eq!(fetched["error"], Value::Null, "{fetched}");
+    assert_eq!(fetched["present"], false, "{fetched}");
+    assert_eq!(fetched["layers_sent"], 2, "{fetched}");
+    let bytes = fetched["bytes"].as_u64().unwrap();
+    assert!(bytes > 256 << 10, "{bytes} bytes crossed");
+    // Machine 2 fetched it from Machine 1 (daemon to daemon, not through the CLI).
+    assert_eq!(image_id_on(&lab, 2, &tag).as_deref(), Some(id.as_str()));
+    assert!(
+        lab.log(2).contains("an image arrived from a peer"),
+        "{}",
+        logs(&lab)
+    );
+    assert_eq!(arrivals(&lab, 0), 0, "Machine 0 was only the entry");
+    // Both containers run.
+    let ps = lab.json(0, &["ps", "--json"]);
+    let running = ps["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["service_name"] == "job" && c["state"] == "running")
+        .count();
+    assert_eq!(running, 2, "{ps}");
+}

@@ -172,6 +172,7 @@ pub async fn execute<T: DeployTarget>(
 ) -> DeployOutcome {
     let ops: Vec<&Operation> = plan.operations().collect();
     let mut outcome = DeployOutcome {
+        images: Vec::new(),
         completed: Vec::new(),
         failed: None,
         unexecuted: Vec::new(),

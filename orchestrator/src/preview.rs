@@ -56,6 +56,16 @@ fn human_ms(ms: u64) -> String {
 }
 
 /// One line for an operation, without the tree prefix.
+/// One image transfer, as the preview and the progress lines show it.
+pub fn describe_transfer(t: &ployz_core::ImageTransfer, machines: &[MachineSnapshot]) -> String {
+    format!(
+        "⇣ fetch image {} on {} from {} (over the mesh, only the layers it lacks)",
+        t.image,
+        machine_name(machines, &t.machine_id),
+        machine_name(machines, &t.from)
+    )
+}
+
 pub fn describe(op: &Operation, machines: &[MachineSnapshot]) -> String {
     let on = |id: &MachineId| format!(" on {}", machine_name(machines, id));
     match op {
@@ -164,6 +174,12 @@ pub fn render(preview: &DeployPreview, machines: &[MachineSnapshot]) -> String {
         out.push_str("Services are up to date.\n");
         not_included_lines(&mut out, preview);
         return out;
+    }
+    for t in &preview.plan.transfers {
+        let _ = writeln!(out, "{}", describe_transfer(t, machines));
+    }
+    if !preview.plan.transfers.is_empty() {
+        out.push('\n');
     }
     for op in &preview.plan.volume_operations {
         let _ = writeln!(out, "{}", describe(op, machines));

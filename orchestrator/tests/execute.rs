@@ -141,6 +141,7 @@ fn plan_of(operations: Vec<Operation>) -> DeployPlan {
             image: "app:1".into(),
             operations,
         }],
+        transfers: Vec::new(),
     }
 }
 

@@ -1145,3 +1145,84 @@ fn a_machine_not_included_is_planned_around_unless_a_service_is_pinned_to_it() {
         );
     }
 }
+
+#[test]
+fn a_machine_that_lacks_an_image_another_has_fetches_it_from_there_first() {
+    let mut machines = [machine("a"), machine("b"), machine("c")];
+    machines[1].images = vec!["app:1".into()];
+    let (b, c) = (
+        machines[1].machine.info.id.clone(),
+        machines[2].machine.info.id.clone(),
+    );
+    let mut s = spec("web");
+    s.mode = ServiceMode::Global;
+    let mut hooked = spec("job");
+    hooked.container.image = "tool".into();
+    hooked.machines = vec![c.to_string().parse().unwrap()];
+    machines[0].images = vec!["tool:latest".into()];
+    let intent = DeployIntent::all(vec![s.clone(), hooked], vec![]);
+    let p = plan(&intent, &machines, &PlanOptions::default()).unwrap();
+    let mut got: Vec<(String, String, String)> = p
+        .transfers
+        .iter()
+        .map(|t| {
+            let name = |id: &MachineId| {
+                machines
+                    .iter()
+                    .find(|m| &m.machine.info.id == id)
+                    .unwrap()
+                    .machine
+                    .info
+                    .name
+                    .to_string()
+            };
+            (t.image.clone(), name(&t.machine_id), name(&t.from))
+        })
+        .collect();
+    got.sort();
+    // Each Machine lacking an image fetches it once, from one that has it; `tool` means
+    // `tool:latest`; the Machine that has `app:1` fetches nothing.
+    assert_eq!(
+        got,
+        [
+            ("app:1".to_owned(), "a".to_owned(), "b".to_owned()),
+            ("app:1".to_owned(), "c".to_owned(), "b".to_owned()),
+            ("tool:latest".to_owned(), "c".to_owned(), "a".to_owned()),
+        ]
+    );
+    assert!(p
+        .transfers
+        .iter()
+        .all(|t| t.machine_id != b || t.image != "app:1"));
+
+    // `always` pulls from the registry; an image no Machine has is the registry's, as before.
+    let mut always = s.clone();
+    always.container.pull_policy = PullPolicy::Always;
+    let p = plan(
+        &DeployIntent::all(vec![always], vec![]),
+        &machines,
+        &PlanOptions::default(),
+    )
+    .unwrap();
+    assert!(p.transfers.is_empty(), "{:?}", p.transfers);
+    let mut nobody = spec("other");
+    nobody.container.image = "elsewhere:2".into();
+    let p = plan(
+        &DeployIntent::all(vec![nobody], vec![]),
+        &machines,
+        &PlanOptions::default(),
+    )
+    .unwrap();
+    assert!(p.transfers.is_empty());
+
+    // The preview shows each fetch as a step.
+    let text = preview::render(
+        &DeployPreview {
+            plan: plan(&intent, &machines, &PlanOptions::default()).unwrap(),
+            warnings: vec![],
+            not_included: vec![],
+        },
+        &machines,
+    );
+    assert!(text.contains("⇣ fetch image app:1 on a from b"), "{text}");
+}

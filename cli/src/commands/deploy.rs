@@ -35,10 +35,10 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context as _};
 use clap::Args;
 use ployz_compose::{self as compose, ComposeError, ComposeInput, ComposeWarning};
-use ployz_core::api::{docker_paths, LeaseHolder};
+use ployz_core::api::{docker_paths, LeaseHolder, PeerPullAnswer, PeerPullRequest};
 use ployz_core::{
-    DeployIntent, DeployOutcome, DeployPlan, DeployPreview, MachineId, MachineSnapshot,
-    NotIncluded, Operation, ServiceName,
+    DeployIntent, DeployOutcome, DeployPlan, DeployPreview, ImageTransfer, MachineId,
+    MachineSnapshot, NotIncluded, Operation, ServiceName, TransferOutcome,
 };
 use ployz_orchestrator::execute::{execute, ExecuteOptions, Progress};
 use ployz_orchestrator::plan::{plan, PlanError, PlanOptions};
@@ -642,9 +642,10 @@ async fn deploy_holding(
             .await
             .stop_as(ProblemKind::Failed)?;
     }
+    let quiet = flow.json;
+    let fetched = fetch_images(client, &preview.plan.transfers, &machines, quiet).await;
     let total = preview.plan.operations().count();
     let mut step = 0;
-    let quiet = flow.json;
     let mut target = ApiTarget {
         client,
         leases: &*leases,
@@ -664,6 +665,10 @@ async fn deploy_holding(
         }
     })
     .await;
+    let outcome = DeployOutcome {
+        images: fetched,
+        ..outcome
+    };
     Leases::aim_off(client);
     if flow.json {
         print_json(&DeployReport::new(&preview, Some(&outcome))).map_err(Stop::Reported)?;
@@ -680,7 +685,92 @@ async fn deploy_holding(
     Ok(())
 }
 
+/// Runs the plan's image transfers (peer pulls), each Machine fetching from another over the
+/// mesh, one after the other. A transfer that fails is reported and the Deploy goes on: the
+/// container's own pull, from its registry, comes next.
+async fn fetch_images(
+    client: &mut ApiClient,
+    transfers: &[ImageTransfer],
+    machines: &[MachineSnapshot],
+    quiet: bool,
+) -> Vec<TransferOutcome> {
+    let mut out = Vec::with_capacity(transfers.len());
+    for (i, t) in transfers.iter().enumerate() {
+        if !quiet {
+            eprintln!(
+                "[image {}/{}] {} ...",
+                i + 1,
+                transfers.len(),
+                preview::describe_transfer(t, machines)
+            );
+        }
+        client.set_machine_target(Some(t.machine_id.to_string()));
+        let answer: anyhow::Result<PeerPullAnswer> = client
+            .post(
+                docker_paths::IMAGE_PULL_FROM_PEER,
+                &PeerPullRequest {
+                    image: t.image.clone(),
+                    from: t.from.clone(),
+                },
+            )
+            .await;
+        client.set_machine_target(None);
+        let outcome = match answer {
+            Ok(a) => {
+                if !quiet {
+                    if a.present {
+                        eprintln!("        done: it was there already");
+                    } else {
+                        eprintln!(
+                            "        done: {} of {} layers, {}",
+                            a.layers_sent,
+                            a.layers,
+                            crate::output::bytes(a.received)
+                        );
+                    }
+                }
+                TransferOutcome {
+                    transfer: t.clone(),
+                    present: a.present,
+                    layers_sent: a.layers_sent,
+                    layers: a.layers,
+                    bytes: a.received,
+                    error: None,
+                }
+            }
+            Err(e) => {
+                if !quiet {
+                    eprintln!("        failed: {e:#}; the container's own pull comes next");
+                }
+                TransferOutcome {
+                    transfer: t.clone(),
+                    present: false,
+                    layers_sent: 0,
+                    layers: 0,
+                    bytes: 0,
+                    error: Some(format!("{e:#}")),
+                }
+            }
+        };
+        out.push(outcome);
+    }
+    out
+}
+
 fn print_outcome(outcome: &DeployOutcome, machines: &[MachineSnapshot]) {
+    if !outcome.images.is_empty() {
+        let fetched: Vec<&TransferOutcome> = outcome
+            .images
+            .iter()
+            .filter(|i| i.error.is_none())
+            .collect();
+        println!(
+            "Images: {} of {} fetched from other Machines, {} over the mesh.",
+            fetched.len(),
+            outcome.images.len(),
+            crate::output::bytes(fetched.iter().map(|i| i.bytes).sum())
+        );
+    }
     match &outcome.failed {
         None => println!(
             "Deploy completed: {} operation{}.",
@@ -839,6 +929,7 @@ mod tests {
                 image: "postgres:16".into(),
                 operations: vec![run_op()],
             }],
+            transfers: Vec::new(),
         }
     }
 
@@ -889,6 +980,7 @@ mod tests {
             not_included: vec![],
         };
         let outcome = DeployOutcome {
+            images: vec![],
             completed: vec![CompletedOperation {
                 operation: run_op(),
                 container: None,

@@ -41,8 +41,8 @@ mod volumes;
 
 use ployz_core::{
     ContainerRef, ContainerRuntimeObservation, DeployIntent, DeployPlan, HostProtocol,
-    ListenerRole, MachineSnapshot, MembershipObservation, NotIncluded, Operation, ServiceId,
-    ServiceMode, ServicePlan, ServiceSpec,
+    ImageTransfer, ListenerRole, MachineSnapshot, MembershipObservation, NotIncluded, Operation,
+    PullPolicy, ServiceId, ServiceMode, ServicePlan, ServiceSpec,
 };
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -282,10 +282,67 @@ pub fn plan(
     if !errors.is_empty() {
         return Err(PlanErrors(errors));
     }
+    let transfers = peer_transfers(&services, machines);
     Ok(DeployPlan {
         volume_operations: volumes.into_operations(),
         services,
+        transfers,
     })
+}
+
+/// The images Machines fetch from other Machines before the operations run: for each container
+/// (or hook) to run on a Machine whose snapshot lacks its image, with `pull_policy: missing`,
+/// when another Machine of the snapshot has it. Each image once per Machine; the source is the
+/// first Machine (by Machine ID) that has it. A Machine none has it from pulls from the
+/// registry, as it always did.
+pub fn peer_transfers(
+    services: &[ServicePlan],
+    machines: &[MachineSnapshot],
+) -> Vec<ImageTransfer> {
+    let has =
+        |m: &MachineSnapshot, image: &str| m.images.iter().any(|i| normalize_image(i) == image);
+    let mut sources: Vec<&MachineSnapshot> = machines.iter().collect();
+    sources.sort_by(|a, b| a.machine.info.id.cmp(&b.machine.info.id));
+    let mut out: Vec<ImageTransfer> = Vec::new();
+    for op in services.iter().flat_map(|s| s.operations.iter()) {
+        let (machine_id, spec) = match op {
+            Operation::RunContainer {
+                machine_id, spec, ..
+            }
+            | Operation::ReplaceContainer {
+                machine_id, spec, ..
+            }
+            | Operation::RunHook {
+                machine_id, spec, ..
+            } => (machine_id, spec),
+            _ => continue,
+        };
+        if spec.container.pull_policy != PullPolicy::Missing {
+            continue;
+        }
+        let image = normalize_image(&spec.container.image);
+        let Some(target) = machines.iter().find(|m| &m.machine.info.id == machine_id) else {
+            continue;
+        };
+        if has(target, &image)
+            || out
+                .iter()
+                .any(|t| &t.machine_id == machine_id && t.image == image)
+        {
+            continue;
+        }
+        if let Some(source) = sources
+            .iter()
+            .find(|m| &m.machine.info.id != machine_id && has(m, &image))
+        {
+            out.push(ImageTransfer {
+                image,
+                machine_id: machine_id.clone(),
+                from: source.machine.info.id.clone(),
+            });
+        }
+    }
+    out
 }
 
 /// The Service Attempts the Compose file does not define, each refused.
