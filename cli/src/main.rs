@@ -20,6 +20,7 @@ macro_rules! print {
     };
 }
 
+mod build;
 mod client;
 mod commands;
 mod config;
@@ -88,6 +89,9 @@ enum Command {
     Machine(commands::machine::MachineCommand),
     /// Deploy Services from a Compose file: preview, confirm, roll out one operation at a time.
     Deploy(commands::deploy::DeployArgs),
+    /// Build the images of Services with build: (with the local Docker), tagged from their
+    /// inputs; --push sends them to the Machines.
+    Build(commands::build::BuildCommandArgs),
     /// Run an image as a Service, without a Compose file.
     Run(commands::run::RunArgs),
     /// List Services.
@@ -222,6 +226,7 @@ fn main() -> ExitCode {
         Command::Scale(args) => client_runtime(commands::service::scale(&cli.global, args)),
         Command::Cert(cmd) => client_runtime(commands::cert::run(&cli.global, cmd)),
         Command::Dns(cmd) => client_runtime(commands::dns::run(&cli.global, cmd)),
+        Command::Build(args) => client_runtime(commands::build::run(&cli.global, args)),
         Command::Image(cmd) => client_runtime(commands::image::run(&cli.global, cmd)),
         Command::Volume(cmd) => client_runtime(commands::volume::run(&cli.global, cmd)),
     };

@@ -28,6 +28,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 pub use port::parse_port;
+pub use service::build::{BuildSpec, Dockerfile};
 pub use service::keys::{key_rule, rule_under, support_matrix, KeyRule, Level, Support, KEY_RULES};
 
 /// What to load: the `-f` files, the `-p` profiles and the process environment.
@@ -49,6 +50,9 @@ pub struct LoadedProject {
     pub services: Vec<ployz_core::ServiceSpec>,
     /// The top-level named volumes some included Service mounts, by Docker Volume name.
     pub volumes: Vec<ployz_core::VolumeSpec>,
+    /// How the included Services with `build:` have their image built, by Service Name (each
+    /// spec's image is the repository to tag it in).
+    pub builds: Vec<(ployz_core::ServiceName, BuildSpec)>,
     pub warnings: Vec<ComposeWarning>,
 }
 

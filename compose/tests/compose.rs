@@ -242,9 +242,24 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["service 'web': image", "has no image"],
         ),
         (
-            "build without image",
+            "build without a Dockerfile",
             "services:\n  web:\n    build: .\n".into(),
-            vec!["build is not supported yet; build and tag the image locally, then use image:"],
+            vec!["service 'web': build.dockerfile 'Dockerfile': no Dockerfile at", "point build.dockerfile at it"],
+        ),
+        (
+            "build from a folder that is not there",
+            "services:\n  web:\n    build: ./nowhere\n".into(),
+            vec!["build.context './nowhere': no folder at", "relative to the Compose file"],
+        ),
+        (
+            "build from a remote context",
+            "services:\n  web:\n    build: https://github.com/example/app.git\n".into(),
+            vec!["a remote build context is not supported", "clone it"],
+        ),
+        (
+            "a build key that is not one",
+            "services:\n  web:\n    build:\n      contxt: .\n".into(),
+            vec!["build.contxt", "'contxt' is not a key of build"],
         ),
         (
             "undeclared named volume",
@@ -304,7 +319,7 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
         (
             "pull_policy build",
             "services:\n  web:\n    image: nginx\n    pull_policy: build\n".into(),
-            vec!["pull_policy 'build'", "not supported yet"],
+            vec!["pull_policy 'build'", "pull_policy build needs build:"],
         ),
         (
             "invalid YAML",

@@ -585,6 +585,16 @@ fn every_key_lands_in_the_spec_a_warning_or_a_refusal() {
                     silent.push("profiles: web is included without its profile".into());
                 }
             }
+            Support::Kept | Support::Translated if key == "build" => {
+                // Lands beside the spec: how the CLI builds web's image.
+                if !p
+                    .builds
+                    .iter()
+                    .any(|(n, b)| n.as_str() == "web" && b.context.ends_with("web"))
+                {
+                    silent.push("build: web has no build".into());
+                }
+            }
             Support::Kept | Support::Translated => match landing {
                 Some((_, service, how)) => {
                     if let Err(why) = lands(&spec_of(service), how) {

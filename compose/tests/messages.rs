@@ -177,17 +177,23 @@ fn a_refused_image_is_not_also_a_missing_image() {
     // One error for the image; not a second one saying the service has no image.
     let e = image_error("Nginx");
     assert!(e.message.contains("lowercase"), "{e}");
-    // With build: too, the refusal stands alone (no "build is not supported yet").
-    let e = errors("services:\n  web:\n    build: .\n    image: 'nginx:'\n");
-    assert_eq!(e.len(), 1, "{e:#?}");
-    assert_eq!(e[0].key.as_deref(), Some("image"));
-    // pull_policy build without an image is one error, not also "build is not supported".
-    let e = only_error("services:\n  web:\n    build: .\n    pull_policy: build\n");
-    assert_eq!(e.key.as_deref(), Some("pull_policy"));
-    assert_eq!(
-        e.message,
-        "pull_policy build needs build:, which is not supported yet"
+    // With build: too, the refusal stands alone: no "the service has no image".
+    let e = errors("services:\n  web:\n    build: ./nowhere\n    image: 'nginx:'\n");
+    let keys: Vec<Option<&str>> = e.iter().map(|e| e.key.as_deref()).collect();
+    assert_eq!(keys, [Some("build.context"), Some("image")], "{e:#?}");
+    // A build that is refused is not also a missing image.
+    let e = only_error("services:\n  web:\n    build: ./nowhere\n");
+    assert_eq!(e.key.as_deref(), Some("build.context"));
+    // pull_policy build needs build:, and with it is accepted.
+    let e = only_error("services:\n  web:\n    image: app\n    pull_policy: build\n");
+    assert_eq!(e.message, "pull_policy build needs build:");
+    let p = ok("services:\n  web:\n    build:\n      dockerfile_inline: FROM scratch\n    pull_policy: build\n");
+    assert!(
+        p.services[0].container.image.ends_with("-web"),
+        "{:?}",
+        p.services[0].container.image
     );
+    assert_eq!(p.builds.len(), 1);
     // An empty image is refused once.
     let e = only_error("services:\n  web:\n    image: ''\n");
     assert_eq!(e.message, "the image must not be empty");

@@ -390,17 +390,17 @@ pub struct DeployPlan {
     pub transfers: Vec<ImageTransfer>,
 }
 
-/// An image one Machine fetches from another over the mesh before a Deploy's operations run (a
-/// peer pull): a container of it is to run there, the Machine lacks it, its `pull_policy` is
-/// `missing`, and another Machine of the snapshot has it.
+/// An image a Machine gets before a Deploy's operations run, because a container of it is to run
+/// there and the Machine lacks it: from another Machine of the snapshot over the mesh (a peer
+/// pull, `pull_policy: missing`), or, for an image the CLI built, from the CLI's Docker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImageTransfer {
     pub image: String,
-    /// The Machine that fetches it.
+    /// The Machine that gets it.
     pub machine_id: MachineId,
-    /// The Machine that has it.
-    pub from: MachineId,
+    /// The Machine that has it; `None`: the Docker where the CLI runs (a build).
+    pub from: Option<MachineId>,
 }
 
 /// What one image transfer did. A failed one is not the Deploy's failure: the container's own

@@ -312,6 +312,45 @@ fn bad_input_is_refused_before_any_machine_is_asked() {
         "{}",
         text(&out)
     );
+
+    // A build that fails: its lines shown, no Machine changed.
+    let dir = lab.dir().join("failing");
+    let compose = project(&dir, 6, 1024, "RUN [\"/bin/busybox\", \"false\"]\n");
+    let mut c = lab.cli(0);
+    c.env("DOCKER_HOST", LOCAL_DOCKER)
+        .args(["deploy", "-y", "-f", compose.to_str().unwrap()]);
+    let out = c.output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the build failed") && err.contains("RUN [\"/bin/busybox\", \"false\"]"),
+        "{err}"
+    );
+    assert!(running_images(&lab).is_empty(), "a container ran");
+    // No local Docker to build with.
+    let mut c = lab.cli(0);
+    c.env(
+        "DOCKER_HOST",
+        format!("unix://{}/none.sock", lab.dir().display()),
+    )
+    .args(["deploy", "-y", "-f", compose.to_str().unwrap()]);
+    let out = c.output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot reach the local Docker"),
+        "{}",
+        text(&out)
+    );
+    // A context that is not there: refused before anything else.
+    std::fs::remove_dir_all(dir.join("ctx")).unwrap();
+    let out = lab.ployz(0, &["deploy", "-y", "-f", compose.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("build.context './ctx': no folder at"),
+        "{}",
+        text(&out)
+    );
+    assert!(running_images(&lab).is_empty(), "a container ran");
 }
 
 #[test]
@@ -372,4 +411,157 @@ fn a_deploy_through_one_machine_has_another_fetch_the_image_from_the_machine_tha
         .filter(|c| c["service_name"] == "job" && c["state"] == "running")
         .count();
     assert_eq!(running, 2, "{ps}");
+}
+
+/// A project folder with a Compose file whose one Service is built from `ctx/`: `FROM scratch`,
+/// the busybox binary, then `size` bytes of data made from `seed`; global, so it runs on every
+/// Machine.
+fn project(dir: &Path, seed: u8, size: usize, extra: &str) -> std::path::PathBuf {
+    let ctx = dir.join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::copy("/bin/busybox", ctx.join("busybox")).unwrap();
+    let mut data = vec![0u8; size];
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d ^ u64::from(seed);
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    std::fs::write(ctx.join("data"), &data).unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        format!("FROM scratch\nCOPY busybox /bin/busybox\nCOPY data /data\n{extra}"),
+    )
+    .unwrap();
+    let compose = dir.join("compose.yaml");
+    std::fs::write(
+        &compose,
+        "services:\n  app:\n    build: ./ctx\n    command: [\"/bin/busybox\", \"sleep\", \"3600\"]\n    deploy:\n      mode: global\n",
+    )
+    .unwrap();
+    compose
+}
+
+/// `ployz deploy -y --json -f FILE` through Machine 0 with the lab host's Docker as the local
+/// one: (the JSON report, stderr).
+fn deploy_built(lab: &Lab, compose: &Path) -> (Value, String) {
+    let mut c = lab.cli(0);
+    c.env("DOCKER_HOST", LOCAL_DOCKER).args([
+        "deploy",
+        "-y",
+        "--json",
+        "-f",
+        compose.to_str().unwrap(),
+    ]);
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}\n{}", text(&out), logs(lab));
+    let report = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("no JSON ({e}): {}", text(&out)));
+    (report, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The image each Machine's `app` container runs.
+fn running_images(lab: &Lab) -> Vec<String> {
+    let ps = lab.json(0, &["ps", "--json"]);
+    let mut images: Vec<String> = ps["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["service_name"] == "app" && c["state"] == "running")
+        .map(|c| c["image"].as_str().unwrap().to_owned())
+        .collect();
+    images.sort();
+    images
+}
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn a_service_built_from_its_context_deploys_to_three_machines_and_only_changes_cross_again() {
+    let lab = cluster(3);
+    let dir = lab.dir().join("app");
+    let data = 256 << 10;
+    let compose = project(&dir, 1, data, "");
+    let (report, stderr) = deploy_built(&lab, &compose);
+    let images = report["outcome"]["images"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(images.len(), 3, "{report}");
+    for i in images {
+        assert_eq!(i["error"], Value::Null, "{i}");
+        assert_eq!(
+            i["transfer"]["from"],
+            Value::Null,
+            "from the local Docker: {i}"
+        );
+        assert_eq!(i["layers_sent"], 2, "{i}");
+    }
+    let first = running_images(&lab);
+    assert_eq!(first.len(), 3, "{first:?}");
+    assert!(
+        first
+            .iter()
+            .all(|i| i == &first[0] && i.starts_with("app-app:")),
+        "{first:?}"
+    );
+    let _cleanup = RemoveOnDrop(vec![first[0].clone()]);
+    assert!(stderr.is_empty(), "--json writes nothing else: {stderr}");
+
+    // Unchanged: nothing is built, nothing crosses, nothing changes.
+    let mut c = lab.cli(0);
+    c.env("DOCKER_HOST", LOCAL_DOCKER)
+        .args(["deploy", "-y", "-f", compose.to_str().unwrap()]);
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("build app → {} from ", first[0]))
+            && stderr.contains("built already"),
+        "{stderr}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Services are up to date."),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(running_images(&lab), first);
+
+    // One file of the context changed: a new image, and only its changed layer crosses.
+    project(&dir, 2, data, "");
+    let (report, _) = deploy_built(&lab, &compose);
+    let images = report["outcome"]["images"].as_array().unwrap();
+    assert_eq!(images.len(), 3, "{report}");
+    for i in images {
+        assert_eq!(i["layers_sent"], 1, "{i}");
+        let bytes = i["bytes"].as_u64().unwrap();
+        assert!(
+            bytes > data as u64 && bytes < data as u64 + 64 * 1024,
+            "{bytes} bytes for a {data}-byte layer: {i}"
+        );
+    }
+    let second = running_images(&lab);
+    let _cleanup_two = RemoveOnDrop(vec![second[0].clone()]);
+    assert_eq!(second.len(), 3, "{second:?}");
+    assert!(
+        second.iter().all(|i| i == &second[0] && *i != first[0]),
+        "{second:?}"
+    );
+
+    // `ployz build --push`: the same tag, built already, on every Machine already.
+    let mut c = lab.cli(0);
+    c.env("DOCKER_HOST", LOCAL_DOCKER).args([
+        "build",
+        "--push",
+        "--json",
+        "-f",
+        compose.to_str().unwrap(),
+    ]);
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["service"], "app", "{v}");
+    assert_eq!(v[0]["image"], second[0].as_str(), "{v}");
+    let pushed = v[0]["pushed"]["values"].as_array().unwrap();
+    assert_eq!(pushed.len(), 3, "{v}");
+    assert!(pushed.iter().all(|p| p["present"] == true), "{v}");
 }

@@ -58,12 +58,19 @@ fn human_ms(ms: u64) -> String {
 /// One line for an operation, without the tree prefix.
 /// One image transfer, as the preview and the progress lines show it.
 pub fn describe_transfer(t: &ployz_core::ImageTransfer, machines: &[MachineSnapshot]) -> String {
-    format!(
-        "⇣ fetch image {} on {} from {} (over the mesh, only the layers it lacks)",
-        t.image,
-        machine_name(machines, &t.machine_id),
-        machine_name(machines, &t.from)
-    )
+    match &t.from {
+        Some(from) => format!(
+            "⇣ fetch image {} on {} from {} (over the mesh, only the layers it lacks)",
+            t.image,
+            machine_name(machines, &t.machine_id),
+            machine_name(machines, from)
+        ),
+        None => format!(
+            "⇡ send image {} to {} from the local Docker (only the layers it lacks)",
+            t.image,
+            machine_name(machines, &t.machine_id)
+        ),
+    }
 }
 
 pub fn describe(op: &Operation, machines: &[MachineSnapshot]) -> String {

@@ -1176,7 +1176,11 @@ fn a_machine_that_lacks_an_image_another_has_fetches_it_from_there_first() {
                     .name
                     .to_string()
             };
-            (t.image.clone(), name(&t.machine_id), name(&t.from))
+            (
+                t.image.clone(),
+                name(&t.machine_id),
+                name(t.from.as_ref().expect("from a Machine")),
+            )
         })
         .collect();
     got.sort();
@@ -1214,6 +1218,31 @@ fn a_machine_that_lacks_an_image_another_has_fetches_it_from_there_first() {
     )
     .unwrap();
     assert!(p.transfers.is_empty());
+
+    // An image the CLI built comes from its Docker, to each Machine that lacks it, even where
+    // another Machine has it.
+    let p = plan(
+        &intent,
+        &machines,
+        &PlanOptions {
+            built: vec!["app:1".into()],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let sent: Vec<_> = p
+        .transfers
+        .iter()
+        .filter(|t| t.image == "app:1")
+        .map(|t| (t.machine_id.clone(), t.from.clone()))
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            (machines[0].machine.info.id.clone(), None),
+            (c.clone(), None)
+        ]
+    );
 
     // The preview shows each fetch as a step.
     let text = preview::render(

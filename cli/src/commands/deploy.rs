@@ -84,6 +84,23 @@ pub struct DeployArgs {
     /// How long to wait for the Machine's lease while another command holds it.
     #[arg(long, value_name = "SECONDS", env = LEASE_WAIT_ENV, default_value_t = DEFAULT_LEASE_WAIT_SECONDS)]
     lease_wait: u64,
+    #[command(flatten)]
+    build: BuildArgs,
+}
+
+/// How the images of Services with `build:` are built (with the Docker where the CLI runs).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct BuildArgs {
+    /// A build argument for every Service with build: (repeatable; wins over the file's args).
+    #[arg(long = "build-arg", value_name = "KEY=VALUE")]
+    pub build_args: Vec<String>,
+    /// Build without Docker's layer cache, even when an image with the build's tag exists.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Build nothing: Services with build: use the image the local Docker has with the build's
+    /// tag, or else what the Machines have.
+    #[arg(long, conflicts_with = "no_cache")]
+    pub no_build: bool,
 }
 
 /// The environment variable that sets `--lease-wait` for every command that takes the lease.
@@ -163,7 +180,7 @@ fn check_secret_values(plan: &DeployPlan) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn default_files() -> anyhow::Result<Vec<PathBuf>> {
+pub(crate) fn default_files() -> anyhow::Result<Vec<PathBuf>> {
     for name in [
         "compose.yaml",
         "compose.yml",
@@ -230,10 +247,23 @@ async fn deploy_files(global: &GlobalArgs, args: DeployArgs) -> Result<(), Stop>
         .collect();
     attempts
         .retain(|a| !refused.contains(a.as_str()) || project.services.iter().any(|s| &s.name == a));
-    let intent = DeployIntent {
+    let mut intent = DeployIntent {
         services: project.services,
         attempts,
         volumes: project.volumes,
+    };
+    let built = if loaded.errors.is_empty() {
+        prepare_builds(
+            &mut intent,
+            &project.builds,
+            &args.build,
+            args.dry_run,
+            args.json,
+        )
+        .await
+        .stop_as(ProblemKind::Failed)?
+    } else {
+        Vec::new()
     };
     let flow = Flow {
         yes: args.yes,
@@ -243,6 +273,7 @@ async fn deploy_files(global: &GlobalArgs, args: DeployArgs) -> Result<(), Stop>
             recreate: args.recreate,
             seed: rand_seed(),
             not_included: Vec::new(),
+            built,
         },
         execute: ExecuteOptions {
             skip_health: args.skip_health,
@@ -258,6 +289,93 @@ async fn deploy_files(global: &GlobalArgs, args: DeployArgs) -> Result<(), Stop>
     }
     let mut client = super::connect(global).await.stop_as(ProblemKind::Daemon)?;
     deploy_project(&mut client, &intent, warnings, &flow).await
+}
+
+/// Gives each attempted Service with `build:` its image's tag, derived from the build's inputs
+/// (so an unchanged build is the same image and plans as up to date), and builds what the local
+/// Docker does not have yet (not for a dry run or with `--no-build`; always with
+/// `--no-cache`). The images the local Docker has now, which the Machines that lack them get
+/// from it.
+pub async fn prepare_builds(
+    intent: &mut DeployIntent,
+    builds: &[(ServiceName, ployz_compose::BuildSpec)],
+    how: &BuildArgs,
+    dry_run: bool,
+    quiet: bool,
+) -> anyhow::Result<Vec<String>> {
+    let overrides: BTreeMap<String, String> = how
+        .build_args
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| {
+                    anyhow!(
+                        "--build-arg '{kv}' is not KEY=VALUE; write it as --build-arg NAME=value"
+                    )
+                })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let attempted: Vec<&(ServiceName, ployz_compose::BuildSpec)> = builds
+        .iter()
+        .filter(|(name, _)| intent.attempts.contains(name))
+        .collect();
+    if attempted.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Every tag first: a context that cannot be read stops the Deploy before anything is built.
+    let mut planned = Vec::new();
+    for (name, build) in attempted {
+        let mut args = build.args.clone();
+        args.extend(overrides.clone());
+        let tag = crate::build::content_tag(build, &args)
+            .with_context(|| format!("service '{name}': the build's inputs cannot be read"))?;
+        let spec = intent
+            .services
+            .iter_mut()
+            .find(|s| &s.name == name)
+            .expect("an attempted Service with a build is in the intent");
+        let reference = format!("{}:{tag}", crate::build::repository(&spec.container.image));
+        spec.container.image = reference.clone();
+        planned.push((name, build, args, reference));
+    }
+    let (local, shown) = super::image::local_docker().await?;
+    let mut have = Vec::new();
+    for (name, build, args, reference) in planned {
+        let present = ployz_orchestrator::images::describe(&local, &shown, &reference)
+            .await
+            .map_err(|e| anyhow!("{e}"))?
+            .is_some();
+        let context = build.context.display();
+        if dry_run || how.no_build || (present && !how.no_cache) {
+            if !quiet {
+                let why = if present {
+                    "built already"
+                } else if dry_run {
+                    "to build (not in a dry run)"
+                } else {
+                    "not built (--no-build)"
+                };
+                eprintln!("build {name} → {reference} from {context}: {why}");
+            }
+            if present {
+                have.push(reference);
+            }
+            continue;
+        }
+        if !quiet {
+            eprintln!("build {name} → {reference} from {context} ...");
+        }
+        crate::build::build_image(&local, build, &args, &reference, how.no_cache, |line| {
+            if !quiet {
+                eprintln!("  │ {line}");
+            }
+        })
+        .await
+        .with_context(|| format!("service '{name}': building {reference} from {context}"))?;
+        have.push(reference);
+    }
+    Ok(have)
 }
 
 /// The planning problems of the Services of a project refused for its files: the Deploy Snapshot
@@ -418,6 +536,7 @@ impl Flow {
                 recreate: false,
                 seed: rand_seed(),
                 not_included: Vec::new(),
+                built: Vec::new(),
             },
             execute: monitor_defaults(),
             lease_wait: lease_wait_from_env(),
@@ -685,9 +804,9 @@ async fn deploy_holding(
     Ok(())
 }
 
-/// Runs the plan's image transfers (peer pulls), each Machine fetching from another over the
-/// mesh, one after the other. A transfer that fails is reported and the Deploy goes on: the
-/// container's own pull, from its registry, comes next.
+/// Runs the plan's image transfers, one after the other: a Machine fetching from another over
+/// the mesh (a peer pull), or an image the CLI built sent from its Docker. A transfer that fails
+/// is reported and the Deploy goes on: the container's own pull, from its registry, comes next.
 async fn fetch_images(
     client: &mut ApiClient,
     transfers: &[ImageTransfer],
@@ -704,17 +823,23 @@ async fn fetch_images(
                 preview::describe_transfer(t, machines)
             );
         }
-        client.set_machine_target(Some(t.machine_id.to_string()));
-        let answer: anyhow::Result<PeerPullAnswer> = client
-            .post(
-                docker_paths::IMAGE_PULL_FROM_PEER,
-                &PeerPullRequest {
-                    image: t.image.clone(),
-                    from: t.from.clone(),
-                },
-            )
-            .await;
-        client.set_machine_target(None);
+        let answer: anyhow::Result<PeerPullAnswer> = match &t.from {
+            Some(from) => {
+                client.set_machine_target(Some(t.machine_id.to_string()));
+                let answer = client
+                    .post(
+                        docker_paths::IMAGE_PULL_FROM_PEER,
+                        &PeerPullRequest {
+                            image: t.image.clone(),
+                            from: from.clone(),
+                        },
+                    )
+                    .await;
+                client.set_machine_target(None);
+                answer
+            }
+            None => send_built(client, t, machines).await,
+        };
         let outcome = match answer {
             Ok(a) => {
                 if !quiet {
@@ -757,6 +882,31 @@ async fn fetch_images(
     out
 }
 
+/// Sends an image the CLI built from its Docker to the Machine `t` names, as `image push` does,
+/// through the Machine reached.
+async fn send_built(
+    client: &mut ApiClient,
+    t: &ImageTransfer,
+    machines: &[MachineSnapshot],
+) -> anyhow::Result<PeerPullAnswer> {
+    let (local, shown) = super::image::local_docker().await?;
+    let offer = super::image::local_offer(&local, &shown, &t.image).await?;
+    let name = machines
+        .iter()
+        .find(|m| m.machine.info.id == t.machine_id)
+        .map(|m| m.machine.info.name.to_string())
+        .unwrap_or_else(|| t.machine_id.to_string());
+    let share = super::image::Share::new(&name, offer.layers.len());
+    let sent = super::image::send_to(client, &local, &offer, &t.machine_id, &name, share).await?;
+    Ok(PeerPullAnswer {
+        id: offer.id,
+        present: sent.present,
+        layers_sent: sent.layers_sent,
+        layers: sent.layers,
+        received: sent.bytes_sent,
+    })
+}
+
 fn print_outcome(outcome: &DeployOutcome, machines: &[MachineSnapshot]) {
     if !outcome.images.is_empty() {
         let fetched: Vec<&TransferOutcome> = outcome
@@ -765,7 +915,7 @@ fn print_outcome(outcome: &DeployOutcome, machines: &[MachineSnapshot]) {
             .filter(|i| i.error.is_none())
             .collect();
         println!(
-            "Images: {} of {} fetched from other Machines, {} over the mesh.",
+            "Images: {} of {} sent to the Machines that lacked them, {} over the network.",
             fetched.len(),
             outcome.images.len(),
             crate::output::bytes(fetched.iter().map(|i| i.bytes).sum())

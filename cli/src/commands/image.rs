@@ -154,7 +154,7 @@ pub struct PushOutcome {
 }
 
 /// One Machine's share, watched by the progress display.
-struct Share {
+pub struct Share {
     name: String,
     counters: Arc<TransferCounters>,
     phase: Mutex<Phase>,
@@ -162,6 +162,15 @@ struct Share {
 }
 
 impl Share {
+    pub fn new(name: &str, layers: usize) -> Arc<Share> {
+        Arc::new(Share {
+            name: name.to_owned(),
+            counters: Arc::new(TransferCounters::default()),
+            phase: Mutex::new(Phase::Offering),
+            layers,
+        })
+    }
+
     fn set(&self, phase: Phase) {
         *self.phase.lock().expect("phase lock") = phase;
     }
@@ -265,14 +274,7 @@ pub async fn push_image(
     let shares: Arc<Vec<Arc<Share>>> = Arc::new(
         targets
             .iter()
-            .map(|(_, name)| {
-                Arc::new(Share {
-                    name: name.clone(),
-                    counters: Arc::new(TransferCounters::default()),
-                    phase: Mutex::new(Phase::Offering),
-                    layers: offer.layers.len(),
-                })
-            })
+            .map(|(_, name)| Share::new(name, offer.layers.len()))
             .collect(),
     );
     let (finished, done) = tokio::sync::watch::channel(false);
@@ -283,7 +285,11 @@ pub async fn push_image(
         .map(|((id, name), share)| {
             let share = share.clone();
             async move {
-                let outcome = push_to(global, local, offer, id, name, share.clone()).await;
+                let outcome = async {
+                    let mut client = super::connect(global).await?;
+                    send_to(&mut client, local, offer, id, name, share.clone()).await
+                }
+                .await;
                 match &outcome {
                     Ok(o) => share.set(Phase::Done(o.clone())),
                     Err(e) => share.set(Phase::Failed(format!("{e:#}"))),
@@ -310,8 +316,24 @@ pub async fn push_image(
     (values, failures)
 }
 
-async fn push_to(
-    global: &GlobalArgs,
+/// Sends image `offer` from `local` to Machine `id` through `client`: the offer, then (unless
+/// the Machine has it) the layers it lacks.
+pub async fn send_to(
+    client: &mut crate::client::ApiClient,
+    local: &bollard::Docker,
+    offer: &ImageOffer,
+    id: &MachineId,
+    name: &str,
+    share: Arc<Share>,
+) -> anyhow::Result<PushOutcome> {
+    client.set_machine_target(Some(id.to_string()));
+    let sent = send_aimed(client, local, offer, id, name, share).await;
+    client.set_machine_target(None);
+    sent
+}
+
+async fn send_aimed(
+    client: &mut crate::client::ApiClient,
     local: &bollard::Docker,
     offer: &ImageOffer,
     id: &MachineId,
@@ -319,8 +341,6 @@ async fn push_to(
     share: Arc<Share>,
 ) -> anyhow::Result<PushOutcome> {
     let started = Instant::now();
-    let mut client = super::connect(global).await?;
-    client.set_machine_target(Some(id.to_string()));
     let answer: OfferAnswer = client.post(paths::IMAGE_OFFERS, offer).await?;
     let mut outcome = PushOutcome {
         machine: id.clone(),

@@ -1,5 +1,6 @@
 //! One module per command group.
 
+pub mod build;
 pub mod cert;
 pub mod ctx;
 pub mod daemon;

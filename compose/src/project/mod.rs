@@ -73,6 +73,7 @@ pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeE
             LoadedProject {
                 services: Vec::new(),
                 volumes: Vec::new(),
+                builds: Vec::new(),
                 warnings: d.warnings,
             },
             d.errors,
@@ -132,7 +133,7 @@ pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeE
         dir: &dir,
         vars: &vars,
     };
-    let Some((services, volumes)) = project.convert(input, &mut d) else {
+    let Some((services, volumes, builds)) = project.convert(input, &mut d) else {
         if d.errors.is_empty() {
             // Every path that gives up records why; this one keeps a refusal from being silent.
             d.errors.push(ComposeError {
@@ -150,6 +151,7 @@ pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeE
         LoadedProject {
             services,
             volumes,
+            builds,
             warnings: d.warnings,
         },
         d.errors,
@@ -165,6 +167,14 @@ pub(crate) fn load(input: &ComposeInput) -> Result<LoadedProject, ComposeErrors>
         Err(ComposeErrors(errors))
     }
 }
+
+/// A project converted: the specs in dependency order, the Docker Volumes they use, and how
+/// the Services with `build:` are built.
+type ConvertedProject = (
+    Vec<ServiceSpec>,
+    Vec<VolumeSpec>,
+    Vec<(ServiceName, crate::service::build::BuildSpec)>,
+);
 
 /// The merged project, with what converting it needs.
 struct Project<'a> {
@@ -241,11 +251,7 @@ impl Project<'_> {
 
     /// The specs of the included services in dependency order, and the Docker Volumes they
     /// use. `None` when the project cannot be converted (errors are recorded).
-    fn convert(
-        &self,
-        input: &ComposeInput,
-        d: &mut Diagnostics,
-    ) -> Option<(Vec<ServiceSpec>, Vec<VolumeSpec>)> {
+    fn convert(&self, input: &ComposeInput, d: &mut Diagnostics) -> Option<ConvertedProject> {
         let Node::Map(top) = self.root else {
             return None;
         };
@@ -261,9 +267,14 @@ impl Project<'_> {
         volumes::used_volume_warnings(&done.used_volumes, &volumes, d);
         self.check_hostnames(&done.converted, d);
         let order = self.dependency_order(&done.deps, d)?;
+        let builds = done
+            .converted
+            .iter()
+            .filter_map(|c| Some((c.spec.name.clone(), c.build.clone()?)))
+            .collect();
         let specs = order::in_order(done.converted, &done.deps, order);
         let volumes = volumes::used_volumes(&done.used_volumes, &volumes, d);
-        Some((specs, volumes))
+        Some((specs, volumes, builds))
     }
 
     /// The `services:` entries; a project needs at least one.

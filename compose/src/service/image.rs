@@ -1,5 +1,5 @@
-//! What the container runs: `image` (with `build`, which is not supported yet), `command`,
-//! `entrypoint` and `pull_policy`. An image reference Docker would refuse is refused here,
+//! What the container runs: `image` (or the image `build` makes), `command`, `entrypoint` and
+//! `pull_policy`. An image reference Docker would refuse is refused here,
 //! at load time, naming the rule it breaks.
 
 use ployz_core::PullPolicy;
@@ -18,7 +18,10 @@ pub(super) fn read(ctx: &mut ServiceCtx<'_>, p: &mut Parts<'_>, k: &str, value: 
                 }
             }
         }
-        "build" => p.build = !matches!(value, Node::Null),
+        "build" => {
+            p.build_set = !matches!(value, Node::Null);
+            p.build = super::build::read(ctx, value);
+        }
         "command" if !matches!(value, Node::Null) => {
             p.container.command = ctx.get(k, value, command);
         }
@@ -27,6 +30,7 @@ pub(super) fn read(ctx: &mut ServiceCtx<'_>, p: &mut Parts<'_>, k: &str, value: 
         }
         "pull_policy" => {
             if let Some(policy) = ctx.get(k, value, text) {
+                p.pull_policy_build = policy == "build";
                 p.container.pull_policy = pull_policy(ctx, k, policy);
             }
         }
@@ -35,21 +39,14 @@ pub(super) fn read(ctx: &mut ServiceCtx<'_>, p: &mut Parts<'_>, k: &str, value: 
     }
 }
 
-/// `always`, `missing` (or `if_not_present`) or `never`; `build` and anything else are errors.
+/// `always`, `missing` (or `if_not_present`), `never` or `build` (the image is built: it
+/// reaches the Machines from the CLI, as `missing` lets it); anything else is an error.
+/// `build` without `build:` is refused in [`check_image`].
 fn pull_policy(ctx: &mut ServiceCtx<'_>, k: &str, p: String) -> PullPolicy {
     match p.as_str() {
         "always" => PullPolicy::Always,
-        "missing" | "if_not_present" => PullPolicy::Missing,
+        "missing" | "if_not_present" | "build" => PullPolicy::Missing,
         "never" => PullPolicy::Never,
-        "build" => {
-            ctx.err(
-                k,
-                Some(p),
-                "pull_policy build needs build:, which is not supported yet",
-                Some("build and tag the image locally, then use image: with pull_policy missing or never"),
-            );
-            PullPolicy::Missing
-        }
         _ => {
             ctx.err(
                 k,
@@ -62,35 +59,39 @@ fn pull_policy(ctx: &mut ServiceCtx<'_>, k: &str, p: String) -> PullPolicy {
     }
 }
 
-/// A service needs an image; `build:` is not supported yet (an error without an image, a
-/// warning with one). Returns the image, empty when there is none (an error was recorded).
-/// No follow-on errors: a service whose `image:` or `extends` was refused is not also told it
-/// has no image, and one refused for `pull_policy: build` is not also told `build:` is
-/// unsupported.
-pub(super) fn check_image(ctx: &mut ServiceCtx<'_>, image: Option<String>, build: bool) -> String {
-    if image.is_none()
-        && (refused(ctx, "image") || (build && refused(ctx, "pull_policy")) || refused_extends(ctx))
-    {
+/// A service needs an image: `image:`, or the one `build:` makes, named by `image:` when it is
+/// given and by the project and Service otherwise (the CLI adds a tag derived from the build's
+/// inputs before a Deploy). Returns the image, empty when there is none (an error was
+/// recorded). No follow-on errors: a service whose `image:`, `build:` or `extends` was refused
+/// is not also told it has no image.
+pub(super) fn check_image(
+    ctx: &mut ServiceCtx<'_>,
+    image: Option<String>,
+    build: Option<&super::build::BuildSpec>,
+    build_set: bool,
+    pull_policy_build: bool,
+) -> String {
+    if pull_policy_build && !build_set {
+        ctx.err(
+            "pull_policy",
+            Some("build".to_owned()),
+            "pull_policy build needs build:",
+            Some("add build: with the image's context, or use pull_policy missing"),
+        );
+    }
+    if image.is_none() && (refused(ctx, "image") || build_set || refused_extends(ctx)) {
+        if let (true, Some(_)) = (build_set, build) {
+            return super::build::repository(ctx);
+        }
         return String::new();
     }
-    match (&image, build) {
-        (None, true) => ctx.err(
-            "build",
-            None,
-            "build is not supported yet",
-            Some("build and tag the image locally, then use image:"),
-        ),
-        (None, false) => ctx.err(
+    if image.is_none() {
+        ctx.err(
             "image",
             None,
             "the service has no image",
-            Some("add image:, e.g. image: nginx:1.27"),
-        ),
-        (Some(i), true) => ctx.warn(
-            "build",
-            format!("build is not supported yet and is ignored; the image '{i}' is used as it is"),
-        ),
-        (Some(_), false) => {}
+            Some("add image:, e.g. image: nginx:1.27, or build: with the folder it is built from"),
+        );
     }
     image.unwrap_or_default()
 }

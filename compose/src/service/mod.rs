@@ -20,6 +20,7 @@
 //! - [`keys`]: the key table (kept, translated, warned, refused) and unknown keys;
 //! - [`shapes`]: value shapes (text, numbers, durations, sizes, lists, mappings).
 
+pub mod build;
 mod configs;
 mod depends_on;
 mod deploy;
@@ -79,6 +80,8 @@ pub(crate) struct Converted {
     pub volume_keys: BTreeSet<String>,
     pub configs: Vec<ConfigUse>,
     pub secrets: Vec<ConfigUse>,
+    /// How its image is built, when `build:` says.
+    pub build: Option<build::BuildSpec>,
 }
 
 /// What a service conversion needs from the project.
@@ -155,8 +158,11 @@ struct Parts<'n> {
     /// The container settings filled key by key; image, env, mounts and resources come last.
     container: ContainerSpec,
     image: Option<String>,
-    /// Whether `build:` is set (and not null).
-    build: bool,
+    /// Whether `build:` is set (and not null), and what it said when it was not refused.
+    build_set: bool,
+    build: Option<build::BuildSpec>,
+    /// `pull_policy: build`.
+    pull_policy_build: bool,
     env_file_entries: Vec<environment::EnvFileLine>,
     environment: Vec<(String, Option<String>)>,
     compose_ports: Option<&'n Node>,
@@ -239,7 +245,13 @@ fn read_key<'n>(ctx: &mut ServiceCtx<'_>, p: &mut Parts<'n>, k: &str, value: &'n
 /// builds the spec. `None` when this service recorded any error.
 fn finish(ctx: &mut ServiceCtx<'_>, p: Parts<'_>, errors_before: usize) -> Option<Converted> {
     let mut c = p.container;
-    c.image = image::check_image(ctx, p.image, p.build);
+    c.image = image::check_image(
+        ctx,
+        p.image,
+        p.build.as_ref(),
+        p.build_set,
+        p.pull_policy_build,
+    );
     c.env = environment::merge(ctx, p.env_file_entries, p.environment);
     (c.mounts, c.secrets) = volumes::settle_mounts(ctx, p.mounts);
     c.resources = deploy::resources(p.top_resources, p.deploy_resources);
@@ -263,5 +275,6 @@ fn finish(ctx: &mut ServiceCtx<'_>, p: Parts<'_>, errors_before: usize) -> Optio
         volume_keys: p.volume_keys,
         configs: p.configs,
         secrets: p.secrets,
+        build: p.build,
     })
 }

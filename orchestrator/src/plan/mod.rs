@@ -62,6 +62,8 @@ pub struct PlanOptions {
     /// The Machines the Deploy Snapshot leaves out: a Service whose `x-machines` names one is
     /// refused (it would run elsewhere, or not at all, without anyone asking for that).
     pub not_included: Vec<NotIncluded>,
+    /// Images the CLI built: a Machine that lacks one gets it from the CLI's Docker.
+    pub built: Vec<String>,
 }
 
 /// Why one Service (or one Service Attempt) could not be planned. Every variant names what to
@@ -282,7 +284,7 @@ pub fn plan(
     if !errors.is_empty() {
         return Err(PlanErrors(errors));
     }
-    let transfers = peer_transfers(&services, machines);
+    let transfers = peer_transfers(&services, machines, &opts.built);
     Ok(DeployPlan {
         volume_operations: volumes.into_operations(),
         services,
@@ -290,14 +292,15 @@ pub fn plan(
     })
 }
 
-/// The images Machines fetch from other Machines before the operations run: for each container
-/// (or hook) to run on a Machine whose snapshot lacks its image, with `pull_policy: missing`,
-/// when another Machine of the snapshot has it. Each image once per Machine; the source is the
-/// first Machine (by Machine ID) that has it. A Machine none has it from pulls from the
-/// registry, as it always did.
+/// The images Machines get before the operations run: for each container (or hook) to run on a
+/// Machine whose snapshot lacks its image, with `pull_policy: missing`, an image the CLI built
+/// (in `built`) from the CLI's Docker, any other from another Machine of the snapshot that has
+/// it. Each image once per Machine; the source is the first Machine (by Machine ID) that has
+/// it. A Machine none has it from pulls from the registry, as it always did.
 pub fn peer_transfers(
     services: &[ServicePlan],
     machines: &[MachineSnapshot],
+    built: &[String],
 ) -> Vec<ImageTransfer> {
     let has =
         |m: &MachineSnapshot, image: &str| m.images.iter().any(|i| normalize_image(i) == image);
@@ -331,14 +334,20 @@ pub fn peer_transfers(
         {
             continue;
         }
-        if let Some(source) = sources
+        if built.iter().any(|b| normalize_image(b) == image) {
+            out.push(ImageTransfer {
+                image,
+                machine_id: machine_id.clone(),
+                from: None,
+            });
+        } else if let Some(source) = sources
             .iter()
             .find(|m| &m.machine.info.id != machine_id && has(m, &image))
         {
             out.push(ImageTransfer {
                 image,
                 machine_id: machine_id.clone(),
-                from: source.machine.info.id.clone(),
+                from: Some(source.machine.info.id.clone()),
             });
         }
     }
