@@ -462,6 +462,7 @@ pub fn check_plan_bodies(plan: &ployz_core::DeployPlan) -> anyhow::Result<()> {
                 serde_json::to_vec(&RunContainerRequest {
                     service_id: service_id.clone(),
                     spec: spec.clone(),
+                    registry_auth: None,
                 }),
             ),
             Operation::RunHook {
@@ -478,6 +479,7 @@ pub fn check_plan_bodies(plan: &ployz_core::DeployPlan) -> anyhow::Result<()> {
                     service_id: service_id.clone(),
                     spec: spec.clone(),
                     hook: hook.clone(),
+                    registry_auth: None,
                 }),
             ),
             Operation::CreateVolume { volume, .. } => (

@@ -29,6 +29,7 @@ mod host;
 mod leases;
 mod memory;
 mod output;
+mod registry_auth;
 mod target;
 mod targets;
 mod time_arg;

@@ -19,6 +19,8 @@ pub struct ApiTarget<'a> {
     pub client: &'a mut ApiClient,
     /// The leases; an operation for a Machine without one is refused.
     pub leases: &'a Leases,
+    /// Registry credentials to pull with (`--with-registry-auth`), by registry.
+    pub registry_auth: &'a [ployz_core::api::RegistryAuth],
 }
 
 impl ApiTarget<'_> {
@@ -59,6 +61,11 @@ impl DeployTarget for ApiTarget<'_> {
                 &RunContainerRequest {
                     service_id: service_id.clone(),
                     spec: spec.clone(),
+                    registry_auth: crate::registry_auth::for_image(
+                        self.registry_auth,
+                        &spec.container.image,
+                    )
+                    .cloned(),
                 },
             )
             .await
@@ -208,6 +215,11 @@ impl DeployTarget for ApiTarget<'_> {
                     service_id: service_id.clone(),
                     spec: spec.clone(),
                     hook: hook.clone(),
+                    registry_auth: crate::registry_auth::for_image(
+                        self.registry_auth,
+                        &spec.container.image,
+                    )
+                    .cloned(),
                 },
             )
             .await

@@ -781,6 +781,36 @@ pub struct PeerPullAnswer {
 pub struct RunContainerRequest {
     pub service_id: crate::ServiceId,
     pub spec: crate::ServiceSpec,
+    /// For pulling the spec's image from a private registry (`--with-registry-auth`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_auth: Option<RegistryAuth>,
+}
+
+/// Credentials for pulling an image from a private registry, passed with a call that may pull
+/// (`ployz deploy --with-registry-auth`, from the CLI's Docker credentials) and used for that
+/// pull alone: never stored, logged or shown (`Debug` hides them).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryAuth {
+    /// The registry, as Docker names it (`registry.example.com:5000`, or
+    /// `https://index.docker.io/v1/` for Docker Hub).
+    pub server: String,
+    #[serde(default)]
+    pub username: String,
+    #[serde(default)]
+    pub password: String,
+    /// An identity token in place of a password (`docker login` with a credential helper).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_token: Option<String>,
+}
+
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAuth")
+            .field("server", &self.server)
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Stop a container.
@@ -814,6 +844,9 @@ pub struct RunHookRequest {
     pub service_id: crate::ServiceId,
     pub spec: crate::ServiceSpec,
     pub hook: crate::PreDeployHook,
+    /// As [`RunContainerRequest::registry_auth`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry_auth: Option<RegistryAuth>,
 }
 
 /// What a pre-deploy hook ended with.

@@ -195,7 +195,7 @@ async fn run_container(
     let m = machine.clone();
     let store = crate::api::store_blocking(move || m.writable_store()).await?;
     let c = d
-        .run_service_container(&req.service_id, &req.spec)
+        .run_service_container(&req.service_id, &req.spec, req.registry_auth.as_ref())
         .await
         .map_err(|e| creation_failure(&machine, e))?;
     if let Err(e) = ployz_orchestrator::observer::resync(&d, &store).await {
@@ -350,7 +350,12 @@ async fn run_hook(
     Json(req): Json<RunHookRequest>,
 ) -> Result<Response, Failure> {
     let result = docker(&machine)?
-        .run_hook(&req.service_id, &req.spec, &req.hook)
+        .run_hook(
+            &req.service_id,
+            &req.spec,
+            &req.hook,
+            req.registry_auth.as_ref(),
+        )
         .await
         .map_err(|e| creation_failure(&machine, e))?;
     tracing::info!(service = %req.spec.name, exit_code = ?result.exit_code, "pre-deploy hook ended");

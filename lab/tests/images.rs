@@ -152,6 +152,27 @@ fn a_push_sends_only_what_each_machine_lacks_and_a_machine_that_has_it_costs_one
         "{got:?}"
     );
 
+    // Without --json: a line per Machine as its share moves on (no terminal), and a summary.
+    let mut c = lab.cli(0);
+    c.env("DOCKER_HOST", LOCAL_DOCKER)
+        .args(["image", "push", &tag_one]);
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for m in ["m0", "m1", "m2"] {
+        assert!(
+            err.contains(&format!("{m}: offering"))
+                && err.contains(&format!("{m}: has it already")),
+            "{err}"
+        );
+    }
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("3 of 3 Machines have it (3 already did); 0 B sent."),
+        "{}",
+        text(&out)
+    );
+
     // A change to one file: only its layer crosses (the busybox layer is there).
     let two = build(&lab.dir().join("two"), &tag_two, 2, data);
     let out = push(&lab, &[&tag_two, "-m", "m2", "-m", "m1"]);
@@ -206,53 +227,81 @@ impl Drop for RemoveOnDrop {
 #[test]
 #[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
 fn a_push_cut_off_half_way_leaves_no_half_image_and_the_next_push_completes() {
-    let lab = cluster(2);
+    let mut lab = cluster(2);
     let tag = format!("ployz-push-test/{}:big", lab.run());
     let _cleanup = RemoveOnDrop(vec![tag.clone()]);
     let id = build(&lab.dir().join("big"), &tag, 3, 96 << 20);
     let tmp = lab.machine_dir(1).join("data/tmp");
-    let mut c = lab.cli(0);
-    c.env("DOCKER_HOST", LOCAL_DOCKER)
-        .args(["image", "push", &tag, "-m", "m1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut cli = c.spawn().unwrap();
-    // Bytes are arriving at Machine 1's Docker: kill the CLI then.
-    wait_for(
-        &lab,
-        "Machine 1's Docker receiving the image",
-        Duration::from_secs(60),
-        || {
-            let receiving = std::fs::read_dir(&tmp).ok()?.flatten().any(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with("docker-import-")
-                    && dir_bytes(&e.path()) > 8 << 20
-            });
-            receiving.then_some(())
-        },
-    );
+    let receiving = |lab: &Lab| {
+        wait_for(
+            lab,
+            "Machine 1's Docker receiving the image",
+            Duration::from_secs(60),
+            || {
+                let receiving = std::fs::read_dir(&tmp).ok()?.flatten().any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with("docker-import-")
+                        && dir_bytes(&e.path()) > 8 << 20
+                });
+                receiving.then_some(())
+            },
+        )
+    };
+    // Docker gives up on a cut-off archive and removes what it unpacked; no image.
+    let let_go = |lab: &Lab| {
+        wait_for(
+            lab,
+            "Machine 1's Docker letting go of the partial archive",
+            Duration::from_secs(90),
+            || {
+                let left = std::fs::read_dir(&tmp)
+                    .map(|d| {
+                        d.flatten().any(|e| {
+                            e.file_name()
+                                .to_string_lossy()
+                                .starts_with("docker-import-")
+                        })
+                    })
+                    .unwrap_or(false);
+                (!left).then_some(())
+            },
+        );
+        assert_eq!(image_id_on(lab, 1, &id), None, "a half image on Machine 1");
+    };
+    let start_push = |lab: &Lab| {
+        let mut c = lab.cli(0);
+        c.env("DOCKER_HOST", LOCAL_DOCKER)
+            .env("PLOYZ_TRANSFER_STALL_SECONDS", "5")
+            .args(["image", "push", &tag, "-m", "m1"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().unwrap()
+    };
+
+    // The CLI killed while bytes arrive.
+    let mut cli = start_push(&lab);
+    receiving(&lab);
     cli.kill().unwrap();
     cli.wait().unwrap();
-    // Docker gives up on the cut-off archive and removes what it unpacked; no image.
-    wait_for(
-        &lab,
-        "Machine 1's Docker letting go of the partial archive",
-        Duration::from_secs(60),
-        || {
-            let left = std::fs::read_dir(&tmp)
-                .map(|d| {
-                    d.flatten().any(|e| {
-                        e.file_name()
-                            .to_string_lossy()
-                            .starts_with("docker-import-")
-                    })
-                })
-                .unwrap_or(false);
-            (!left).then_some(())
-        },
+    let_go(&lab);
+
+    // The link between the two Machines cut while bytes arrive: the push says so within its
+    // stall limit instead of hanging until TCP gives up.
+    let cli = start_push(&lab);
+    receiving(&lab);
+    lab.partition(&[&[0], &[1]]);
+    let out = cli.wait_with_output().unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no byte went out for 5 s") && err.contains("the link to it may be cut"),
+        "{err}"
     );
-    assert_eq!(image_id_on(&lab, 1, &id), None, "a half image on Machine 1");
+    let_go(&lab);
+    lab.heal();
+    wait_until_whole(&lab, 2, Duration::from_secs(60));
+
     // The next push completes.
     let out = push(&lab, &[&tag, "-m", "m1"]);
     assert!(out.status.success(), "{}\n{}", text(&out), logs(&lab));
@@ -564,4 +613,128 @@ fn a_service_built_from_its_context_deploys_to_three_machines_and_only_changes_c
     let pushed = v[0]["pushed"]["values"].as_array().unwrap();
     assert_eq!(pushed.len(), 3, "{v}");
     assert!(pushed.iter().all(|p| p["present"] == true), "{v}");
+}
+
+/// Kills a process started by the test when dropped.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn with_registry_auth_a_machine_pulls_with_the_clis_docker_credentials_and_keeps_none() {
+    let lab = cluster(1);
+    // A registry on Machine 0's loopback (Docker pulls from 127.0.0.0/8 over plain HTTP) that
+    // asks for Basic credentials: busybox httpd guarding /v2.
+    let www = lab.dir().join("registry");
+    std::fs::create_dir_all(www.join("v2")).unwrap();
+    // httpd asks for credentials only for what exists.
+    std::fs::write(www.join("v2/index.html"), "{}").unwrap();
+    let conf = lab.dir().join("registry.conf");
+    std::fs::write(&conf, "/v2:alice:s3cret\n").unwrap();
+    let _registry = Killed(
+        Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{}", lab.netns(0)))
+            .args(["busybox", "httpd", "-f", "-p", "127.0.0.1:5000", "-h"])
+            .arg(&www)
+            .arg("-c")
+            .arg(&conf)
+            .spawn()
+            .unwrap(),
+    );
+    wait_for(
+        &lab,
+        "the registry answering",
+        Duration::from_secs(10),
+        || {
+            let out = lab.exec_in(
+                0,
+                &["busybox", "wget", "-q", "-O-", "http://127.0.0.1:5000/v2/"],
+            );
+            String::from_utf8_lossy(&out.stderr)
+                .contains("401")
+                .then_some(())
+        },
+    );
+    let docker_config = lab.dir().join("docker-config-auth");
+    std::fs::create_dir_all(&docker_config).unwrap();
+    std::fs::write(
+        docker_config.join("config.json"),
+        // base64 of alice:s3cret
+        r#"{"auths": {"127.0.0.1:5000": {"auth": "YWxpY2U6czNjcmV0"}}}"#,
+    )
+    .unwrap();
+    let compose = lab.dir().join("private.yaml");
+    std::fs::write(
+        &compose,
+        "services:\n  app:\n    image: 127.0.0.1:5000/team/app:1\n",
+    )
+    .unwrap();
+    let deploy = |with: bool| {
+        let mut c = lab.cli(0);
+        c.env("DOCKER_CONFIG", &docker_config).args([
+            "deploy",
+            "-y",
+            "-f",
+            compose.to_str().unwrap(),
+        ]);
+        if with {
+            c.arg("--with-registry-auth");
+        }
+        c.output().unwrap()
+    };
+    // Without: Docker is asked for credentials it was not given.
+    let out = deploy(false);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(err.contains("no basic auth credentials"), "{err}");
+    // With: the registry accepted them (the image itself is not there: it says so instead).
+    let out = deploy(true);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !err.contains("no basic auth credentials")
+            && !err.contains("unauthorized")
+            && err.contains("not found"),
+        "{err}"
+    );
+    // The credentials are kept nowhere and shown nowhere.
+    assert!(!text(&out).contains("s3cret"));
+    assert!(
+        !lab.log(0).contains("s3cret"),
+        "the daemon logged the password"
+    );
+    let mut found = Vec::new();
+    let store = lab.machine_dir(0);
+    for entry in walk(store) {
+        if std::fs::read(&entry)
+            .map(|b| b.windows(6).any(|w| w == b"s3cret"))
+            .unwrap_or(false)
+        {
+            found.push(entry);
+        }
+    }
+    assert!(found.is_empty(), "the password is kept in {found:?}");
+}
+
+/// Every file under `dir` (the Docker data root's image store left out).
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() && !p.ends_with("data/overlay2") => out.extend(walk(&p)),
+            Ok(t) if t.is_file() => out.push(p),
+            _ => {}
+        }
+    }
+    out
 }

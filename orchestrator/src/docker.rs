@@ -826,7 +826,12 @@ impl MachineDocker {
     }
 
     /// Makes sure the image is here, by the spec's pull policy.
-    async fn ensure_image(&self, image: &str, policy: PullPolicy) -> Result<(), DockerError> {
+    async fn ensure_image(
+        &self,
+        image: &str,
+        policy: PullPolicy,
+        auth: Option<&ployz_core::api::RegistryAuth>,
+    ) -> Result<(), DockerError> {
         check_image_reference(image)?;
         let api = self.api().await?;
         let present = match self
@@ -858,7 +863,13 @@ impl MachineDocker {
                             .build(),
                     ),
                     None,
-                    None,
+                    auth.map(|a| bollard::auth::DockerCredentials {
+                        username: Some(a.username.clone()).filter(|u| !u.is_empty()),
+                        password: Some(a.password.clone()).filter(|p| !p.is_empty()),
+                        serveraddress: Some(a.server.clone()),
+                        identitytoken: a.identity_token.clone(),
+                        ..Default::default()
+                    }),
                 );
                 // A pull reports progress as it goes: silence for this long means Docker hung.
                 while let Some(item) = self
@@ -895,10 +906,11 @@ impl MachineDocker {
         &self,
         service_id: &ServiceId,
         spec: &ServiceSpec,
+        auth: Option<&ployz_core::api::RegistryAuth>,
     ) -> Result<ContainerRuntimeObservation, DockerError> {
         check_secret_values(spec)?;
         self.ensure_network().await?;
-        self.ensure_image(&spec.container.image, spec.container.pull_policy)
+        self.ensure_image(&spec.container.image, spec.container.pull_policy, auth)
             .await?;
         let (name, hostname) = container_names(&spec.name, &format!("-{}", random_suffix()));
         let body = self.service_container_body(service_id, spec, &hostname);
@@ -1370,6 +1382,7 @@ impl MachineDocker {
         service_id: &ServiceId,
         spec: &ServiceSpec,
         hook: &PreDeployHook,
+        auth: Option<&ployz_core::api::RegistryAuth>,
     ) -> Result<HookResult, DockerError> {
         for old in self.observe().await? {
             if old.kind == ContainerKind::Hook && &old.service_id == service_id {
@@ -1377,7 +1390,7 @@ impl MachineDocker {
             }
         }
         self.ensure_network().await?;
-        self.ensure_image(&spec.container.image, spec.container.pull_policy)
+        self.ensure_image(&spec.container.image, spec.container.pull_policy, auth)
             .await?;
         let (name, hostname) =
             container_names(&spec.name, &format!("-pre-deploy-{}", random_suffix()));

@@ -86,6 +86,10 @@ pub struct DeployArgs {
     lease_wait: u64,
     #[command(flatten)]
     build: BuildArgs,
+    /// Pass the Docker credentials of this user (`docker login`) to the Machines for pulling
+    /// the images from their registries; used for those pulls alone, never stored.
+    #[arg(long)]
+    with_registry_auth: bool,
 }
 
 /// How the images of Services with `build:` are built (with the Docker where the CLI runs).
@@ -265,6 +269,25 @@ async fn deploy_files(global: &GlobalArgs, args: DeployArgs) -> Result<(), Stop>
     } else {
         Vec::new()
     };
+    let registry_auth = if args.with_registry_auth {
+        let images: Vec<&str> = intent
+            .services
+            .iter()
+            .filter(|s| intent.attempts.contains(&s.name))
+            .map(|s| s.container.image.as_str())
+            .filter(|i| !built.iter().any(|b| b == i))
+            .collect();
+        let (found, missing) =
+            crate::registry_auth::credentials(&images).stop_as(ProblemKind::Usage)?;
+        if !args.json {
+            for registry in missing {
+                eprintln!("warning: --with-registry-auth: no credentials for {registry} in the Docker configuration; its images are pulled without");
+            }
+        }
+        found
+    } else {
+        Vec::new()
+    };
     let flow = Flow {
         yes: args.yes,
         dry_run: args.dry_run,
@@ -281,6 +304,7 @@ async fn deploy_files(global: &GlobalArgs, args: DeployArgs) -> Result<(), Stop>
         },
         lease_wait: Duration::from_secs(args.lease_wait),
         command: None,
+        registry_auth,
     };
     if !loaded.errors.is_empty() {
         let mut errors: Vec<Problem> = loaded.errors.iter().map(compose_problem).collect();
@@ -523,6 +547,8 @@ pub struct Flow {
     pub lease_wait: Duration,
     /// What the lease names as this command; `None`: `deploy of <services>`.
     pub command: Option<String>,
+    /// Registry credentials passed with the calls that may pull (`--with-registry-auth`).
+    pub registry_auth: Vec<ployz_core::api::RegistryAuth>,
 }
 
 impl Flow {
@@ -541,6 +567,7 @@ impl Flow {
             execute: monitor_defaults(),
             lease_wait: lease_wait_from_env(),
             command: None,
+            registry_auth: Vec::new(),
         }
     }
 }
@@ -768,6 +795,7 @@ async fn deploy_holding(
     let mut target = ApiTarget {
         client,
         leases: &*leases,
+        registry_auth: &flow.registry_auth,
     };
     let outcome = execute(&preview.plan, &mut target, &flow.execute, |p| {
         if quiet {

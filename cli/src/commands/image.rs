@@ -380,10 +380,13 @@ async fn send_aimed(
             api::query_value(&offer.id),
             api::query_value(&offer.tags.join(","))
         );
-        let loaded: LoadedImage = client
-            .post_stream(&path, watched)
-            .await
-            .with_context(|| format!("sending to Machine '{name}'"))?;
+        let sending = client.post_stream::<_, LoadedImage>(&path, watched);
+        let loaded: LoadedImage = tokio::select! {
+            loaded = sending => loaded.with_context(|| format!("sending to Machine '{name}'"))?,
+            stalled = stalled(&share, stall_limit()) => bail!(
+                "sending to Machine '{name}': {stalled}; the link to it may be cut (`ployz machine ls` shows how the Machine reached observes it); the next push starts again from what it has"
+            ),
+        };
         if loaded.id != offer.id {
             bail!(
                 "Machine '{name}' loaded {} where {} was sent",
@@ -397,6 +400,50 @@ async fn send_aimed(
     }
     outcome.seconds = started.elapsed().as_secs_f64();
     Ok(outcome)
+}
+
+/// How long a transfer may go without a byte sent, and how long a Machine may take to load
+/// what it received, before the push to it gives up: `PLOYZ_TRANSFER_STALL_SECONDS` (default
+/// 60), and ten times that for the load.
+fn stall_limit() -> Duration {
+    let seconds = std::env::var("PLOYZ_TRANSFER_STALL_SECONDS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .unwrap_or(60);
+    Duration::from_secs(seconds)
+}
+
+/// Resolves when `share`'s transfer stalls: no byte sent for `limit` while sending, or no
+/// answer `10 * limit` after the last byte. A cut link otherwise holds a push until TCP gives
+/// up, many minutes later.
+async fn stalled(share: &Share, limit: Duration) -> String {
+    let mut last = (share.counters.wire(), Instant::now());
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let sent = share.counters.wire();
+        if sent != last.0 {
+            last = (sent, Instant::now());
+            continue;
+        }
+        match share.phase() {
+            Phase::Loading { since } if since.elapsed() >= limit * 10 => {
+                return format!(
+                    "no answer {} s after the last byte",
+                    since.elapsed().as_secs()
+                )
+            }
+            Phase::Loading { .. } => {}
+            _ if last.1.elapsed() >= limit => {
+                return format!(
+                    "no byte went out for {} s ({} sent)",
+                    limit.as_secs(),
+                    bytes(sent)
+                )
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The offer of the local Docker's image `reference`, or a clear error.

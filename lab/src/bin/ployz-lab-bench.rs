@@ -7,7 +7,7 @@
 //!
 //! ```sh
 //! cargo build --release -p ployz -p ployz-lab
-//! PLOYZ_BIN=$PWD/target/release/ployz target/release/ployz-lab-bench [replication|latency|detection|idle|wireguard|fanout|convergence|edge-mesh]...
+//! PLOYZ_BIN=$PWD/target/release/ployz target/release/ployz-lab-bench [replication|latency|detection|idle|wireguard|fanout|convergence|edge-mesh|image-push]...
 //! ```
 //!
 //! Without arguments every measurement runs (about 9 minutes on 2 cores).
@@ -701,6 +701,179 @@ fn edge_mesh() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Builds `tag` in the host's Docker: busybox, then `random` bytes of random data and
+/// `text` bytes of repetitive text (as a real image mixes binaries and text), one layer each.
+fn build_bench_image(
+    dir: &Path,
+    tag: &str,
+    seed: u64,
+    random: usize,
+    text: usize,
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::copy("/bin/busybox", dir.join("busybox"))?;
+    let mut data = vec![0u8; random];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ seed;
+    for b in data.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    std::fs::write(dir.join("random"), &data)?;
+    let line = b"2026-12-06T09:00:00Z INFO request served path=/api/items status=200 took_ms=3\n";
+    let text_data: Vec<u8> = line.iter().copied().cycle().take(text).collect();
+    std::fs::write(dir.join("text"), &text_data)?;
+    std::fs::write(
+        dir.join("Dockerfile"),
+        "FROM scratch\nCOPY busybox /bin/busybox\nCOPY text /text\nCOPY random /random\n",
+    )?;
+    let out = std::process::Command::new("docker")
+        .args([
+            "-H",
+            "unix:///var/run/docker.sock",
+            "build",
+            "-q",
+            "-t",
+            tag,
+        ])
+        .arg(dir)
+        .output()?;
+    if !out.status.success() {
+        bail!("docker build: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// The bytes of the image `tag` in the host's Docker.
+fn host_image_size(tag: &str) -> anyhow::Result<u64> {
+    let out = std::process::Command::new("docker")
+        .args([
+            "-H",
+            "unix:///var/run/docker.sock",
+            "image",
+            "inspect",
+            "-f",
+            "{{.Size}}",
+            tag,
+        ])
+        .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+}
+
+/// `ployz image push` of a ~100 MB image to one Machine, through the entry Machine and the mesh
+/// and straight over SSH, against `docker save | ssh host docker load` on the same underlay;
+/// then the bytes a one-layer change sends. 3 runs each, the image removed from the Machine
+/// before each.
+fn image_push() -> anyhow::Result<()> {
+    let lab = cluster(2, Vec::new())?;
+    let dir = lab.dir().join("bench-image");
+    let tag = format!("ployz-bench/push-{}:1", lab.run());
+    build_bench_image(&dir, &tag, 1, 50 << 20, 50 << 20)?;
+    let size = host_image_size(&tag)?;
+    let ssh = lab.ssh_command().context("the lab has no sshd")?.to_owned();
+    let target = format!("root@{}", lab.underlay_addr(1));
+    let remove = |lab: &Lab| {
+        let _ = lab.docker(1, &["rmi", "-f", &tag]);
+    };
+    let push = |lab: &Lab, connect: Option<String>| -> anyhow::Result<(f64, u64)> {
+        let mut c = match &connect {
+            Some(url) => {
+                let mut c = lab.cli_bare();
+                c.args(["--connect", url]);
+                c
+            }
+            None => lab.cli(0),
+        };
+        c.env("DOCKER_HOST", "unix:///var/run/docker.sock")
+            .args(["image", "push", "--json", &tag, "-m", "m1"]);
+        let t = Instant::now();
+        let out = c.output()?;
+        let took = t.elapsed().as_secs_f64();
+        if !out.status.success() {
+            bail!("image push: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        Ok((took, v[0]["values"][0]["bytes_sent"].as_u64().unwrap_or(0)))
+    };
+    let save_load = |lab: &Lab| -> anyhow::Result<(f64, u64)> {
+        let t = Instant::now();
+        let mut save = std::process::Command::new("docker")
+            .args(["-H", "unix:///var/run/docker.sock", "save", &tag])
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let words: Vec<String> = ssh.split_whitespace().map(str::to_owned).collect();
+        let mut load = std::process::Command::new(&words[0])
+            .args(&words[1..])
+            .arg(&target)
+            .arg(format!("docker -H {} load", lab.docker_host(1)))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .spawn()?;
+        let mut from = save.stdout.take().context("save's stdout")?;
+        let mut to = load.stdin.take().context("ssh's stdin")?;
+        let bytes = std::io::copy(&mut from, &mut to)?;
+        drop(to);
+        if !save.wait()?.success() || !load.wait()?.success() {
+            bail!("docker save | ssh docker load failed");
+        }
+        Ok((t.elapsed().as_secs_f64(), bytes))
+    };
+    let direct = Some(format!("ssh://{target}"));
+    let mut rows: Vec<(&str, Vec<(f64, u64)>)> = vec![
+        ("ployz image push, through m0 and the mesh", Vec::new()),
+        ("ployz image push --connect ssh://m1", Vec::new()),
+        ("docker save | ssh m1 docker load", Vec::new()),
+    ];
+    // Interleaved: each run of each way in turn.
+    for _ in 0..3 {
+        remove(&lab);
+        rows[0].1.push(push(&lab, None)?);
+        remove(&lab);
+        rows[1].1.push(push(&lab, direct.clone())?);
+        remove(&lab);
+        rows[2].1.push(save_load(&lab)?);
+    }
+    println!(
+        "image-push: a {:.1} MiB image (busybox, 50 MiB of text, 50 MiB random), to one Machine, 3 runs each",
+        size as f64 / 1048576.0
+    );
+    for (what, runs) in &rows {
+        let mut secs: Vec<f64> = runs.iter().map(|r| r.0).collect();
+        secs.sort_by(f64::total_cmp);
+        println!(
+            "image-push: {what}: median {:.2} s, {:.1} MiB crossed; runs {}",
+            percentile(&secs, 0.5),
+            runs[0].1 as f64 / 1048576.0,
+            runs.iter()
+                .map(|r| format!("{:.2} s", r.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    // One layer changed: 1 MiB of new random data on top of the same base.
+    let tag_two = format!("ployz-bench/push-{}:2", lab.run());
+    build_bench_image(&dir.join("two"), &tag_two, 2, 1 << 20, 50 << 20)?;
+    let _ = push(&lab, None)?;
+    let mut c = lab.cli(0);
+    c.env("DOCKER_HOST", "unix:///var/run/docker.sock")
+        .args(["image", "push", "--json", &tag_two, "-m", "m1"]);
+    let out = c.output()?;
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    println!(
+        "image-push: a one-layer change (1 MiB random on the same busybox and text layers): {} bytes crossed, {} of {} layers",
+        v[0]["values"][0]["bytes_sent"],
+        v[0]["values"][0]["layers_sent"],
+        v[0]["values"][0]["layers"]
+    );
+    for t in [&tag, &tag_two] {
+        let _ = std::process::Command::new("docker")
+            .args(["-H", "unix:///var/run/docker.sock", "rmi", "-f", t])
+            .output();
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let all = [
         "replication",
@@ -711,6 +884,7 @@ fn main() -> anyhow::Result<()> {
         "fanout",
         "convergence",
         "edge-mesh",
+        "image-push",
     ];
     let asked: Vec<String> = std::env::args().skip(1).collect();
     let which: Vec<&str> = if asked.is_empty() {
@@ -728,6 +902,7 @@ fn main() -> anyhow::Result<()> {
             "fanout" => fanout()?,
             "convergence" => convergence()?,
             "edge-mesh" => edge_mesh()?,
+            "image-push" => image_push()?,
             other => bail!("unknown measurement '{other}'; one of: {}", all.join(", ")),
         }
     }
