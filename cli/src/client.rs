@@ -335,42 +335,7 @@ impl ApiClient {
             .header("user-agent", concat!("ployz/", env!("CARGO_PKG_VERSION")))
             .header("content-type", "application/zstd")
             .body(http_body_util::StreamBody::new(frames).boxed_unsync())?;
-        self.sender.ready().await?;
-        let sent = async {
-            let response = self.sender.send_request(request).await?;
-            let status = response.status();
-            let headers = response.headers().clone();
-            let body = response.into_body().collect().await?.to_bytes();
-            Ok::<_, hyper::Error>((status, headers, body))
-        }
-        .await;
-        let (status, body) = match sent {
-            Ok((status, headers, body)) => {
-                self.answered(&headers);
-                (status, body)
-            }
-            Err(e) => {
-                if let Some(ssh) = &mut self.ssh {
-                    if ssh.child.try_wait().ok().flatten().is_some() {
-                        let report = ssh.failure_report().await;
-                        bail!("cannot reach the daemon at {}: {report}", self.connection);
-                    }
-                }
-                bail!(
-                    "the transfer to the daemon at {} broke off: {e:#}",
-                    self.connection
-                );
-            }
-        };
-        if status.is_success() {
-            return serde_json::from_slice(&body).with_context(|| {
-                format!("the daemon answered {path} with a body this CLI does not understand; compare `ployz version` on both sides")
-            });
-        }
-        match serde_json::from_slice::<ApiError>(&body) {
-            Ok(api_error) => Err(api_error.into()),
-            Err(_) => Err(unexpected(status, &body)),
-        }
+        self.exchange(request, path, true).await
     }
 
     async fn call<B: Serialize, T: DeserializeOwned>(
@@ -390,6 +355,18 @@ impl ApiClient {
             .header("user-agent", concat!("ployz/", env!("CARGO_PKG_VERSION")))
             .header("content-type", "application/json")
             .body(full(bytes))?;
+        self.exchange(request, path, false).await
+    }
+
+    /// Sends `request` and decodes its JSON answer, or the daemon's error. `streamed`: its body
+    /// is a stream being made as it goes (a transfer), so a broken connection is told as one,
+    /// and ssh's report is given only when ssh itself has ended.
+    async fn exchange<T: DeserializeOwned>(
+        &mut self,
+        request: Request<ApiBody>,
+        path: &str,
+        streamed: bool,
+    ) -> anyhow::Result<T> {
         let sent = async {
             self.sender.ready().await?;
             let response = self.sender.send_request(request).await?;
@@ -406,8 +383,16 @@ impl ApiClient {
             }
             Err(e) => {
                 if let Some(ssh) = &mut self.ssh {
-                    let report = ssh.failure_report().await;
-                    bail!("cannot reach the daemon at {}: {report}", self.connection);
+                    if !streamed || ssh.child.try_wait().ok().flatten().is_some() {
+                        let report = ssh.failure_report().await;
+                        bail!("cannot reach the daemon at {}: {report}", self.connection);
+                    }
+                }
+                if streamed {
+                    bail!(
+                        "the transfer to the daemon at {} broke off: {e:#}",
+                        self.connection
+                    );
                 }
                 bail!("the daemon at {} did not answer: {e}", self.connection);
             }

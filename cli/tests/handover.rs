@@ -291,31 +291,8 @@ services:
 
     let old_pid = m.daemon.pid();
     let started = Instant::now();
-    let out = lab
-        .cli()
-        .args(["daemon", "handover"])
-        .args(m.daemon.run_flags())
-        .env("PLOYZ_LOG", "info")
-        .stderr(
-            std::fs::OpenOptions::new()
-                .append(true)
-                .open(m.daemon.log_path())
-                .unwrap(),
-        )
-        .output()
-        .unwrap();
+    let (new_pid, _new) = handover(&lab, &m);
     let handover_took = started.elapsed();
-    let pid_file = m.daemon.data_dir.join("run/daemon.pid");
-    let new_pid: Option<u32> = std::fs::read_to_string(&pid_file)
-        .ok()
-        .and_then(|p| p.trim().parse().ok());
-    let _new = KillOnDrop(new_pid.filter(|p| *p != old_pid));
-    assert!(
-        out.status.success(),
-        "handover failed: {}\n{}",
-        stdout(&out),
-        m.daemon.log_text()
-    );
     assert!(
         new_pid.is_some_and(|p| p != old_pid),
         "the pid file names {new_pid:?}, the old process was {old_pid}"
@@ -410,6 +387,36 @@ fn a_handover_with_no_daemon_running_says_so_and_starts_nothing() {
     assert!(std::net::TcpStream::connect(("127.0.0.1", http)).is_err());
 }
 
+/// Runs `ployz daemon handover` for `m`'s daemon (its output appended to the daemon's log),
+/// which must succeed: the new process's ID (from the pid file), and a guard that stops it.
+fn handover(lab: &Lab, m: &DockerMachine) -> (Option<u32>, KillOnDrop) {
+    let old_pid = m.daemon.pid();
+    let out = lab
+        .cli()
+        .args(["daemon", "handover"])
+        .args(m.daemon.run_flags())
+        .env("PLOYZ_LOG", "info")
+        .stderr(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(m.daemon.log_path())
+                .unwrap(),
+        )
+        .output()
+        .unwrap();
+    let new_pid: Option<u32> = std::fs::read_to_string(m.daemon.data_dir.join("run/daemon.pid"))
+        .ok()
+        .and_then(|p| p.trim().parse().ok());
+    let guard = KillOnDrop(new_pid.filter(|p| *p != old_pid));
+    assert!(
+        out.status.success(),
+        "handover failed: {}\n{}",
+        stdout(&out),
+        m.daemon.log_text()
+    );
+    (new_pid, guard)
+}
+
 /// Waits until the load clients have had `n` answers in all.
 fn wait_for_answers(answered: &AtomicUsize, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -442,23 +449,6 @@ fn wait_accepted_by(pid: u32, port: u16, client: u16) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// Reads one answer to `/.ployz/verify`: its head, and its body, which must be `id`. `None`
-/// if the connection ended first.
-fn verify_answer(s: &mut std::net::TcpStream, id: &str) -> Option<String> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            _ => return None,
-        }
-    }
-    let mut body = vec![0u8; id.len()];
-    s.read_exact(&mut body).ok()?;
-    assert_eq!(String::from_utf8_lossy(&body), id);
-    Some(String::from_utf8_lossy(&head).into_owned())
 }
 
 /// A client whose request is on its way just as the retiring process closes its listeners is
@@ -499,28 +489,7 @@ fn a_request_sent_as_the_old_process_closes_its_listeners_is_answered() {
         wait_accepted_by(old_pid, port, s.local_addr().unwrap().port());
     }
 
-    let out = lab
-        .cli()
-        .args(["daemon", "handover"])
-        .args(m.daemon.run_flags())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .append(true)
-                .open(m.daemon.log_path())
-                .unwrap(),
-        )
-        .output()
-        .unwrap();
-    let new_pid: Option<u32> = std::fs::read_to_string(m.daemon.data_dir.join("run/daemon.pid"))
-        .ok()
-        .and_then(|p| p.trim().parse().ok());
-    let _new = KillOnDrop(new_pid.filter(|p| *p != old_pid));
-    assert!(
-        out.status.success(),
-        "handover failed: {}\n{}",
-        stdout(&out),
-        m.daemon.log_text()
-    );
+    let (_, _new) = handover(&lab, &m);
     let deadline = Instant::now() + Duration::from_secs(10);
     while !m
         .daemon

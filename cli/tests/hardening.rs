@@ -323,19 +323,6 @@ fn smuggling_shapes_and_bad_hostnames_never_reach_an_upstream_unframed(position:
     drop(child);
 }
 
-/// Reads one answer's head from `s` (to the blank line); `None` if the connection ended first.
-fn answer_head(s: &mut std::net::TcpStream) -> Option<String> {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match s.read(&mut byte) {
-            Ok(1) => head.push(byte[0]),
-            _ => return None,
-        }
-    }
-    Some(String::from_utf8_lossy(&head).into_owned())
-}
-
 /// Reads one answer of [`recording_upstream`]'s through the edge: its head, then its 4-byte
 /// body, however the edge's writes were split into segments.
 fn seen_answer(s: &mut std::net::TcpStream) -> String {
@@ -347,15 +334,6 @@ fn seen_answer(s: &mut std::net::TcpStream) -> String {
         panic!("no 4-byte body after {head:?}: {e}");
     }
     head + &String::from_utf8_lossy(&body)
-}
-
-/// Reads one answer to a request for `/.ployz/verify` (head and the Machine ID as its body).
-fn verify_answer(s: &mut std::net::TcpStream, id: &str) -> Option<String> {
-    let head = answer_head(s)?;
-    let mut body = vec![0u8; id.len()];
-    s.read_exact(&mut body).ok()?;
-    assert_eq!(String::from_utf8_lossy(&body), id, "{head}");
-    Some(head)
 }
 
 fn says_close(head: &str) -> bool {

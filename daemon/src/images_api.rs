@@ -34,9 +34,15 @@ fn docker(machine: &LocalMachine) -> Result<MachineDocker, Failure> {
     machine.docker().ok_or_else(not_initialised)
 }
 
-async fn list(State(s): State<Images>) -> Result<Response, Failure> {
+/// This Machine's Docker and its engine's client (`long`: for a `docker load`).
+async fn engine(s: &Images, long: bool) -> Result<(MachineDocker, images::Docker), Failure> {
     let docker = docker(&s.machine)?;
-    let engine = docker.engine(false).await?;
+    let engine = docker.engine(long).await?;
+    Ok((docker, engine))
+}
+
+async fn list(State(s): State<Images>) -> Result<Response, Failure> {
+    let (docker, engine) = engine(&s, false).await?;
     Ok(Json(images::list(&engine, docker.host()).await?).into_response())
 }
 
@@ -52,8 +58,7 @@ async fn remove(
     State(s): State<Images>,
     Query(q): Query<RemoveQuery>,
 ) -> Result<Response, Failure> {
-    let docker = docker(&s.machine)?;
-    let engine = docker.engine(false).await?;
+    let (docker, engine) = engine(&s, false).await?;
     let removed = images::remove(&engine, docker.host(), &q.reference, q.force).await?;
     Ok(Json(removed).into_response())
 }
@@ -68,8 +73,7 @@ async fn describe(
     State(s): State<Images>,
     Query(q): Query<DescribeQuery>,
 ) -> Result<Response, Failure> {
-    let docker = docker(&s.machine)?;
-    let engine = docker.engine(false).await?;
+    let (docker, engine) = engine(&s, false).await?;
     match images::describe(&engine, docker.host(), &q.reference).await? {
         Some(offer) => Ok(Json(offer).into_response()),
         None => Err(no_image(&s.machine, &q.reference)),
@@ -93,8 +97,7 @@ async fn offer(
     State(s): State<Images>,
     Json(offer): Json<ImageOffer>,
 ) -> Result<Response, Failure> {
-    let docker = docker(&s.machine)?;
-    let engine = docker.engine(false).await?;
+    let (docker, engine) = engine(&s, false).await?;
     Ok(Json(images::offer(&engine, docker.host(), &offer).await?).into_response())
 }
 
@@ -112,8 +115,7 @@ async fn load(
     Query(q): Query<LoadQuery>,
     request: Request,
 ) -> Result<Response, Failure> {
-    let docker = docker(&s.machine)?;
-    let engine = docker.engine(true).await?;
+    let (docker, engine) = engine(&s, true).await?;
     let body = request
         .into_body()
         .into_data_stream()
@@ -164,8 +166,7 @@ async fn export(
             Some("give diff IDs (sha256: and 64 hexadecimal digits), comma-separated"),
         ));
     }
-    let docker = docker(&s.machine)?;
-    let engine = docker.engine(false).await?;
+    let (docker, engine) = engine(&s, false).await?;
     // Checked here, so a missing image is a 404 rather than a stream that fails at once.
     if images::describe(&engine, docker.host(), &q.id)
         .await?
@@ -216,8 +217,7 @@ async fn pull_from_peer(
     Json(ask): Json<PeerPullRequest>,
 ) -> Result<Response, Failure> {
     ployz_orchestrator::docker::check_image_reference(&ask.image)?;
-    let docker = docker(&s.machine)?;
-    let engine = docker.engine(false).await?;
+    let (docker, engine) = engine(&s, false).await?;
     let from = format!("Machine {}", ask.from);
     let path = format!(
         "{}?reference={}",

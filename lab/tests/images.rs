@@ -30,20 +30,25 @@ fn host_docker(args: &[&str]) -> std::process::Output {
     out
 }
 
+/// `size` bytes that do not compress (xorshift from `seed`).
+fn noise(seed: u8, size: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(seed);
+    (0..size)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// Builds `tag` in the host's Docker: `FROM scratch`, the busybox binary, then `size` bytes of
 /// data made from `seed` (incompressible), one layer each.
 fn build(dir: &Path, tag: &str, seed: u8, size: usize) -> String {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::copy("/bin/busybox", dir.join("busybox")).unwrap();
-    let mut data = vec![0u8; size];
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ u64::from(seed);
-    for b in data.iter_mut() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    std::fs::write(dir.join("data"), &data).unwrap();
+    std::fs::write(dir.join("data"), noise(seed, size)).unwrap();
     std::fs::write(
         dir.join("Dockerfile"),
         "FROM scratch\nCOPY busybox /bin/busybox\nCOPY data /data\n",
@@ -469,15 +474,7 @@ fn project(dir: &Path, seed: u8, size: usize, extra: &str) -> std::path::PathBuf
     let ctx = dir.join("ctx");
     std::fs::create_dir_all(&ctx).unwrap();
     std::fs::copy("/bin/busybox", ctx.join("busybox")).unwrap();
-    let mut data = vec![0u8; size];
-    let mut x: u64 = 0x2545_f491_4f6c_dd1d ^ u64::from(seed);
-    for b in data.iter_mut() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    std::fs::write(ctx.join("data"), &data).unwrap();
+    std::fs::write(ctx.join("data"), noise(seed, size)).unwrap();
     std::fs::write(
         ctx.join("Dockerfile"),
         format!("FROM scratch\nCOPY busybox /bin/busybox\nCOPY data /data\n{extra}"),

@@ -20,7 +20,7 @@ use std::time::Duration;
 use bollard::query_parameters::{
     ImportImageOptions, ListImagesOptions, RemoveImageOptions, TagImageOptions,
 };
-use bollard::Docker;
+pub use bollard::Docker;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, TryStreamExt};
 use ployz_core::api::{ImageOffer, ImageSummary, LoadedImage, OfferAnswer, RemovedImage};

@@ -774,3 +774,27 @@ pub fn api_request(
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     (status, head.to_owned(), body.to_owned())
 }
+
+/// Reads one answer's head from `s` (to the blank line); `None` if the connection ended first.
+pub fn answer_head(s: &mut std::net::TcpStream) -> Option<String> {
+    use std::io::Read as _;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte) {
+            Ok(1) => head.push(byte[0]),
+            _ => return None,
+        }
+    }
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// Reads one answer to a request for `/.ployz/verify` (head and the Machine ID as its body).
+pub fn verify_answer(s: &mut std::net::TcpStream, id: &str) -> Option<String> {
+    use std::io::Read as _;
+    let head = answer_head(s)?;
+    let mut body = vec![0u8; id.len()];
+    s.read_exact(&mut body).ok()?;
+    assert_eq!(String::from_utf8_lossy(&body), id, "{head}");
+    Some(head)
+}
