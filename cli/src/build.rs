@@ -447,4 +447,42 @@ mod tests {
             "{second}"
         );
     }
+
+    #[test]
+    fn in_git_the_tag_starts_with_the_commit_and_says_dirty() {
+        let dir = tempfile::tempdir().unwrap();
+        let git = |args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .arg("-C")
+                .arg(dir.path())
+                .args(["-c", "user.email=t@example.invalid", "-c", "user.name=t"])
+                .args(args)
+                .output()
+                .expect("git runs");
+            assert!(
+                out.status.success(),
+                "git {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
+        git(&["init", "-q"]);
+        std::fs::write(dir.path().join("Dockerfile"), "FROM scratch\nCOPY a /a\n").unwrap();
+        std::fs::write(dir.path().join("a"), "one").unwrap();
+        git(&["add", "."]);
+        git(&["commit", "-q", "-m", "first"]);
+        let commit = git(&["rev-parse", "--short=12", "HEAD"]);
+        let b = spec(dir.path());
+        let clean = content_tag(&b, &BTreeMap::new()).unwrap();
+        assert!(
+            clean.starts_with(&format!("{commit}-")) && !clean.contains("dirty"),
+            "{clean}"
+        );
+        std::fs::write(dir.path().join("a"), "two").unwrap();
+        let dirty = content_tag(&b, &BTreeMap::new()).unwrap();
+        assert!(dirty.starts_with(&format!("{commit}-dirty-")), "{dirty}");
+        // Another uncommitted change is another tag: dirty is not one tag for every change.
+        std::fs::write(dir.path().join("a"), "three").unwrap();
+        assert_ne!(content_tag(&b, &BTreeMap::new()).unwrap(), dirty);
+    }
 }

@@ -100,7 +100,7 @@ fn arrivals(lab: &Lab, i: usize) -> usize {
 #[test]
 #[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
 fn a_push_sends_only_what_each_machine_lacks_and_a_machine_that_has_it_costs_one_round_trip() {
-    let lab = cluster(3);
+    let mut lab = cluster(3);
     let tag_one = format!("ployz-push-test/{}:1", lab.run());
     let tag_two = format!("ployz-push-test/{}:2", lab.run());
     let _cleanup = RemoveOnDrop(vec![tag_one.clone(), tag_two.clone()]);
@@ -212,6 +212,30 @@ fn a_push_sends_only_what_each_machine_lacks_and_a_machine_that_has_it_costs_one
     for i in 0..3 {
         assert_eq!(image_id_on(&lab, i, &tag_two), None, "Machine {i}");
     }
+
+    // A Machine that does not answer: the others get the image, it is reported (a Partial
+    // Result, exit code 3).
+    let m2 = own_id(&lab, 2);
+    lab.kill_daemon(2);
+    let out = push(&lab, &[&tag_two]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut got: Vec<&str> = v[0]["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["machine_name"].as_str().unwrap())
+        .collect();
+    got.sort();
+    assert_eq!(got, ["m0", "m1"], "{v}");
+    let failures = v[0]["failures"].as_array().unwrap();
+    assert_eq!(failures.len(), 1, "{v}");
+    assert_eq!(failures[0]["target"], m2.as_str(), "{v}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&format!("warning: Machine {m2}:")),
+        "{}",
+        text(&out)
+    );
 }
 
 /// Removes the host Docker's test images when the test ends, however it ends.
