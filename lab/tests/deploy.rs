@@ -355,7 +355,13 @@ fn a_rolling_deploy_across_machines_fails_no_request_and_lets_a_long_one_finish_
                 scope.spawn(move || answer(&curl_edge(lab, 0, "/cgi-bin/slow", None, 60)))
             })
             .collect();
-        std::thread::sleep(Duration::from_secs(2));
+        // Every long request under way in its container before the deploy begins.
+        wait_for(
+            &lab,
+            "the six long requests running in their containers",
+            Duration::from_secs(30),
+            || (slow_requests_started(&lab, 0..3, "web") >= 6).then_some(()),
+        );
         let deployed = ployz_fast(&lab, 2, &["deploy", "-y", "-f", &file(2)]);
         let longs: Vec<(String, String)> = longs
             .into_iter()

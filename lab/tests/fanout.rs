@@ -577,6 +577,8 @@ fn a_machine_stopped_under_load_fails_no_request_through_another_machines_edge()
     );
 
     let stop = std::sync::atomic::AtomicBool::new(false);
+    let answered = std::sync::atomic::AtomicUsize::new(0);
+    let count = || answered.load(std::sync::atomic::Ordering::Relaxed);
     let started = Instant::now();
     let netns = format!("--net=/var/run/netns/{}", lab.netns(0));
     let answers = std::thread::scope(|scope| {
@@ -599,6 +601,7 @@ fn a_machine_stopped_under_load_fails_no_request_through_another_machines_edge()
                 let body = String::from_utf8_lossy(&out.stdout).trim().to_owned();
                 // A failure keeps what curl said of it (28: timed out, 52: an empty reply, 56: a
                 // reset), and when it ended, counted from the load's start.
+                answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 answers.push(if body.starts_with("web-on-") {
                     body
                 } else {
@@ -612,8 +615,14 @@ fn a_machine_stopped_under_load_fails_no_request_through_another_machines_edge()
             }
             answers
         });
-        // Let load run, stop Machine 2 (daemon and dockerd), let load run on.
-        std::thread::sleep(Duration::from_secs(2));
+        // Load answered for a while, Machine 2 stopped (daemon and dockerd), then enough load
+        // after it to see where it went.
+        wait_for(
+            &lab,
+            "ten answers before the stop",
+            Duration::from_secs(30),
+            || (count() >= 10).then_some(()),
+        );
         eprintln!(
             "Machine 2 stopping at {:.2} s",
             started.elapsed().as_secs_f64()
@@ -623,7 +632,13 @@ fn a_machine_stopped_under_load_fails_no_request_through_another_machines_edge()
             "Machine 2 stopped at {:.2} s",
             started.elapsed().as_secs_f64()
         );
-        std::thread::sleep(Duration::from_secs(8));
+        let at_stop = count();
+        wait_for(
+            &lab,
+            "thirty answers after the stop",
+            Duration::from_secs(90),
+            || (count() >= at_stop + 30).then_some(()),
+        );
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         load.join().expect("the load thread")
     });

@@ -200,14 +200,15 @@ pub fn options(n: usize) -> LabOptions {
 }
 
 /// A Service answering `GET /` with the Machine it runs on, `POST /cgi-bin/echo` with the body
-/// it was sent, and `GET /cgi-bin/slow` with `slow-on-<Machine ID>` after 20 s (having written
-/// `/www/slow-started` when it began, for a test to wait on). `VERSION` changes its spec.
+/// it was sent, and `GET /cgi-bin/slow` with `slow-on-<Machine ID>` after 20 s (having added a
+/// line to `/www/slow-started` when it began, for a test to wait on). `VERSION` changes its
+/// spec.
 pub fn web_compose(version: u32) -> String {
     let setup = [
         "mkdir -p /www/cgi-bin",
         "echo web-on-$$PLOYZ_MACHINE_ID > /www/index.html",
         "printf '#!/bin/sh\\nprintf \"Content-Type: text/plain\\\\r\\\\n\\\\r\\\\n\"\\nhead -c $$CONTENT_LENGTH\\n' > /www/cgi-bin/echo",
-        "printf '#!/bin/sh\\necho started > /www/slow-started\\nsleep 20\\nprintf \"Content-Type: text/plain\\\\r\\\\n\\\\r\\\\nslow-on-%%s\\\\n\" $$PLOYZ_MACHINE_ID\\n' > /www/cgi-bin/slow",
+        "printf '#!/bin/sh\\necho started >> /www/slow-started\\nsleep 20\\nprintf \"Content-Type: text/plain\\\\r\\\\n\\\\r\\\\nslow-on-%%s\\\\n\" $$PLOYZ_MACHINE_ID\\n' > /www/cgi-bin/slow",
         "chmod +x /www/cgi-bin/echo /www/cgi-bin/slow",
         "exec httpd -f -p 8080 -h /www",
     ]
@@ -227,4 +228,26 @@ services:
 "#,
         setup = setup.replace('"', "\\\"")
     )
+}
+
+/// How many long requests (`GET /cgi-bin/slow` of [`web_compose`]) have begun in the running
+/// containers of Service `service` on Machines `machines`, as their `/www/slow-started` says.
+pub fn slow_requests_started(lab: &Lab, machines: std::ops::Range<usize>, service: &str) -> usize {
+    let mut started = 0;
+    for i in machines {
+        let ps = lab.docker(
+            i,
+            &[
+                "ps",
+                "-q",
+                "--filter",
+                &format!("label=ployz.service.name={service}"),
+            ],
+        );
+        for id in String::from_utf8_lossy(&ps.stdout).split_whitespace() {
+            let out = lab.docker(i, &["exec", id, "cat", "/www/slow-started"]);
+            started += String::from_utf8_lossy(&out.stdout).lines().count();
+        }
+    }
+    started
 }
