@@ -54,6 +54,8 @@ pub struct Probe {
     pub active: Option<String>,
     /// `/etc/os-release`'s `ID` and `ID_LIKE`.
     pub os: Vec<String>,
+    /// The version of the `ployz` package dpkg has installed, when Ployz came from the package.
+    pub package: Option<String>,
 }
 
 /// What [`ensure_installed`] did.
@@ -89,6 +91,7 @@ pub fn parse_probe(out: &str) -> Probe {
             "ployz_path" => p.ployz_path = Some(v.to_owned()).filter(|s| !s.is_empty()),
             "active" => p.active = Some(v.to_owned()).filter(|s| !s.is_empty()),
             "os" => p.os.extend(v.split_whitespace().map(str::to_owned)),
+            "package" => p.package = Some(v.to_owned()).filter(|s| !s.is_empty()),
             _ => {}
         }
     }
@@ -107,6 +110,9 @@ if [ -x /usr/bin/ployz ]; then
   echo "active=$(systemctl is-active ployz.service 2>/dev/null)"
 fi
 if [ -r /etc/os-release ]; then . /etc/os-release; echo "os=${ID:-} ${ID_LIKE:-}"; fi
+if command -v dpkg-query >/dev/null 2>&1 && dpkg-query -W -f='${Status}' ployz 2>/dev/null | grep -q ' installed$'; then
+  echo "package=$(dpkg-query -W -f='${Version}' ployz)"
+fi
 "#;
 
 /// A release as numbers (`0.1.0` → `[0, 1, 0]`), for ordering; `None` when not of that form.
@@ -597,6 +603,14 @@ pub async fn upgrade(host: &Host, options: InstallOptions) -> anyhow::Result<Opt
     {
         return Ok(None);
     }
+    // Files dpkg owns are replaced by the package's own upgrade, or dpkg's record of them (and
+    // its next upgrade or removal) would be wrong.
+    if let Some(version) = &probe.package {
+        bail!(
+            "{} has Ployz from the ployz package ({version}); upgrade it with the package (`sudo apt install ./ployz_<version>_<arch>.deb` there, which hands over the same way), or remove the package (`sudo apt remove ployz`) before `machine upgrade` installs this CLI's build",
+            host.url()
+        );
+    }
     let sudo = host.as_root(&probe)?;
     install(host, &probe, sudo, options).await?;
     Ok(Some(theirs))
@@ -617,8 +631,10 @@ mod tests {
         assert_eq!(p.ployz_sha256.as_deref(), Some("ab12"));
         assert_eq!(p.active.as_deref(), Some("inactive"));
         assert_eq!(p.os, vec!["debian"]);
-        let bare = parse_probe("uid=0\nos= \n");
+        assert_eq!(p.package, None);
+        let bare = parse_probe("uid=0\nos= \npackage=0.1.1\n");
         assert!(bare.root && bare.ployz.is_none() && bare.os.is_empty());
+        assert_eq!(bare.package.as_deref(), Some("0.1.1"));
     }
 
     #[test]

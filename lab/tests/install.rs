@@ -717,6 +717,29 @@ fn the_tarball_and_the_package_install_upgrade_and_remove_on_a_host_cut_off_from
         host_sh(&lab, 0, "stat -c '%a' /var/lib/ployz && getent group ployz | cut -d: -f1 && dpkg-query -W -f '${Version}' ployz"),
         "700\nployz\n0.1.0"
     );
+    // `machine upgrade` leaves a package's files to the package: refused, nothing changed.
+    let sha = host_sh(&lab, 0, "sha256sum /usr/bin/ployz | cut -d ' ' -f 1");
+    cli_ok(
+        &lab,
+        &["machine", "init", "--name", "pkg", "--yes", &lab.ssh_url(0)],
+    );
+    let out = lab
+        .cli_program(&next)
+        .args(["machine", "upgrade", "-m", "pkg"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        stderr(&out).contains("has Ployz from the ployz package (0.1.0)")
+            && stderr(&out).contains("apt install"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        host_sh(&lab, 0, "sha256sum /usr/bin/ployz | cut -d ' ' -f 1"),
+        sha
+    );
+    assert_eq!(host_sh(&lab, 0, "dpkg -V ployz; echo verified"), "verified");
     // A local change to the conffile survives the upgrade, which hands over without a restart.
     host_sh(&lab, 0, "echo '# edited here' >> /etc/ployz/daemon.toml");
     let pid = host_sh(&lab, 0, "systemctl show -p MainPID --value ployz.service");
