@@ -202,7 +202,7 @@ fn dockerfile_in_archive(build: &BuildSpec) -> anyhow::Result<(String, Option<Ve
 
 /// The tag a build gets: a digest of everything that goes into it (the context as Docker is
 /// sent it, the Dockerfile, the arguments, the target, the labels); with git, prefixed by the
-/// commit, and `-dirty` when the context has changes not committed.
+/// last commit that changed the context, and `-dirty` when it has changes not committed.
 pub fn content_tag(build: &BuildSpec, args: &BTreeMap<String, String>) -> anyhow::Result<String> {
     let ignore = Ignore::of(&build.context)?;
     let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
@@ -255,13 +255,14 @@ pub fn content_tag(build: &BuildSpec, args: &BTreeMap<String, String>) -> anyhow
     })
 }
 
-/// The commit the context's repository is at (12 digits), and whether the context has changes
-/// not committed; `None` outside a git repository, or without git.
+/// The last commit that changed the context (12 digits; a commit elsewhere in the repository
+/// leaves a Service's tag alone), and whether the context has changes not committed; `None`
+/// outside a git repository, or without git.
 fn git_commit(context: &Path) -> Option<(String, bool)> {
     let out = std::process::Command::new("git")
         .arg("-C")
         .arg(context)
-        .args(["rev-parse", "--short=12", "HEAD"])
+        .args(["log", "-1", "--format=%h", "--abbrev=12", "--", "."])
         .stderr(std::process::Stdio::null())
         .output()
         .ok()?;
@@ -269,6 +270,9 @@ fn git_commit(context: &Path) -> Option<(String, bool)> {
         return None;
     }
     let commit = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if commit.is_empty() {
+        return None;
+    }
     let status = std::process::Command::new("git")
         .arg("-C")
         .arg(context)
@@ -484,5 +488,17 @@ mod tests {
         // Another uncommitted change is another tag: dirty is not one tag for every change.
         std::fs::write(dir.path().join("a"), "three").unwrap();
         assert_ne!(content_tag(&b, &BTreeMap::new()).unwrap(), dirty);
+        // A commit elsewhere in the repository leaves the context's tag alone.
+        std::fs::write(dir.path().join("a"), "one").unwrap();
+        std::fs::create_dir(dir.path().join("ctx")).unwrap();
+        std::fs::write(dir.path().join("ctx/Dockerfile"), "FROM scratch\n").unwrap();
+        git(&["add", "."]);
+        git(&["commit", "-q", "-m", "a context"]);
+        let other = spec(&dir.path().join("ctx"));
+        let before = content_tag(&other, &BTreeMap::new()).unwrap();
+        std::fs::write(dir.path().join("elsewhere"), "x").unwrap();
+        git(&["add", "elsewhere"]);
+        git(&["commit", "-q", "-m", "elsewhere"]);
+        assert_eq!(content_tag(&other, &BTreeMap::new()).unwrap(), before);
     }
 }

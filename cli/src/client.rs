@@ -389,9 +389,11 @@ impl ApiClient {
                     }
                 }
                 if streamed {
+                    // hyper's own text leaves out why the body stream failed: its sources say.
                     bail!(
-                        "the transfer to the daemon at {} broke off: {e:#}",
-                        self.connection
+                        "the transfer to the daemon at {} broke off: {:#}",
+                        self.connection,
+                        anyhow::Error::from(e)
                     );
                 }
                 bail!("the daemon at {} did not answer: {e}", self.connection);

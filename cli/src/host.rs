@@ -354,6 +354,13 @@ pub async fn ensure_installed(host: &Host, options: InstallOptions) -> anyhow::R
                 probe.active.as_deref().unwrap_or("not active")
             );
         }
+        if let Some(version) = &probe.package {
+            bail!(
+                "{} has Ployz from the ployz package ({version}) and ployz.service is {}; start it there (`sudo systemctl start ployz`) rather than have this CLI replace the package's files",
+                host.url(),
+                probe.active.as_deref().unwrap_or("not active")
+            );
+        }
     } else if options.no_install {
         bail!(
             "Ployz is not installed on {} and --no-install was given; install it there (the package or the tarball: docs/install.md), or leave out --no-install",

@@ -90,12 +90,12 @@ pub fn credentials(images: &[&str]) -> anyhow::Result<(Vec<RegistryAuth>, Vec<St
             .map(|(_, h)| h.clone());
         let entry = config.auths.iter().find(|(k, _)| host_of(k) == host);
         let auth = match (helper, entry) {
-            (Some(helper), _) => Some(from_helper(&helper, &registry)?),
+            (Some(helper), _) => from_helper(&helper, &registry)?,
             (None, Some((key, entry))) if entry.auth.is_some() || entry.identitytoken.is_some() => {
                 Some(from_entry(&registry, key, entry, &path)?)
             }
             (None, _) => match &config.creds_store {
-                Some(store) => Some(from_helper(store, &registry)?),
+                Some(store) => from_helper(store, &registry)?,
                 None => None,
             },
         };
@@ -138,8 +138,9 @@ fn from_entry(
     })
 }
 
-/// Asks `docker-credential-<helper>` for the credentials of `registry`.
-fn from_helper(helper: &str, registry: &str) -> anyhow::Result<RegistryAuth> {
+/// Asks `docker-credential-<helper>` for the credentials of `registry`; `None` when it has none
+/// (it says "credentials not found"), as Docker then pulls without.
+fn from_helper(helper: &str, registry: &str) -> anyhow::Result<Option<RegistryAuth>> {
     let program = format!("docker-credential-{helper}");
     let mut child = std::process::Command::new(&program)
         .arg("get")
@@ -159,7 +160,13 @@ fn from_helper(helper: &str, registry: &str) -> anyhow::Result<RegistryAuth> {
         .write_all(registry.as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
-        bail!("--with-registry-auth: {program} has no credentials for {registry}; run `docker login {}`", host_of(registry));
+        if String::from_utf8_lossy(&out.stdout).contains("credentials not found") {
+            return Ok(None);
+        }
+        bail!(
+            "--with-registry-auth: {program} failed for {registry} ({}); check it with `{program} list`",
+            out.status
+        );
     }
     #[derive(serde::Deserialize)]
     struct Answer {
@@ -171,7 +178,7 @@ fn from_helper(helper: &str, registry: &str) -> anyhow::Result<RegistryAuth> {
     let a: Answer = serde_json::from_slice(&out.stdout).map_err(|_| {
         anyhow!("--with-registry-auth: {program} answered something else than credentials")
     })?;
-    Ok(if a.username == "<token>" {
+    Ok(Some(if a.username == "<token>" {
         RegistryAuth {
             server: registry.to_owned(),
             username: String::new(),
@@ -185,7 +192,7 @@ fn from_helper(helper: &str, registry: &str) -> anyhow::Result<RegistryAuth> {
             password: a.secret,
             identity_token: None,
         }
-    })
+    }))
 }
 
 /// The credentials in `auths` for `image`'s registry.

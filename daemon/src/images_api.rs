@@ -24,6 +24,13 @@ use crate::api::{failure, not_initialised, Failure};
 use crate::local_machine::LocalMachine;
 use crate::mesh::MeshView;
 
+/// How long a peer's `docker save` may take to produce its first byte (Docker lays the image
+/// out on its disk first).
+const FIRST_BYTE_WITHIN: std::time::Duration = std::time::Duration::from_secs(600);
+/// How long a peer's transfer may go without a byte once it began (the peer sends a keep-alive
+/// every [`images::KEEPALIVE`]).
+const IDLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 #[derive(Clone)]
 struct Images {
     machine: Arc<LocalMachine>,
@@ -168,13 +175,17 @@ async fn export(
     }
     let (docker, engine) = engine(&s, false).await?;
     // Checked here, so a missing image is a 404 rather than a stream that fails at once.
-    if images::describe(&engine, docker.host(), &q.id)
-        .await?
-        .is_none()
-    {
+    let Some(offer) = images::describe(&engine, docker.host(), &q.id).await? else {
         return Err(no_image(&s.machine, &q.id));
-    }
-    let stream = images::export(&engine, &q.id, skip, Arc::new(TransferCounters::default()));
+    };
+    let layers = offer.layers.into_iter().collect();
+    let stream = images::export(
+        &engine,
+        &q.id,
+        skip,
+        layers,
+        Arc::new(TransferCounters::default()),
+    );
     Ok((
         [(axum::http::header::CONTENT_TYPE, "application/zstd")],
         Body::from_stream(stream),
@@ -273,10 +284,15 @@ async fn pull_from_peer(
             peer_failed(&format!("{from} sending '{}'", ask.image), "no image came")
         }));
     }
-    let body =
-        http_body_util::BodyDataStream::new(exported.into_body()).map_err(std::io::Error::other);
+    // The peer sends a keep-alive while it reads what it does not send: a link that stops
+    // carrying the image ends the pull rather than holding it (and the Deploy) for TCP's time.
+    let body = images::bounded(
+        http_body_util::BodyDataStream::new(exported.into_body()).map_err(std::io::Error::other),
+        FIRST_BYTE_WITHIN,
+        IDLE_WITHIN,
+    );
     let long = docker.engine(true).await?;
-    let loaded = images::load(&long, docker.host(), &offer.id, &offer.tags, Box::pin(body)).await?;
+    let loaded = images::load(&long, docker.host(), &offer.id, &offer.tags, body).await?;
     tracing::info!(image = %offer.id, from = %ask.from, received = loaded.received, layers = answer.missing.len(), "an image arrived from a peer");
     Ok(Json(PeerPullAnswer {
         id: offer.id,

@@ -110,6 +110,10 @@ pub enum DockerError {
         secret: String,
         target: String,
     },
+    /// The engine keeps images in the containerd image store, whose `docker save` names and
+    /// identifies an image by its manifest: what an Image Transfer reads is not there.
+    #[error("the Docker at {host} keeps its images in the containerd image store, which Ployz's image transfers do not read yet; turn it off in its daemon.json (\"features\": {{\"containerd-snapshotter\": false}}) and restart it, or send the image through a registry")]
+    ContainerdImageStore { host: String },
     #[error("docker: {0}")]
     Docker(#[from] bollard::errors::Error),
 }

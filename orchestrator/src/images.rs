@@ -33,12 +33,23 @@ const ZSTD_LEVEL: i32 = 3;
 /// Chunks between the thread that writes the archive and the connection that sends it.
 const CHUNK: usize = 256 * 1024;
 const CHANNEL_CHUNKS: usize = 8;
-/// How long a `docker load` may take from the last byte sent to its answer.
-pub const LOAD_TIMEOUT: Duration = Duration::from_secs(3600);
+/// How long one request to Docker that moves a whole image (`docker save`, `docker load`) may
+/// take, the image's bytes included: a bound for a request that hangs, not a pace; the pace is
+/// kept by [`KEEPALIVE`] and the idle bounds of whoever receives the bytes.
+pub const LOAD_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// While the sender reads what it does not send (a layer the receiver has, a layer being hashed)
+/// nothing would cross for as long as that takes: every this often it ends the zstd frame under
+/// way and sends an empty skippable frame, which decoders pass over, so the receiver's idle
+/// bound measures a link, not a disk.
+pub const KEEPALIVE: Duration = Duration::from_secs(5);
+/// A zstd skippable frame of no content (magic `0x184D2A50`, size 0).
+const SKIPPABLE: [u8; 8] = [0x50, 0x2A, 0x4D, 0x18, 0, 0, 0, 0];
 
 /// What crossed, counted as it goes (read by progress displays while a transfer runs).
 #[derive(Debug, Default)]
 pub struct TransferCounters {
+    /// Bytes read from `docker save`, sent or not.
+    pub read: AtomicU64,
     /// Bytes of the archive before compression.
     pub archive: AtomicU64,
     /// Bytes after compression: what crosses the network.
@@ -50,6 +61,9 @@ pub struct TransferCounters {
 }
 
 impl TransferCounters {
+    pub fn read(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
+    }
     pub fn wire(&self) -> u64 {
         self.wire.load(Ordering::Relaxed)
     }
@@ -185,6 +199,7 @@ pub async fn describe(
     reference: &str,
 ) -> Result<Option<ImageOffer>, DockerError> {
     check_image_reference(reference)?;
+    check_image_store(docker, host).await?;
     let inspect = match docker.inspect_image(reference).await {
         Ok(i) => i,
         Err(e) if not_found(&e) => return Ok(None),
@@ -193,7 +208,12 @@ pub async fn describe(
     let id = inspect.id.unwrap_or_default();
     let layers = inspect.root_fs.and_then(|r| r.layers).unwrap_or_default();
     let own_tags = inspect.repo_tags.unwrap_or_default();
-    let tags = if is_digest(reference) || reference.contains('@') {
+    // An ID, or a prefix of one, names the image itself: its own tags go with it.
+    let hex = reference.strip_prefix("sha256:").unwrap_or(reference);
+    let by_id = !hex.is_empty()
+        && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        && id.trim_start_matches("sha256:").starts_with(hex);
+    let tags = if by_id || reference.contains('@') {
         own_tags
     } else {
         // `app` means `app:latest`, and Docker lists `docker.io/library/app:1` as `app:1`.
@@ -205,6 +225,23 @@ pub async fn describe(
         vec![wanted]
     };
     Ok(Some(ImageOffer { id, layers, tags }))
+}
+
+/// Refuses an engine that keeps images in the containerd image store (Docker Desktop, and new
+/// installs of Docker 29): its `docker save` identifies an image by its manifest and names its
+/// layers by their compressed digests, so neither the ID check nor the layer filter would hold.
+pub async fn check_image_store(docker: &Docker, host: &str) -> Result<(), DockerError> {
+    let info = docker.info().await.map_err(|e| unreachable(host, e))?;
+    let containerd = info.driver_status.unwrap_or_default().iter().any(|pair| {
+        pair.first().is_some_and(|k| k == "driver-type")
+            && pair.get(1).is_some_and(|v| v.contains("containerd"))
+    });
+    if containerd {
+        return Err(DockerError::ContainerdImageStore {
+            host: host.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// Every chain ID of every image `docker` holds: the layers it has.
@@ -242,6 +279,7 @@ pub async fn offer(
     offer: &ImageOffer,
 ) -> Result<OfferAnswer, DockerError> {
     check_offer(offer)?;
+    check_image_store(docker, host).await?;
     match docker.inspect_image(&offer.id).await {
         Ok(inspect) => {
             let has = inspect.repo_tags.unwrap_or_default();
@@ -454,25 +492,119 @@ fn classify(path: &std::path::Path) -> Entry {
     }
 }
 
+/// zstd frames into `inner`: one long frame, ended and followed by an empty skippable frame
+/// whenever [`Frames::keepalive`] is called.
+struct Frames<W: Write> {
+    encoder: Option<zstd::stream::write::Encoder<'static, W>>,
+}
+
+impl<W: Write> Frames<W> {
+    fn new(inner: W) -> io::Result<Frames<W>> {
+        Ok(Frames {
+            encoder: Some(zstd::stream::write::Encoder::new(inner, ZSTD_LEVEL)?),
+        })
+    }
+
+    fn encoder(&mut self) -> &mut zstd::stream::write::Encoder<'static, W> {
+        self.encoder.as_mut().expect("an encoder between calls")
+    }
+
+    /// Ends the frame under way, writes an empty skippable frame and flushes: bytes on the wire
+    /// now, which a decoder skips.
+    fn keepalive(&mut self) -> io::Result<()> {
+        let mut inner = self.encoder.take().expect("an encoder").finish()?;
+        inner.write_all(&SKIPPABLE)?;
+        inner.flush()?;
+        self.encoder = Some(zstd::stream::write::Encoder::new(inner, ZSTD_LEVEL)?);
+        Ok(())
+    }
+
+    fn finish(mut self) -> io::Result<W> {
+        self.encoder.take().expect("an encoder").finish()
+    }
+}
+
+impl<W: Write> Write for Frames<W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.encoder().write(bytes)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.encoder().flush()
+    }
+}
+
+/// Counts what is read from `docker save`.
+struct Reading<R> {
+    inner: R,
+    counters: Arc<TransferCounters>,
+}
+
+impl<R: Read> Read for Reading<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.counters.read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
 /// Copies a `docker save` archive from `input` to `output` as a zstd-compressed archive,
-/// leaving out each layer whose diff ID is in `skip`. A legacy layer's diff ID is the SHA-256
-/// of its file, read once into a spool file (never into memory) while it is hashed.
+/// leaving out each layer whose diff ID is in `skip`; `layers` (the image's diff IDs) tells
+/// layers from the other blobs of an OCI layout when counting. A legacy layer's diff ID is the
+/// SHA-256 of its file, read once into a spool file (never into memory) while it is hashed.
+/// While it reads what it does not write yet, it sends a keep-alive every [`KEEPALIVE`].
 pub fn filter_archive(
     input: impl Read,
     output: impl Write,
     skip: &HashSet<String>,
+    layers: &HashSet<String>,
     counters: &Arc<TransferCounters>,
 ) -> io::Result<()> {
-    let mut archive = tar::Archive::new(input);
-    let encoder = zstd::stream::write::Encoder::new(output, ZSTD_LEVEL)?;
+    filter_with_keepalive(input, output, skip, layers, counters, KEEPALIVE)
+}
+
+fn filter_with_keepalive(
+    input: impl Read,
+    output: impl Write,
+    skip: &HashSet<String>,
+    layers: &HashSet<String>,
+    counters: &Arc<TransferCounters>,
+    keepalive: Duration,
+) -> io::Result<()> {
+    let mut archive = tar::Archive::new(Reading {
+        inner: input,
+        counters: counters.clone(),
+    });
     let mut builder = tar::Builder::new(Counting {
-        inner: encoder,
+        inner: Frames::new(output)?,
         counters: counters.clone(),
     });
     builder.mode(tar::HeaderMode::Complete);
+    // Since when nothing was written.
+    let quiet_since = std::cell::Cell::new(std::time::Instant::now());
+    // Reads `from` to its end into `sink`, keeping the link alive as it goes.
+    let drain = |from: &mut dyn Read,
+                 sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+                 builder: &mut tar::Builder<Counting<Frames<_>>>|
+     -> io::Result<()> {
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let n = from.read(&mut chunk)?;
+            if n == 0 {
+                return Ok(());
+            }
+            sink(&chunk[..n])?;
+            if quiet_since.get().elapsed() >= keepalive {
+                builder.get_mut().inner.keepalive()?;
+                quiet_since.set(std::time::Instant::now());
+            }
+        }
+    };
     for entry in archive.entries()? {
         let mut entry = entry?;
         let mut header = entry.header().clone();
+        // The real size, which a PAX extension carries for an entry over 8 GiB.
+        header.set_size(entry.size());
         let path = entry.path()?.into_owned();
         let kind = if header.entry_type().is_file() {
             classify(&path)
@@ -484,35 +616,36 @@ pub fn filter_archive(
                 builder.append_data(&mut header, &path, &mut entry)?
             }
             Entry::Other => builder.append(&header, &mut entry)?,
+            Entry::Blob(digest) if skip.contains(&digest) => {
+                drain(&mut entry, &mut |_| Ok(()), &mut builder)?;
+                counters.layers_skipped.fetch_add(1, Ordering::Relaxed);
+            }
             Entry::Blob(digest) => {
-                if skip.contains(&digest) {
-                    io::copy(&mut entry, &mut io::sink())?;
-                    counters.layers_skipped.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    builder.append_data(&mut header, &path, &mut entry)?;
-                    if is_digest(&digest) {
-                        counters.layers_sent.fetch_add(1, Ordering::Relaxed);
-                    }
+                builder.append_data(&mut header, &path, &mut entry)?;
+                quiet_since.set(std::time::Instant::now());
+                if layers.contains(&digest) {
+                    counters.layers_sent.fetch_add(1, Ordering::Relaxed);
                 }
             }
             Entry::LegacyLayer => {
                 let mut spool = tempfile::tempfile()?;
                 let mut hash = ring::digest::Context::new(&ring::digest::SHA256);
-                let mut chunk = vec![0u8; 64 * 1024];
-                loop {
-                    let n = entry.read(&mut chunk)?;
-                    if n == 0 {
-                        break;
-                    }
-                    hash.update(&chunk[..n]);
-                    spool.write_all(&chunk[..n])?;
-                }
+                drain(
+                    &mut entry,
+                    &mut |bytes| {
+                        hash.update(bytes);
+                        spool.write_all(bytes)
+                    },
+                    &mut builder,
+                )?;
                 let diff_id = format!("sha256:{}", hex::encode(hash.finish()));
                 if skip.contains(&diff_id) {
                     counters.layers_skipped.fetch_add(1, Ordering::Relaxed);
                 } else {
+                    header.set_size(spool.stream_position()?);
                     spool.rewind()?;
                     builder.append_data(&mut header, &path, &mut spool)?;
+                    quiet_since.set(std::time::Instant::now());
                     counters.layers_sent.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -531,8 +664,11 @@ pub fn export(
     docker: &Docker,
     id: &str,
     skip: HashSet<String>,
+    layers: HashSet<String>,
     counters: Arc<TransferCounters>,
 ) -> impl Stream<Item = io::Result<Bytes>> + Send + 'static {
+    // `docker save` of a large image answers only once Docker has laid it out on its disk.
+    let docker = docker.clone().with_timeout(LOAD_TIMEOUT);
     let save = docker.export_image(id).map_err(io::Error::other);
     let reader = tokio_util::io::StreamReader::new(save);
     let (tx, rx) = tokio::sync::mpsc::channel(CHANNEL_CHUNKS);
@@ -544,13 +680,41 @@ pub fn export(
             buf: Vec::with_capacity(CHUNK),
             counters: counters.clone(),
         };
-        if let Err(e) = filter_archive(bridge, writer, &skip, &counters) {
+        if let Err(e) = filter_archive(bridge, writer, &skip, &layers, &counters) {
             let _ = failed.blocking_send(Err(e));
         }
     });
     futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     })
+}
+
+/// `stream`, failing when its first item does not come within `first`, or a next one within
+/// `idle` of the one before: a link that stops carrying a transfer ends it.
+pub fn bounded<S>(
+    stream: S,
+    first: Duration,
+    idle: Duration,
+) -> impl Stream<Item = io::Result<Bytes>> + Send + Unpin + 'static
+where
+    S: Stream<Item = io::Result<Bytes>> + Send + Unpin + 'static,
+{
+    Box::pin(futures_util::stream::unfold(
+        (stream, first),
+        move |(mut stream, within)| async move {
+            match tokio::time::timeout(within, stream.next()).await {
+                Ok(Some(item)) => Some((item, (stream, idle))),
+                Ok(None) => None,
+                Err(_) => Some((
+                    Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no byte of the image for {} s", within.as_secs()),
+                    )),
+                    (stream, Duration::ZERO),
+                )),
+            }
+        },
+    ))
 }
 
 /// The layers of `offer` to leave out for a receiver that answered `missing`.
@@ -849,7 +1013,8 @@ mod tests {
         let counters = Arc::new(TransferCounters::default());
         let mut out = Vec::new();
         let skip: HashSet<String> = [diff_ids[0].clone()].into();
-        filter_archive(archive.as_slice(), &mut out, &skip, &counters).unwrap();
+        let layers: HashSet<String> = diff_ids.iter().cloned().collect();
+        filter_archive(archive.as_slice(), &mut out, &skip, &layers, &counters).unwrap();
         let got = entries(&out);
         let names: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(
@@ -889,10 +1054,20 @@ mod tests {
         let archive = builder.into_inner().unwrap();
         let counters = Arc::new(TransferCounters::default());
         let mut out = Vec::new();
-        filter_archive(archive.as_slice(), &mut out, &[layer_id].into(), &counters).unwrap();
+        filter_archive(
+            archive.as_slice(),
+            &mut out,
+            &[layer_id.clone()].into(),
+            &[layer_id].into(),
+            &counters,
+        )
+        .unwrap();
         let got = entries(&out);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].1, config);
+        // The config blob is not counted as a layer.
+        assert_eq!(counters.layers_sent(), 0);
+        assert_eq!(counters.layers_skipped(), 1);
     }
 
     #[test]
@@ -901,6 +1076,37 @@ mod tests {
         let counters = Arc::new(TransferCounters::default());
         let mut out = Vec::new();
         let cut = &archive[..700];
-        assert!(filter_archive(cut, &mut out, &HashSet::new(), &counters).is_err());
+        assert!(
+            filter_archive(cut, &mut out, &HashSet::new(), &HashSet::new(), &counters).is_err()
+        );
+    }
+
+    #[test]
+    fn keepalives_while_skipping_are_frames_a_decoder_passes_over() {
+        let big: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let (archive, diff_ids) = saved(&[&big, b"top layer"]);
+        let counters = Arc::new(TransferCounters::default());
+        let mut out = Vec::new();
+        let skip: HashSet<String> = [diff_ids[0].clone()].into();
+        // A keep-alive after every chunk read of the skipped layer.
+        filter_with_keepalive(
+            archive.as_slice(),
+            &mut out,
+            &skip,
+            &diff_ids.iter().cloned().collect(),
+            &counters,
+            Duration::ZERO,
+        )
+        .unwrap();
+        let frames = out
+            .windows(SKIPPABLE.len())
+            .filter(|w| *w == SKIPPABLE)
+            .count();
+        assert!(frames >= 10, "{frames} keep-alives");
+        let got = entries(&out);
+        assert_eq!(got.len(), 3, "the top layer, the config, the manifest");
+        assert_eq!(got[0].1, b"top layer");
+        // All of it read, but the archive's closing blocks, which the reader stops before.
+        assert!(counters.read() + 1024 >= archive.len() as u64);
     }
 }

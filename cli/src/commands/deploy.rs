@@ -363,13 +363,21 @@ pub async fn prepare_builds(
         spec.container.image = reference.clone();
         planned.push((name, build, args, reference));
     }
-    let (local, shown) = super::image::local_docker().await?;
+    // A dry run, or --no-build, needs no local Docker: without one, nothing is built there.
+    let local = match super::image::local_docker().await {
+        Ok(local) => Some(local),
+        Err(_) if dry_run || how.no_build => None,
+        Err(e) => return Err(e),
+    };
     let mut have = Vec::new();
     for (name, build, args, reference) in planned {
-        let present = ployz_orchestrator::images::describe(&local, &shown, &reference)
-            .await
-            .map_err(|e| anyhow!("{e}"))?
-            .is_some();
+        let present = match &local {
+            Some((local, shown)) => ployz_orchestrator::images::describe(local, shown, &reference)
+                .await
+                .map_err(|e| anyhow!("{e}"))?
+                .is_some(),
+            None => false,
+        };
         let context = build.context.display();
         if dry_run || how.no_build || (present && !how.no_cache) {
             if !quiet {
@@ -390,7 +398,10 @@ pub async fn prepare_builds(
         if !quiet {
             eprintln!("build {name} → {reference} from {context} ...");
         }
-        crate::build::build_image(&local, build, &args, &reference, how.no_cache, |line| {
+        let (local, _) = local
+            .as_ref()
+            .expect("a local Docker unless a dry run or --no-build");
+        crate::build::build_image(local, build, &args, &reference, how.no_cache, |line| {
             if !quiet {
                 eprintln!("  │ {line}");
             }
@@ -790,6 +801,23 @@ async fn deploy_holding(
     }
     let quiet = flow.json;
     let fetched = fetch_images(client, &preview.plan.transfers, &machines, quiet).await;
+    // An image built here is in no registry: without it a Machine's container cannot start, so
+    // the Deploy stops before its first operation.
+    if let Some(failed) = fetched
+        .iter()
+        .find(|f| f.transfer.from.is_none() && f.error.is_some())
+    {
+        let on = machines
+            .iter()
+            .find(|m| m.machine.info.id == failed.transfer.machine_id)
+            .map(|m| m.machine.info.name.to_string())
+            .unwrap_or_else(|| failed.transfer.machine_id.to_string());
+        return Err(Stop::Reported(anyhow!(
+            "the built image {} did not reach Machine '{on}': {}; no operation ran, deploy again to continue",
+            failed.transfer.image,
+            failed.error.as_deref().unwrap_or("it failed")
+        )));
+    }
     let total = preview.plan.operations().count();
     let mut step = 0;
     let mut target = ApiTarget {

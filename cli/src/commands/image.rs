@@ -261,7 +261,13 @@ async fn show_progress(shares: Arc<Vec<Arc<Share>>>, done: tokio::sync::watch::R
     }
 }
 
-/// Sends image `offer` from `local` to each of `targets` at once (a connection each), showing
+/// How many Machines a push sends to at once: each send is its own `docker save` (which, on the
+/// classic image store, lays the whole image out on the local disk first) and its own
+/// compressing thread.
+const SENDS_AT_ONCE: usize = 2;
+
+/// Sends image `offer` from `local` to each of `targets`, [`SENDS_AT_ONCE`] at a time (a
+/// connection each), showing
 /// progress unless `quiet`: each Machine's outcome, and the Machines that failed (a Partial
 /// Result).
 pub async fn push_image(
@@ -297,7 +303,13 @@ pub async fn push_image(
                 (id.clone(), outcome)
             }
         });
-    let results = futures_util::future::join_all(pushes).await;
+    let results: Vec<_> = {
+        use futures_util::StreamExt as _;
+        futures_util::stream::iter(pushes)
+            .buffer_unordered(SENDS_AT_ONCE)
+            .collect()
+            .await
+    };
     let _ = finished.send(true);
     if let Some(display) = display {
         let _ = display.await;
@@ -359,12 +371,36 @@ async fn send_aimed(
         });
         let skip = images::skipped(offer, &answer.missing);
         let counters = share.counters.clone();
-        let stream = images::export(local, &offer.id, skip, counters.clone());
+        let layers = offer.layers.iter().cloned().collect();
+        let mut stream = Box::pin(images::export(
+            local,
+            &offer.id,
+            skip,
+            layers,
+            counters.clone(),
+        ));
+        // The request goes once the first byte is there: Docker lays a large image out on its
+        // disk before `docker save` writes anything, and the Machine would see an idle body.
+        let first = {
+            use futures_util::StreamExt as _;
+            tokio::select! {
+                first = stream.next() => first,
+                stalled = stalled(&share, stall_limit()) => bail!(
+                    "sending to Machine '{name}': {stalled}"
+                ),
+            }
+        };
+        let first = match first {
+            Some(Ok(chunk)) => chunk,
+            Some(Err(e)) => bail!("reading the image from the local Docker: {e}"),
+            None => bail!("the local Docker's `docker save` of {} was empty", offer.id),
+        };
         // Once the last byte is made, the Machine is loading the image.
         let on_end = share.clone();
         let watched = {
             use futures_util::StreamExt as _;
-            stream
+            futures_util::stream::once(futures_util::future::ready(Ok(first)))
+                .chain(stream)
                 .map(Some)
                 .chain(futures_util::stream::once(async move {
                     on_end.set(Phase::Loading {
@@ -384,7 +420,7 @@ async fn send_aimed(
         let loaded: LoadedImage = tokio::select! {
             loaded = sending => loaded.with_context(|| format!("sending to Machine '{name}'"))?,
             stalled = stalled(&share, stall_limit()) => bail!(
-                "sending to Machine '{name}': {stalled}; the link to it may be cut (`ployz machine ls` shows how the Machine reached observes it); the next push starts again from what it has"
+                "sending to Machine '{name}': {stalled}"
             ),
         };
         if loaded.id != offer.id {
@@ -402,9 +438,9 @@ async fn send_aimed(
     Ok(outcome)
 }
 
-/// How long a transfer may go without a byte sent, and how long a Machine may take to load
-/// what it received, before the push to it gives up: `PLOYZ_TRANSFER_STALL_SECONDS` (default
-/// 60), and ten times that for the load.
+/// How long a transfer may go without progress (a byte read from `docker save` or sent) before
+/// the push to it gives up: `PLOYZ_TRANSFER_STALL_SECONDS` (default 60); ten times that for
+/// `docker save`'s first byte, and sixty times that for the Machine to load what it received.
 fn stall_limit() -> Duration {
     let seconds = std::env::var("PLOYZ_TRANSFER_STALL_SECONDS")
         .ok()
@@ -414,29 +450,38 @@ fn stall_limit() -> Duration {
     Duration::from_secs(seconds)
 }
 
-/// Resolves when `share`'s transfer stalls: no byte sent for `limit` while sending, or no
-/// answer `10 * limit` after the last byte. A cut link otherwise holds a push until TCP gives
-/// up, many minutes later.
+/// Resolves when `share`'s transfer stalls: no progress (a byte read from `docker save`, or
+/// sent) for `limit` while sending, `docker save` silent for `10 * limit` before its first
+/// byte, or no answer `60 * limit` after the last byte. A cut link otherwise holds a push until
+/// TCP gives up, many minutes later.
 async fn stalled(share: &Share, limit: Duration) -> String {
-    let mut last = (share.counters.wire(), Instant::now());
+    let progress = || (share.counters.read(), share.counters.wire());
+    let mut last = (progress(), Instant::now());
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let sent = share.counters.wire();
-        if sent != last.0 {
-            last = (sent, Instant::now());
+        let now = progress();
+        if now != last.0 {
+            last = (now, Instant::now());
             continue;
         }
+        let (read, sent) = now;
         match share.phase() {
-            Phase::Loading { since } if since.elapsed() >= limit * 10 => {
+            Phase::Loading { since } if since.elapsed() >= limit * 60 => {
                 return format!(
                     "no answer {} s after the last byte",
                     since.elapsed().as_secs()
                 )
             }
             Phase::Loading { .. } => {}
-            _ if last.1.elapsed() >= limit => {
+            _ if read == 0 && last.1.elapsed() >= limit * 10 => {
                 return format!(
-                    "no byte went out for {} s ({} sent)",
+                    "the local Docker's `docker save` gave no byte in {} s",
+                    last.1.elapsed().as_secs()
+                )
+            }
+            _ if read > 0 && last.1.elapsed() >= limit => {
+                return format!(
+                    "no byte went out for {} s ({} sent); the link to it may be cut (`ployz machine ls` shows how the Machine reached observes it); the next push starts again from what it has",
                     limit.as_secs(),
                     bytes(sent)
                 )
