@@ -419,6 +419,20 @@ fn bad_input_is_refused_before_any_machine_is_asked() {
         "{}",
         text(&out)
     );
+    // A dry run needs no local Docker: the tag is computed, nothing is built.
+    let mut c = lab.cli(0);
+    c.env(
+        "DOCKER_HOST",
+        format!("unix://{}/none.sock", lab.dir().display()),
+    )
+    .args(["deploy", "--dry-run", "-f", compose.to_str().unwrap()]);
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("to build (not in a dry run)"),
+        "{}",
+        text(&out)
+    );
     // A context that is not there: refused before anything else.
     std::fs::remove_dir_all(dir.join("ctx")).unwrap();
     let out = lab.ployz(0, &["deploy", "-y", "-f", compose.to_str().unwrap()]);

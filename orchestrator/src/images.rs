@@ -353,7 +353,7 @@ pub async fn list(docker: &Docker, host: &str) -> Result<Vec<ImageSummary>, Dock
                 id: i.id,
                 tags,
                 size: u64::try_from(i.size).unwrap_or(0),
-                created: chrono_free_rfc3339(i.created),
+                created: rfc3339_utc(i.created),
                 containers: u64::try_from(i.containers).ok(),
             }
         })
@@ -363,7 +363,7 @@ pub async fn list(docker: &Docker, host: &str) -> Result<Vec<ImageSummary>, Dock
 }
 
 /// Seconds since the epoch as RFC 3339 UTC (`2026-12-06T08:38:27Z`).
-fn chrono_free_rfc3339(secs: i64) -> Option<String> {
+fn rfc3339_utc(secs: i64) -> Option<String> {
     if secs <= 0 {
         return None;
     }
@@ -945,17 +945,39 @@ mod tests {
         assert_eq!(split_tag("app"), None);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_transfer_that_stops_coming_ends_with_an_error() {
+        let first = Duration::from_secs(600);
+        let idle = Duration::from_secs(60);
+        // One chunk, then nothing: the next read fails once `idle` has passed.
+        let stalled = futures_util::stream::once(async { Ok(Bytes::from_static(b"x")) })
+            .chain(futures_util::stream::pending());
+        let mut s = bounded(Box::pin(stalled), first, idle);
+        assert_eq!(s.next().await.unwrap().unwrap(), Bytes::from_static(b"x"));
+        let e = s.next().await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("60 s"), "{e}");
+        // Nothing at all: the first byte's allowance applies.
+        let silent = futures_util::stream::pending::<io::Result<Bytes>>();
+        let e = bounded(Box::pin(silent), first, idle)
+            .next()
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(e.to_string().contains("600 s"), "{e}");
+    }
+
     #[test]
     fn times_read_as_rfc3339() {
         assert_eq!(
-            chrono_free_rfc3339(1_796_459_907).as_deref(),
+            rfc3339_utc(1_796_459_907).as_deref(),
             Some("2026-12-05T08:38:27Z")
         );
         assert_eq!(
-            chrono_free_rfc3339(951_782_400).as_deref(),
+            rfc3339_utc(951_782_400).as_deref(),
             Some("2000-02-29T00:00:00Z")
         );
-        assert_eq!(chrono_free_rfc3339(0), None);
+        assert_eq!(rfc3339_utc(0), None);
     }
 
     /// An archive shaped as `docker save` writes one (Docker before 25): two layers, a config,
