@@ -446,6 +446,39 @@ pub struct MeshStatus {
     pub mtu: u32,
     pub management_address: ManagementAddress,
     pub peers: Vec<MeshPeer>,
+    /// How the userspace device moves packets, and how fast it has; absent with the kernel
+    /// module.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datapath: Option<MeshDataPath>,
+}
+
+/// The userspace WireGuard device's offloads and throughput on one Machine, since its daemon
+/// started. Rates are encrypted bytes per second over the last observation interval; peaks are
+/// the highest such rate seen.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MeshDataPath {
+    /// The TUN interface hands over and takes back TCP segments of up to 64 KiB.
+    pub tun_offload: bool,
+    /// UDP sends are segmented by the kernel (GSO).
+    pub udp_gso: bool,
+    /// UDP receives are coalesced by the kernel (GRO).
+    pub udp_gro: bool,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    pub packets_sent: u64,
+    pub packets_received: u64,
+    /// System calls that moved packets: TUN reads and writes, UDP sends and receives.
+    pub tun_reads: u64,
+    pub tun_writes: u64,
+    pub udp_sends: u64,
+    pub udp_receives: u64,
+    /// Packets dropped: to an address no peer holds, to a peer without an endpoint, or not
+    /// valid WireGuard from a peer.
+    pub dropped: u64,
+    pub send_rate: u64,
+    pub receive_rate: u64,
+    pub peak_send_rate: u64,
+    pub peak_receive_rate: u64,
 }
 
 /// What one Machine's daemon last did to keep its own plumbing (interface, peers, routes,

@@ -225,6 +225,8 @@ pub struct MeshMetrics {
     pub gossip: [u64; 4],
     /// Firewall rules put back by reconciliation.
     pub firewall_repairs: u64,
+    /// The userspace device's offloads and counters; `None` with the kernel module.
+    pub datapath: Option<ployz_core::api::MeshDataPath>,
 }
 
 impl MeshView {
@@ -256,6 +258,83 @@ impl MeshView {
         let _ = writeln!(out, "# TYPE ployz_mesh_peers gauge");
         for (state, n) in &m.membership {
             let _ = writeln!(out, "ployz_mesh_peers{{membership=\"{state}\"}} {n}");
+        }
+        if let Some(d) = &m.datapath {
+            let _ = writeln!(out, "# HELP ployz_mesh_datapath_offload Offloads the userspace WireGuard device has (1) or went without (0).");
+            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_offload gauge");
+            for (kind, on) in [
+                ("tun_tso", d.tun_offload),
+                ("udp_gso", d.udp_gso),
+                ("udp_gro", d.udp_gro),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "ployz_mesh_datapath_offload{{kind=\"{kind}\"}} {}",
+                    u8::from(on)
+                );
+            }
+            let _ = writeln!(out, "# HELP ployz_mesh_datapath_bytes_total Encrypted bytes the userspace WireGuard device moved.");
+            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_bytes_total counter");
+            let _ = writeln!(
+                out,
+                "ployz_mesh_datapath_bytes_total{{direction=\"sent\"}} {}",
+                d.bytes_sent
+            );
+            let _ = writeln!(
+                out,
+                "ployz_mesh_datapath_bytes_total{{direction=\"received\"}} {}",
+                d.bytes_received
+            );
+            let _ = writeln!(out, "# HELP ployz_mesh_datapath_packets_total WireGuard packets the userspace device moved.");
+            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_packets_total counter");
+            let _ = writeln!(
+                out,
+                "ployz_mesh_datapath_packets_total{{direction=\"sent\"}} {}",
+                d.packets_sent
+            );
+            let _ = writeln!(
+                out,
+                "ployz_mesh_datapath_packets_total{{direction=\"received\"}} {}",
+                d.packets_received
+            );
+            let _ = writeln!(out, "# HELP ployz_mesh_datapath_syscalls_total System calls that moved packets, by kind (each may move many).");
+            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_syscalls_total counter");
+            for (kind, n) in [
+                ("tun_read", d.tun_reads),
+                ("tun_write", d.tun_writes),
+                ("udp_send", d.udp_sends),
+                ("udp_receive", d.udp_receives),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "ployz_mesh_datapath_syscalls_total{{kind=\"{kind}\"}} {n}"
+                );
+            }
+            let _ = writeln!(out, "# HELP ployz_mesh_datapath_dropped_total Packets the userspace device dropped (no peer, no endpoint, or not valid).");
+            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_dropped_total counter");
+            let _ = writeln!(out, "ployz_mesh_datapath_dropped_total {}", d.dropped);
+            let _ = writeln!(out, "# HELP ployz_mesh_datapath_rate_bytes Encrypted bytes per second over the last observation interval, and the peak since start.");
+            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_rate_bytes gauge");
+            let _ = writeln!(
+                out,
+                "ployz_mesh_datapath_rate_bytes{{direction=\"sent\",window=\"last\"}} {}",
+                d.send_rate
+            );
+            let _ = writeln!(
+                out,
+                "ployz_mesh_datapath_rate_bytes{{direction=\"received\",window=\"last\"}} {}",
+                d.receive_rate
+            );
+            let _ = writeln!(
+                out,
+                "ployz_mesh_datapath_rate_bytes{{direction=\"sent\",window=\"peak\"}} {}",
+                d.peak_send_rate
+            );
+            let _ = writeln!(
+                out,
+                "ployz_mesh_datapath_rate_bytes{{direction=\"received\",window=\"peak\"}} {}",
+                d.peak_receive_rate
+            );
         }
         let _ = writeln!(out, "# HELP ployz_mesh_subnet_collisions Members whose Machine Subnet another member holds too.");
         let _ = writeln!(out, "# TYPE ployz_mesh_subnet_collisions gauge");

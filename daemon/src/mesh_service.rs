@@ -79,6 +79,56 @@ struct Running {
     published: Option<Instant>,
     /// Whether the last reconciliation failed (a failing streak is logged once).
     failing: bool,
+    /// The userspace device's throughput between publications.
+    datapath: std::sync::Mutex<DataPathRates>,
+}
+
+/// Turns the userspace device's byte counters into rates between two observations.
+#[derive(Debug, Default)]
+struct DataPathRates {
+    last: Option<(Instant, u64, u64)>,
+    send_rate: u64,
+    receive_rate: u64,
+    peak_send_rate: u64,
+    peak_receive_rate: u64,
+}
+
+impl DataPathRates {
+    /// Observes the counters at `now`; rates are measured over at least a second.
+    fn observe(&mut self, now: Instant, sent: u64, received: u64) {
+        if let Some((then, sent_then, received_then)) = self.last {
+            let secs = now.duration_since(then).as_secs_f64();
+            if secs < 1.0 {
+                return;
+            }
+            self.send_rate = (sent.saturating_sub(sent_then) as f64 / secs) as u64;
+            self.receive_rate = (received.saturating_sub(received_then) as f64 / secs) as u64;
+            self.peak_send_rate = self.peak_send_rate.max(self.send_rate);
+            self.peak_receive_rate = self.peak_receive_rate.max(self.receive_rate);
+        }
+        self.last = Some((now, sent, received));
+    }
+
+    fn view(&self, stats: &ployz_mesh::device::Stats) -> ployz_core::api::MeshDataPath {
+        ployz_core::api::MeshDataPath {
+            tun_offload: stats.tun_offload,
+            udp_gso: stats.udp_gso,
+            udp_gro: stats.udp_gro,
+            bytes_sent: stats.bytes_sent,
+            bytes_received: stats.bytes_received,
+            packets_sent: stats.packets_sent,
+            packets_received: stats.packets_received,
+            tun_reads: stats.tun_reads,
+            tun_writes: stats.tun_writes,
+            udp_sends: stats.udp_sends,
+            udp_receives: stats.udp_receives,
+            dropped: stats.dropped_no_peer + stats.dropped_no_endpoint + stats.dropped_invalid,
+            send_rate: self.send_rate,
+            receive_rate: self.receive_rate,
+            peak_send_rate: self.peak_send_rate,
+            peak_receive_rate: self.peak_receive_rate,
+        }
+    }
 }
 
 fn backend_setting(s: WireGuardBackendSetting) -> BackendSetting {
@@ -481,6 +531,7 @@ impl MeshService {
             collisions_logged: 0,
             published: None,
             failing: false,
+            datapath: std::sync::Mutex::default(),
         })
     }
 
@@ -703,6 +754,11 @@ impl MeshService {
         }
         self.view.set_observations(observations);
         let interface = running.interface.lock().expect("mesh interface poisoned");
+        let datapath = interface.datapath_stats().map(|stats| {
+            let mut rates = running.datapath.lock().expect("data path rates poisoned");
+            rates.observe(Instant::now(), stats.bytes_sent, stats.bytes_received);
+            rates.view(&stats)
+        });
         let identity = self.machine.identity();
         if let Some(identity) = identity {
             self.view.set_status(Some(MeshStatus {
@@ -713,6 +769,7 @@ impl MeshService {
                 mtu: interface.mtu(),
                 management_address: identity.management_address(),
                 peers,
+                datapath: datapath.clone(),
             }));
         }
         let gossip = running.membership.counters();
@@ -734,6 +791,7 @@ impl MeshService {
                 gossip.bytes_received,
             ],
             firewall_repairs: running.firewall_repairs.load(Ordering::Relaxed),
+            datapath,
         });
     }
 
@@ -893,5 +951,33 @@ async fn peer_reset(
 impl std::fmt::Debug for MeshService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MeshService").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::DataPathRates;
+
+    #[test]
+    fn data_path_rates_are_measured_over_a_second_or_more_and_keep_their_peak() {
+        let start = Instant::now();
+        let mut rates = DataPathRates::default();
+        rates.observe(start, 0, 0);
+        // Half a second is too short to measure: nothing changes, and the baseline stays.
+        rates.observe(start + Duration::from_millis(500), 1_000, 1_000);
+        assert_eq!(rates.send_rate, 0);
+        rates.observe(start + Duration::from_secs(2), 200_000_000, 100_000_000);
+        assert_eq!(
+            (rates.send_rate, rates.receive_rate),
+            (100_000_000, 50_000_000)
+        );
+        rates.observe(start + Duration::from_secs(4), 220_000_000, 100_000_000);
+        assert_eq!((rates.send_rate, rates.receive_rate), (10_000_000, 0));
+        assert_eq!(
+            (rates.peak_send_rate, rates.peak_receive_rate),
+            (100_000_000, 50_000_000)
+        );
     }
 }

@@ -8,6 +8,7 @@
 //! - [`join`]: join tokens and Machine Subnet allocation.
 //! - [`userspace`]: the userspace WireGuard device and its control socket.
 
+pub mod device;
 pub mod endpoints;
 pub mod firewall;
 pub mod join;

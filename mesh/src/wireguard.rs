@@ -440,8 +440,7 @@ pub struct PeerStats {
 }
 
 /// The backend's handle. The kernel interface is driven through defguard_wireguard_rs (netlink);
-/// the userspace device through [`UserspaceDevice`]'s private control channel (see that module
-/// for why not defguard's socket client).
+/// the userspace device ([`crate::device`]) with the same configuration text, in process.
 enum Api {
     Kernel(WGApi<Kernel>),
     Userspace(UserspaceDevice),
@@ -675,8 +674,7 @@ impl MeshInterface {
     /// subnet routes carry no source (the kernel cannot use an address it does not hold) and the
     /// next call after the bridge appears adds it.
     ///
-    /// The userspace backend cannot change a peer in place (boringtun asserts against it), so an
-    /// update there removes and re-adds the peer (its session restarts with a new handshake).
+    /// Both backends change a peer's endpoint and allowed IPs in place: its session goes on.
     /// `&mut self` keeps two reconciliations from interleaving.
     pub fn set_peers(&mut self, peers: &[PeerConfig]) -> Result<PeerChanges> {
         let mut desired: BTreeMap<[u8; 32], (&PeerConfig, Peer)> = BTreeMap::new();
@@ -704,11 +702,6 @@ impl MeshInterface {
                     changes.added += 1;
                 }
                 Some(current) if peer_differs(current, peer) => {
-                    if self.backend == Backend::Userspace {
-                        self.api()?
-                            .remove_peer(&peer.public_key)
-                            .map_err(self.interface_error("remove peer"))?;
-                    }
                     self.api()?
                         .configure_peer(peer)
                         .map_err(self.interface_error("update peer"))?;
@@ -860,6 +853,14 @@ impl MeshInterface {
             }
         }
         Ok(routes)
+    }
+
+    /// The userspace device's counters and offloads; `None` with the kernel module.
+    pub fn datapath_stats(&self) -> Option<crate::device::Stats> {
+        match self.api.as_ref()? {
+            Api::Kernel(_) => None,
+            Api::Userspace(device) => Some(device.stats()),
+        }
     }
 
     /// What WireGuard reports per peer, ordered by public key.

@@ -792,3 +792,342 @@ fn the_userspace_device_takes_no_signals_and_wg_show_reads_it() {
     assert!(!std::path::Path::new(&socket).exists());
     drop(worker);
 }
+
+/// Two Machines on a veth pair (198.18.0.1 and .2, MTU 1500), each with its userspace
+/// interface up; peers are not set yet.
+fn two_machines() -> (Machine, Machine) {
+    sweep_leftovers();
+    let suffix = random_suffix();
+    let ns_a = Netns::new("a");
+    let ns_b = Netns::new("b");
+    let veth_a = format!("plztv{suffix}a");
+    let veth_b = format!("plztv{suffix}b");
+    must(
+        "ip",
+        &[
+            "link", "add", &veth_a, "netns", &ns_a.name, "type", "veth", "peer", "name", &veth_b,
+            "netns", &ns_b.name,
+        ],
+    );
+    ns_a.ip(&["addr", "add", "198.18.0.1/24", "dev", &veth_a]);
+    ns_b.ip(&["addr", "add", "198.18.0.2/24", "dev", &veth_b]);
+    ns_a.ip(&["link", "set", &veth_a, "up"]);
+    ns_b.ip(&["link", "set", &veth_b, "up"]);
+    let machine = |netns: Netns, tag: &str, subnet: &str, underlay: Ipv4Addr| Machine {
+        worker: Worker::new(&netns),
+        netns,
+        key: PrivateKey::generate(),
+        interface: format!("plzt{suffix}{tag}"),
+        subnet: subnet.parse().unwrap(),
+        underlay,
+    };
+    let a = machine(ns_a, "a", "10.210.0.0/24", Ipv4Addr::new(198, 18, 0, 1));
+    let b = machine(ns_b, "b", "10.210.1.0/24", Ipv4Addr::new(198, 18, 0, 2));
+    a.up();
+    b.up();
+    (a, b)
+}
+
+/// A stream of `total` pseudo-random bytes (each MiB numbered, so lost, repeated or reordered
+/// data changes the digest) and its digest.
+struct Payload {
+    block: Vec<u8>,
+    total: u64,
+}
+
+impl Payload {
+    fn new(total: u64) -> Payload {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let block = (0..1 << 20)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        Payload { block, total }
+    }
+
+    /// Writes the stream, and answers its digest.
+    fn send(&self, stream: &mut impl std::io::Write) -> std::io::Result<u64> {
+        let mut digest = Digest::default();
+        let mut block = self.block.clone();
+        let mut sent = 0u64;
+        let mut n = 0u64;
+        while sent < self.total {
+            block[..8].copy_from_slice(&n.to_le_bytes());
+            let len = (self.total - sent).min(block.len() as u64) as usize;
+            stream.write_all(&block[..len])?;
+            digest.update(&block[..len]);
+            sent += len as u64;
+            n += 1;
+        }
+        Ok(digest.finish())
+    }
+}
+
+/// A position-dependent 64-bit digest of a byte stream.
+#[derive(Default)]
+struct Digest {
+    hash: u64,
+    len: u64,
+}
+
+impl Digest {
+    fn update(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.hash = (self.hash ^ u64::from(*byte) ^ (self.len << 8))
+                .wrapping_mul(0x0000_0100_0000_01b3)
+                .rotate_left(5);
+            self.len += 1;
+        }
+    }
+
+    fn finish(&self) -> u64 {
+        self.hash ^ self.len
+    }
+}
+
+/// Reads a stream to its end: its digest and length.
+fn receive(stream: &mut impl std::io::Read) -> std::io::Result<(u64, u64)> {
+    let mut digest = Digest::default();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Ok((digest.finish(), digest.len));
+        }
+        digest.update(&buf[..n]);
+    }
+}
+
+/// Sends `total` bytes over TCP from `from`'s namespace to a listener on `to_addr` in `to`'s,
+/// and checks they arrive whole and in order. Answers the rate in MB/s.
+fn transfer(from: &Worker, to: &Worker, to_addr: IpAddr, port: u16, total: u64) -> f64 {
+    let listener = to.run(move |_| TcpListener::bind((to_addr, port)).expect("listen"));
+    let receiver = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("accept");
+        receive(&mut stream).expect("receive")
+    });
+    let addr = SocketAddr::new(to_addr, port);
+    let mut stream = from.run(move |_| {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(20))
+            .expect("connect through the mesh")
+    });
+    let payload = Payload::new(total);
+    let started = Instant::now();
+    let sent = payload.send(&mut stream).expect("send");
+    stream
+        .shutdown(std::net::Shutdown::Write)
+        .expect("shutdown");
+    let (received, len) = receiver.join().expect("the receiver ran");
+    let secs = started.elapsed().as_secs_f64();
+    assert_eq!(len, total, "every byte arrived");
+    assert_eq!(received, sent, "the bytes arrived unchanged and in order");
+    total as f64 / secs / 1e6
+}
+
+#[test]
+#[ignore = "needs root"]
+fn a_gigabyte_crosses_the_userspace_mesh_intact_in_large_batches() {
+    let (a, b) = two_machines();
+    a.set_peers(vec![b.peer_config()]);
+    b.set_peers(vec![a.peer_config()]);
+    let mgmt_b = IpAddr::V6(b.key.management_address().addr());
+    let sock_a = a.bind(a.key.management_address().addr().into());
+    let sock_b = b.bind(mgmt_b);
+    assert!(
+        exchange(&sock_a, &sock_b),
+        "A reaches B: {}",
+        diagnose(&[&a, &b])
+    );
+
+    let rate = transfer(&a.worker, &b.worker, mgmt_b, 17_001, 1 << 30);
+    eprintln!("1 GiB A -> B through the userspace mesh: {rate:.0} MB/s");
+
+    let stats = |m: &Machine| {
+        m.worker.run(|slot| {
+            slot.as_ref()
+                .expect("up")
+                .datapath_stats()
+                .expect("userspace")
+        })
+    };
+    let (sa, sb) = (stats(&a), stats(&b));
+    assert!(
+        sa.tun_offload && sa.udp_gso && sb.udp_gro && sb.tun_offload,
+        "this kernel has every offload: {sa:?} {sb:?}"
+    );
+    // 1 GiB is ~760k packets at this MTU. With segmentation offload each TUN read carries many
+    // of them, and each UDP send many datagrams; on the receiving side GRO and coalescing do
+    // the same. One packet per call would be a ratio of 1.
+    let ratio = |packets: u64, calls: u64| packets as f64 / calls.max(1) as f64;
+    assert!(sa.packets_sent > 700_000, "{sa:?}");
+    assert!(
+        ratio(sa.packets_sent, sa.tun_reads) > 4.0,
+        "TSO on A's interface: {sa:?}"
+    );
+    assert!(
+        ratio(sa.packets_sent, sa.udp_sends) > 4.0,
+        "UDP GSO on A: {sa:?}"
+    );
+    assert!(
+        ratio(sb.packets_received, sb.udp_receives) > 2.0,
+        "UDP GRO on B: {sb:?}"
+    );
+    assert!(
+        ratio(sb.packets_received, sb.tun_writes) > 2.0,
+        "coalesced writes on B: {sb:?}"
+    );
+    assert_eq!(sb.dropped_invalid, 0, "{sb:?}");
+
+    // The other way, and over IPv4 between the Machine Subnets (an address of each on lo).
+    a.netns.ip(&["addr", "add", "10.210.0.1/32", "dev", "lo"]);
+    b.netns.ip(&["addr", "add", "10.210.1.1/32", "dev", "lo"]);
+    let rate = transfer(
+        &b.worker,
+        &a.worker,
+        "10.210.0.1".parse().unwrap(),
+        17_002,
+        64 << 20,
+    );
+    eprintln!("64 MiB B -> A over IPv4: {rate:.0} MB/s");
+}
+
+/// The boringtun device that comes with the protocol crate, in a namespace: a WireGuard
+/// implementation other than Ployz's, writing to a plain TUN interface (whose kernel checks
+/// every checksum).
+struct OtherImplementation {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    control: std::os::unix::net::UnixStream,
+}
+
+impl OtherImplementation {
+    fn start(netns: &Netns, name: &str) -> OtherImplementation {
+        use std::os::fd::IntoRawFd;
+        let path = format!("/var/run/netns/{}", netns.name);
+        let name = name.to_owned();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("a socket pair");
+        let (stop, stopped) = mpsc::channel::<()>();
+        let (ready, started) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let file = File::open(&path).expect("the namespace");
+            setns(&file, CloneFlags::CLONE_NEWNET).expect("setns");
+            let config = defguard_boringtun::device::DeviceConfig {
+                uapi_fd: theirs.into_raw_fd(),
+                use_connected_socket: false,
+                ..Default::default()
+            };
+            let handle = defguard_boringtun::device::DeviceHandle::new(&name, config)
+                .expect("boringtun starts");
+            ready.send(()).expect("the test waits");
+            let _ = stopped.recv();
+            drop(handle);
+        });
+        started.recv().expect("boringtun started");
+        ours.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        OtherImplementation {
+            stop: Some(stop),
+            thread: Some(thread),
+            control: ours,
+        }
+    }
+
+    fn set(&self, body: &str) {
+        use std::io::Write;
+        (&self.control)
+            .write_all(format!("set=1\n{body}\n").as_bytes())
+            .expect("write the request");
+        let mut reader = std::io::BufReader::new(&self.control);
+        let reply = ployz_mesh::userspace::read_reply(&mut reader).expect("a reply");
+        assert_eq!(reply.errno, 0, "boringtun took {body}");
+    }
+}
+
+impl Drop for OtherImplementation {
+    fn drop(&mut self) {
+        let _ = self.control.shutdown(std::net::Shutdown::Both);
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn hex(key: [u8; 32]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+#[ignore = "needs root"]
+fn the_userspace_mesh_interoperates_with_another_wireguard_implementation() {
+    let (a, b) = two_machines();
+    // B's interface is replaced by boringtun's own device under another name.
+    b.worker.run(|slot| {
+        if let Some(interface) = slot.take() {
+            interface.down().expect("down");
+        }
+    });
+    let other = format!("{}o", b.interface);
+    let device = OtherImplementation::start(&b.netns, &other);
+    let b_secret: [u8; 32] = rand::random();
+    let b_key = PrivateKey::from_bytes(b_secret);
+    device.set(&format!(
+        "private_key={}\nlisten_port=51820\npublic_key={}\nendpoint=198.18.0.1:51820\nallowed_ip={}/128\nallowed_ip=10.210.0.0/24\n",
+        hex(b_secret),
+        hex(a.key.public_key()),
+        a.key.management_address().addr(),
+    ));
+    let mgmt_b = b_key.management_address().addr();
+    b.netns
+        .ip(&["-6", "addr", "add", &format!("{mgmt_b}/128"), "dev", &other]);
+    b.netns
+        .ip(&["link", "set", "dev", &other, "mtu", "1420", "up"]);
+    b.netns.ip(&[
+        "-6",
+        "route",
+        "add",
+        &format!("{}/128", a.key.management_address().addr()),
+        "dev",
+        &other,
+    ]);
+    b.netns.ip(&["addr", "add", "10.210.1.1/32", "dev", "lo"]);
+    b.netns
+        .ip(&["route", "add", "10.210.0.0/24", "dev", &other]);
+    a.netns.ip(&["addr", "add", "10.210.0.1/32", "dev", "lo"]);
+    a.set_peers(vec![PeerConfig {
+        public_key: b_key.public_key_base64(),
+        management_address: mgmt_b,
+        subnet: b.subnet,
+        endpoint: Some(SocketAddr::new(IpAddr::V4(b.underlay), 51820)),
+    }]);
+
+    let sock_a = a.bind(a.key.management_address().addr().into());
+    let sock_b = b.bind(mgmt_b.into());
+    assert!(
+        exchange(&sock_a, &sock_b),
+        "A reaches boringtun's B: {}",
+        diagnose(&[&a])
+    );
+    // Large segments cut by Ployz's device arrive at a plain TUN interface, which drops any
+    // packet whose checksum is wrong: TCP would stall, not complete.
+    transfer(&a.worker, &b.worker, mgmt_b.into(), 17_003, 64 << 20);
+    transfer(
+        &a.worker,
+        &b.worker,
+        "10.210.1.1".parse().unwrap(),
+        17_004,
+        64 << 20,
+    );
+    // And what boringtun sends, one packet at a time, is coalesced into Ployz's interface.
+    transfer(
+        &b.worker,
+        &a.worker,
+        "10.210.0.1".parse().unwrap(),
+        17_005,
+        64 << 20,
+    );
+    drop(device);
+}

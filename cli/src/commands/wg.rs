@@ -49,6 +49,10 @@ async fn show(global: &GlobalArgs, args: ShowArgs) -> anyhow::Result<()> {
     );
     println!("  public key          {}", status.public_key);
     println!("  Management Address  {}", status.management_address);
+    if let Some(d) = &status.datapath {
+        println!("  data path           {}", datapath_line(d));
+        println!("  throughput          {}", throughput_line(d));
+    }
     let mut t = table(&[
         "PEER",
         "ID",
@@ -79,4 +83,69 @@ async fn show(global: &GlobalArgs, args: ShowArgs) -> anyhow::Result<()> {
     }
     print_table(&t);
     Ok(())
+}
+
+/// The userspace device's offloads and how many packets each system call moved.
+fn datapath_line(d: &api::MeshDataPath) -> String {
+    let on = |b: bool| if b { "on" } else { "off" };
+    let per_call = |packets: u64, calls: u64| {
+        if calls == 0 {
+            "-".to_owned()
+        } else {
+            format!("{:.1}", packets as f64 / calls as f64)
+        }
+    };
+    format!(
+        "TUN segmentation {}, UDP GSO {}, UDP GRO {}; packets per call: {} per send, {} per receive",
+        on(d.tun_offload),
+        on(d.udp_gso),
+        on(d.udp_gro),
+        per_call(d.packets_sent, d.udp_sends),
+        per_call(d.packets_received, d.udp_receives),
+    )
+}
+
+/// The measured rates: the last interval's and the peak since the daemon started.
+fn throughput_line(d: &api::MeshDataPath) -> String {
+    let rate = |b: u64| format!("{}/s", crate::output::bytes(b));
+    format!(
+        "sending {} (peak {}), receiving {} (peak {}); {} sent, {} received, {} dropped",
+        rate(d.send_rate),
+        rate(d.peak_send_rate),
+        rate(d.receive_rate),
+        rate(d.peak_receive_rate),
+        crate::output::bytes(d.bytes_sent),
+        crate::output::bytes(d.bytes_received),
+        d.dropped,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_data_path_lines_name_offloads_batching_and_rates() {
+        let d = api::MeshDataPath {
+            tun_offload: true,
+            udp_gso: true,
+            udp_gro: false,
+            packets_sent: 450,
+            udp_sends: 10,
+            packets_received: 7,
+            udp_receives: 7,
+            send_rate: 200 << 20,
+            peak_send_rate: 300 << 20,
+            dropped: 2,
+            ..api::MeshDataPath::default()
+        };
+        assert_eq!(
+            datapath_line(&d),
+            "TUN segmentation on, UDP GSO on, UDP GRO off; packets per call: 45.0 per send, 1.0 per receive"
+        );
+        let line = throughput_line(&d);
+        assert!(line.starts_with("sending 200"), "{line}");
+        assert!(line.contains("(peak 300"), "{line}");
+        assert!(line.ends_with("2 dropped"), "{line}");
+    }
 }
