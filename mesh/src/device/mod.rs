@@ -535,23 +535,55 @@ impl Drop for Device {
 /// Waits until one of `fds` is readable, the timeout passes, or the device stops. Returns false
 /// when stopping.
 fn wait(shared: &Shared, fds: &[RawFd], timeout: Option<Duration>) -> bool {
-    let mut pollfds: Vec<libc::pollfd> = Vec::with_capacity(fds.len() + 1);
-    pollfds.push(libc::pollfd {
+    wait_ready(shared, fds, timeout).is_some()
+}
+
+/// [`wait`], answering which of `fds` are readable (bit `i` for `fds[i]`); `None` when
+/// stopping.
+fn wait_ready(shared: &Shared, fds: &[RawFd], timeout: Option<Duration>) -> Option<u8> {
+    const MAX: usize = 4;
+    assert!(
+        fds.len() < MAX,
+        "the device waits on at most three descriptors"
+    );
+    let unused = libc::pollfd {
+        fd: -1,
+        events: 0,
+        revents: 0,
+    };
+    let mut pollfds = [unused; MAX];
+    pollfds[0] = libc::pollfd {
         fd: shared.stop.as_raw_fd(),
         events: libc::POLLIN,
         revents: 0,
-    });
-    for fd in fds {
-        pollfds.push(libc::pollfd {
+    };
+    for (slot, fd) in pollfds[1..].iter_mut().zip(fds) {
+        *slot = libc::pollfd {
             fd: *fd,
             events: libc::POLLIN,
             revents: 0,
-        });
+        };
     }
     let timeout = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-    // SAFETY: `pollfds` is a live array of the length given.
-    unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, timeout) };
-    !shared.stopping.load(Ordering::Acquire)
+    // SAFETY: `pollfds` is a live array; the first `1 + fds.len()` entries are polled.
+    let rc = unsafe {
+        libc::poll(
+            pollfds.as_mut_ptr(),
+            (1 + fds.len()) as libc::nfds_t,
+            timeout,
+        )
+    };
+    if shared.stopping.load(Ordering::Acquire) {
+        return None;
+    }
+    // An interrupted or failed poll reports everything ready: the reads find out.
+    Some(
+        pollfds[1..=fds.len()]
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| rc < 0 || p.revents != 0)
+            .fold(0, |bits, (i, _)| bits | 1 << i),
+    )
 }
 
 /// Encrypted packets waiting to leave, back to back, with their lengths.
@@ -749,149 +781,227 @@ fn receive_loop(shared: Arc<Shared>) {
         coalescer: shared.tun.offloads().tso.then(Coalescer::new),
         frame: Vec::with_capacity(VNET_HDR_LEN + 65_535),
     };
+    let sockets = || -> Vec<Arc<Udp>> {
+        let state = shared.state();
+        state
+            .udp4
+            .iter()
+            .chain(state.udp6.iter())
+            .cloned()
+            .collect()
+    };
+    let mut udp = sockets();
+    // Which sockets may have datagrams waiting: all at first, then what poll(2) says.
+    let mut ready = vec![true; udp.len()];
     loop {
         if shared.stopping.load(Ordering::Acquire) {
             return;
         }
-        let (udp4, udp6) = {
-            let state = shared.state();
-            (state.udp4.clone(), state.udp6.clone())
-        };
-        let sockets: Vec<Arc<Udp>> = udp4.into_iter().chain(udp6).collect();
-        let mut idle = true;
-        for udp in &sockets {
-            // Drain this socket a while before looking at the other one and at new sockets.
-            for _ in 0..64 {
-                let received = match udp.recv(&mut datagrams) {
+        let mut drained = true;
+        for (socket, ready) in udp.iter().zip(ready.iter_mut()) {
+            if !*ready {
+                continue;
+            }
+            // A bounded turn per socket, so one busy peer does not starve the other family.
+            let mut budget = 64;
+            loop {
+                let received = match socket.recv(&mut datagrams) {
                     Ok(received) => received,
                     Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(_) => break,
+                    Err(_) => {
+                        *ready = false;
+                        break;
+                    }
                 };
-                idle = false;
                 shared.counters.udp_receives.fetch_add(1, Ordering::Relaxed);
-                let segment = received.segment.max(1);
-                for datagram in datagrams[..received.len].chunks(segment) {
-                    handle_datagram(
-                        &shared,
-                        udp,
-                        datagram,
-                        received.from,
-                        &mut plain,
-                        &mut reply,
-                        &mut writer,
-                    );
+                let mut batch = ReceiveBatch::new(&shared, socket, received.from);
+                for datagram in datagrams[..received.len].chunks(received.segment.max(1)) {
+                    batch.handle(datagram, &mut plain, &mut reply, &mut writer);
                 }
+                drop(batch);
                 writer.flush();
+                budget -= 1;
+                if budget == 0 {
+                    drained = false;
+                    break;
+                }
             }
         }
-        if idle {
-            writer.flush();
-            let mut fds: Vec<RawFd> = sockets.iter().map(|udp| udp.as_raw_fd()).collect();
-            fds.push(shared.sockets_changed.as_raw_fd());
-            if !wait(&shared, &fds, None) {
-                return;
-            }
+        if !drained {
+            continue;
+        }
+        writer.flush();
+        let mut fds: Vec<RawFd> = udp.iter().map(|socket| socket.as_raw_fd()).collect();
+        fds.push(shared.sockets_changed.as_raw_fd());
+        let Some(readable) = wait_ready(&shared, &fds, None) else {
+            return;
+        };
+        if readable & (1 << udp.len()) != 0 {
             drain(&shared.sockets_changed);
+            udp = sockets();
+            ready = vec![true; udp.len()];
+        } else {
+            for (i, ready) in ready.iter_mut().enumerate() {
+                *ready = readable & (1 << i) != 0;
+            }
         }
     }
 }
 
-fn handle_datagram(
-    shared: &Shared,
-    udp: &Udp,
-    datagram: &[u8],
+/// The datagrams of one receive (one sender), handled under one look at the device's state:
+/// the peer, its allowed-source check and its endpoint are looked up once per change, not once
+/// per datagram.
+struct ReceiveBatch<'a> {
+    shared: &'a Shared,
+    state: std::sync::RwLockReadGuard<'a, State>,
+    udp: &'a Udp,
     from: SocketAddr,
-    plain: &mut [u8],
-    reply: &mut SendBatch,
-    writer: &mut TunWriter<'_>,
-) {
-    let counters = &shared.counters;
-    counters.packets_received.fetch_add(1, Ordering::Relaxed);
-    counters
-        .bytes_received
-        .fetch_add(datagram.len() as u64, Ordering::Relaxed);
-    let kind = datagram
-        .get(..4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-    let state = shared.state();
-    let peer = if kind == Some(MESSAGE_DATA) {
-        // The hot path: the receiver index names the session, and with it the peer.
-        let index = datagram
-            .get(4..8)
-            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) >> 8);
-        index.and_then(|index| state.by_index.get(&index).cloned())
-    } else {
-        find_handshake_peer(&state, udp, datagram, from)
-    };
-    let Some(peer) = peer else {
-        counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
-        return;
-    };
-    let mut tunn = lock(&peer.tunn);
-    match tunn.decapsulate(Some(from.ip()), datagram, plain) {
-        TunnResult::WriteToTunnelV4(packet, source) => {
-            let source = IpAddr::V4(source);
-            let allowed = state
-                .allowed
-                .find(source)
-                .is_some_and(|owner| Arc::ptr_eq(owner, &peer));
-            drop(tunn);
-            drop(state);
-            note_endpoint(&peer, from);
-            if allowed {
-                writer.push(packet);
-            } else {
-                counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
+    /// The last data packet's peer, by receiver index.
+    peer: Option<(u32, Arc<Peer>)>,
+    /// The last source address checked against the peer's allowed IPs, and the answer.
+    source: Option<(IpAddr, bool)>,
+    /// The peer whose endpoint was last set to `from`.
+    noted: Option<Arc<Peer>>,
+}
+
+impl<'a> ReceiveBatch<'a> {
+    fn new(shared: &'a Shared, udp: &'a Udp, from: SocketAddr) -> ReceiveBatch<'a> {
+        ReceiveBatch {
+            shared,
+            state: shared.state(),
+            udp,
+            from,
+            peer: None,
+            source: None,
+            noted: None,
+        }
+    }
+
+    fn peer_by_index(&mut self, index: u32) -> Option<Arc<Peer>> {
+        if let Some((known, peer)) = &self.peer {
+            if *known == index {
+                return Some(peer.clone());
             }
         }
-        TunnResult::WriteToTunnelV6(packet, source) => {
-            let source = IpAddr::V6(source);
-            let allowed = state
-                .allowed
-                .find(source)
-                .is_some_and(|owner| Arc::ptr_eq(owner, &peer));
-            drop(tunn);
-            drop(state);
-            note_endpoint(&peer, from);
-            if allowed {
-                writer.push(packet);
-            } else {
-                counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
+        let peer = self.state.by_index.get(&index)?.clone();
+        self.peer = Some((index, peer.clone()));
+        self.source = None;
+        Some(peer)
+    }
+
+    /// Whether `peer` may send from `source` (cryptokey routing).
+    fn allowed(&mut self, peer: &Arc<Peer>, source: IpAddr) -> bool {
+        if let Some((known, answer)) = self.source {
+            if known == source {
+                return answer;
             }
         }
-        TunnResult::WriteToNetwork(message) => {
-            // A handshake answer; then the packets that waited for the session.
-            let _ = udp.send_to(message, from);
-            counters.udp_sends.fetch_add(1, Ordering::Relaxed);
-            reply.clear();
-            loop {
-                let start = reply.buf.len();
-                reply.buf.resize(start + 65_535 + DATA_OVERHEAD, 0);
-                match tunn.decapsulate(None, &[], &mut reply.buf[start..]) {
-                    TunnResult::WriteToNetwork(out) => {
-                        let len = out.len();
-                        reply.buf.truncate(start + len);
-                        reply.lens.push(len);
-                    }
-                    _ => {
-                        reply.buf.truncate(start);
-                        break;
-                    }
+        let answer = self
+            .state
+            .allowed
+            .find(source)
+            .is_some_and(|owner| Arc::ptr_eq(owner, peer));
+        self.source = Some((source, answer));
+        answer
+    }
+
+    /// Roaming: an authenticated packet from a new address moves the peer's endpoint there.
+    fn note_endpoint(&mut self, peer: &Arc<Peer>) {
+        if self
+            .noted
+            .as_ref()
+            .is_some_and(|noted| Arc::ptr_eq(noted, peer))
+        {
+            return;
+        }
+        let mut config = lock(&peer.config);
+        if config.endpoint != Some(self.from) {
+            config.endpoint = Some(self.from);
+        }
+        self.noted = Some(peer.clone());
+    }
+
+    fn handle(
+        &mut self,
+        datagram: &[u8],
+        plain: &mut [u8],
+        reply: &mut SendBatch,
+        writer: &mut TunWriter<'_>,
+    ) {
+        let counters = &self.shared.counters;
+        counters.packets_received.fetch_add(1, Ordering::Relaxed);
+        counters
+            .bytes_received
+            .fetch_add(datagram.len() as u64, Ordering::Relaxed);
+        let kind = datagram
+            .get(..4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let peer = if kind == Some(MESSAGE_DATA) {
+            // The hot path: the receiver index names the session, and with it the peer.
+            datagram
+                .get(4..8)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) >> 8)
+                .and_then(|index| self.peer_by_index(index))
+        } else {
+            find_handshake_peer(&self.state, self.udp, datagram, self.from)
+        };
+        let Some(peer) = peer else {
+            counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let mut tunn = lock(&peer.tunn);
+        match tunn.decapsulate(Some(self.from.ip()), datagram, plain) {
+            TunnResult::WriteToTunnelV4(packet, source) => {
+                drop(tunn);
+                self.note_endpoint(&peer);
+                if self.allowed(&peer, IpAddr::V4(source)) {
+                    writer.push(packet);
+                } else {
+                    counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            drop(tunn);
-            drop(state);
-            note_endpoint(&peer, from);
-            reply.send(udp, from, counters);
-        }
-        TunnResult::Done => {
-            // A keepalive, or a handshake that needs nothing sent.
-            drop(tunn);
-            drop(state);
-            note_endpoint(&peer, from);
-        }
-        TunnResult::Err(_) => {
-            counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
+            TunnResult::WriteToTunnelV6(packet, source) => {
+                drop(tunn);
+                self.note_endpoint(&peer);
+                if self.allowed(&peer, IpAddr::V6(source)) {
+                    writer.push(packet);
+                } else {
+                    counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            TunnResult::WriteToNetwork(message) => {
+                // A handshake answer; then the packets that waited for the session.
+                let _ = self.udp.send_to(message, self.from);
+                counters.udp_sends.fetch_add(1, Ordering::Relaxed);
+                counters.packets_sent.fetch_add(1, Ordering::Relaxed);
+                reply.clear();
+                loop {
+                    let start = reply.buf.len();
+                    reply.buf.resize(start + 65_535 + DATA_OVERHEAD, 0);
+                    match tunn.decapsulate(None, &[], &mut reply.buf[start..]) {
+                        TunnResult::WriteToNetwork(out) => {
+                            let len = out.len();
+                            reply.buf.truncate(start + len);
+                            reply.lens.push(len);
+                        }
+                        _ => {
+                            reply.buf.truncate(start);
+                            break;
+                        }
+                    }
+                }
+                drop(tunn);
+                self.note_endpoint(&peer);
+                reply.send(self.udp, self.from, counters);
+            }
+            TunnResult::Done => {
+                // A keepalive, or a handshake that needs nothing sent.
+                drop(tunn);
+                self.note_endpoint(&peer);
+            }
+            TunnResult::Err(_) => {
+                counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 }
@@ -923,14 +1033,6 @@ fn find_handshake_peer(
         Packet::HandshakeResponse(p) => state.by_index.get(&(p.receiver_idx >> 8)).cloned(),
         Packet::PacketCookieReply(p) => state.by_index.get(&(p.receiver_idx >> 8)).cloned(),
         Packet::PacketData(p) => state.by_index.get(&(p.receiver_idx >> 8)).cloned(),
-    }
-}
-
-/// Roaming: an authenticated packet from a new address moves the peer's endpoint there.
-fn note_endpoint(peer: &Peer, from: SocketAddr) {
-    let mut config = lock(&peer.config);
-    if config.endpoint != Some(from) {
-        config.endpoint = Some(from);
     }
 }
 
