@@ -260,81 +260,7 @@ impl MeshView {
             let _ = writeln!(out, "ployz_mesh_peers{{membership=\"{state}\"}} {n}");
         }
         if let Some(d) = &m.datapath {
-            let _ = writeln!(out, "# HELP ployz_mesh_datapath_offload Offloads the userspace WireGuard device has (1) or went without (0).");
-            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_offload gauge");
-            for (kind, on) in [
-                ("tun_tso", d.tun_offload),
-                ("udp_gso", d.udp_gso),
-                ("udp_gro", d.udp_gro),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "ployz_mesh_datapath_offload{{kind=\"{kind}\"}} {}",
-                    u8::from(on)
-                );
-            }
-            let _ = writeln!(out, "# HELP ployz_mesh_datapath_bytes_total Encrypted bytes the userspace WireGuard device moved.");
-            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_bytes_total counter");
-            let _ = writeln!(
-                out,
-                "ployz_mesh_datapath_bytes_total{{direction=\"sent\"}} {}",
-                d.bytes_sent
-            );
-            let _ = writeln!(
-                out,
-                "ployz_mesh_datapath_bytes_total{{direction=\"received\"}} {}",
-                d.bytes_received
-            );
-            let _ = writeln!(out, "# HELP ployz_mesh_datapath_packets_total WireGuard packets the userspace device moved.");
-            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_packets_total counter");
-            let _ = writeln!(
-                out,
-                "ployz_mesh_datapath_packets_total{{direction=\"sent\"}} {}",
-                d.packets_sent
-            );
-            let _ = writeln!(
-                out,
-                "ployz_mesh_datapath_packets_total{{direction=\"received\"}} {}",
-                d.packets_received
-            );
-            let _ = writeln!(out, "# HELP ployz_mesh_datapath_syscalls_total System calls that moved packets, by kind (each may move many).");
-            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_syscalls_total counter");
-            for (kind, n) in [
-                ("tun_read", d.tun_reads),
-                ("tun_write", d.tun_writes),
-                ("udp_send", d.udp_sends),
-                ("udp_receive", d.udp_receives),
-            ] {
-                let _ = writeln!(
-                    out,
-                    "ployz_mesh_datapath_syscalls_total{{kind=\"{kind}\"}} {n}"
-                );
-            }
-            let _ = writeln!(out, "# HELP ployz_mesh_datapath_dropped_total Packets the userspace device dropped (no peer, no endpoint, or not valid).");
-            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_dropped_total counter");
-            let _ = writeln!(out, "ployz_mesh_datapath_dropped_total {}", d.dropped);
-            let _ = writeln!(out, "# HELP ployz_mesh_datapath_rate_bytes Encrypted bytes per second over the last observation interval, and the peak since start.");
-            let _ = writeln!(out, "# TYPE ployz_mesh_datapath_rate_bytes gauge");
-            let _ = writeln!(
-                out,
-                "ployz_mesh_datapath_rate_bytes{{direction=\"sent\",window=\"last\"}} {}",
-                d.send_rate
-            );
-            let _ = writeln!(
-                out,
-                "ployz_mesh_datapath_rate_bytes{{direction=\"received\",window=\"last\"}} {}",
-                d.receive_rate
-            );
-            let _ = writeln!(
-                out,
-                "ployz_mesh_datapath_rate_bytes{{direction=\"sent\",window=\"peak\"}} {}",
-                d.peak_send_rate
-            );
-            let _ = writeln!(
-                out,
-                "ployz_mesh_datapath_rate_bytes{{direction=\"received\",window=\"peak\"}} {}",
-                d.peak_receive_rate
-            );
+            render_datapath(out, d);
         }
         let _ = writeln!(out, "# HELP ployz_mesh_subnet_collisions Members whose Machine Subnet another member holds too.");
         let _ = writeln!(out, "# TYPE ployz_mesh_subnet_collisions gauge");
@@ -402,5 +328,107 @@ impl MeshView {
         );
         let _ = writeln!(out, "# TYPE ployz_firewall_repairs_total counter");
         let _ = writeln!(out, "ployz_firewall_repairs_total {}", m.firewall_repairs);
+    }
+}
+
+/// The userspace WireGuard device's series.
+fn render_datapath(out: &mut String, d: &ployz_core::api::MeshDataPath) {
+    use std::fmt::Write as _;
+    let mut family = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            if labels.is_empty() {
+                let _ = writeln!(out, "{name} {value}");
+            } else {
+                let _ = writeln!(out, "{name}{{{labels}}} {value}");
+            }
+        }
+    };
+    let on = u64::from;
+    family(
+        "ployz_mesh_datapath_offload",
+        "gauge",
+        "Offloads the userspace WireGuard device has (1) or went without (0).",
+        &[
+            (r#"kind="tun_tso""#, on(d.tun_offload)),
+            (r#"kind="udp_gso""#, on(d.udp_gso)),
+            (r#"kind="udp_gro""#, on(d.udp_gro)),
+        ],
+    );
+    family(
+        "ployz_mesh_datapath_bytes_total",
+        "counter",
+        "Encrypted bytes the userspace WireGuard device moved.",
+        &[
+            (r#"direction="sent""#, d.bytes_sent),
+            (r#"direction="received""#, d.bytes_received),
+        ],
+    );
+    family(
+        "ployz_mesh_datapath_packets_total",
+        "counter",
+        "WireGuard packets the userspace device moved.",
+        &[
+            (r#"direction="sent""#, d.packets_sent),
+            (r#"direction="received""#, d.packets_received),
+        ],
+    );
+    family(
+        "ployz_mesh_datapath_syscalls_total",
+        "counter",
+        "System calls that moved packets, by kind (each may move many).",
+        &[
+            (r#"kind="tun_read""#, d.tun_reads),
+            (r#"kind="tun_write""#, d.tun_writes),
+            (r#"kind="udp_send""#, d.udp_sends),
+            (r#"kind="udp_receive""#, d.udp_receives),
+        ],
+    );
+    family(
+        "ployz_mesh_datapath_dropped_total",
+        "counter",
+        "Packets the userspace device dropped (no peer, no endpoint, or not valid).",
+        &[("", d.dropped)],
+    );
+    family(
+        "ployz_mesh_datapath_rate_bytes",
+        "gauge",
+        "Encrypted bytes per second over the last observation interval, and the peak since start.",
+        &[
+            (r#"direction="sent",window="last""#, d.send_rate),
+            (r#"direction="received",window="last""#, d.receive_rate),
+            (r#"direction="sent",window="peak""#, d.peak_send_rate),
+            (r#"direction="received",window="peak""#, d.peak_receive_rate),
+        ],
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_data_path_series_carry_offloads_counters_and_rates() {
+        let d = ployz_core::api::MeshDataPath {
+            tun_offload: true,
+            udp_gro: true,
+            bytes_sent: 1 << 30,
+            udp_sends: 12,
+            dropped: 3,
+            peak_receive_rate: 600_000_000,
+            ..Default::default()
+        };
+        let mut out = String::new();
+        super::render_datapath(&mut out, &d);
+        for line in [
+            "# TYPE ployz_mesh_datapath_offload gauge",
+            r#"ployz_mesh_datapath_offload{kind="tun_tso"} 1"#,
+            r#"ployz_mesh_datapath_offload{kind="udp_gso"} 0"#,
+            r#"ployz_mesh_datapath_bytes_total{direction="sent"} 1073741824"#,
+            r#"ployz_mesh_datapath_syscalls_total{kind="udp_send"} 12"#,
+            "ployz_mesh_datapath_dropped_total 3",
+            r#"ployz_mesh_datapath_rate_bytes{direction="received",window="peak"} 600000000"#,
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} in:\n{out}");
+        }
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use ployz_lab::Lab;
+use ployz_testkit::StreamDigest;
 
 /// Moves the calling thread into Machine `i`'s network namespace.
 fn enter(lab: &Lab, i: usize) {
@@ -20,24 +21,6 @@ fn enter(lab: &Lab, i: usize) {
     // SAFETY: setns on this thread only, with a valid namespace descriptor.
     let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
     assert_eq!(rc, 0, "setns {}", std::io::Error::last_os_error());
-}
-
-/// A position-dependent digest of a byte stream.
-#[derive(Default)]
-struct Digest {
-    hash: u64,
-    len: u64,
-}
-
-impl Digest {
-    fn update(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.hash = (self.hash ^ u64::from(*byte) ^ self.len)
-                .wrapping_mul(0x0000_0100_0000_01b3)
-                .rotate_left(7);
-            self.len += 1;
-        }
-    }
 }
 
 /// The daemon's resident memory, in KiB.
@@ -86,7 +69,7 @@ fn a_gigabyte_crosses_the_mesh_intact_and_the_daemon_gives_its_memory_back() {
         std::thread::spawn(move || {
             ready_tx.send(()).unwrap();
             let (mut stream, _) = listener.accept().expect("accept");
-            let mut digest = Digest::default();
+            let mut digest = StreamDigest::default();
             let mut buf = vec![0u8; 1 << 16];
             loop {
                 let n = stream.read(&mut buf).expect("read");
@@ -106,7 +89,7 @@ fn a_gigabyte_crosses_the_mesh_intact_and_the_daemon_gives_its_memory_back() {
                 Duration::from_secs(20),
             )
             .expect("m0 reaches m1's gateway through the mesh");
-            let mut digest = Digest::default();
+            let mut digest = StreamDigest::default();
             let mut chunk = vec![0u8; 1 << 16];
             let mut x = 0x9e37_79b9_7f4a_7c15u64;
             let mut sent = 0u64;
@@ -128,11 +111,8 @@ fn a_gigabyte_crosses_the_mesh_intact_and_the_daemon_gives_its_memory_back() {
         .expect("the sender ran")
     });
     let received = receiver.join().expect("the receiver ran");
-    assert_eq!(received.len, TOTAL, "every byte arrived");
-    assert_eq!(
-        received.hash, sent.hash,
-        "the bytes arrived unchanged and in order"
-    );
+    assert_eq!(received.len(), TOTAL, "every byte arrived");
+    assert_eq!(received, sent, "the bytes arrived unchanged and in order");
 
     // What m0's daemon shows of it, once its next observation has counted the transfer.
     let datapath = wait_for(

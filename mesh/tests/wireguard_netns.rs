@@ -29,6 +29,7 @@ use ployz_mesh::wireguard::{
     egress_mtu, link_exists, Backend, KernelProbe, MeshConfig, MeshInterface, PeerConfig,
     PeerStats, PrivateKey,
 };
+use ployz_testkit::StreamDigest;
 
 const PREFIX: &str = "plztw";
 
@@ -347,28 +348,11 @@ fn random_suffix() -> String {
 #[test]
 #[ignore = "needs root"]
 fn two_machines_reach_each_other_over_userspace_wireguard() {
-    sweep_leftovers();
-    let suffix = random_suffix();
-    let ns_a = Netns::new("a");
-    let ns_b = Netns::new("b");
-    // The veth pair is made in this namespace under unique names and moved at once.
-    let veth_a = format!("plztv{suffix}a");
-    let veth_b = format!("plztv{suffix}b");
-    must(
-        "ip",
-        &[
-            "link", "add", &veth_a, "netns", &ns_a.name, "type", "veth", "peer", "name", &veth_b,
-            "netns", &ns_b.name,
-        ],
-    );
-    ns_a.ip(&["addr", "add", "198.18.0.1/24", "dev", &veth_a]);
-    ns_b.ip(&["addr", "add", "198.18.0.2/24", "dev", &veth_b]);
+    let (suffix, ns_a, ns_b, veth_a, veth_b) = linked_namespaces();
     // A's egress (its default route's device) has a smaller MTU than B's, which has no route
     // out at all.
     ns_a.ip(&["link", "set", &veth_a, "mtu", "1400"]);
     ns_b.ip(&["link", "set", &veth_b, "mtu", "1400"]);
-    ns_a.ip(&["link", "set", &veth_a, "up"]);
-    ns_b.ip(&["link", "set", &veth_b, "up"]);
     ns_a.ip(&["route", "add", "default", "via", "198.18.0.2"]);
     ns_a.ip(&["addr", "add", "2001:db8::1/64", "dev", &veth_a, "nodad"]);
     ns_b.ip(&["addr", "add", "2001:db8::2/64", "dev", &veth_b, "nodad"]);
@@ -793,9 +777,10 @@ fn the_userspace_device_takes_no_signals_and_wg_show_reads_it() {
     drop(worker);
 }
 
-/// Two Machines on a veth pair (198.18.0.1 and .2, MTU 1500), each with its userspace
-/// interface up; peers are not set yet.
-fn two_machines() -> (Machine, Machine) {
+/// Two fresh namespaces joined by a veth pair, up, with 198.18.0.1/24 and 198.18.0.2/24: the
+/// run's suffix, the namespaces and the two ends' names. The pair is made in this namespace
+/// under unique names and moved at once.
+fn linked_namespaces() -> (String, Netns, Netns, String, String) {
     sweep_leftovers();
     let suffix = random_suffix();
     let ns_a = Netns::new("a");
@@ -813,6 +798,13 @@ fn two_machines() -> (Machine, Machine) {
     ns_b.ip(&["addr", "add", "198.18.0.2/24", "dev", &veth_b]);
     ns_a.ip(&["link", "set", &veth_a, "up"]);
     ns_b.ip(&["link", "set", &veth_b, "up"]);
+    (suffix, ns_a, ns_b, veth_a, veth_b)
+}
+
+/// Two Machines on a veth pair (198.18.0.1 and .2, MTU 1500), each with its userspace
+/// interface up; peers are not set yet.
+fn two_machines() -> (Machine, Machine) {
+    let (suffix, ns_a, ns_b, _, _) = linked_namespaces();
     let machine = |netns: Netns, tag: &str, subnet: &str, underlay: Ipv4Addr| Machine {
         worker: Worker::new(&netns),
         netns,
@@ -850,8 +842,8 @@ impl Payload {
     }
 
     /// Writes the stream, and answers its digest.
-    fn send(&self, stream: &mut impl std::io::Write) -> std::io::Result<u64> {
-        let mut digest = Digest::default();
+    fn send(&self, stream: &mut impl std::io::Write) -> std::io::Result<StreamDigest> {
+        let mut digest = StreamDigest::default();
         let mut block = self.block.clone();
         let mut sent = 0u64;
         let mut n = 0u64;
@@ -863,40 +855,18 @@ impl Payload {
             sent += len as u64;
             n += 1;
         }
-        Ok(digest.finish())
+        Ok(digest)
     }
 }
 
-/// A position-dependent 64-bit digest of a byte stream.
-#[derive(Default)]
-struct Digest {
-    hash: u64,
-    len: u64,
-}
-
-impl Digest {
-    fn update(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.hash = (self.hash ^ u64::from(*byte) ^ (self.len << 8))
-                .wrapping_mul(0x0000_0100_0000_01b3)
-                .rotate_left(5);
-            self.len += 1;
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        self.hash ^ self.len
-    }
-}
-
-/// Reads a stream to its end: its digest and length.
-fn receive(stream: &mut impl std::io::Read) -> std::io::Result<(u64, u64)> {
-    let mut digest = Digest::default();
+/// Reads a stream to its end: its digest.
+fn receive(stream: &mut impl std::io::Read) -> std::io::Result<StreamDigest> {
+    let mut digest = StreamDigest::default();
     let mut buf = vec![0u8; 1 << 16];
     loop {
         let n = stream.read(&mut buf)?;
         if n == 0 {
-            return Ok((digest.finish(), digest.len));
+            return Ok(digest);
         }
         digest.update(&buf[..n]);
     }
@@ -921,9 +891,9 @@ fn transfer(from: &Worker, to: &Worker, to_addr: IpAddr, port: u16, total: u64) 
     stream
         .shutdown(std::net::Shutdown::Write)
         .expect("shutdown");
-    let (received, len) = receiver.join().expect("the receiver ran");
+    let received = receiver.join().expect("the receiver ran");
     let secs = started.elapsed().as_secs_f64();
-    assert_eq!(len, total, "every byte arrived");
+    assert_eq!(received.len(), total, "every byte arrived");
     assert_eq!(received, sent, "the bytes arrived unchanged and in order");
     total as f64 / secs / 1e6
 }

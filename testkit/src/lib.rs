@@ -197,3 +197,59 @@ mod tests {
         );
     }
 }
+
+/// A position-dependent 64-bit digest of a byte stream, however it is cut into reads: a test
+/// that sends a stream over a network checks that what arrived is what was sent, whole and in
+/// order, without holding either in memory.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct StreamDigest {
+    hash: u64,
+    len: u64,
+}
+
+impl StreamDigest {
+    /// Adds the next bytes of the stream.
+    pub fn update(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.hash = (self.hash ^ u64::from(*byte) ^ (self.len << 8))
+                .wrapping_mul(0x0000_0100_0000_01b3)
+                .rotate_left(5);
+            self.len += 1;
+        }
+    }
+
+    /// The bytes seen so far.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether no byte was seen.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+#[cfg(test)]
+mod digest_tests {
+    use super::StreamDigest;
+
+    #[test]
+    fn the_digest_ignores_how_a_stream_is_cut_but_not_its_order() {
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut whole = StreamDigest::default();
+        whole.update(&data);
+        let mut pieces = StreamDigest::default();
+        for piece in data.chunks(333) {
+            pieces.update(piece);
+        }
+        assert_eq!(whole, pieces);
+        let mut swapped = data.clone();
+        swapped.swap(10, 20);
+        let mut other = StreamDigest::default();
+        other.update(&swapped);
+        assert_ne!(whole, other, "two bytes swapped");
+        let mut short = StreamDigest::default();
+        short.update(&data[..9_999]);
+        assert_ne!(whole, short, "one byte lost");
+    }
+}

@@ -950,25 +950,9 @@ impl<'a> ReceiveBatch<'a> {
             return;
         };
         let mut tunn = lock(&peer.tunn);
-        match tunn.decapsulate(Some(self.from.ip()), datagram, plain) {
-            TunnResult::WriteToTunnelV4(packet, source) => {
-                drop(tunn);
-                self.note_endpoint(&peer);
-                if self.allowed(&peer, IpAddr::V4(source)) {
-                    writer.push(packet);
-                } else {
-                    counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            TunnResult::WriteToTunnelV6(packet, source) => {
-                drop(tunn);
-                self.note_endpoint(&peer);
-                if self.allowed(&peer, IpAddr::V6(source)) {
-                    writer.push(packet);
-                } else {
-                    counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+        let (packet, source) = match tunn.decapsulate(Some(self.from.ip()), datagram, plain) {
+            TunnResult::WriteToTunnelV4(packet, source) => (packet, IpAddr::V4(source)),
+            TunnResult::WriteToTunnelV6(packet, source) => (packet, IpAddr::V6(source)),
             TunnResult::WriteToNetwork(message) => {
                 // A handshake answer; then the packets that waited for the session.
                 let _ = self.udp.send_to(message, self.from);
@@ -993,15 +977,25 @@ impl<'a> ReceiveBatch<'a> {
                 drop(tunn);
                 self.note_endpoint(&peer);
                 reply.send(self.udp, self.from, counters);
+                return;
             }
             TunnResult::Done => {
                 // A keepalive, or a handshake that needs nothing sent.
                 drop(tunn);
                 self.note_endpoint(&peer);
+                return;
             }
             TunnResult::Err(_) => {
                 counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
+                return;
             }
+        };
+        drop(tunn);
+        self.note_endpoint(&peer);
+        if self.allowed(&peer, source) {
+            writer.push(packet);
+        } else {
+            counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
