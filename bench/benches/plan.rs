@@ -52,6 +52,7 @@ fn machine() -> MachineSnapshot {
         containers: vec![],
         volumes: vec![],
         images: vec![],
+        image_ids: Default::default(),
         drains: vec![],
         listeners: vec![],
     }

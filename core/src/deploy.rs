@@ -161,6 +161,10 @@ pub struct MachineSnapshot {
     pub volumes: Vec<DockerVolume>,
     /// Image references present on the Machine (`repo:tag`).
     pub images: Vec<String>,
+    /// The image ID each of `images` names on the Machine (empty from a daemon that does not
+    /// report them): what binds a plan to the image a mutable tag named when it was reviewed.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub image_ids: std::collections::BTreeMap<String, String>,
     /// The drain marks standing on the Machine's containers (empty from a daemon that does not
     /// report them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -157,6 +157,7 @@ async fn snapshot(
     let listeners = own
         .map(|Extension(own)| own.listeners(info.subnet.gateway()))
         .unwrap_or_default();
+    let image_ids = d.image_tags().await?;
     Ok(Json(MachineSnapshot {
         machine: MachineView {
             info,
@@ -167,7 +168,8 @@ async fn snapshot(
         containers: d.observe().await?,
         // Every volume on the engine: a Deploy mounts `external` ones made outside Ployz.
         volumes: d.engine_volumes().await?,
-        images: d.images().await?,
+        images: image_ids.keys().cloned().collect(),
+        image_ids,
         drains: crate::drain::standing_marks(&machine).await?,
         listeners,
     }))

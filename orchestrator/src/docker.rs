@@ -11,7 +11,7 @@
 //! [`DockerError::NoAnswer`], naming where Docker was asked. Streams that may rightly stay
 //! quiet (a followed log, an exec's output, events) are bounded until Docker's answer begins.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -756,6 +756,11 @@ impl MachineDocker {
 
     /// The image references (`repo:tag`) present on this Machine.
     pub async fn images(&self) -> Result<Vec<String>, DockerError> {
+        Ok(self.image_tags().await?.into_keys().collect())
+    }
+
+    /// Every `repo:tag` this Docker holds, with the image ID it names.
+    pub async fn image_tags(&self) -> Result<BTreeMap<String, String>, DockerError> {
         let api = self.api().await?;
         let list = self
             .answer(
@@ -765,9 +770,13 @@ impl MachineDocker {
             )
             .await?
             .map_err(|e| self.classify(e))?;
-        let mut out: Vec<String> = list.into_iter().flat_map(|i| i.repo_tags).collect();
-        out.sort();
-        Ok(out)
+        Ok(list
+            .into_iter()
+            .flat_map(|i| {
+                let id = i.id;
+                i.repo_tags.into_iter().map(move |tag| (tag, id.clone()))
+            })
+            .collect())
     }
 
     /// Creates a Docker Volume labelled with this Machine's ID; an existing one of that name is

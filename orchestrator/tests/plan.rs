@@ -33,6 +33,7 @@ fn machine(name: &str) -> MachineSnapshot {
         containers: vec![],
         volumes: vec![],
         images: vec![],
+        image_ids: Default::default(),
         drains: vec![],
         listeners: vec![],
     }
@@ -1254,4 +1255,146 @@ fn a_machine_that_lacks_an_image_another_has_fetches_it_from_there_first() {
         &machines,
     );
     assert!(text.contains("⇣ fetch image app:1 on a from b"), "{text}");
+}
+
+mod binding {
+    use super::*;
+    use ployz_orchestrator::plan::binding::{Part, PlanBinding, PlanId};
+
+    fn three_machines() -> (Vec<MachineSnapshot>, ServiceId, ServiceSpec) {
+        let mut machines = vec![machine("m1"), machine("m2"), machine("m3")];
+        let web = spec("web");
+        let id = ServiceId::generate();
+        for m in &mut machines {
+            add(m, &id, &web, ContainerState::Running);
+            m.images = vec!["app:1".into()];
+            m.image_ids = [("app:1".to_owned(), "sha256:aaaa".to_owned())].into();
+        }
+        (machines, id, web)
+    }
+
+    fn id_of(intent: &DeployIntent, machines: &[MachineSnapshot]) -> PlanId {
+        PlanBinding::of(intent, machines, &[], &[]).id()
+    }
+
+    #[test]
+    fn the_same_facts_give_the_same_id_seed_and_operations() {
+        let (machines, _, web) = three_machines();
+        let mut more = spec("web");
+        more.replicas = 5;
+        let intent = DeployIntent::all(vec![more], vec![]);
+        let a = PlanBinding::of(&intent, &machines, &[], &[]);
+        let b = PlanBinding::of(&intent, &machines, &[], &[]);
+        assert_eq!(a.id(), b.id());
+        assert_eq!(a.seed(), b.seed());
+        let plan_with = |seed| {
+            let opts = PlanOptions {
+                seed,
+                ..PlanOptions::default()
+            };
+            ops_of(&plan(&intent, &machines, &opts).unwrap())
+        };
+        assert_eq!(plan_with(a.seed()), plan_with(b.seed()));
+        // The id round-trips through its text.
+        let text = a.id().to_string();
+        assert!(
+            text.starts_with("p1.") && text.len() == 3 + 5 * 9 - 1,
+            "{text}"
+        );
+        assert_eq!(text.parse::<PlanId>().unwrap(), a.id());
+        let _ = web;
+    }
+
+    #[test]
+    fn each_kind_of_drift_moves_its_own_part() {
+        let (machines, _, web) = three_machines();
+        let intent = DeployIntent::all(vec![web.clone()], vec![]);
+        let reviewed = id_of(&intent, &machines);
+
+        // A Compose value changed.
+        let mut changed = web.clone();
+        changed.container.env.insert("MODE".into(), "b".into());
+        let moved = reviewed.moved(&id_of(&DeployIntent::all(vec![changed], vec![]), &machines));
+        assert_eq!(moved, vec![Part::Intent]);
+
+        // A container removed by hand, or stopped.
+        let mut removed = machines.clone();
+        removed[1].containers.clear();
+        assert_eq!(
+            reviewed.moved(&id_of(&intent, &removed)),
+            vec![Part::Containers]
+        );
+        let mut stopped = machines.clone();
+        stopped[2].containers[0].state = ContainerState::Exited;
+        assert_eq!(
+            reviewed.moved(&id_of(&intent, &stopped)),
+            vec![Part::Containers]
+        );
+
+        // The image's tag retagged to another image on one Machine.
+        let mut retagged = machines.clone();
+        retagged[0]
+            .image_ids
+            .insert("app:1".into(), "sha256:bbbb".into());
+        assert_eq!(
+            reviewed.moved(&id_of(&intent, &retagged)),
+            vec![Part::Images]
+        );
+
+        // A Machine no longer answers: left out, with its containers and images.
+        let left: Vec<MachineSnapshot> = machines[..2].to_vec();
+        let gone = NotIncluded {
+            machine: machines[2].machine.info.id.clone(),
+            name: "m3".into(),
+            reason: "observed down".into(),
+        };
+        let moved = reviewed.moved(&PlanBinding::of(&intent, &left, &[gone], &[]).id());
+        assert!(moved.contains(&Part::Machines), "{moved:?}");
+
+        // A container of a Service not attempted is not a fact of this plan.
+        let mut other = machines.clone();
+        add(
+            &mut other[0],
+            &ServiceId::generate(),
+            &spec("db"),
+            ContainerState::Running,
+        );
+        assert_eq!(reviewed.moved(&id_of(&intent, &other)), vec![]);
+    }
+
+    #[test]
+    fn a_tag_no_machine_holds_is_unresolved_and_a_digest_is_not() {
+        let (mut machines, _, mut web) = three_machines();
+        for m in &mut machines {
+            m.images.clear();
+            m.image_ids.clear();
+        }
+        let intent = DeployIntent::all(vec![web.clone()], vec![]);
+        let binding = PlanBinding::of(&intent, &machines, &[], &[]);
+        assert_eq!(
+            binding.unresolved(),
+            ["app:1 on m1", "app:1 on m2", "app:1 on m3"]
+        );
+        // A Build Tag is bound by the build's inputs.
+        let built = PlanBinding::of(&intent, &machines, &[], &["app:1".to_owned()]);
+        assert!(built.unresolved().is_empty());
+        web.container.image = format!("app@sha256:{}", "c".repeat(64));
+        let binding = PlanBinding::of(&DeployIntent::all(vec![web], vec![]), &machines, &[], &[]);
+        assert!(binding.unresolved().is_empty());
+    }
+
+    #[test]
+    fn a_malformed_plan_id_is_refused_with_what_one_looks_like() {
+        for bad in [
+            "",
+            "p2.00000000.00000000.00000000.00000000.00000000",
+            "p1.0000000.00000000.00000000.00000000.00000000",
+            "p1.00000000.00000000.00000000.00000000",
+            "p1.00000000.00000000.00000000.00000000.00000000.00000000",
+            "p1.0000000g.00000000.00000000.00000000.00000000",
+        ] {
+            let err = bad.parse::<PlanId>().unwrap_err();
+            assert!(err.contains("ployz deploy --dry-run"), "{bad}: {err}");
+        }
+    }
 }

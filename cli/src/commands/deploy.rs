@@ -52,6 +52,7 @@ use crate::output::{
 };
 use crate::target::ApiTarget;
 use crate::GlobalArgs;
+use ployz_orchestrator::plan::binding::{PlanBinding, PlanId};
 
 #[derive(Debug, Args)]
 pub struct DeployArgs {
@@ -90,6 +91,15 @@ pub struct DeployArgs {
     /// the images from their registries; used for those pulls alone, never stored.
     #[arg(long)]
     with_registry_auth: bool,
+    /// Run only the plan that was reviewed: plan again under the Machines' leases and refuse,
+    /// before any change, when its id differs from PLAN_ID (what `--dry-run` printed), naming
+    /// what moved.
+    #[arg(long, value_name = "PLAN_ID")]
+    plan_id: Option<String>,
+    /// With --plan-id: accept a plan whose images are bound only by a tag no Machine holds yet
+    /// (the registry decides what it is at pull time).
+    #[arg(long, requires = "plan_id")]
+    allow_unresolved: bool,
 }
 
 /// How the images of Services with `build:` are built (with the Docker where the CLI runs).
@@ -116,6 +126,9 @@ pub const DEFAULT_LEASE_WAIT_SECONDS: u64 = 120;
 /// What `--json` prints. Its specs carry secrets' digests, never their values.
 #[derive(Serialize)]
 pub struct DeployReport {
+    /// What binds this plan (`ployz deploy --plan-id`); absent where no plan was made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan_id: Option<String>,
     pub preview: DeployPreview,
     /// `None` for a dry run or when nothing needed doing.
     pub outcome: Option<DeployOutcome>,
@@ -146,8 +159,61 @@ impl DeployReport {
             }
             o
         });
-        DeployReport { preview, outcome }
+        DeployReport {
+            plan_id: None,
+            preview,
+            outcome,
+        }
     }
+
+    /// The report with the plan's id.
+    pub fn bound_by(self, plan_id: &PlanId) -> DeployReport {
+        DeployReport {
+            plan_id: Some(plan_id.to_string()),
+            ..self
+        }
+    }
+}
+
+/// Why a Deploy bound to `reviewed` may not run the plan made now: each part of the plan id
+/// that moved, with what it holds now, and images bound by a tag alone unless allowed.
+fn binding_problems(reviewed: &PlanId, now: &PlanBinding, allow_unresolved: bool) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for part in reviewed.moved(&now.id()) {
+        let facts = now.facts(part);
+        let shown: Vec<&str> = facts.iter().take(12).map(String::as_str).collect();
+        let more = facts.len().saturating_sub(shown.len());
+        let mut what = format!(
+            "the plan moved since it was reviewed (plan id {reviewed}, now {}): {}; now: {}",
+            now.id(),
+            part.moved(),
+            if shown.is_empty() {
+                "nothing".to_owned()
+            } else {
+                shown.join(" | ")
+            }
+        );
+        if more > 0 {
+            what.push_str(&format!(" | and {more} more"));
+        }
+        problems.push(Problem::from_text(
+            ProblemKind::Plan,
+            format!(
+                "{what}; review again with `ployz deploy --dry-run`, which prints the new plan id"
+            ),
+        ));
+    }
+    if !allow_unresolved {
+        for image in now.unresolved() {
+            problems.push(Problem::from_text(
+                ProblemKind::Plan,
+                format!(
+                    "{image} is bound by its tag alone (the Machine does not hold it, so the registry decides what it is at pull time); pin it by digest (image@sha256:...), pull it first, or pass --allow-unresolved"
+                ),
+            ));
+        }
+    }
+    problems
 }
 
 /// Drops the secret values of the spec an operation carries.
@@ -269,6 +335,15 @@ async fn deploy_files(global: &GlobalArgs, args: DeployArgs) -> Result<(), Stop>
     } else {
         Vec::new()
     };
+    let bound = match &args.plan_id {
+        Some(id) => Some((
+            id.parse::<PlanId>()
+                .map_err(|e| anyhow!("--plan-id: {e}"))
+                .stop_as(ProblemKind::Usage)?,
+            args.allow_unresolved,
+        )),
+        None => None,
+    };
     let registry_auth = if args.with_registry_auth {
         let images: Vec<&str> = intent
             .services
@@ -305,6 +380,7 @@ async fn deploy_files(global: &GlobalArgs, args: DeployArgs) -> Result<(), Stop>
         lease_wait: Duration::from_secs(args.lease_wait),
         command: None,
         registry_auth,
+        bound,
     };
     if !loaded.errors.is_empty() {
         let mut errors: Vec<Problem> = loaded.errors.iter().map(compose_problem).collect();
@@ -560,6 +636,9 @@ pub struct Flow {
     pub command: Option<String>,
     /// Registry credentials passed with the calls that may pull (`--with-registry-auth`).
     pub registry_auth: Vec<ployz_core::api::RegistryAuth>,
+    /// The plan id this Deploy must plan to (`--plan-id`), and whether unresolved images may
+    /// be bound (`--allow-unresolved`).
+    pub bound: Option<(PlanId, bool)>,
 }
 
 impl Flow {
@@ -579,6 +658,7 @@ impl Flow {
             lease_wait: lease_wait_from_env(),
             command: None,
             registry_auth: Vec::new(),
+            bound: None,
         }
     }
 }
@@ -758,8 +838,23 @@ async fn deploy_holding(
     let machines = gather(client, reach, leases.as_deref_mut())
         .await
         .stop_as(ProblemKind::Daemon)?;
+    // What binds this plan; a real Deploy holds the leases while it is read and compared, so
+    // nothing moves between the comparison and the first operation.
+    let binding = PlanBinding::of(intent, &machines, &reach.not_included, &flow.plan.built);
+    let plan_id = binding.id();
+    if let Some((reviewed, allow_unresolved)) = &flow.bound {
+        let problems = binding_problems(reviewed, &binding, *allow_unresolved);
+        if !problems.is_empty() {
+            return Err(Stop::Refused {
+                errors: problems,
+                warnings,
+            });
+        }
+    }
     let opts = PlanOptions {
         not_included: reach.not_included.clone(),
+        // The same facts plan the same operations: the preview is what a bound Deploy runs.
+        seed: binding.seed(),
         ..flow.plan.clone()
     };
     let plan = match plan(intent, &machines, &opts) {
@@ -787,10 +882,20 @@ async fn deploy_holding(
     };
     if !flow.json {
         print!("{}", preview::render(&preview, &machines));
+        if !preview.plan.is_empty() {
+            println!("\nPlan id: {plan_id}");
+            if flow.dry_run {
+                println!("Run exactly this plan, or nothing if anything it depends on moves: ployz deploy --plan-id {plan_id}");
+                for image in binding.unresolved() {
+                    println!("  note: {image} is bound by its tag alone (no Machine holds it yet): a bound Deploy needs --allow-unresolved");
+                }
+            }
+        }
     }
     let Some(leases) = leases.filter(|_| !preview.plan.is_empty() && !flow.dry_run) else {
         if flow.json {
-            print_json(&DeployReport::new(&preview, None)).stop_as(ProblemKind::Failed)?;
+            print_json(&DeployReport::new(&preview, None).bound_by(&plan_id))
+                .stop_as(ProblemKind::Failed)?;
         }
         return Ok(());
     };
@@ -846,7 +951,8 @@ async fn deploy_holding(
     };
     Leases::aim_off(client);
     if flow.json {
-        print_json(&DeployReport::new(&preview, Some(&outcome))).map_err(Stop::Reported)?;
+        print_json(&DeployReport::new(&preview, Some(&outcome)).bound_by(&plan_id))
+            .map_err(Stop::Reported)?;
     } else {
         print_outcome(&outcome, &machines);
     }

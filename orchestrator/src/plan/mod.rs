@@ -32,6 +32,7 @@
 //! - `host_ports`: a fixed host port is bound once per Machine: not by two Services, not by a
 //!   Service and the daemon's own listeners (the edge, metrics, DNS).
 
+pub mod binding;
 mod host_ports;
 mod identity;
 mod operations;
