@@ -1090,6 +1090,7 @@ mod tests {
             image: "busybox".into(),
             created_at: 0,
             spec: Some(spec),
+            plan_id: None,
         }
     }
 

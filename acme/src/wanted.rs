@@ -217,6 +217,7 @@ pub(crate) mod tests {
             image: "busybox".into(),
             created_at: 0,
             spec: Some(ServiceSpec { ports, ..spec }),
+            plan_id: None,
         }
     }
 

@@ -96,6 +96,7 @@ fn observation_record(machine: &MachineId, hosts: &[String]) -> Record {
         image: "busybox".into(),
         created_at: 0,
         spec: Some(spec),
+        plan_id: None,
     };
     Record {
         key: container_key(&o),

@@ -136,6 +136,7 @@ fn publish(store: &Store, host: &str) {
         image: "busybox".into(),
         created_at: 0,
         spec: Some(spec),
+        plan_id: None,
     };
     store
         .put(&container_key(&o), serde_json::to_vec(&o).unwrap())

@@ -82,6 +82,7 @@ fn bench(c: &mut Criterion) {
                 image: s.container.image.clone(),
                 created_at: n as i64,
                 spec: Some(s.clone()),
+                plan_id: None,
             });
         }
     }

@@ -66,6 +66,7 @@ fn table(n: usize) -> RouteTable {
                 pre_deploy: None,
                 depends_on: vec![],
             }),
+            plan_id: None,
         })
         .collect();
     RouteTable::build(

@@ -449,6 +449,7 @@ pub fn check_plan_bodies(plan: &ployz_core::DeployPlan) -> anyhow::Result<()> {
                 serde_json::to_vec(&RunContainerRequest {
                     service_id: service_id.clone(),
                     spec: spec.clone(),
+                    plan_id: None,
                     registry_auth: None,
                 }),
             ),

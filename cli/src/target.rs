@@ -21,6 +21,8 @@ pub struct ApiTarget<'a> {
     pub leases: &'a Leases,
     /// Registry credentials to pull with (`--with-registry-auth`), by registry.
     pub registry_auth: &'a [ployz_core::api::RegistryAuth],
+    /// The Plan ID a bound Deploy (`--plan-id`) labels its containers with.
+    pub plan_id: Option<String>,
 }
 
 impl ApiTarget<'_> {
@@ -61,6 +63,7 @@ impl DeployTarget for ApiTarget<'_> {
                 &RunContainerRequest {
                     service_id: service_id.clone(),
                     spec: spec.clone(),
+                    plan_id: self.plan_id.clone(),
                     registry_auth: crate::registry_auth::for_image(
                         self.registry_auth,
                         &spec.container.image,

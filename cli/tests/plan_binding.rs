@@ -107,6 +107,15 @@ fn a_reviewed_plan_runs_as_previewed_and_refuses_once_anything_it_binds_moved() 
     assert!(ran["outcome"]["failed"].is_null(), "{ran:#}");
     assert_eq!(ran["plan_id"], id.as_str());
     assert_eq!(ops(&ran["outcome"]["completed"]), previewed);
+    // The container it ran carries the id, and `inspect` shows it.
+    let shown = stdout(&run(&lab, &m, &["inspect", "web"]));
+    assert!(shown.contains("PLAN ID") && shown.contains(&id), "{shown}");
+    let inspected = json(&run(&lab, &m, &["inspect", "web", "--json"]));
+    assert_eq!(
+        inspected["containers"][0]["plan_id"],
+        id.as_str(),
+        "{inspected:#}"
+    );
 
     // The same id again: the deploy it bound changed what it depends on (its container now
     // runs), so it is refused, and says the id it planned to instead.

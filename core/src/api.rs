@@ -814,6 +814,10 @@ pub struct PeerPullAnswer {
 pub struct RunContainerRequest {
     pub service_id: crate::ServiceId,
     pub spec: crate::ServiceSpec,
+    /// The Plan ID of the bound Deploy (`ployz deploy --plan-id`) that runs this container;
+    /// carried in its `ployz.plan-id` label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_id: Option<String>,
     /// For pulling the spec's image from a private registry (`--with-registry-auth`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry_auth: Option<RegistryAuth>,

@@ -101,6 +101,9 @@ pub struct ContainerRuntimeObservation {
     /// The Resolved Service Spec from its label; `None` when the label is missing or unreadable.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<ServiceSpec>,
+    /// The Plan ID of the bound Deploy (`ployz deploy --plan-id`) that ran it, from its label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_id: Option<String>,
 }
 
 impl ContainerRuntimeObservation {

@@ -197,7 +197,12 @@ async fn run_container(
     let m = machine.clone();
     let store = crate::api::store_blocking(move || m.writable_store()).await?;
     let c = d
-        .run_service_container(&req.service_id, &req.spec, req.registry_auth.as_ref())
+        .run_service_container(
+            &req.service_id,
+            &req.spec,
+            req.plan_id.as_deref(),
+            req.registry_auth.as_ref(),
+        )
         .await
         .map_err(|e| creation_failure(&machine, e))?;
     if let Err(e) = ployz_orchestrator::observer::resync(&d, &store).await {

@@ -270,6 +270,7 @@ pub(crate) mod tests {
             image: "app".into(),
             created_at: 0,
             spec: None,
+            plan_id: None,
         }
     }
 

@@ -71,6 +71,7 @@ fn container(
         image: "app:1".into(),
         created_at: 0,
         spec: None,
+        plan_id: None,
     }
 }
 

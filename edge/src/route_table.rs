@@ -556,6 +556,7 @@ pub(crate) mod tests {
                 pre_deploy: None,
                 depends_on: vec![],
             }),
+            plan_id: None,
         }
     }
 

@@ -52,6 +52,7 @@ fn table() -> RouteTable {
                 pre_deploy: None,
                 depends_on: vec![],
             }),
+            plan_id: None,
         })
         .collect();
     RouteTable::build(

@@ -67,6 +67,8 @@ pub mod labels {
     pub const SERVICE_PORTS: &str = "ployz.service.ports";
     pub const SERVICE_SPEC: &str = "ployz.service.spec";
     pub const HOOK: &str = "ployz.service.hook";
+    /// The Plan ID of the bound Deploy that ran the container (`ployz deploy --plan-id`).
+    pub const PLAN_ID: &str = "ployz.plan-id";
 }
 
 /// Why a Docker operation failed, by how the caller reacts.
@@ -700,6 +702,7 @@ impl MachineDocker {
             spec: labels
                 .get(labels::SERVICE_SPEC)
                 .and_then(|s| serde_json::from_str(s).ok()),
+            plan_id: labels.get(labels::PLAN_ID).cloned(),
         })
     }
 
@@ -919,14 +922,35 @@ impl MachineDocker {
         &self,
         service_id: &ServiceId,
         spec: &ServiceSpec,
+        plan_id: Option<&str>,
         auth: Option<&ployz_core::api::RegistryAuth>,
     ) -> Result<ContainerRuntimeObservation, DockerError> {
         check_secret_values(spec)?;
+        if let Some(id) = plan_id {
+            // A label value nothing but a plan id: it is shown back to users.
+            if id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.') {
+                return Err(DockerError::InvalidName {
+                    field: "plan_id",
+                    value: id
+                        .chars()
+                        .take(64)
+                        .collect::<String>()
+                        .escape_debug()
+                        .to_string(),
+                    rule: "a plan id (p1. and five 8-digit hashes)",
+                });
+            }
+        }
         self.ensure_network().await?;
         self.ensure_image(&spec.container.image, spec.container.pull_policy, auth)
             .await?;
         let (name, hostname) = container_names(&spec.name, &format!("-{}", random_suffix()));
-        let body = self.service_container_body(service_id, spec, &hostname);
+        let mut body = self.service_container_body(service_id, spec, &hostname);
+        if let Some(id) = plan_id {
+            body.labels
+                .get_or_insert_with(HashMap::new)
+                .insert(labels::PLAN_ID.to_owned(), id.to_owned());
+        }
         let created_id = self.create_and_start(&name, body, spec).await?;
         self.observe_container(&created_id)
             .await?

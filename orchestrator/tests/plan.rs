@@ -90,6 +90,7 @@ fn add(
         image: spec.container.image.clone(),
         created_at: n as i64,
         spec: Some(spec.clone()),
+        plan_id: None,
     });
     name
 }

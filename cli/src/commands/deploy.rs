@@ -929,6 +929,7 @@ async fn deploy_holding(
         client,
         leases: &*leases,
         registry_auth: &flow.registry_auth,
+        plan_id: flow.bound.as_ref().map(|_| plan_id.to_string()),
     };
     let outcome = execute(&preview.plan, &mut target, &flow.execute, |p| {
         if quiet {

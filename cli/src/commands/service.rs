@@ -376,23 +376,33 @@ pub async fn inspect(global: &GlobalArgs, args: InspectArgs) -> anyhow::Result<(
     println!("Name:  {}", s.name);
     println!("Mode:  {}", s.mode.as_str());
     println!();
-    let mut t = table(&[
+    // The Plan ID column appears once a bound Deploy (`--plan-id`) ran one of the containers.
+    let bound = mine.iter().any(|c| c.plan_id.is_some());
+    let mut headers = vec![
         "MACHINE",
         "CONTAINER ID",
         "NAME",
         "IMAGE",
         "STATUS",
         "IP ADDRESS",
-    ]);
+    ];
+    if bound {
+        headers.push("PLAN ID");
+    }
+    let mut t = table(&headers);
     for c in mine {
-        t.add_row(vec![
+        let mut row = vec![
             everywhere.name(&c.machine_id),
             c.id.as_str().chars().take(12).collect(),
             c.name.clone(),
             c.image.clone(),
             c.status(),
             c.address.map(|a| a.to_string()).unwrap_or_default(),
-        ]);
+        ];
+        if bound {
+            row.push(c.plan_id.clone().unwrap_or_else(|| "-".to_owned()));
+        }
+        t.add_row(row);
     }
     print_table(&t);
     crate::targets::report_failures(&everywhere.failures, everywhere.asked)

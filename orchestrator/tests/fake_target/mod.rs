@@ -267,6 +267,7 @@ impl FakeTarget {
             image: spec.container.image.clone(),
             created_at: i64::from(n),
             spec: Some(spec.clone()),
+            plan_id: None,
         }
     }
 
