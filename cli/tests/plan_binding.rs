@@ -142,6 +142,8 @@ fn a_reviewed_plan_runs_as_previewed_and_refuses_once_anything_it_binds_moved() 
         std::process::Command::new("docker")
             .args(["build", "-q", "-t", &image, "-"])
             .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .and_then(|mut child| {
                 use std::io::Write;
@@ -190,4 +192,75 @@ fn a_reviewed_plan_runs_as_previewed_and_refuses_once_anything_it_binds_moved() 
     );
 
     let _ = docker(&["rmi", "-f", &image]);
+}
+
+#[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
+fn two_deploys_bound_to_one_plan_started_together_run_it_once() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "bind2");
+    compose(&lab, TEST_IMAGE, "one");
+    let id = plan_id(&lab, &m);
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        .to_string();
+    let start = |n: usize| {
+        lab.cli()
+            .current_dir(lab.dir.path())
+            .env("PLOYZ_HEALTH_MONITOR_PERIOD", "1")
+            .arg("--connect")
+            .arg(m.daemon.connect_url())
+            .args(["deploy", "-y", "--plan-id", &id])
+            .stdout(std::fs::File::create(lab.path(&format!("bound-{n}.out"))).unwrap())
+            .stderr(std::fs::File::create(lab.path(&format!("bound-{n}.err"))).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let (mut a, mut b) = (start(0), start(1));
+    let ok = [a.wait().unwrap().success(), b.wait().unwrap().success()];
+    let err = |n: usize| std::fs::read_to_string(lab.path(&format!("bound-{n}.err"))).unwrap();
+    // One ran the plan; the other waited for the lease, planned again, found the container the
+    // first had made, and changed nothing.
+    assert_eq!(
+        ok.iter().filter(|ok| **ok).count(),
+        1,
+        "exactly one ran: {} / {}",
+        err(0),
+        err(1)
+    );
+    let loser = if ok[0] { 1 } else { 0 };
+    assert!(
+        err(loser).contains("the containers of the attempted Services"),
+        "{}",
+        err(loser)
+    );
+    assert_eq!(
+        m.docker_containers().len(),
+        1,
+        "one container, from one run"
+    );
+    // Docker's own log: one container created and started, by the one run.
+    let events = docker(&[
+        "events",
+        "--since",
+        &since,
+        "--until",
+        &std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            .saturating_add(1)
+            .to_string(),
+        "--filter",
+        &format!("label=ployz.machine.id={}", m.id),
+        "--filter",
+        "type=container",
+        "--format",
+        "{{.Action}}",
+    ]);
+    let actions = stdout(&events);
+    let created = actions.lines().filter(|l| *l == "create").count();
+    assert_eq!(created, 1, "{actions}");
 }

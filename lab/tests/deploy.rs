@@ -411,3 +411,47 @@ fn a_rolling_deploy_across_machines_fails_no_request_and_lets_a_long_one_finish_
         .collect();
     assert_eq!(running.len(), 3, "{v}");
 }
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn a_plan_reviewed_with_three_machines_is_refused_once_one_is_stopped() {
+    let mut lab = cluster(3);
+    let compose = lab.dir().join("compose.yaml");
+    std::fs::write(&compose, web_compose(1)).expect("compose file");
+    let file = compose.to_str().expect("utf-8 path");
+    let review: serde_json::Value = serde_json::from_str(&ok_fast(
+        &lab,
+        0,
+        &["deploy", "--dry-run", "--json", "-f", file],
+    ))
+    .expect("the dry run's JSON");
+    let id = review["plan_id"].as_str().expect("a plan id").to_owned();
+
+    let m2 = own_id(&lab, 2);
+    lab.stop_machine(2);
+    wait_for(&lab, "m0 observes m2 down", Duration::from_secs(30), || {
+        observed(&lab, 0)
+            .and_then(|o| o.get(&m2).cloned())
+            .filter(|(_, membership)| membership == "down")
+    });
+    let out = ployz_fast(&lab, 0, &["deploy", "-y", "--plan-id", &id, "-f", file]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "refused: {}", text(&out));
+    assert!(
+        err.contains("the Machines included"),
+        "names the Machines: {err}"
+    );
+    assert!(
+        err.contains("ployz deploy --dry-run"),
+        "how to review again: {err}"
+    );
+    // Nothing ran on the Machines still there.
+    for i in 0..2 {
+        let ps = lab.docker(i, &["ps", "-q", "--filter", "label=ployz.service.name=web"]);
+        assert!(
+            String::from_utf8_lossy(&ps.stdout).trim().is_empty(),
+            "no web container on Machine {i}: {}",
+            text(&ps)
+        );
+    }
+}

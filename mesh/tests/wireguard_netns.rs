@@ -1101,3 +1101,66 @@ fn the_userspace_mesh_interoperates_with_another_wireguard_implementation() {
     );
     drop(device);
 }
+
+#[test]
+#[ignore = "needs root"]
+fn the_userspace_device_applies_a_configuration_whole_and_changes_peers_in_place() {
+    sweep_leftovers();
+    let netns = Netns::new("c");
+    let worker = Worker::new(&netns);
+    let name = format!("plzt{}c", random_suffix());
+    let peer = hex(PrivateKey::generate().public_key());
+    let key = hex(rand::random::<[u8; 32]>());
+    let gets = worker.run(move |_| {
+        let device = ployz_mesh::userspace::UserspaceDevice::create(&name).expect("the device");
+        let set = |body: &str| device.set(body).expect("an answer").errno;
+        let get = || device.get().expect("an answer").body;
+        let mut seen = Vec::new();
+        // A peer before the device has a key is refused, whole: the port with it is not taken.
+        seen.push(set(&format!(
+            "listen_port=0\npublic_key={peer}\nallowed_ip=10.0.0.1/32\n"
+        )));
+        seen.push(i32::from(get().contains("public_key=") || get().contains("listen_port=")));
+        // A malformed line changes nothing either.
+        seen.push(set(&format!("private_key={key}\nlisten_port=x\n")));
+        seen.push(i32::from(get().contains("private_key=")));
+        // Key and port, then a mark on the live sockets (no rebinding of the port).
+        seen.push(set(&format!("private_key={key}\nlisten_port=0\n")));
+        seen.push(set("fwmark=77\n"));
+        let listing = get();
+        seen.push(i32::from(listing.contains("fwmark=77") && listing.contains("listen_port=")));
+        // A peer, then its allowed IPs and endpoint changed in place.
+        seen.push(set(&format!(
+            "public_key={peer}\nendpoint=198.18.0.9:51820\nreplace_allowed_ips=true\nallowed_ip=10.0.0.1/32\n"
+        )));
+        seen.push(set(&format!(
+            "public_key={peer}\nendpoint=198.18.0.10:51820\nreplace_allowed_ips=true\nallowed_ip=10.0.1.0/24\n"
+        )));
+        let listing = get();
+        seen.push(i32::from(
+            listing.contains("allowed_ip=10.0.1.0/24")
+                && !listing.contains("allowed_ip=10.0.0.1/32")
+                && listing.contains("endpoint=198.18.0.10:51820"),
+        ));
+        seen.push(set(&format!("public_key={peer}\nremove=true\n")));
+        seen.push(i32::from(get().contains("public_key=")));
+        seen
+    });
+    assert_eq!(
+        gets,
+        vec![
+            nix::errno::Errno::ENOKEY as i32, // peer before key: refused
+            0,                                // nothing of it applied
+            nix::errno::Errno::EINVAL as i32, // malformed
+            0,                                // nothing of it applied
+            0,                                // key and port
+            0,                                // the mark on live sockets
+            1,                                // both shown
+            0,                                // the peer
+            0,                                // changed in place
+            1,                                // the new allowed IPs and endpoint, the old gone
+            0,                                // removed
+            0,                                // and gone
+        ]
+    );
+}

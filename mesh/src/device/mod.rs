@@ -377,6 +377,13 @@ impl Device {
 
     fn apply(&self, request: uapi::SetRequest) -> Result<(), i32> {
         let mut state = self.shared.state_mut();
+        // A peer needs the device's key for its session: refused whole, before any change.
+        if state.key.is_none()
+            && request.private_key.is_none()
+            && request.peers.iter().any(|p| !p.remove)
+        {
+            return Err(libc::ENOKEY);
+        }
         let mut sockets_changed = false;
         if let Some(key) = request.private_key {
             let secret = StaticSecret::from(key);
@@ -391,13 +398,12 @@ impl Device {
         if let Some(mark) = request.fwmark {
             let mark = (mark != 0).then_some(mark);
             if mark != state.fwmark {
-                state.fwmark = mark;
-                // New sockets carry it.
-                if state.udp4.is_some() {
-                    let port = state.listen_port;
-                    bind(&mut state, port)?;
-                    sockets_changed = true;
+                // The sockets bound now take it (0 clears it); sockets bound later carry it.
+                for udp in state.udp4.iter().chain(state.udp6.iter()) {
+                    udp.set_mark(mark.unwrap_or(0))
+                        .map_err(|err| err.raw_os_error().unwrap_or(libc::EINVAL))?;
                 }
+                state.fwmark = mark;
             }
         }
         if let Some(port) = request.listen_port {
@@ -456,8 +462,7 @@ fn apply_peer(state: &mut State, set: uapi::PeerSet) {
         return;
     }
     let Some((secret, public)) = state.key.clone() else {
-        // wg(8) semantics allow peers before a key; the session waits for the key.
-        tracing::debug!("a peer was configured before the device's private key");
+        // `apply` refuses a request that would get here.
         return;
     };
     if set.public_key == *public.as_bytes() {

@@ -70,6 +70,11 @@ impl Udp {
         })
     }
 
+    /// Marks every datagram sent from now on with `mark` (`SO_MARK`; 0 clears it).
+    pub fn set_mark(&self, mark: u32) -> io::Result<()> {
+        self.socket.set_mark(mark)
+    }
+
     /// The port bound.
     pub fn port(&self) -> io::Result<u16> {
         self.socket
