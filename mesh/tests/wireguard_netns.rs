@@ -1164,3 +1164,88 @@ fn the_userspace_device_applies_a_configuration_whole_and_changes_peers_in_place
         ]
     );
 }
+
+#[test]
+#[ignore = "needs root"]
+fn garbage_at_the_wireguard_port_is_dropped_and_the_tunnel_carries_on() {
+    let (a, b) = two_machines();
+    a.set_peers(vec![b.peer_config()]);
+    b.set_peers(vec![a.peer_config()]);
+    let mgmt_b = IpAddr::V6(b.key.management_address().addr());
+    let sock_a = a.bind(a.key.management_address().addr().into());
+    let sock_b = b.bind(mgmt_b);
+    assert!(
+        exchange(&sock_a, &sock_b),
+        "A reaches B: {}",
+        diagnose(&[&a, &b])
+    );
+    let dropped_before = b
+        .worker
+        .run(|slot| {
+            slot.as_ref()
+                .expect("up")
+                .datapath_stats()
+                .expect("userspace")
+        })
+        .dropped_invalid;
+
+    // From A's namespace, on the underlay, straight at B's WireGuard port: random bytes of
+    // every size, and datagrams that look like each WireGuard message type (right type and
+    // length, random indices, counters and MACs).
+    let target = SocketAddr::new(IpAddr::V4(b.underlay), 51820);
+    let sent = a.worker.run(move |_| {
+        let socket = UdpSocket::bind(("198.18.0.1", 0)).expect("a socket on the underlay");
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut sent = 0;
+        for i in 0..20_000usize {
+            let len = match i % 6 {
+                0 => (next() % 2000) as usize,
+                1 => 148,                           // handshake initiation
+                2 => 92,                            // handshake response
+                3 => 64,                            // cookie reply
+                4 => 32 + (next() % 1400) as usize, // data
+                _ => (next() % 8) as usize,
+            };
+            let mut datagram: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if (1..=4).contains(&(i % 6)) {
+                let kind = [1u8, 2, 3, 4][i % 6 - 1];
+                datagram[..4].copy_from_slice(&[kind, 0, 0, 0]);
+            }
+            if socket.send_to(&datagram, target).is_ok() {
+                sent += 1;
+            }
+        }
+        sent
+    });
+    assert!(sent > 19_000, "{sent} sent");
+
+    // B counted them as invalid, and the tunnel still carries traffic both ways.
+    let ok = wait_until(Duration::from_secs(10), || {
+        b.worker
+            .run(|slot| {
+                slot.as_ref()
+                    .expect("up")
+                    .datapath_stats()
+                    .expect("userspace")
+            })
+            .dropped_invalid
+            >= dropped_before + 10_000
+    });
+    assert!(ok, "B counts the garbage as invalid");
+    assert!(
+        exchange(&sock_a, &sock_b),
+        "A still reaches B: {}",
+        diagnose(&[&a, &b])
+    );
+    assert!(
+        exchange(&sock_b, &sock_a),
+        "B still reaches A: {}",
+        diagnose(&[&a, &b])
+    );
+}
