@@ -102,6 +102,10 @@ enum Command {
     Ps(commands::service::PsArgs),
     /// Show one Service and its containers.
     Inspect(commands::service::InspectArgs),
+    /// List the revisions of a Service the store keeps (the last 5 Deploys that changed it).
+    History(commands::revision::HistoryArgs),
+    /// Deploy a kept revision of a Service again (the one before what runs now, or --to N).
+    Rollback(commands::revision::RollbackArgs),
     /// Print a Service's logs.
     Logs(commands::service::LogsArgs),
     /// Run a command in a container of a Service.
@@ -207,6 +211,8 @@ fn main() -> ExitCode {
         Command::Ls(args) => client_runtime(commands::service::ls(&cli.global, args)),
         Command::Ps(args) => client_runtime(commands::service::ps(&cli.global, args)),
         Command::Inspect(args) => client_runtime(commands::service::inspect(&cli.global, args)),
+        Command::History(args) => client_runtime(commands::revision::history(&cli.global, args)),
+        Command::Rollback(args) => client_runtime(commands::revision::rollback(&cli.global, args)),
         Command::Logs(args) => client_runtime(commands::service::logs(&cli.global, args)),
         Command::Exec(args) => {
             return match client_runtime_value(commands::service::exec(&cli.global, args)) {

@@ -749,3 +749,73 @@ services:
     );
     assert_eq!(m.docker_containers(), before, "Docker was touched");
 }
+
+#[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
+fn rollback_under_load_fails_no_request_and_history_lists_the_revisions() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "rollback1");
+    std::fs::write(
+        lab.path("compose.yaml"),
+        versioned_web("start-first").replace("IMAGE", TEST_IMAGE),
+    )
+    .unwrap();
+    for version in ["1", "2"] {
+        let out = deploy_version(&lab, &m, version);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    wait_served(&m, "version 2", 30, "version 2 serves");
+
+    // Both revisions are kept, the running one marked.
+    let history = stdout(&run(&lab, &m, &["history", "web"]));
+    let rows: Vec<&str> = history.lines().filter(|l| l.contains("@")).collect();
+    assert_eq!(rows.len(), 2, "{history}");
+    assert!(
+        rows[1].contains("running") && !rows[0].contains("running"),
+        "{history}"
+    );
+    let kept = json(&run(&lab, &m, &["history", "web", "--json"]));
+    assert_eq!(kept[0]["spec"]["container"]["env"]["VER"], "1", "{kept:#}");
+    assert_eq!(kept[1]["spec"]["container"]["env"]["VER"], "2", "{kept:#}");
+
+    // Requests through the edge the whole time; the rollback goes through the same gates.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = m.daemon.http_port;
+    let load = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (status, body) = http_get(port, WEB_HOST, "/");
+                if status == 200 && body.contains("version") {
+                    ok += 1;
+                } else {
+                    failed.push((status, body));
+                }
+            }
+            (ok, failed)
+        })
+    };
+    let preview = stdout(&run(&lab, &m, &["rollback", "web", "--dry-run"]));
+    assert!(preview.contains("~ update service web"), "{preview}");
+    let out = run(&lab, &m, &["rollback", "web", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stderr(&out).contains("back to revision 1"),
+        "{}",
+        stderr(&out)
+    );
+    wait_served(&m, "version 1", 30, "version 1 serves after the rollback");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = load.join().unwrap();
+    assert!(ok > 20, "{ok} requests answered");
+    assert!(failed.is_empty(), "failed during the rollback: {failed:?}");
+
+    // The rollback is a revision of its own; a revision not kept is named with those that are.
+    let kept = json(&run(&lab, &m, &["history", "web", "--json"]));
+    assert_eq!(kept.as_array().unwrap().len(), 3, "{kept:#}");
+    assert_eq!(kept[2]["spec"]["container"]["env"]["VER"], "1", "{kept:#}");
+    let out = run(&lab, &m, &["rollback", "web", "--to", "9", "-y"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("kept: 1, 2, 3"), "{}", stderr(&out));
+}

@@ -54,6 +54,10 @@ pub mod paths {
     /// `GET`: [`super::ScratchRecord`]s; `PUT` [`super::PutScratchRequest`]: writes them;
     /// `DELETE ?name=NAME`: deletes one.
     pub const STORE_SCRATCH: &str = "/v1/store/scratch";
+    /// `GET ?service=ID`: the [`super::ServiceRevision`]s kept of one Service, oldest first;
+    /// `POST` [`super::RecordRevisionRequest`] records one (and drops all but the newest
+    /// [`super::KEPT_REVISIONS`]).
+    pub const REVISIONS: &str = "/v1/revisions";
     /// `GET`: [`crate::CertificateSummary`]s; `POST` [`super::ImportCertificateRequest`]
     /// stores Certificate Material.
     pub const CERTIFICATES: &str = "/v1/certificates";
@@ -432,6 +436,37 @@ pub struct ScratchRecord {
 pub struct PutScratchRequest {
     /// Name to value; each is one write.
     pub values: std::collections::BTreeMap<String, String>,
+}
+
+/// How many revisions of each Service the store keeps (`ployz history`).
+pub const KEPT_REVISIONS: usize = 5;
+
+/// One Resolved Service Spec that ran, kept in the cluster-scoped store after a Deploy that
+/// changed the Service (`ployz history`, `ployz rollback`): an observation of what ran, never a
+/// plan. Secrets are in it by digest only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServiceRevision {
+    pub service_id: crate::ServiceId,
+    /// Numbered from 1 per Service, in the order they were recorded.
+    pub revision: u64,
+    /// Unix seconds on the recording Machine's clock.
+    pub recorded_at: u64,
+    /// Who deployed it: `user@host` of the CLI.
+    pub by: String,
+    /// `sha256` of the spec, shortened (as `ployz history` shows it).
+    pub spec_digest: String,
+    pub spec: crate::ServiceSpec,
+}
+
+/// `POST` [`paths::REVISIONS`]: record `spec` as the Service's newest revision, unless the
+/// newest already has its digest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordRevisionRequest {
+    pub service_id: crate::ServiceId,
+    pub by: String,
+    pub spec_digest: String,
+    pub spec: crate::ServiceSpec,
 }
 
 /// This Machine's WireGuard interface and its peers, as it observes them (`ployz wg show`).

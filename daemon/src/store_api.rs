@@ -121,10 +121,105 @@ async fn delete(
     Ok(Json(serde_json::json!({ "deleted": name })).into_response())
 }
 
+/// The revisions namespace (cluster-scoped): `<service id>.<revision, 8 digits>` to a
+/// [`api::ServiceRevision`] as JSON.
+pub const REVISIONS_NAMESPACE: &str = "revisions";
+
+#[derive(serde::Deserialize)]
+struct ServiceQuery {
+    service: ployz_core::ServiceId,
+}
+
+/// The revisions kept of one Service, oldest first (unreadable records are skipped).
+fn revisions_of(
+    store: &ployz_store::Store,
+    service: &ployz_core::ServiceId,
+) -> Result<Vec<api::ServiceRevision>, ployz_store::StoreError> {
+    let prefix = format!("{service}.");
+    let mut out: Vec<api::ServiceRevision> = store
+        .scan_live(&KeyPrefix::cluster_namespace(REVISIONS_NAMESPACE))?
+        .into_iter()
+        .filter(|r| r.key.name().starts_with(&prefix))
+        .filter_map(|r| serde_json::from_slice(&r.value).ok())
+        .collect();
+    out.sort_by_key(|r: &api::ServiceRevision| r.revision);
+    Ok(out)
+}
+
+async fn list_revisions(
+    State(machine): State<Arc<LocalMachine>>,
+    Query(q): Query<ServiceQuery>,
+) -> Result<Response, Failure> {
+    let store = machine
+        .store()
+        .ok_or_else(|| Failure::from(MachineError::NotInitialised))?;
+    let out = store_blocking(move || revisions_of(&store, &q.service)).await?;
+    Ok(Json(out).into_response())
+}
+
+async fn record_revision(
+    State(machine): State<Arc<LocalMachine>>,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    let request: api::RecordRevisionRequest = serde_json::from_slice(&body)
+        .map_err(|e| invalid(format!("request body is not valid: {e}")))?;
+    if request.by.len() > 256 || request.spec_digest.len() > 128 {
+        return Err(invalid("by or spec_digest is too long".to_owned()));
+    }
+    if request.spec.has_secret_values() {
+        return Err(invalid(
+            "a revision keeps secrets by digest only; strip their values first".to_owned(),
+        ));
+    }
+    let store = machine.writable_store()?;
+    let recorded = store_blocking(move || -> Result<Option<u64>, ployz_store::StoreError> {
+        let kept = revisions_of(&store, &request.service_id)?;
+        if kept
+            .last()
+            .is_some_and(|r| r.spec_digest == request.spec_digest)
+        {
+            return Ok(None);
+        }
+        let revision = kept.last().map_or(1, |r| r.revision + 1);
+        let record = api::ServiceRevision {
+            service_id: request.service_id.clone(),
+            revision,
+            recorded_at: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            by: request.by,
+            spec_digest: request.spec_digest,
+            spec: request.spec,
+        };
+        let key = |n: u64| {
+            Key::cluster(
+                REVISIONS_NAMESPACE,
+                format!("{}.{n:08}", request.service_id),
+            )
+        };
+        store.put(
+            &key(revision),
+            serde_json::to_vec(&record).unwrap_or_default(),
+        )?;
+        // Keep the newest few: older ones are deleted.
+        let excess = (kept.len() + 1).saturating_sub(api::KEPT_REVISIONS);
+        for old in kept.iter().take(excess) {
+            store.delete(&key(old.revision))?;
+        }
+        Ok(Some(revision))
+    })
+    .await?;
+    Ok(Json(serde_json::json!({ "recorded": recorded })).into_response())
+}
+
 /// The store routes over one Machine.
 pub fn router(machine: Arc<LocalMachine>) -> Router {
     Router::new()
         .route(api::paths::STORE_DIGEST, get(digest))
         .route(api::paths::STORE_SCRATCH, get(list).put(put).delete(delete))
+        .route(
+            api::paths::REVISIONS,
+            get(list_revisions).post(record_revision),
+        )
         .with_state(machine)
 }

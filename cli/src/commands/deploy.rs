@@ -951,6 +951,9 @@ async fn deploy_holding(
         ..outcome
     };
     Leases::aim_off(client);
+    if outcome.failed.is_none() {
+        record_revisions(client, intent, &preview.plan, &machines, quiet).await;
+    }
     if flow.json {
         print_json(&DeployReport::new(&preview, Some(&outcome)).bound_by(&plan_id))
             .map_err(Stop::Reported)?;
@@ -1183,6 +1186,60 @@ pub fn confirm(question: &str) -> anyhow::Result<()> {
         Ok(())
     } else {
         bail!("cancelled; nothing was changed")
+    }
+}
+
+/// Keeps, for each Service this Deploy changed, what ran before (the Resolved Service Spec of
+/// its containers, when the store does not have it yet) and what runs now, as revisions in the
+/// store (`ployz history`, `ployz rollback`). A revision that cannot be written is a warning:
+/// the Deploy itself is done.
+async fn record_revisions(
+    client: &mut ApiClient,
+    intent: &DeployIntent,
+    plan: &ployz_core::DeployPlan,
+    machines: &[MachineSnapshot],
+    quiet: bool,
+) {
+    let by = format!(
+        "{}@{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned()),
+        std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "unknown".to_owned())
+    );
+    for service in plan.services.iter().filter(|s| !s.operations.is_empty()) {
+        let before = machines
+            .iter()
+            .flat_map(|m| &m.containers)
+            .filter(|c| c.service_id == service.service_id)
+            .filter(|c| c.state == ployz_core::ContainerState::Running)
+            .find_map(|c| c.spec.clone());
+        let now = intent
+            .services
+            .iter()
+            .find(|s| s.name == service.name)
+            .cloned();
+        for spec in before.into_iter().chain(now) {
+            let mut spec = spec;
+            spec.strip_secret_values();
+            let request = ployz_core::api::RecordRevisionRequest {
+                service_id: service.service_id.clone(),
+                by: by.clone(),
+                spec_digest: ployz_orchestrator::plan::binding::spec_digest(&spec),
+                spec,
+            };
+            let answer: anyhow::Result<serde_json::Value> = client
+                .post(ployz_core::api::paths::REVISIONS, &request)
+                .await;
+            if let Err(e) = answer {
+                if !quiet {
+                    eprintln!(
+                        "warning: service '{}': its revision was not kept ({e:#}); `ployz rollback` will not offer it",
+                        service.name
+                    );
+                }
+            }
+        }
     }
 }
 

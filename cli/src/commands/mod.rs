@@ -10,6 +10,7 @@ pub mod dns;
 pub mod image;
 pub mod machine;
 pub mod machine_status;
+pub mod revision;
 pub mod run;
 pub mod service;
 pub mod store;

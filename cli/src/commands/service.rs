@@ -168,7 +168,10 @@ pub fn services(containers: &[ContainerRuntimeObservation]) -> Vec<ServiceView> 
 }
 
 /// The one Service a selector names.
-fn one_service<'a>(all: &'a [ServiceView], selector: &str) -> anyhow::Result<&'a ServiceView> {
+pub(crate) fn one_service<'a>(
+    all: &'a [ServiceView],
+    selector: &str,
+) -> anyhow::Result<&'a ServiceView> {
     let sel: ServiceSelector = selector.parse().map_err(|e| anyhow!("{e}"))?;
     sel.resolve(all)
         .one()

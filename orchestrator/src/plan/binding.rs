@@ -261,6 +261,14 @@ fn qualified(image: &str) -> String {
     }
 }
 
+/// A Resolved Service Spec's digest as `ployz history` shows it, secrets counted by their
+/// digests only (as a container's label holds them).
+pub fn spec_digest(spec: &ployz_core::ServiceSpec) -> String {
+    let mut spec = spec.clone();
+    spec.strip_secret_values();
+    digest_json(&spec)
+}
+
 fn digest_json(value: &impl serde::Serialize) -> String {
     let json = serde_json::to_vec(value).unwrap_or_default();
     let digest = ring::digest::digest(&ring::digest::SHA256, &json);
