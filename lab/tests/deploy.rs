@@ -455,3 +455,47 @@ fn a_plan_reviewed_with_three_machines_is_refused_once_one_is_stopped() {
         );
     }
 }
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn a_rollback_through_another_machine_returns_all_three_to_the_previous_revision() {
+    let lab = cluster(3);
+    let compose = lab.dir().join("compose.yaml");
+    let file = compose.to_str().expect("utf-8 path").to_owned();
+    for version in [1, 2] {
+        std::fs::write(&compose, web_compose(version)).expect("compose file");
+        ok_fast(&lab, 0, &["deploy", "-y", "-f", &file]);
+    }
+    // The revisions were written through m0; m1 rolls back once it observes both.
+    wait_for(
+        &lab,
+        "m1 observes both revisions",
+        Duration::from_secs(30),
+        || {
+            let out = ployz_fast(&lab, 1, &["history", "web", "--json"]);
+            let kept: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            (kept.as_array()?.len() == 2).then_some(())
+        },
+    );
+    ok_fast(&lab, 1, &["rollback", "web", "-y"]);
+    // Every Machine's web containers run revision 1's spec now.
+    let ps = lab.json(1, &["ps", "--json"]);
+    let running: Vec<&serde_json::Value> = ps["values"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .filter(|c| c["service_name"] == "web" && c["state"] == "running")
+        .collect();
+    assert_eq!(running.len(), 3, "{ps:#}");
+    let machines: std::collections::BTreeSet<&str> = running
+        .iter()
+        .filter_map(|c| c["machine_id"].as_str())
+        .collect();
+    assert_eq!(machines.len(), 3, "one on each Machine: {ps:#}");
+    for c in &running {
+        assert_eq!(
+            c["spec"]["container"]["env"]["VERSION"], "1",
+            "revision 1 everywhere: {c:#}"
+        );
+    }
+}
