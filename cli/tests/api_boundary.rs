@@ -429,7 +429,22 @@ fn half_sent_requests_are_closed_at_the_header_deadline_and_capped() {
     let mut args = QUIET_DAEMON.to_vec();
     args.extend(["--header-timeout", "2"]);
     let daemon = Daemon::start_with(lab.path("slow-data"), lab.path("slow.sock"), 0, &args);
-    let baseline = open_fds(daemon.pid());
+    // The daemon goes on opening what it starts with (listeners, stores, workers) after its
+    // socket answers: the baseline is its count once a request was served and two readings
+    // 200 ms apart agree, not the count of the first moment.
+    let version = lab.ployz(&daemon, &["version", "--json"]);
+    assert!(version.status.success(), "{}", stderr(&version));
+    let settled = Instant::now() + Duration::from_secs(10);
+    let mut baseline = open_fds(daemon.pid());
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = open_fds(daemon.pid());
+        if now == baseline || Instant::now() > settled {
+            baseline = baseline.max(now);
+            break;
+        }
+        baseline = now;
+    }
 
     let opened = Instant::now();
     let held = half_sent(&daemon.socket, 100);
