@@ -820,6 +820,22 @@ fn two_machines() -> (Machine, Machine) {
     (a, b)
 }
 
+/// [`two_machines`] made peers of each other, with a UDP socket on each Management Address,
+/// once a datagram has crossed from A to B.
+fn peered_machines() -> (Machine, Machine, UdpSocket, UdpSocket) {
+    let (a, b) = two_machines();
+    a.set_peers(vec![b.peer_config()]);
+    b.set_peers(vec![a.peer_config()]);
+    let sock_a = a.bind(a.key.management_address().addr().into());
+    let sock_b = b.bind(b.key.management_address().addr().into());
+    assert!(
+        exchange(&sock_a, &sock_b),
+        "A reaches B: {}",
+        diagnose(&[&a, &b])
+    );
+    (a, b, sock_a, sock_b)
+}
+
 /// A stream of `total` pseudo-random bytes (each MiB numbered, so lost, repeated or reordered
 /// data changes the digest) and its digest.
 struct Payload {
@@ -901,17 +917,8 @@ fn transfer(from: &Worker, to: &Worker, to_addr: IpAddr, port: u16, total: u64) 
 #[test]
 #[ignore = "needs root"]
 fn a_gigabyte_crosses_the_userspace_mesh_intact_in_large_batches() {
-    let (a, b) = two_machines();
-    a.set_peers(vec![b.peer_config()]);
-    b.set_peers(vec![a.peer_config()]);
+    let (a, b, _sock_a, _sock_b) = peered_machines();
     let mgmt_b = IpAddr::V6(b.key.management_address().addr());
-    let sock_a = a.bind(a.key.management_address().addr().into());
-    let sock_b = b.bind(mgmt_b);
-    assert!(
-        exchange(&sock_a, &sock_b),
-        "A reaches B: {}",
-        diagnose(&[&a, &b])
-    );
 
     let rate = transfer(&a.worker, &b.worker, mgmt_b, 17_001, 1 << 30);
     eprintln!("1 GiB A -> B through the userspace mesh: {rate:.0} MB/s");
@@ -1168,17 +1175,7 @@ fn the_userspace_device_applies_a_configuration_whole_and_changes_peers_in_place
 #[test]
 #[ignore = "needs root"]
 fn garbage_at_the_wireguard_port_is_dropped_and_the_tunnel_carries_on() {
-    let (a, b) = two_machines();
-    a.set_peers(vec![b.peer_config()]);
-    b.set_peers(vec![a.peer_config()]);
-    let mgmt_b = IpAddr::V6(b.key.management_address().addr());
-    let sock_a = a.bind(a.key.management_address().addr().into());
-    let sock_b = b.bind(mgmt_b);
-    assert!(
-        exchange(&sock_a, &sock_b),
-        "A reaches B: {}",
-        diagnose(&[&a, &b])
-    );
+    let (a, b, sock_a, sock_b) = peered_machines();
     let dropped_before = b
         .worker
         .run(|slot| {
