@@ -459,13 +459,12 @@ pub struct ServiceRevision {
 }
 
 /// `POST` [`paths::REVISIONS`]: record `spec` as the Service's newest revision, unless the
-/// newest already has its digest.
+/// newest already has its digest (the daemon computes it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RecordRevisionRequest {
     pub service_id: crate::ServiceId,
     pub by: String,
-    pub spec_digest: String,
     pub spec: crate::ServiceSpec,
 }
 

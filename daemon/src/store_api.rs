@@ -163,8 +163,8 @@ async fn record_revision(
 ) -> Result<Response, Failure> {
     let request: api::RecordRevisionRequest = serde_json::from_slice(&body)
         .map_err(|e| invalid(format!("request body is not valid: {e}")))?;
-    if request.by.len() > 256 || request.spec_digest.len() > 128 {
-        return Err(invalid("by or spec_digest is too long".to_owned()));
+    if request.by.len() > 256 {
+        return Err(invalid("by has more than 256 bytes".to_owned()));
     }
     if request.spec.has_secret_values() {
         return Err(invalid(
@@ -174,10 +174,8 @@ async fn record_revision(
     let store = machine.writable_store()?;
     let recorded = store_blocking(move || -> Result<Option<u64>, ployz_store::StoreError> {
         let kept = revisions_of(&store, &request.service_id)?;
-        if kept
-            .last()
-            .is_some_and(|r| r.spec_digest == request.spec_digest)
-        {
+        let spec_digest = ployz_orchestrator::plan::binding::spec_digest(&request.spec);
+        if kept.last().is_some_and(|r| r.spec_digest == spec_digest) {
             return Ok(None);
         }
         let revision = kept.last().map_or(1, |r| r.revision + 1);
@@ -188,7 +186,7 @@ async fn record_revision(
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             by: request.by,
-            spec_digest: request.spec_digest,
+            spec_digest,
             spec: request.spec,
         };
         let key = |n: u64| {

@@ -1225,7 +1225,6 @@ async fn record_revisions(
             let request = ployz_core::api::RecordRevisionRequest {
                 service_id: service.service_id.clone(),
                 by: by.clone(),
-                spec_digest: ployz_orchestrator::plan::binding::spec_digest(&spec),
                 spec,
             };
             let answer: anyhow::Result<serde_json::Value> = client

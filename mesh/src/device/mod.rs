@@ -723,7 +723,9 @@ fn send_loop(shared: Arc<Shared>) {
         {
             let mut tunn = lock(&peer.tunn);
             let result = offload::segment(&hdr, packet, &mut scratch, |segment| {
-                let _ = batch.encapsulate(&mut tunn, segment);
+                if batch.encapsulate(&mut tunn, segment).is_err() {
+                    counters.dropped_invalid.fetch_add(1, Ordering::Relaxed);
+                }
             });
             if let Err(err) = result {
                 tracing::debug!(error = %err, "a packet from the interface could not be segmented");

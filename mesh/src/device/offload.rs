@@ -766,10 +766,12 @@ impl Slot {
 ///
 /// Everything else is written on its own with `F_DATA_VALID`, after any pending super-packet
 /// of the same flow, so order within a flow is kept (packets of different flows may overtake
-/// each other). `F_DATA_VALID` and the partial checksum of coalesced writes both mean the
-/// kernel does not verify the TCP checksums the segments arrived with; that is sound because
-/// WireGuard's AEAD has already authenticated every byte, as kernel WireGuard assumes too. A
-/// single pending segment is written unchanged, as a plain packet.
+/// each other). A coalesced write carries a partial checksum (`F_NEEDS_CSUM`), so the kernel
+/// does not verify the TCP checksums its segments arrived with; that is sound because
+/// WireGuard's AEAD has already authenticated every byte, as kernel WireGuard assumes too.
+/// `F_DATA_VALID` on a single packet says the same, but the TUN driver may verify that packet's
+/// checksum anyway; it arrives with a valid one. A single pending segment is written
+/// unchanged, as a plain packet.
 ///
 /// All buffers are allocated in [`new`](Coalescer::new) and reused.
 pub struct Coalescer {
