@@ -1091,6 +1091,7 @@ mod tests {
             created_at: 0,
             spec: Some(spec),
             plan_id: None,
+            lease_token: None,
         }
     }
 

@@ -218,6 +218,7 @@ pub(crate) mod tests {
             created_at: 0,
             spec: Some(ServiceSpec { ports, ..spec }),
             plan_id: None,
+            lease_token: None,
         }
     }
 

@@ -97,6 +97,7 @@ fn observation_record(machine: &MachineId, hosts: &[String]) -> Record {
         created_at: 0,
         spec: Some(spec),
         plan_id: None,
+        lease_token: None,
     };
     Record {
         key: container_key(&o),

@@ -137,6 +137,7 @@ fn publish(store: &Store, host: &str) {
         created_at: 0,
         spec: Some(spec),
         plan_id: None,
+        lease_token: None,
     };
     store
         .put(&container_key(&o), serde_json::to_vec(&o).unwrap())

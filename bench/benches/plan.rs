@@ -27,6 +27,7 @@ fn spec(i: usize) -> ServiceSpec {
         update: UpdateConfig::default(),
         pre_deploy: None,
         depends_on: vec![],
+        revisions: None,
     }
 }
 
@@ -55,6 +56,7 @@ fn machine() -> MachineSnapshot {
         image_ids: Default::default(),
         drains: vec![],
         listeners: vec![],
+        interrupted: vec![],
     }
 }
 
@@ -83,6 +85,7 @@ fn bench(c: &mut Criterion) {
                 created_at: n as i64,
                 spec: Some(s.clone()),
                 plan_id: None,
+                lease_token: None,
             });
         }
     }

@@ -65,8 +65,10 @@ fn table(n: usize) -> RouteTable {
                 update: Default::default(),
                 pre_deploy: None,
                 depends_on: vec![],
+                revisions: None,
             }),
             plan_id: None,
+            lease_token: None,
         })
         .collect();
     RouteTable::build(

@@ -456,3 +456,193 @@ fn a_drain_called_without_a_lease_stands_only_for_the_stop_that_should_follow() 
     let ps = stdout(&cli(&lab, &m, &["ps"]).output().unwrap());
     assert!(!ps.contains("draining"), "{ps}");
 }
+
+/// `web` turns healthy once `/tmp/ready` exists, which it makes itself unless `VER` is `stuck`
+/// (then the test makes it, with `docker exec`); `api` is the Service deployed on its own.
+const GATED: &str = r#"
+services:
+  web:
+    image: IMAGE
+    command:
+      - sh
+      - -c
+      - |
+        mkdir -p /www
+        echo "version $$VER" > /www/index.html
+        if [ "$$VER" != stuck ]; then touch /tmp/ready; fi
+        exec httpd -f -p 8080 -h /www
+    environment:
+      VER: ${VER}
+    healthcheck:
+      test: ["CMD", "test", "-f", "/tmp/ready"]
+      interval: 1s
+      start_period: 5m
+    deploy:
+      update_config:
+        order: start-first
+    x-ports:
+      - web.test.localhost:8080/http
+  api:
+    image: IMAGE
+    command: ["sleep", "3600"]
+    environment:
+      VER: ${VER}
+"#;
+
+/// `web`'s containers from `ployz ps --json`: (name, ID, health).
+fn web_containers(lab: &Lab, m: &DockerMachine) -> Vec<(String, String, String)> {
+    let ps = json(&cli(lab, m, &["ps", "--json"]).output().unwrap())["values"].clone();
+    ps.as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["service_name"] == "web" && c["state"] == "running")
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                c["id"].as_str().unwrap().to_owned(),
+                c["health"].as_str().unwrap_or("none").to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
+fn a_deploy_killed_in_its_health_gate_is_taken_over_and_what_it_left_is_not_trusted() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "lease5");
+    write(&lab, "compose.yaml", GATED);
+    let out = cli(&lab, &m, &["deploy", "-y"])
+        .env("VER", "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let served = || http_get(m.daemon.http_port, "web.test.localhost", "/");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while served() != (200, "version 1\n".to_owned()) {
+        assert!(
+            Instant::now() < deadline,
+            "version 1 not served: {:?}",
+            served()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let v1 = web_containers(&lab, &m);
+    assert_eq!(v1.len(), 1, "{v1:?}");
+
+    // The next version waits in its health gate; its CLI is killed there (CI cancelled).
+    let mut killed = Reaped(
+        cli(&lab, &m, &["deploy", "-y", "web"])
+            .env("VER", "stuck")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let left = loop {
+        let now = web_containers(&lab, &m);
+        if let Some(c) = now.iter().find(|c| c.0 != v1[0].0 && c.2 == "starting") {
+            break c.clone();
+        }
+        assert!(Instant::now() < deadline, "no stuck container: {now:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let (_, holder) = api(&m.daemon.socket, "GET", "/v1/lease", None, &Value::Null);
+    let t1 = holder["token"]
+        .as_u64()
+        .expect("the killed deploy holds the lease");
+    killed.0.kill().unwrap();
+    let _ = killed.0.wait();
+
+    // A Deploy of another Service takes the lease over once it lapses, and refuses: it cannot
+    // finish nor undo what the killed one left of `web`. Nothing changes.
+    let out = cli(&lab, &m, &["deploy", "-y", "--lease-wait", "60", "api"])
+        .env("VER", "2")
+        .output()
+        .unwrap();
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(!out.status.success(), "{text}");
+    for part in [
+        "took over this Machine's lease from",
+        "service 'web' on Machine lease5 was left unfinished by `deploy of web`",
+        &format!("(lease {t1},"),
+        &format!("{} (running (starting), created under lease {t1})", left.0),
+        &format!(
+            "{} (running (healthy), the container it was replacing, still there)",
+            v1[0].0
+        ),
+        "deploy 'web' too",
+    ] {
+        assert!(text.contains(part), "{part}\n{text}");
+    }
+    let mut both = web_containers(&lab, &m);
+    both.sort();
+    let mut want = [v1[0].clone(), left.clone()];
+    want.sort();
+    assert_eq!(
+        both.iter().map(|c| &c.0).collect::<Vec<_>>(),
+        want.iter().map(|c| &c.0).collect::<Vec<_>>()
+    );
+
+    // The killed holder's late operation, replayed with its token, is refused and not applied.
+    let path = format!("/v1/containers/{}", v1[0].1);
+    let (status, answer) = api(&m.daemon.socket, "DELETE", &path, Some(t1), &Value::Null);
+    assert_eq!(status, 409, "{answer}");
+
+    // The same Deploy again (the job re-run): the container left is not trusted, so `web` is
+    // replaced through its gate again, and version 1 serves until a new container is healthy.
+    let rerun = Reaped(
+        cli(&lab, &m, &["deploy", "-y", "web"])
+            .env("VER", "stuck")
+            .stdout(std::fs::File::create(lab.path("rerun.out")).unwrap())
+            .stderr(std::fs::File::create(lab.path("rerun.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let fresh = loop {
+        assert_eq!(
+            served(),
+            (200, "version 1\n".to_owned()),
+            "while the rerun runs"
+        );
+        let now = web_containers(&lab, &m);
+        if let Some(c) = now.iter().find(|c| c.0 != v1[0].0 && c.0 != left.0) {
+            break c.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rerun made no new container: {now:?}\n{}",
+            std::fs::read_to_string(lab.path("rerun.out")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let open = docker(&["exec", &fresh.1, "touch", "/tmp/ready"]);
+    assert!(open.status.success(), "{}", stderr(&open));
+    let (ok, out, err) = finish(&lab, "rerun", rerun);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains(&format!(
+            "{} on lease5 (running (starting)) was left unverified by `deploy of web`",
+            left.0
+        )),
+        "{out}"
+    );
+    let now: Vec<String> = web_containers(&lab, &m).into_iter().map(|c| c.0).collect();
+    assert_eq!(now, std::slice::from_ref(&fresh.0));
+    for _ in 0..5 {
+        assert_eq!(served(), (200, "version stuck\n".to_owned()));
+    }
+    // Its own lease was released: nothing it made counts as left.
+    let out = cli(&lab, &m, &["deploy", "-y", "web"])
+        .env("VER", "stuck")
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).contains("Services are up to date."),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+}

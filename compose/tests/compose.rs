@@ -332,6 +332,16 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["the file is empty"],
         ),
         (
+            "x-revisions out of range",
+            "services:\n  web:\n    image: nginx\n    x-revisions: 0\n".into(),
+            vec!["x-revisions", "keeps 1 to 100 Service Revisions", "leave it out to keep 5"],
+        ),
+        (
+            "x-revisions not a number",
+            "services:\n  web:\n    image: nginx\n    x-revisions: lots\n".into(),
+            vec!["x-revisions", "lots"],
+        ),
+        (
             "x-pre_deploy without command",
             "services:\n  web:\n    image: nginx\n    x-pre_deploy:\n      timeout: 1m\n".into(),
             vec!["x-pre_deploy needs command:"],
@@ -523,6 +533,7 @@ services:
       command: ./migrate up
       environment: [MIGRATE=1]
       timeout: 2m
+    x-revisions: 12
     depends_on:
       db:
         condition: service_healthy
@@ -692,6 +703,7 @@ fn full_web_spec() -> ServiceSpec {
             timeout_ms: 120_000,
         }),
         depends_on: vec!["db".parse().unwrap()],
+        revisions: Some(12),
     }
 }
 
@@ -735,6 +747,7 @@ fn a_full_featured_file_produces_the_exact_spec() {
             update: UpdateConfig::default(),
             pre_deploy: None,
             depends_on: vec![],
+            revisions: None,
         }
     );
     assert_eq!(

@@ -441,6 +441,9 @@ pub struct PutScratchRequest {
 /// How many revisions of each Service the store keeps (`ployz history`).
 pub const KEPT_REVISIONS: usize = 5;
 
+/// The most revisions of one Service a Compose file may ask to keep (`x-revisions`).
+pub const MAX_KEPT_REVISIONS: usize = 100;
+
 /// One Resolved Service Spec that ran, kept in the cluster-scoped store after a Deploy that
 /// changed the Service (`ployz history`, `ployz rollback`): an observation of what ran, never a
 /// plan. Secrets are in it by digest only.
@@ -1034,6 +1037,35 @@ impl std::fmt::Display for LeaseHolder {
             secs / 60 % 60,
             secs % 60,
             self.held_ms / 1000
+        )
+    }
+}
+
+/// A command whose Machine lease ended without its release: it was killed, or its lease lapsed
+/// and it was cut off. The daemon keeps the record (the newest few), so a later command knows
+/// which containers were made by work that never finished (their `ployz.lease-token` label).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InterruptedLease {
+    /// The lease's fencing token.
+    pub token: u64,
+    pub holder: String,
+    pub command: String,
+    /// When it was granted, milliseconds since the Unix epoch.
+    pub since_ms: u64,
+}
+
+impl std::fmt::Display for InterruptedLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = self.since_ms / 1000;
+        write!(
+            f,
+            "`{}` by {} (lease {}, granted {:02}:{:02}:{:02} UTC, never released)",
+            self.command,
+            self.holder,
+            self.token,
+            secs / 3600 % 24,
+            secs / 60 % 60,
+            secs % 60,
         )
     }
 }

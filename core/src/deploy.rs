@@ -104,6 +104,10 @@ pub struct ContainerRuntimeObservation {
     /// The Plan ID of the bound Deploy (`ployz deploy --plan-id`) that ran it, from its label.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan_id: Option<String>,
+    /// The fencing token of the Machine lease the command that created it held, from its label;
+    /// `None` for a container created without a lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_token: Option<u64>,
 }
 
 impl ContainerRuntimeObservation {
@@ -176,6 +180,11 @@ pub struct MachineSnapshot {
     /// container can bind there (empty from a daemon that does not report them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub listeners: Vec<Listener>,
+    /// The commands whose lease on the Machine ended without their release (killed, or cut
+    /// off when their lease lapsed), and no live holder's: what they left is reviewed before
+    /// anything is planned from it (empty from a daemon that does not report them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interrupted: Vec<crate::api::InterruptedLease>,
 }
 
 /// A port the daemon itself listens on.
@@ -395,6 +404,24 @@ pub struct DeployPlan {
     /// Images Machines fetch from other Machines before the operations run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub transfers: Vec<ImageTransfer>,
+    /// Containers an interrupted command left that never proved they serve: this Deploy does
+    /// not count them as up to date, so their Services' containers are replaced through the
+    /// health gates again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_unverified: Vec<LeftUnverified>,
+}
+
+/// A Service Container created under a lease that ended without its release, which is not
+/// Serving: it never passed (or no longer passes) the gate its Deploy was waiting on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftUnverified {
+    pub machine_id: MachineId,
+    pub service_name: ServiceName,
+    pub container: ContainerRef,
+    /// Its state as observed: `running (starting)`, `created`...
+    pub status: String,
+    /// The command that created it.
+    pub lease: crate::api::InterruptedLease,
 }
 
 /// An image a Machine gets before a Deploy's operations run, because a container of it is to run

@@ -32,8 +32,8 @@ pub use deploy::{
     AppliedDrain, Compensation, CompletedOperation, ContainerHealth, ContainerKind, ContainerRef,
     ContainerRuntimeObservation, ContainerState, DeployIntent, DeployOutcome, DeployPlan,
     DeployPreview, DeploySnapshot, DockerVolume, DrainMark, EdgeReport, FailedOperation,
-    ImageTransfer, Listener, ListenerRole, MachineSnapshot, NotIncluded, Operation, ServicePlan,
-    TransferOutcome,
+    ImageTransfer, LeftUnverified, Listener, ListenerRole, MachineSnapshot, NotIncluded, Operation,
+    ServicePlan, TransferOutcome,
 };
 pub use healthcheck::{ConfiguredHealthcheck, Healthcheck};
 pub use id::{ClusterId, ContainerId, IdError, MachineId, ServiceId};

@@ -86,6 +86,10 @@ pub struct ServiceSpec {
     /// `depends_on`: Services deployed before this one (order only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<ServiceName>,
+    /// `x-revisions`: how many Service Revisions are kept for `ployz rollback`; `None` keeps
+    /// [`crate::api::KEPT_REVISIONS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revisions: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -645,6 +649,7 @@ mod tests {
             update: UpdateConfig::default(),
             pre_deploy: None,
             depends_on: vec![],
+            revisions: None,
         };
         let label = serde_json::to_string(&spec).unwrap();
         let back: ServiceSpec = serde_json::from_str(&label).unwrap();
@@ -677,6 +682,7 @@ mod tests {
             update: UpdateConfig::default(),
             pre_deploy: None,
             depends_on: vec![],
+            revisions: None,
         }
     }
 
@@ -799,6 +805,7 @@ mod tests {
             update: UpdateConfig::default(),
             pre_deploy: None,
             depends_on: vec![],
+            revisions: None,
         };
         assert_eq!(spec.volume_names().collect::<Vec<_>>(), ["proj_data"]);
     }

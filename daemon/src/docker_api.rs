@@ -22,12 +22,13 @@ use ployz_core::api::{
 use ployz_core::{
     HostProtocol, Listener, ListenerRole, MachineSnapshot, MembershipObservation, VolumeSpec,
 };
-use ployz_orchestrator::docker::{DockerError, MachineDocker};
+use ployz_orchestrator::docker::{DockerError, MachineDocker, Provenance};
 use serde::Deserialize;
 
 use crate::api::{failure, not_initialised, Failure};
 use crate::config::{DaemonConfig, DnsListen};
 use crate::drain::lift_drain_mark;
+use crate::lease::{LeaseCall, MachineLease};
 use crate::local_machine::LocalMachine;
 
 impl From<DockerError> for Failure {
@@ -150,6 +151,7 @@ impl OwnListeners {
 async fn snapshot(
     State(machine): State<Arc<LocalMachine>>,
     own: Option<Extension<OwnListeners>>,
+    lease: Option<Extension<Arc<MachineLease>>>,
 ) -> Result<Json<MachineSnapshot>, Failure> {
     let d = docker(&machine)?;
     let info = machine.info().expect("initialised when docker exists");
@@ -172,6 +174,10 @@ async fn snapshot(
         image_ids,
         drains: crate::drain::standing_marks(&machine).await?,
         listeners,
+        interrupted: match lease {
+            Some(Extension(lease)) => lease.interrupted().await?,
+            None => Vec::new(),
+        },
     }))
 }
 
@@ -189,6 +195,7 @@ async fn stored_containers(State(machine): State<Arc<LocalMachine>>) -> Result<R
 
 async fn run_container(
     State(machine): State<Arc<LocalMachine>>,
+    call: Option<Extension<LeaseCall>>,
     Json(req): Json<RunContainerRequest>,
 ) -> Result<Response, Failure> {
     let d = docker(&machine)?;
@@ -200,7 +207,10 @@ async fn run_container(
         .run_service_container(
             &req.service_id,
             &req.spec,
-            req.plan_id.as_deref(),
+            Provenance {
+                plan_id: req.plan_id.as_deref(),
+                lease_token: call.and_then(|Extension(c)| c.token),
+            },
             req.registry_auth.as_ref(),
         )
         .await

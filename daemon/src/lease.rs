@@ -18,6 +18,11 @@
 //!   API calls, `ployz volume`); the lease is not granted while such calls run.
 //! - The containers those calls act on are known while they run ([`MachineLease::busy_with`]),
 //!   so the drain sweeper never lifts the mark of a container being drained or stopped.
+//! - Each grant is recorded in the store as open until its holder releases it while alive. A
+//!   lease that ends otherwise (its holder killed, cut off after it lapsed, or the daemon
+//!   restarted under it) stays recorded: an interrupted command. The Deploy Snapshot reports the
+//!   newest [`KEPT_INTERRUPTED`] of them, and containers carry the token they were created
+//!   under (`ployz.lease-token`), so a later Deploy can tell what unfinished work left.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -32,10 +37,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use ployz_core::api::{
-    docker_paths as paths, ErrorCode, LeaseAnswer, LeaseHolder, LeaseRequest, LEASE_TOKEN_HEADER,
+    docker_paths as paths, ErrorCode, InterruptedLease, LeaseAnswer, LeaseHolder, LeaseRequest,
+    LEASE_TOKEN_HEADER,
 };
 use ployz_core::{ContainerId, MachineId};
-use ployz_store::{Key, Store, StoreError};
+use ployz_store::{Key, KeyPrefix, Store, StoreError};
 
 use crate::api::{failure, not_initialised, Failure};
 use crate::local_machine::LocalMachine;
@@ -49,6 +55,55 @@ const LEASES_NAMESPACE: &str = "leases";
 /// The record of the highest fencing token this Machine issued, in decimal.
 fn highest_token_key(machine: &MachineId) -> Key {
     Key::machine(machine, LEASES_NAMESPACE, "highest-token")
+}
+
+/// How many interrupted commands' records a Machine keeps, newest first.
+pub const KEPT_INTERRUPTED: usize = 16;
+
+/// Names of the records of leases granted and not released by a live holder.
+const OPEN_PREFIX: &str = "open-";
+
+/// The record of lease `token` while it is open (JSON of an [`InterruptedLease`]).
+fn open_key(machine: &MachineId, token: u64) -> Key {
+    Key::machine(
+        machine,
+        LEASES_NAMESPACE,
+        format!("{OPEN_PREFIX}{token:020}"),
+    )
+}
+
+/// Every open lease record of this Machine, by token; one that does not decode is skipped.
+fn open_records(store: &Store) -> Result<Vec<InterruptedLease>, StoreError> {
+    let prefix = KeyPrefix::machine_namespace_of(LEASES_NAMESPACE, store.local());
+    let mut out: Vec<InterruptedLease> = store
+        .scan_live(&prefix)?
+        .iter()
+        .filter(|r| r.key.name().starts_with(OPEN_PREFIX))
+        .filter_map(|r| r.live_value().and_then(|v| serde_json::from_slice(v).ok()))
+        .collect();
+    out.sort_by_key(|l| l.token);
+    Ok(out)
+}
+
+/// Records lease `opened` as open, and forgets the oldest interrupted ones beyond
+/// [`KEPT_INTERRUPTED`].
+fn record_open(store: &Store, opened: &InterruptedLease) -> Result<(), StoreError> {
+    store.put(
+        &open_key(store.local(), opened.token),
+        serde_json::to_vec(opened).expect("a lease record serializes"),
+    )?;
+    let earlier: Vec<u64> = open_records(store)?
+        .into_iter()
+        .map(|l| l.token)
+        .filter(|t| *t != opened.token)
+        .collect();
+    for token in earlier
+        .iter()
+        .take(earlier.len().saturating_sub(KEPT_INTERRUPTED))
+    {
+        store.delete(&open_key(store.local(), *token))?;
+    }
+    Ok(())
 }
 
 /// Milliseconds since the Unix epoch.
@@ -230,7 +285,21 @@ impl MachineLease {
             }
             state.highest
         };
-        let token = crate::api::store_blocking(move || next_token(&store, floor)).await?;
+        let (holder_name, command) = (request.holder.clone(), request.command.clone());
+        let token = crate::api::store_blocking(move || {
+            let token = next_token(&store, floor)?;
+            record_open(
+                &store,
+                &InterruptedLease {
+                    token,
+                    holder: holder_name,
+                    command,
+                    since_ms: unix_ms(),
+                },
+            )?;
+            Ok::<_, StoreError>(token)
+        })
+        .await?;
         let mut state = self.lock();
         state.highest = state.highest.max(token);
         // An unleased call may have started while the token was written.
@@ -268,16 +337,30 @@ impl MachineLease {
         }
     }
 
-    /// Releases the lease if `token` holds it (lapsed or not); anything else is a no-op.
-    fn release(&self, token: u64) -> bool {
+    /// Releases the lease if `token` holds it (lapsed or not), answering whether its holder
+    /// was alive; anything else is a no-op (`None`).
+    fn release(&self, token: u64) -> Option<bool> {
         let mut state = self.lock();
-        if state.holder.as_ref().is_some_and(|h| h.token == token) {
-            state.holder = None;
-            drop(state);
-            self.released.notify_one();
-            return true;
+        let alive = state
+            .holder
+            .as_ref()
+            .filter(|h| h.token == token)
+            .map(|h| h.alive(self.ttl))?;
+        state.holder = None;
+        drop(state);
+        self.released.notify_one();
+        Some(alive)
+    }
+
+    /// The commands whose lease ended without a release by a live holder, oldest first: every
+    /// open record but the live holder's.
+    pub async fn interrupted(&self) -> Result<Vec<InterruptedLease>, Failure> {
+        let store = self.machine.store().ok_or_else(not_initialised)?;
+        let mut records = crate::api::store_blocking(move || open_records(&store)).await?;
+        if let Some(live) = self.status() {
+            records.retain(|r| r.token != live.token);
         }
-        false
+        Ok(records)
     }
 
     /// Admits a call that changes the Machine, or says why not.
@@ -506,6 +589,7 @@ pub async fn guard(
         None => (None, UNLEASED.to_owned()),
     };
     request.extensions_mut().insert(LeaseCall { token, set_by });
+    request.extensions_mut().insert(lease.clone());
     let response = next.run(request).await;
     drop(ticket);
     response
@@ -586,8 +670,19 @@ async fn release(
     headers: HeaderMap,
 ) -> Result<Json<serde_json::Value>, Failure> {
     let token = required_token(&headers)?;
-    if lease.release(token) {
-        tracing::info!(token, "Machine lease released");
+    match lease.release(token) {
+        Some(true) => {
+            // Released by a live holder: its work ended, it did not break off.
+            let store = lease.machine.store().ok_or_else(not_initialised)?;
+            let key = open_key(store.local(), token);
+            crate::api::store_blocking(move || store.delete(&key).map(|_| ())).await?;
+            tracing::info!(token, "Machine lease released");
+        }
+        Some(false) => tracing::warn!(
+            token,
+            "Machine lease released after it lapsed; it stays recorded as interrupted"
+        ),
+        None => {}
     }
     Ok(Json(serde_json::json!({})))
 }
@@ -627,6 +722,34 @@ mod tests {
             .unwrap();
         let err = next_token(&store, 0).unwrap_err().to_string();
         assert!(err.contains("no token higher can be issued"), "{err}");
+    }
+
+    #[test]
+    fn open_records_keep_the_newest_interrupted_ones() {
+        let store = Store::temporary(MachineId::generate()).unwrap();
+        let lease = |token| InterruptedLease {
+            token,
+            holder: "ci@runner (pid 1)".into(),
+            command: format!("deploy {token}"),
+            since_ms: token,
+        };
+        for token in 1..=(KEPT_INTERRUPTED as u64 + 5) {
+            record_open(&store, &lease(token)).unwrap();
+        }
+        let kept: Vec<u64> = open_records(&store)
+            .unwrap()
+            .iter()
+            .map(|l| l.token)
+            .collect();
+        // The newest one (open now) and the KEPT_INTERRUPTED before it.
+        let want: Vec<u64> = (5..=KEPT_INTERRUPTED as u64 + 5).collect();
+        assert_eq!(kept, want);
+        assert_eq!(open_records(&store).unwrap()[0], lease(5));
+        // A record that does not decode is skipped, not fatal.
+        store
+            .put(&open_key(store.local(), 99), b"{not json".to_vec())
+            .unwrap();
+        assert_eq!(open_records(&store).unwrap().len(), want.len());
     }
 
     fn change(container: Option<&str>) -> Call {

@@ -172,42 +172,53 @@ async fn record_revision(
         ));
     }
     let store = machine.writable_store()?;
-    let recorded = store_blocking(move || -> Result<Option<u64>, ployz_store::StoreError> {
-        let kept = revisions_of(&store, &request.service_id)?;
-        let spec_digest = ployz_orchestrator::plan::binding::spec_digest(&request.spec);
-        if kept.last().is_some_and(|r| r.spec_digest == spec_digest) {
-            return Ok(None);
-        }
-        let revision = kept.last().map_or(1, |r| r.revision + 1);
-        let record = api::ServiceRevision {
-            service_id: request.service_id.clone(),
-            revision,
-            recorded_at: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            by: request.by,
-            spec_digest,
-            spec: request.spec,
-        };
-        let key = |n: u64| {
-            Key::cluster(
-                REVISIONS_NAMESPACE,
-                format!("{}.{n:08}", request.service_id),
-            )
-        };
-        store.put(
-            &key(revision),
-            serde_json::to_vec(&record).unwrap_or_default(),
-        )?;
-        // Keep the newest few: older ones are deleted.
-        let excess = (kept.len() + 1).saturating_sub(api::KEPT_REVISIONS);
-        for old in kept.iter().take(excess) {
-            store.delete(&key(old.revision))?;
-        }
-        Ok(Some(revision))
-    })
-    .await?;
+    let recorded = store_blocking(move || record_revision_in(&store, request)).await?;
     Ok(Json(serde_json::json!({ "recorded": recorded })).into_response())
+}
+
+/// Records `request` as the Service's next revision unless the newest one has the same spec,
+/// and deletes the oldest beyond what the Service keeps (`x-revisions`, else
+/// [`api::KEPT_REVISIONS`]). Answers the revision recorded.
+fn record_revision_in(
+    store: &ployz_store::Store,
+    request: api::RecordRevisionRequest,
+) -> Result<Option<u64>, ployz_store::StoreError> {
+    let kept = revisions_of(store, &request.service_id)?;
+    let spec_digest = ployz_orchestrator::plan::binding::spec_digest(&request.spec);
+    if kept.last().is_some_and(|r| r.spec_digest == spec_digest) {
+        return Ok(None);
+    }
+    let revision = kept.last().map_or(1, |r| r.revision + 1);
+    let record = api::ServiceRevision {
+        service_id: request.service_id.clone(),
+        revision,
+        recorded_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        by: request.by,
+        spec_digest,
+        spec: request.spec,
+    };
+    let key = |n: u64| {
+        Key::cluster(
+            REVISIONS_NAMESPACE,
+            format!("{}.{n:08}", request.service_id),
+        )
+    };
+    store.put(
+        &key(revision),
+        serde_json::to_vec(&record).unwrap_or_default(),
+    )?;
+    // Keep the newest few (`x-revisions` of the Service as now deployed): older ones are
+    // deleted.
+    let keep = record.spec.revisions.map_or(api::KEPT_REVISIONS, |n| {
+        (n as usize).clamp(1, api::MAX_KEPT_REVISIONS)
+    });
+    let excess = (kept.len() + 1).saturating_sub(keep);
+    for old in kept.iter().take(excess) {
+        store.delete(&key(old.revision))?;
+    }
+    Ok(Some(revision))
 }
 
 /// The store routes over one Machine.
@@ -220,4 +231,71 @@ pub fn router(machine: Arc<LocalMachine>) -> Router {
             get(list_revisions).post(record_revision),
         )
         .with_state(machine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ployz_core::{ContainerSpec, MachineId, ServiceId, ServiceMode, ServiceSpec};
+
+    fn spec(image: &str, revisions: Option<u32>) -> ServiceSpec {
+        ServiceSpec {
+            name: "web".parse().unwrap(),
+            mode: ServiceMode::Replicated,
+            replicas: 1,
+            container: ContainerSpec {
+                image: image.into(),
+                ..Default::default()
+            },
+            ports: vec![],
+            machines: vec![],
+            update: Default::default(),
+            pre_deploy: None,
+            depends_on: vec![],
+            revisions,
+        }
+    }
+
+    #[test]
+    fn a_service_keeps_the_revisions_its_compose_file_asks_for() {
+        let store = ployz_store::Store::temporary(MachineId::generate()).unwrap();
+        let id = ServiceId::generate();
+        let record = |image: &str, keep| {
+            record_revision_in(
+                &store,
+                api::RecordRevisionRequest {
+                    service_id: id.clone(),
+                    by: "ci@runner".into(),
+                    spec: spec(image, keep),
+                },
+            )
+            .unwrap()
+        };
+        let kept = || -> Vec<u64> {
+            revisions_of(&store, &id)
+                .unwrap()
+                .iter()
+                .map(|r| r.revision)
+                .collect()
+        };
+        for n in 1..=7 {
+            assert_eq!(record(&format!("app:{n}"), None), Some(n));
+        }
+        assert_eq!(kept(), [3, 4, 5, 6, 7], "5 by default");
+        // The same spec again is not a new revision.
+        assert_eq!(record("app:7", None), None);
+        // x-revisions: 2 keeps two from the next Deploy on.
+        assert_eq!(record("app:8", Some(2)), Some(8));
+        assert_eq!(kept(), [7, 8]);
+        // And more, once asked: nothing deleted comes back, the newer ones add up.
+        for n in 9..=12 {
+            record(&format!("app:{n}"), Some(10));
+        }
+        assert_eq!(kept(), [7, 8, 9, 10, 11, 12]);
+        // A value past the bound keeps the bound.
+        for n in 13..=130 {
+            record(&format!("app:{n}"), Some(u32::MAX));
+        }
+        assert_eq!(kept().len(), api::MAX_KEPT_REVISIONS);
+    }
 }

@@ -271,6 +271,7 @@ pub(crate) mod tests {
             created_at: 0,
             spec: None,
             plan_id: None,
+            lease_token: None,
         }
     }
 

@@ -72,6 +72,7 @@ fn container(
         created_at: 0,
         spec: None,
         plan_id: None,
+        lease_token: None,
     }
 }
 

@@ -555,8 +555,10 @@ pub(crate) mod tests {
                 update: Default::default(),
                 pre_deploy: None,
                 depends_on: vec![],
+                revisions: None,
             }),
             plan_id: None,
+            lease_token: None,
         }
     }
 

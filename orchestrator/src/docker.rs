@@ -69,6 +69,17 @@ pub mod labels {
     pub const HOOK: &str = "ployz.service.hook";
     /// The Plan ID of the bound Deploy that ran the container (`ployz deploy --plan-id`).
     pub const PLAN_ID: &str = "ployz.plan-id";
+    /// The fencing token of the Machine lease its creator held (see `ContainerRuntimeObservation`).
+    pub const LEASE_TOKEN: &str = "ployz.lease-token";
+}
+
+/// Which command made a Service Container, recorded in its labels.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Provenance<'a> {
+    /// The Plan ID of the bound Deploy that runs it.
+    pub plan_id: Option<&'a str>,
+    /// The fencing token of the lease the creating call carried.
+    pub lease_token: Option<u64>,
 }
 
 /// Why a Docker operation failed, by how the caller reacts.
@@ -703,6 +714,7 @@ impl MachineDocker {
                 .get(labels::SERVICE_SPEC)
                 .and_then(|s| serde_json::from_str(s).ok()),
             plan_id: labels.get(labels::PLAN_ID).cloned(),
+            lease_token: labels.get(labels::LEASE_TOKEN).and_then(|t| t.parse().ok()),
         })
     }
 
@@ -917,15 +929,16 @@ impl MachineDocker {
 
     /// Creates and starts a Service Container carrying `spec` as its Resolved Service Spec
     /// (without secret values: the secrets are copied in as files, and the label holds their
-    /// digests only).
+    /// digests only), and its `provenance`.
     pub async fn run_service_container(
         &self,
         service_id: &ServiceId,
         spec: &ServiceSpec,
-        plan_id: Option<&str>,
+        provenance: Provenance<'_>,
         auth: Option<&ployz_core::api::RegistryAuth>,
     ) -> Result<ContainerRuntimeObservation, DockerError> {
         check_secret_values(spec)?;
+        let plan_id = provenance.plan_id;
         if let Some(id) = plan_id {
             // A label value nothing but a plan id: it is shown back to users.
             if id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.') {
@@ -950,6 +963,11 @@ impl MachineDocker {
             body.labels
                 .get_or_insert_with(HashMap::new)
                 .insert(labels::PLAN_ID.to_owned(), id.to_owned());
+        }
+        if let Some(token) = provenance.lease_token {
+            body.labels
+                .get_or_insert_with(HashMap::new)
+                .insert(labels::LEASE_TOKEN.to_owned(), token.to_string());
         }
         let created_id = self.create_and_start(&name, body, spec).await?;
         self.observe_container(&created_id)
@@ -1846,6 +1864,7 @@ mod tests {
             update: Default::default(),
             pre_deploy: None,
             depends_on: vec![],
+            revisions: None,
         }
     }
 

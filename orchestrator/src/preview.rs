@@ -56,6 +56,21 @@ fn human_ms(ms: u64) -> String {
 }
 
 /// One line for an operation, without the tree prefix.
+/// A container an interrupted command left unverified, and what this Deploy does about it.
+pub fn describe_left_unverified(
+    left: &ployz_core::LeftUnverified,
+    machines: &[MachineSnapshot],
+) -> String {
+    format!(
+        "{} on {} ({}) was left unverified by {}: it is not kept; {} is deployed through its health gates again",
+        left.container.name,
+        machine_name(machines, &left.machine_id),
+        left.status,
+        left.lease,
+        left.service_name
+    )
+}
+
 /// One image transfer, as the preview and the progress lines show it.
 pub fn describe_transfer(t: &ployz_core::ImageTransfer, machines: &[MachineSnapshot]) -> String {
     match &t.from {
@@ -181,6 +196,12 @@ pub fn render(preview: &DeployPreview, machines: &[MachineSnapshot]) -> String {
         out.push_str("Services are up to date.\n");
         not_included_lines(&mut out, preview);
         return out;
+    }
+    for left in &preview.plan.left_unverified {
+        let _ = writeln!(out, "{}", describe_left_unverified(left, machines));
+    }
+    if !preview.plan.left_unverified.is_empty() {
+        out.push('\n');
     }
     for t in &preview.plan.transfers {
         let _ = writeln!(out, "{}", describe_transfer(t, machines));

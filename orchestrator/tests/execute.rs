@@ -28,6 +28,7 @@ fn spec(name: &str) -> ServiceSpec {
         update: UpdateConfig::default(),
         pre_deploy: None,
         depends_on: vec![],
+        revisions: None,
     }
 }
 
@@ -142,6 +143,7 @@ fn plan_of(operations: Vec<Operation>) -> DeployPlan {
             operations,
         }],
         transfers: Vec::new(),
+        left_unverified: Vec::new(),
     }
 }
 

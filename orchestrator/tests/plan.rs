@@ -36,6 +36,7 @@ fn machine(name: &str) -> MachineSnapshot {
         image_ids: Default::default(),
         drains: vec![],
         listeners: vec![],
+        interrupted: vec![],
     }
 }
 
@@ -53,6 +54,7 @@ fn spec(name: &str) -> ServiceSpec {
         update: UpdateConfig::default(),
         pre_deploy: None,
         depends_on: vec![],
+        revisions: None,
     }
 }
 
@@ -91,6 +93,7 @@ fn add(
         created_at: n as i64,
         spec: Some(spec.clone()),
         plan_id: None,
+        lease_token: None,
     });
     name
 }
@@ -1397,5 +1400,164 @@ mod binding {
             let err = bad.parse::<PlanId>().unwrap_err();
             assert!(err.contains("ployz deploy --dry-run"), "{bad}: {err}");
         }
+    }
+}
+
+/// What interrupted commands left: their containers carry the lease token the snapshot reports
+/// as never released.
+mod interrupted {
+    use super::*;
+    use ployz_core::api::InterruptedLease;
+    use ployz_core::ContainerHealth;
+    use ployz_orchestrator::plan::binding::{Part, PlanBinding};
+
+    fn killed(token: u64) -> InterruptedLease {
+        InterruptedLease {
+            token,
+            holder: "ci@runner (pid 4411)".into(),
+            command: "deploy of web".into(),
+            since_ms: 1_700_000_000_000,
+        }
+    }
+
+    /// `web` v1 running; the killed command made a v2 container under lease 7 that is still
+    /// waiting for its health check. Answers the machine and both names.
+    fn half_done_replacement(
+        health: ContainerHealth,
+    ) -> (MachineSnapshot, ServiceSpec, String, String) {
+        let mut m = machine("m1");
+        let id = ServiceId::generate();
+        let v1 = spec("web");
+        let old = add(&mut m, &id, &v1, ContainerState::Running);
+        let mut v2 = spec("web");
+        v2.container.image = "app:2".into();
+        let new = add(&mut m, &id, &v2, ContainerState::Running);
+        let left = m.containers.last_mut().unwrap();
+        left.lease_token = Some(7);
+        left.health = Some(health);
+        m.interrupted = vec![killed(7)];
+        (m, v2, old, new)
+    }
+
+    #[test]
+    fn an_unverified_container_left_is_not_kept_and_the_service_goes_through_its_gates_again() {
+        let (m, v2, old, new) = half_done_replacement(ContainerHealth::Starting);
+        let p = plan(
+            &DeployIntent::all(vec![v2], vec![]),
+            std::slice::from_ref(&m),
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        // Without the review, the v2 container would count as up to date and v1 be removed
+        // while nothing that serves replaced it.
+        assert_eq!(
+            ops_of(&p),
+            [
+                format!("replace {old} start-first"),
+                format!("remove {new}")
+            ]
+        );
+        assert_eq!(p.left_unverified.len(), 1);
+        assert_eq!(p.left_unverified[0].container.name, new);
+        assert_eq!(p.left_unverified[0].lease.token, 7);
+        let shown = preview::render(
+            &DeployPreview {
+                plan: p,
+                warnings: vec![],
+                not_included: vec![],
+            },
+            &[m],
+        );
+        assert!(
+            shown.contains(&format!("{new} on m1 (running (starting)) was left unverified by `deploy of web` by ci@runner (pid 4411) (lease 7,")),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn a_container_left_that_serves_is_kept_and_the_replacement_is_finished() {
+        let (m, v2, old, _) = half_done_replacement(ContainerHealth::Healthy);
+        let p = plan(
+            &DeployIntent::all(vec![v2], vec![]),
+            &[m],
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(ops_of(&p), [format!("remove {old}")]);
+        assert!(p.left_unverified.is_empty());
+    }
+
+    #[test]
+    fn a_token_no_interrupted_command_holds_changes_nothing() {
+        let (mut m, v2, old, _) = half_done_replacement(ContainerHealth::Starting);
+        m.interrupted.clear();
+        let p = plan(
+            &DeployIntent::all(vec![v2], vec![]),
+            &[m],
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(ops_of(&p), [format!("remove {old}")]);
+    }
+
+    #[test]
+    fn unfinished_work_on_a_service_this_deploy_does_not_apply_is_refused_with_the_evidence() {
+        let (m, v2, old, new) = half_done_replacement(ContainerHealth::Starting);
+        let other = spec("api");
+        let intent = DeployIntent {
+            services: vec![v2, other.clone()],
+            attempts: vec![other.name.clone()],
+            volumes: vec![],
+        };
+        let err = plan(&intent, std::slice::from_ref(&m), &PlanOptions::default()).unwrap_err();
+        let e = err.iter().next().unwrap();
+        assert!(matches!(e, PlanError::LeftUnfinished { .. }), "{e}");
+        assert_eq!(e.service(), Some("web"));
+        let text = e.to_string();
+        for part in [
+            "service 'web' on Machine m1 was left unfinished by `deploy of web` by ci@runner (pid 4411) (lease 7,",
+            &format!("{new} (running (starting), created under lease 7)"),
+            &format!("{old} (running, the container it was replacing, still there)"),
+            "deploy 'web' too",
+        ] {
+            assert!(text.contains(part), "{part}\n{text}");
+        }
+
+        // Verified, but the container it replaced still runs beside it: still unfinished.
+        let (m, v2, old, _) = half_done_replacement(ContainerHealth::Healthy);
+        let intent = DeployIntent {
+            services: vec![v2.clone(), other.clone()],
+            attempts: vec![other.name.clone()],
+            volumes: vec![],
+        };
+        let err = plan(&intent, std::slice::from_ref(&m), &PlanOptions::default()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("{old} (running, the container it was replacing")),
+            "{err}"
+        );
+
+        // Finished: the replaced container is gone and the one left serves.
+        let mut done = m.clone();
+        done.containers.retain(|c| c.name != old);
+        let p = plan(&intent, &[done], &PlanOptions::default()).unwrap();
+        assert_eq!(ops_of(&p), ["run"]);
+
+        // A Machine observed down is left alone, its leftovers too.
+        let mut down = m;
+        down.machine.membership = MembershipObservation::Down;
+        let err = plan(&intent, &[down, machine("m2")], &PlanOptions::default());
+        assert!(err.is_ok(), "{err:?}");
+    }
+
+    #[test]
+    fn a_left_container_starting_to_serve_moves_the_plan_id() {
+        let (m, v2, _, _) = half_done_replacement(ContainerHealth::Starting);
+        let intent = DeployIntent::all(vec![v2], vec![]);
+        let reviewed = PlanBinding::of(&intent, std::slice::from_ref(&m), &[], &[]).id();
+        let mut now = m;
+        now.containers.last_mut().unwrap().health = Some(ContainerHealth::Healthy);
+        let moved = reviewed.moved(&PlanBinding::of(&intent, &[now], &[], &[]).id());
+        assert_eq!(moved, [Part::Containers]);
     }
 }

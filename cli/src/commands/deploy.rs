@@ -1274,6 +1274,7 @@ mod tests {
             update: Default::default(),
             pre_deploy: None,
             depends_on: vec![],
+            revisions: None,
         }
     }
 
@@ -1299,6 +1300,7 @@ mod tests {
                 operations: vec![run_op()],
             }],
             transfers: Vec::new(),
+            left_unverified: Vec::new(),
         }
     }
 

@@ -152,6 +152,7 @@ pub fn spec_from(args: &RunArgs) -> anyhow::Result<ServiceSpec> {
         update: UpdateConfig::default(),
         pre_deploy: None,
         depends_on: vec![],
+        revisions: None,
     })
 }
 

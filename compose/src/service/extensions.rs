@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use ployz_core::{MachineTarget, PreDeployHook};
 
 use super::keys::nested_keys;
-use super::shapes::{boolean, command, duration, expect_map, kv_entries, string_list, text};
+use super::shapes::{
+    boolean, command, duration, expect_map, kv_entries, string_list, text, u32_of,
+};
 use super::{Node, ServiceCtx};
 
 /// The default `x-pre_deploy.timeout`: 5 minutes.
@@ -38,6 +40,24 @@ pub(super) fn x_machines(ctx: &mut ServiceCtx<'_>, n: &Node) -> Vec<MachineTarge
     out.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     out.dedup();
     out
+}
+
+/// The most Service Revisions `x-revisions` may keep.
+pub const MAX_REVISIONS: u32 = ployz_core::api::MAX_KEPT_REVISIONS as u32;
+
+/// `x-revisions:`: how many Service Revisions are kept, 1 to [`MAX_REVISIONS`].
+pub(super) fn x_revisions(ctx: &mut ServiceCtx<'_>, n: &Node) -> Option<u32> {
+    let kept = ctx.get("x-revisions", n, u32_of)?;
+    if !(1..=MAX_REVISIONS).contains(&kept) {
+        ctx.err(
+            "x-revisions",
+            Some(kept.to_string()),
+            format!("x-revisions keeps 1 to {MAX_REVISIONS} Service Revisions"),
+            Some("set a number from 1 to 100, or leave it out to keep 5"),
+        );
+        return None;
+    }
+    Some(kept)
 }
 
 /// `x-caddy:` is refused: Ployz's edge routes by hostname from `x-ports`.

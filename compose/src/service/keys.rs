@@ -214,6 +214,7 @@ pub const KEY_RULES: &[KeyRule] = &[
     svc("x-machines", Kept, "the Machines the Service may run on"),
     svc("x-ports", Translated, "Ingress Hostnames through the edge (http/https) and host ports"),
     svc("x-pre_deploy", Kept, "a command run before the Deploy changes the Service"),
+    svc("x-revisions", Kept, "how many Service Revisions are kept for ployz rollback (5 by default)"),
     // ---- nested keys, by parent (the Compose specification's, then Ployz's own) ----
     under("deploy", "endpoint_mode", Warned, "is not supported and is ignored"),
     under("deploy", "labels", Warned, "is not supported and is ignored"),

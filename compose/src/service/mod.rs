@@ -179,6 +179,7 @@ struct Parts<'n> {
     deploy: deploy::DeployParts,
     machines: Vec<MachineTarget>,
     pre_deploy: Option<PreDeployHook>,
+    revisions: Option<u32>,
     configs: Vec<ConfigUse>,
     secrets: Vec<ConfigUse>,
 }
@@ -233,6 +234,7 @@ fn read_key<'n>(ctx: &mut ServiceCtx<'_>, p: &mut Parts<'n>, k: &str, value: &'n
         "secrets" => p.secrets = secrets::service_secrets(ctx, value),
         "x-machines" => p.machines = extensions::x_machines(ctx, value),
         "x-pre_deploy" => p.pre_deploy = extensions::x_pre_deploy(ctx, value),
+        "x-revisions" => p.revisions = extensions::x_revisions(ctx, value),
         "x-caddy" => extensions::x_caddy(ctx),
         // Read by the project, which knows every service.
         "depends_on" | "profiles" => {}
@@ -271,6 +273,7 @@ fn finish(ctx: &mut ServiceCtx<'_>, p: Parts<'_>, errors_before: usize) -> Optio
             update: p.deploy.update,
             pre_deploy: p.pre_deploy,
             depends_on: Vec::new(),
+            revisions: p.revisions,
         },
         volume_keys: p.volume_keys,
         configs: p.configs,

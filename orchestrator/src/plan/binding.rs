@@ -164,8 +164,15 @@ impl PlanBinding {
                     continue;
                 }
                 let drained = m.drains.iter().any(|d| d.container_id == c.id);
+                // Left by an interrupted command, it is kept only once it serves.
+                let left = c
+                    .lease_token
+                    .filter(|t| m.interrupted.iter().any(|l| l.token == *t))
+                    .map_or(String::new(), |t| {
+                        format!(" left by lease {t} serving {}", c.is_serving())
+                    });
                 facts[1].push(format!(
-                    "{id} container {} {} of {} {} spec {}{}",
+                    "{id} container {} {} of {} {} spec {}{}{left}",
                     c.name,
                     c.id,
                     c.service_name,

@@ -127,13 +127,20 @@ pub(super) struct Freshness<'a> {
     recreate: bool,
     /// The containers with a drain mark standing.
     draining: BTreeSet<&'a ContainerId>,
+    /// Containers an interrupted command left that never proved they serve.
+    distrusted: BTreeSet<ContainerId>,
 }
 
 impl<'a> Freshness<'a> {
     /// The judge for a Deploy over `machines` with `opts`.
-    pub(super) fn new(machines: &'a [MachineSnapshot], opts: &PlanOptions) -> Freshness<'a> {
+    pub(super) fn new(
+        machines: &'a [MachineSnapshot],
+        opts: &PlanOptions,
+        distrusted: BTreeSet<ContainerId>,
+    ) -> Freshness<'a> {
         Freshness {
             recreate: opts.recreate,
+            distrusted,
             draining: machines
                 .iter()
                 .flat_map(|m| m.drains.iter().map(|d| &d.container_id))
@@ -141,9 +148,9 @@ impl<'a> Freshness<'a> {
         }
     }
 
-    /// Whether `c` needs no replacement for `spec`: it runs, carries no drain mark, was created
-    /// with the same container configuration, and neither `--recreate` nor `pull_policy: always`
-    /// forces a new one.
+    /// Whether `c` needs no replacement for `spec`: it runs, carries no drain mark, is not an
+    /// unverified container an interrupted command left, was created with the same container
+    /// configuration, and neither `--recreate` nor `pull_policy: always` forces a new one.
     pub(super) fn is_up_to_date(
         &self,
         c: &ContainerRuntimeObservation,
@@ -151,6 +158,7 @@ impl<'a> Freshness<'a> {
     ) -> bool {
         c.is_running()
             && !self.draining.contains(&c.id)
+            && !self.distrusted.contains(&c.id)
             && !self.recreate
             && spec.container.pull_policy != PullPolicy::Always
             && c.spec
@@ -162,7 +170,7 @@ impl<'a> Freshness<'a> {
 /// Whether two specs would create the same container: name, mode, container configuration,
 /// ports and placement. Replicas, dependencies, hooks and update settings shape the Deploy, not
 /// the container, so changing them replaces nothing.
-fn same_container_config(a: &ServiceSpec, b: &ServiceSpec) -> bool {
+pub(super) fn same_container_config(a: &ServiceSpec, b: &ServiceSpec) -> bool {
     a.name == b.name
         && a.mode == b.mode
         && a.container == b.container

@@ -35,6 +35,7 @@
 pub mod binding;
 mod host_ports;
 mod identity;
+mod interrupted;
 mod operations;
 mod placement;
 mod update_order;
@@ -146,6 +147,13 @@ pub enum PlanError {
         address: String,
         fix: String,
     },
+    #[error("service '{name}' on Machine {machine} was left unfinished by {by}: {evidence}; this Deploy does not apply '{name}', so it can neither finish nor undo that: deploy '{name}' too (`ployz deploy {name}` with the Compose file that defines it), or remove it (`ployz rm {name}`)")]
+    LeftUnfinished {
+        name: String,
+        machine: String,
+        by: String,
+        evidence: String,
+    },
     #[error("service '{name}': external volume '{volume}' does not exist on any Machine; create it with `ployz volume create {volume}`")]
     ExternalVolumeMissing { name: String, volume: String },
 }
@@ -165,6 +173,7 @@ impl PlanError {
             | PlanError::HostPortClash { name, .. }
             | PlanError::HostPortTaken { name, .. }
             | PlanError::HostPortHeldByDaemon { name, .. }
+            | PlanError::LeftUnfinished { name, .. }
             | PlanError::ExternalVolumeMissing { name, .. } => Some(name),
         }
     }
@@ -259,8 +268,10 @@ pub fn plan(
     opts: &PlanOptions,
 ) -> Result<DeployPlan, PlanErrors> {
     let mut errors = unknown_attempts(intent);
+    let review = interrupted::review(intent, machines);
+    errors.extend(review.errors);
     let mut rng = StdRng::seed_from_u64(opts.seed);
-    let freshness = Freshness::new(machines, opts);
+    let freshness = Freshness::new(machines, opts, review.distrusted);
     let mut volumes = VolumeLedger::observed(machines);
     let mut host_ports = HostPortLedger::observed(intent, machines);
     let mut services = Vec::new();
@@ -290,6 +301,7 @@ pub fn plan(
         volume_operations: volumes.into_operations(),
         services,
         transfers,
+        left_unverified: review.left_unverified,
     })
 }
 
@@ -552,6 +564,12 @@ mod tests {
             PlanError::ExternalVolumeMissing {
                 name: name(),
                 volume: "data".into(),
+            },
+            PlanError::LeftUnfinished {
+                name: name(),
+                machine: "m1".into(),
+                by: "`deploy of web` by ci@runner (pid 7) (lease 3, granted 12:00:00 UTC, never released)".into(),
+                evidence: "web-ab12 (running (starting), created under lease 3)".into(),
             },
         ];
         for e in all {

@@ -268,6 +268,7 @@ impl FakeTarget {
             created_at: i64::from(n),
             spec: Some(spec.clone()),
             plan_id: None,
+            lease_token: None,
         }
     }
 
