@@ -28,6 +28,7 @@ fn spec(i: usize) -> ServiceSpec {
         pre_deploy: None,
         depends_on: vec![],
         revisions: None,
+        routes: vec![],
     }
 }
 

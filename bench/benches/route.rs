@@ -1,5 +1,5 @@
 //! The edge's hot-path host match: 10,000 Ingress Hostnames, mixed-case Host headers with a
-//! port; and what every request adds to the metrics. Also counts heap allocations per match
+//! port; a path among 10,000 `x-routes` prefixes of one hostname; and what every request adds to the metrics. Also counts heap allocations per match
 //! and per metrics observation (both must be zero).
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use ployz_core::{
     ContainerKind, ContainerRuntimeObservation, ContainerSpec, ContainerState, IngressProtocol,
-    MachineId, PortSpec, ServiceId, ServiceMode, ServiceSpec,
+    MachineId, PathMatch, PortSpec, RouteSpec, ServiceId, ServiceMode, ServiceSpec,
 };
 use ployz_edge::metrics::EdgeMetrics;
 use ployz_edge::RouteTable;
@@ -29,7 +29,9 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn table(n: usize) -> RouteTable {
+/// `n` Services, each with its own hostname; `paths`: instead, all on one hostname, each at
+/// its own `x-routes` prefix `/team-<i % 97>/svc-<i>` (and one serving the whole host).
+fn table(n: usize, paths: bool) -> RouteTable {
     let machine = MachineId::generate();
     let observations: Vec<ContainerRuntimeObservation> = (0..n)
         .map(|i| ContainerRuntimeObservation {
@@ -56,7 +58,11 @@ fn table(n: usize) -> RouteTable {
                 replicas: 1,
                 container: ContainerSpec::default(),
                 ports: vec![PortSpec::Ingress {
-                    hostname: Some(format!("app-{i}.customer-{}.example.com", i % 97)),
+                    hostname: Some(if paths {
+                        "shop.example.com".to_owned()
+                    } else {
+                        format!("app-{i}.customer-{}.example.com", i % 97)
+                    }),
                     published: None,
                     container_port: 8080,
                     protocol: IngressProtocol::Https,
@@ -66,6 +72,15 @@ fn table(n: usize) -> RouteTable {
                 pre_deploy: None,
                 depends_on: vec![],
                 revisions: None,
+                routes: if paths && i > 0 {
+                    vec![RouteSpec {
+                        hostname: "shop.example.com".into(),
+                        path: PathMatch::Prefix(format!("/team-{}/svc-{i}", i % 97)),
+                        strip_prefix: true,
+                    }]
+                } else {
+                    vec![]
+                },
             }),
             plan_id: None,
             lease_token: None,
@@ -81,7 +96,7 @@ fn table(n: usize) -> RouteTable {
 }
 
 fn bench(c: &mut Criterion) {
-    let t = table(10_000);
+    let t = table(10_000, false);
     assert_eq!(t.len(), 10_000);
     let host = b"App-7321.Customer-46.Example.COM:443";
     assert!(t.match_host(host).is_some());
@@ -108,6 +123,43 @@ fn bench(c: &mut Criterion) {
     let route = t.match_host(host).unwrap().clone();
     c.bench_function("route/pick_round_robin", |b| {
         b.iter(|| black_box(route.pick(black_box(0), &[])))
+    });
+
+    // Paths: 10,000 Services on one hostname, each at its own prefix.
+    let t = table(10_000, true);
+    assert_eq!(t.routes().count(), 10_000);
+    let deep = b"/team-46/svc-7321/orders/2026/12?page=2";
+    let routed = |target: &[u8]| {
+        t.match_request(b"shop.example.com", target)
+            .map(|r| r.service.to_string())
+    };
+    assert_eq!(routed(deep).as_deref(), Some("svc-7321"));
+    assert_eq!(routed(b"/team-46/svc-7321").as_deref(), Some("svc-7321"));
+    assert_eq!(routed(b"/team-46/nothing/here").as_deref(), Some("svc-0"));
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..1000 {
+        black_box(t.match_request(black_box(b"shop.example.com"), black_box(deep)));
+        black_box(t.match_request(
+            black_box(b"Shop.Example.com:443"),
+            black_box(b"/team-1/none/a/b/c/d"),
+        ));
+    }
+    let per_match = (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / 2000.0;
+    assert_eq!(per_match, 0.0, "match_request allocated");
+    println!("route/path match allocations per match: {per_match}");
+    c.bench_function("route/path_prefix_hit_10k_routes", |b| {
+        b.iter(|| black_box(t.match_request(black_box(b"shop.example.com"), black_box(deep))))
+    });
+    c.bench_function("route/path_fallback_to_host_10k_routes", |b| {
+        b.iter(|| {
+            black_box(t.match_request(
+                black_box(b"shop.example.com"),
+                black_box(b"/team-1/none/a/b/c/d"),
+            ))
+        })
+    });
+    c.bench_function("route/path_root_10k_routes", |b| {
+        b.iter(|| black_box(t.match_request(black_box(b"shop.example.com"), black_box(b"/"))))
     });
 
     let metrics = EdgeMetrics::default();

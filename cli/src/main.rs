@@ -139,6 +139,8 @@ enum Command {
     /// The WireGuard mesh as the Machine reached observes it.
     #[command(subcommand)]
     Wg(commands::wg::WgCommand),
+    /// The routes a Machine's edge serves now: hostname, path, Service and upstreams.
+    Routes(commands::routes::RoutesArgs),
     /// Manage contexts: named ways to reach a Cluster.
     #[command(subcommand, visible_alias = "context")]
     Ctx(commands::ctx::CtxCommand),
@@ -205,6 +207,7 @@ fn main() -> ExitCode {
         Command::Machine(cmd) => client_runtime(commands::machine::run(&cli.global, cmd)),
         Command::Store(cmd) => client_runtime(commands::store::run(&cli.global, cmd)),
         Command::Wg(cmd) => client_runtime(commands::wg::run(&cli.global, cmd)),
+        Command::Routes(args) => client_runtime(commands::routes::run(&cli.global, args)),
         Command::Version(args) => client_runtime(commands::version::run(&cli.global, args)),
         Command::Deploy(args) => client_runtime(commands::deploy::run(&cli.global, args)),
         Command::Run(args) => client_runtime(commands::run::run(&cli.global, args)),

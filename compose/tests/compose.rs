@@ -6,8 +6,8 @@ use std::path::Path;
 use ployz_compose::{load, parse_port, ComposeErrors, ComposeInput, ComposeWarning, LoadedProject};
 use ployz_core::{
     ConfigFile, ConfiguredHealthcheck, ContainerSpec, Healthcheck, HostProtocol, IngressProtocol,
-    Logging, Mount, PortSpec, PreDeployHook, PullPolicy, Resources, ServiceMode, ServiceSpec,
-    Ulimit, UpdateConfig, UpdateOrder, VolumeSpec,
+    Logging, Mount, PathMatch, PortSpec, PreDeployHook, PullPolicy, Resources, RouteSpec,
+    ServiceMode, ServiceSpec, Ulimit, UpdateConfig, UpdateOrder, VolumeSpec,
 };
 
 /// Writes `files` (name, content) into a fresh directory.
@@ -65,6 +65,50 @@ fn warning<'a>(p: &'a LoadedProject, key: &str) -> &'a ComposeWarning {
 // ---- broken files -------------------------------------------------------------------------
 
 const LONG_LABEL: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"; // 64
+
+#[test]
+fn services_share_a_hostname_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("compose.yaml"),
+        "services:\n  web:\n    image: nginx\n    x-ports: [app.example.com:80]\n  api:\n    image: api\n    x-ports: [app.example.com:8080/http]\n    x-routes: [{path: /api, strip_prefix: true}, {exact: /api/health}]\n",
+    )
+    .unwrap();
+    let project = load(&ComposeInput {
+        files: vec![dir.path().join("compose.yaml")],
+        profiles: vec![],
+        env: Default::default(),
+    })
+    .unwrap();
+    let api = project
+        .services
+        .iter()
+        .find(|s| s.name.as_str() == "api")
+        .unwrap();
+    let served: Vec<String> = api
+        .served_paths()
+        .iter()
+        .map(|p| {
+            format!(
+                "{}{} {} strip={}",
+                p.hostname, p.path, p.container_port, p.strip_prefix
+            )
+        })
+        .collect();
+    assert_eq!(
+        served,
+        [
+            "app.example.com/api/* 8080 strip=true",
+            "app.example.com= /api/health 8080 strip=false"
+        ]
+    );
+    let web = project
+        .services
+        .iter()
+        .find(|s| s.name.as_str() == "web")
+        .unwrap();
+    assert_eq!(web.served_paths()[0].path, PathMatch::root());
+}
 
 #[test]
 fn broken_files_fail_with_errors_that_name_the_problem() {
@@ -232,6 +276,11 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["Ingress Hostname 'app.example.com' is claimed by services 'api' and 'web'"],
         ),
         (
+            "two services route one path of a hostname",
+            "services:\n  web:\n    image: nginx\n    x-ports: [\"app.example.com:80\"]\n    x-routes: [{path: /api/}]\n  api:\n    image: api\n    x-ports: [\"APP.example.com:8080/http\"]\n    x-routes: [{path: /api}]\n".into(),
+            vec!["x-routes 'app.example.com/api'", "the path /api/* of 'app.example.com' is routed by services 'api' and 'web'", "another path in x-routes"],
+        ),
+        (
             "x-caddy",
             "services:\n  web:\n    image: nginx\n    x-caddy: |\n      example.com {\n        reverse_proxy {{upstreams 80}}\n      }\n".into(),
             vec!["x-caddy is not supported", "x-ports", "app.example.com:8080/https"],
@@ -330,6 +379,41 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             "empty file",
             "".into(),
             vec!["the file is empty"],
+        ),
+        (
+            "x-routes path that is a pattern",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - path: ^/api.*\n".into(),
+            vec!["x-routes[0].path", "^/api.*", "plain text, not patterns", "write a path such as /api"],
+        ),
+        (
+            "x-routes path with a dot segment",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - path: /a/../b\n".into(),
+            vec!["x-routes[0].path", "no . or .. segment"],
+        ),
+        (
+            "x-routes hostname not published",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - hostname: b.example.com\n        path: /api\n".into(),
+            vec!["x-routes[0].hostname", "b.example.com", "does not publish in x-ports", "a.example.com"],
+        ),
+        (
+            "x-routes without a hostname among several",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http, b.example.com:80/http]\n    x-routes:\n      - path: /api\n".into(),
+            vec!["x-routes[0]", "publishes 2 hostnames", "hostname:"],
+        ),
+        (
+            "x-routes strip_prefix on an exact path",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - exact: /healthz\n        strip_prefix: true\n".into(),
+            vec!["x-routes[0].strip_prefix", "needs a path prefix other than /", "= /healthz"],
+        ),
+        (
+            "x-routes entry with neither path nor exact",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - strip_prefix: true\n".into(),
+            vec!["x-routes[0]", "needs path:"],
+        ),
+        (
+            "x-routes the same path twice",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - path: /api\n      - path: /api/\n".into(),
+            vec!["x-routes[1]", "same path of one hostname", "a.example.com/api/*"],
         ),
         (
             "x-revisions out of range",
@@ -498,6 +582,12 @@ services:
       - 9090/http
       - Shop.Example.com:8080/https
       - 8443:443/tcp@host
+    x-routes:
+      - path: /api/
+        strip_prefix: true
+      - exact: /healthz
+      - hostname: Shop.Example.com
+        path: /
     volumes:
       - data:/var/lib/shop
       - /etc/ssl/certs:/etc/ssl/certs:ro
@@ -704,6 +794,23 @@ fn full_web_spec() -> ServiceSpec {
         }),
         depends_on: vec!["db".parse().unwrap()],
         revisions: Some(12),
+        routes: vec![
+            RouteSpec {
+                hostname: "shop.example.com".into(),
+                path: PathMatch::Prefix("/".into()),
+                strip_prefix: false,
+            },
+            RouteSpec {
+                hostname: "shop.example.com".into(),
+                path: PathMatch::Prefix("/api".into()),
+                strip_prefix: true,
+            },
+            RouteSpec {
+                hostname: "shop.example.com".into(),
+                path: PathMatch::Exact("/healthz".into()),
+                strip_prefix: false,
+            },
+        ],
     }
 }
 
@@ -748,6 +855,7 @@ fn a_full_featured_file_produces_the_exact_spec() {
             pre_deploy: None,
             depends_on: vec![],
             revisions: None,
+            routes: vec![],
         }
     );
     assert_eq!(

@@ -247,6 +247,7 @@ const PLOYZ_NESTED_KEYS: &[(&str, &[&str])] = &[
     ),
     ("secrets.*", &["content"]),
     ("deploy.resources.limits", &["devices"]),
+    ("x-routes[]", &["exact", "hostname", "path", "strip_prefix"]),
 ];
 
 /// Nested keys that change nothing the loader gives, and why that is not a key vanishing:
@@ -374,6 +375,7 @@ fn service_landings() -> Vec<(&'static str, &'static str, Lands)> {
         ("x-machines", "web", Set("machines")),
         ("x-pre_deploy", "web", Set("pre_deploy")),
         ("x-ports", "api", Set("ports")),
+        ("x-routes", "api", Set("routes")),
         (
             "extends",
             "api",

@@ -68,6 +68,8 @@ pub mod paths {
     /// `GET ?name=NAME&type=A`: what this Machine's internal DNS would answer, a
     /// [`super::LookupAnswer`].
     pub const DNS_LOOKUP: &str = "/v1/dns/lookup";
+    /// `GET`: the routes this Machine's edge serves now ([`super::EdgeRoutes`]).
+    pub const ROUTES: &str = "/v1/routes";
     /// `GET`: [`crate::CertificateStatus`]es, one per hostname (the newest of any issuer's).
     pub const CERTIFICATE_STATUS: &str = "/v1/certificates/status";
 }
@@ -1068,6 +1070,46 @@ impl std::fmt::Display for InterruptedLease {
             secs % 60,
         )
     }
+}
+
+/// The routes one Machine's edge serves now (`ployz routes`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EdgeRoutes {
+    /// The generation of the route table.
+    pub generation: u64,
+    /// By hostname, then path.
+    pub routes: Vec<EdgeRouteView>,
+}
+
+/// One route of an edge: which paths of a hostname, the Service, and its upstreams.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EdgeRouteView {
+    pub hostname: String,
+    pub path: crate::PathMatch,
+    /// The Service by name.
+    pub service: String,
+    /// The prefix is cut from the path before it goes upstream (`strip_prefix`).
+    pub strips: bool,
+    /// Plain HTTP is redirected to HTTPS.
+    pub https: bool,
+    /// Serving Containers, in the order the edge prefers them.
+    pub upstreams: Vec<EdgeUpstreamView>,
+}
+
+/// One upstream of a route, as the edge sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EdgeUpstreamView {
+    /// The Container Address and port.
+    pub address: String,
+    pub container_id: crate::ContainerId,
+    /// On this Machine.
+    pub local: bool,
+    /// On a Machine this Machine observes down: tried only when no other is left.
+    pub on_down_machine: bool,
+    /// A connection to it failed lately: skipped for a few seconds.
+    pub failing: bool,
+    /// Requests this edge has in flight to it.
+    pub in_flight: usize,
 }
 
 /// The answer to a [`LeaseRequest`].

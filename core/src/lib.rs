@@ -49,8 +49,8 @@ pub use selector::{
     ServiceSelector,
 };
 pub use spec::{
-    ConfigFile, ContainerSpec, HostProtocol, IngressProtocol, Logging, Mount, PortSpec,
-    PreDeployHook, PullPolicy, Resources, ServiceMode, ServiceSpec, Ulimit, UpdateConfig,
-    UpdateOrder, VolumeSpec,
+    ConfigFile, ContainerSpec, HostProtocol, IngressProtocol, Logging, Mount, PathMatch, PortSpec,
+    PreDeployHook, PullPolicy, Resources, RouteSpec, ServedPath, ServiceMode, ServiceSpec, Ulimit,
+    UpdateConfig, UpdateOrder, VolumeSpec,
 };
 pub use spec::{SecretFile, SecretValue};

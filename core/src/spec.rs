@@ -90,6 +90,72 @@ pub struct ServiceSpec {
     /// [`crate::api::KEPT_REVISIONS`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revisions: Option<u32>,
+    /// `x-routes`: the paths of its Ingress Hostnames the Service serves; a hostname without
+    /// one is served whole. Sorted, unique.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<RouteSpec>,
+}
+
+/// One `x-routes` entry: requests for `hostname` whose path matches `path` reach the Service.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RouteSpec {
+    /// An Ingress Hostname the Service publishes in `x-ports`, lowercase.
+    pub hostname: String,
+    pub path: PathMatch,
+    /// The container gets the path without the prefix (`/api/users` as `/users`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub strip_prefix: bool,
+}
+
+/// Which request paths a route takes: the query is never part of the match.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PathMatch {
+    /// The path and everything under it, on a segment boundary: `/api` takes `/api`, `/api/`
+    /// and `/api/v1`, not `/apis`. Written without a trailing `/`, except the root `/`.
+    Prefix(String),
+    /// That path alone.
+    Exact(String),
+}
+
+impl PathMatch {
+    /// The whole hostname.
+    pub fn root() -> PathMatch {
+        PathMatch::Prefix("/".to_owned())
+    }
+
+    /// Whether it takes every path of its hostname.
+    pub fn is_root(&self) -> bool {
+        matches!(self, PathMatch::Prefix(p) if p == "/")
+    }
+
+    /// The path it is written with.
+    pub fn path(&self) -> &str {
+        match self {
+            PathMatch::Prefix(p) | PathMatch::Exact(p) => p,
+        }
+    }
+}
+
+impl std::fmt::Display for PathMatch {
+    /// `/api/*` for a prefix (`/*` for the root), `= /healthz` for an exact path.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PathMatch::Prefix(p) if p == "/" => f.write_str("/*"),
+            PathMatch::Prefix(p) => write!(f, "{p}/*"),
+            PathMatch::Exact(p) => write!(f, "= {p}"),
+        }
+    }
+}
+
+/// One path of an Ingress Hostname a Service serves, and where in its containers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServedPath<'a> {
+    pub hostname: &'a str,
+    pub path: PathMatch,
+    pub strip_prefix: bool,
+    pub container_port: u16,
+    pub protocol: IngressProtocol,
 }
 
 fn one() -> u32 {
@@ -536,6 +602,42 @@ impl std::fmt::Display for PortSpec {
 }
 
 impl ServiceSpec {
+    /// Every path this Service serves through the edge: per Ingress Hostname of `x-ports`,
+    /// its `x-routes` entries, or the whole hostname when it has none.
+    pub fn served_paths(&self) -> Vec<ServedPath<'_>> {
+        let mut out = Vec::new();
+        for port in &self.ports {
+            let PortSpec::Ingress {
+                hostname: Some(hostname),
+                container_port,
+                protocol,
+                ..
+            } = port
+            else {
+                continue;
+            };
+            let served = |path: PathMatch, strip_prefix: bool| ServedPath {
+                hostname,
+                path,
+                strip_prefix,
+                container_port: *container_port,
+                protocol: *protocol,
+            };
+            let mut routed = self
+                .routes
+                .iter()
+                .filter(|r| &r.hostname == hostname)
+                .peekable();
+            if routed.peek().is_none() {
+                out.push(served(PathMatch::root(), false));
+            }
+            for r in routed {
+                out.push(served(r.path.clone(), r.strip_prefix));
+            }
+        }
+        out
+    }
+
     /// The fixed host ports this Service binds on its Machine, as (port, protocol). Ports
     /// Docker picks (`host_port: None`) are left out: they never hold a port another needs.
     pub fn host_ports(&self) -> impl Iterator<Item = (u16, HostProtocol)> + '_ {
@@ -650,6 +752,7 @@ mod tests {
             pre_deploy: None,
             depends_on: vec![],
             revisions: None,
+            routes: vec![],
         };
         let label = serde_json::to_string(&spec).unwrap();
         let back: ServiceSpec = serde_json::from_str(&label).unwrap();
@@ -683,6 +786,7 @@ mod tests {
             pre_deploy: None,
             depends_on: vec![],
             revisions: None,
+            routes: vec![],
         }
     }
 
@@ -806,6 +910,7 @@ mod tests {
             pre_deploy: None,
             depends_on: vec![],
             revisions: None,
+            routes: vec![],
         };
         assert_eq!(spec.volume_names().collect::<Vec<_>>(), ["proj_data"]);
     }

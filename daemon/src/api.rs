@@ -368,6 +368,11 @@ async fn dns_lookup(
     Ok(Json(answer).into_response())
 }
 
+/// The routes this Machine's edge serves now.
+async fn edge_routes(State(routes): State<ployz_edge::RouteController>) -> Response {
+    Json(routes.view()).into_response()
+}
+
 /// The API's routes over one Machine.
 pub fn router(
     machine: Arc<LocalMachine>,
@@ -388,6 +393,11 @@ pub fn router(
         .merge(crate::docker_api::router(machine.clone()))
         .merge(crate::images_api::router(machine.clone(), mesh.clone()))
         .merge(crate::cert_api::router(machine.clone()))
+        .merge(
+            Router::new()
+                .route(api::paths::ROUTES, get(edge_routes))
+                .with_state(routes.clone()),
+        )
         .merge(crate::drain::drain_router(machine, routes, mesh))
         .merge(
             Router::new()

@@ -213,7 +213,7 @@ async fn drain(
         crate::api::store_blocking(move || ployz_store::observations::stored_observations(&store))
             .await?
     };
-    let keep_served = ployz_edge::hostnames_served_by_others(&container, &observations);
+    let keep_served = ployz_edge::paths_served_by_others(&container, &observations);
     let drained = s
         .routes
         .drain(

@@ -253,6 +253,7 @@ mod tests {
             pre_deploy: None,
             depends_on: vec![],
             revisions,
+            routes: vec![],
         }
     }
 

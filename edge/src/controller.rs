@@ -17,9 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
+use ployz_core::api::{EdgeRouteView, EdgeRoutes, EdgeUpstreamView};
 use ployz_core::{
     AppliedDrain, ContainerId, ContainerRuntimeObservation, DrainMark, EdgeReport, MachineId,
-    PortSpec,
+    PathMatch,
 };
 use ployz_store::drains::{stored_marks, DRAINING_NAMESPACE};
 use ployz_store::edge_reports::put_report;
@@ -73,6 +74,18 @@ pub struct RouteController {
     nudge: Arc<Notify>,
     /// The report last written, and the drained containers watched for their last request.
     reported: Arc<Mutex<Reported>>,
+    /// Where the edge's milliseconds (failure marks) are counted from.
+    epoch: Epoch,
+}
+
+/// A monotonic origin, set when the controller is made.
+#[derive(Clone, Copy)]
+struct Epoch(std::time::Instant);
+
+impl Default for Epoch {
+    fn default() -> Epoch {
+        Epoch(std::time::Instant::now())
+    }
 }
 
 /// What the edge last reported.
@@ -98,6 +111,46 @@ impl RouteController {
     /// The published table, for the hot path: one atomic load.
     pub fn table(&self) -> &Arc<ArcSwap<RouteTable>> {
         &self.table
+    }
+
+    /// Milliseconds since the controller was made: the clock of upstream failure marks
+    /// ([`crate::Route::mark_failed`]).
+    pub fn now_ms(&self) -> u64 {
+        self.epoch.0.elapsed().as_millis() as u64
+    }
+
+    /// The routes as this edge serves them now (`ployz routes`), sorted by hostname and path.
+    pub fn view(&self) -> EdgeRoutes {
+        let table = self.table.load();
+        let now = self.now_ms();
+        let mut routes: Vec<EdgeRouteView> = table
+            .routes()
+            .map(|r| EdgeRouteView {
+                hostname: r.hostname.to_string(),
+                path: r.path.clone(),
+                service: r.service.to_string(),
+                strips: r.strip > 0,
+                https: r.https,
+                upstreams: r
+                    .upstreams
+                    .iter()
+                    .enumerate()
+                    .map(|(i, u)| EdgeUpstreamView {
+                        address: u.addr.to_string(),
+                        container_id: u.container_id.clone(),
+                        local: u.local,
+                        on_down_machine: u.on_down_machine,
+                        failing: r.marked_failed(i, now),
+                        in_flight: u.in_flight.get(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        routes.sort_by(|a, b| (&a.hostname, &a.path).cmp(&(&b.hostname, &b.path)));
+        EdgeRoutes {
+            generation: table.generation(),
+            routes,
+        }
     }
 
     /// Requests this edge has in flight to `container`.
@@ -243,7 +296,7 @@ impl RouteController {
     /// The edge's side of draining `container` (already marked draining in the store):
     ///
     /// 1. waits until the published table no longer routes to it while every hostname in
-    ///    `keep_served` still has an upstream, or until `publish_by`;
+    ///    route (hostname and path) in `keep_served` still has an upstream, or until `publish_by`;
     /// 2. then waits until this edge has no request in flight to it, or until `deadline`.
     ///
     /// Both waits are woken by what they wait for (a publish, the last request in flight
@@ -251,7 +304,7 @@ impl RouteController {
     pub async fn drain(
         &self,
         container: &ContainerId,
-        keep_served: &[String],
+        keep_served: &[(String, PathMatch)],
         publish_by: Instant,
         deadline: Instant,
     ) -> Drained {
@@ -259,7 +312,9 @@ impl RouteController {
             // Registered before the table is looked at: a publish after the look wakes it.
             let published = self.published.notified();
             let table = self.table.load();
-            if !table.routes_to(container) && keep_served.iter().all(|h| table.has_upstream(h)) {
+            if !table.routes_to(container)
+                && keep_served.iter().all(|(h, p)| table.has_upstream(h, p))
+            {
                 break true;
             }
             if tokio::time::timeout_at(publish_by, published)
@@ -278,35 +333,31 @@ impl RouteController {
     }
 }
 
-/// The Ingress Hostnames of `container` (lowercase) that another Serving Container among
-/// `observations` also serves: a drain of `container` keeps them routed
+/// The routes of `container` (hostname, lowercase, and path) that another Serving Container
+/// among `observations` also serves: a drain of `container` keeps them routed
 /// ([`RouteController::drain`]'s `keep_served`).
-pub fn hostnames_served_by_others(
+pub fn paths_served_by_others(
     container: &ContainerRuntimeObservation,
     observations: &[ContainerRuntimeObservation],
-) -> Vec<String> {
-    let serves = |o: &ContainerRuntimeObservation, host: &str| {
+) -> Vec<(String, PathMatch)> {
+    let Some(spec) = &container.spec else {
+        return Vec::new();
+    };
+    let serves = |o: &ContainerRuntimeObservation, host: &str, path: &PathMatch| {
         o.spec.as_ref().is_some_and(|spec| {
-            spec.ports.iter().any(|p| {
-                matches!(p, PortSpec::Ingress { hostname: Some(x), .. } if x.eq_ignore_ascii_case(host))
-            })
+            spec.served_paths()
+                .iter()
+                .any(|s| s.hostname.eq_ignore_ascii_case(host) && &s.path == path)
         })
     };
-    container
-        .spec
-        .iter()
-        .flat_map(|spec| spec.ports.iter())
-        .filter_map(|p| match p {
-            PortSpec::Ingress {
-                hostname: Some(h), ..
-            } => Some(h.to_ascii_lowercase()),
-            _ => None,
-        })
-        .filter(|h| {
+    spec.served_paths()
+        .into_iter()
+        .filter(|s| {
             observations
                 .iter()
-                .any(|o| o.id != container.id && o.is_serving() && serves(o, h))
+                .any(|o| o.id != container.id && o.is_serving() && serves(o, s.hostname, &s.path))
         })
+        .map(|s| (s.hostname.to_ascii_lowercase(), s.path))
         .collect()
 }
 
@@ -440,7 +491,12 @@ mod tests {
             let (routes, id) = (routes.clone(), a.id.clone());
             async move {
                 routes
-                    .drain(&id, &["app.test".to_owned()], start + FAR, start + FAR)
+                    .drain(
+                        &id,
+                        &[("app.test".to_owned(), PathMatch::root())],
+                        start + FAR,
+                        start + FAR,
+                    )
                     .await
             }
         });
@@ -471,7 +527,12 @@ mod tests {
             let (routes, id) = (routes.clone(), a.id.clone());
             async move {
                 routes
-                    .drain(&id, &["app.test".to_owned()], start + FAR, start + FAR)
+                    .drain(
+                        &id,
+                        &[("app.test".to_owned(), PathMatch::root())],
+                        start + FAR,
+                        start + FAR,
+                    )
                     .await
             }
         });
@@ -502,7 +563,7 @@ mod tests {
         let drained = routes
             .drain(
                 &a.id,
-                &["app.test".to_owned()],
+                &[("app.test".to_owned(), PathMatch::root())],
                 start + FAR,
                 start + Duration::from_millis(20),
             )
@@ -531,7 +592,7 @@ mod tests {
         let drained = routes
             .drain(
                 &a.id,
-                &["app.test".to_owned()],
+                &[("app.test".to_owned(), PathMatch::root())],
                 start + Duration::from_millis(20),
                 start + FAR,
             )
@@ -553,9 +614,12 @@ mod tests {
         let c = obs(&m, 4, "only-c.test");
         let mut stopped = obs(&m, 5, "only-c.test");
         stopped.state = ContainerState::Exited;
-        let all = [a.clone(), b.clone(), c.clone(), stopped];
-        assert_eq!(hostnames_served_by_others(&a, &all), ["app.test"]);
-        assert!(hostnames_served_by_others(&c, &all).is_empty());
-        assert!(hostnames_served_by_others(&a, std::slice::from_ref(&a)).is_empty());
+        let all = [a.clone(), b, c.clone(), stopped];
+        assert_eq!(
+            paths_served_by_others(&a, &all),
+            [("app.test".to_owned(), PathMatch::root())]
+        );
+        assert!(paths_served_by_others(&c, &all).is_empty());
+        assert!(paths_served_by_others(&a, std::slice::from_ref(&a)).is_empty());
     }
 }

@@ -92,6 +92,10 @@ pub(crate) struct Plan {
     pub chunked: bool,
     /// The most body bytes a chunked body may carry (the edge's `max_body_bytes`).
     pub body_limit: Option<u64>,
+    /// Bytes of the path its route strips before it goes upstream ([`Route::strip`]).
+    ///
+    /// [`Route::strip`]: crate::route_table::Route::strip
+    pub strip: usize,
 }
 
 impl Plan {
@@ -254,6 +258,7 @@ pub(crate) fn plan(
         head_len: buf.len(),
         chunked,
         body_limit: limits.max_body_bytes,
+        strip: 0,
     })
 }
 
@@ -290,7 +295,7 @@ pub(crate) fn write_upstream_head(
 ) {
     out.extend_from_slice(&buf[plan.method.clone()]);
     out.push(b' ');
-    out.extend_from_slice(&buf[plan.target.clone()]);
+    crate::route_table::write_target(out, &buf[plan.target.clone()], plan.strip);
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for h in req.headers.iter() {
         if dropped_request_field(h.name)
@@ -899,9 +904,10 @@ impl FastPath {
             Ok(httparse::Status::Complete(n)) if n == head_len => {}
             _ => return None,
         }
-        let plan = plan(buf, &req, self.edge.limits())?;
+        let mut plan = plan(buf, &req, self.edge.limits())?;
         let table = self.edge.routes().table().load();
-        let route = table.match_host(&buf[plan.host.clone()])?;
+        let route = table.match_request(&buf[plan.host.clone()], &buf[plan.target.clone()])?;
+        plan.strip = route.strip;
         if route.upstreams.is_empty()
             || (route.https && !conn.tls && self.edge.https_port().is_some())
         {
@@ -1021,10 +1027,11 @@ impl FastPath {
         close: bool,
     ) -> Result<(u16, bool), (u16, String)> {
         loop {
-            let Some(addr) = self
-                .edge
-                .choose_upstream(&conn.buf[plan.host.clone()], attempts)
-            else {
+            let Some(addr) = self.edge.choose_upstream(
+                &conn.buf[plan.host.clone()],
+                &conn.buf[plan.target.clone()],
+                attempts,
+            ) else {
                 let status = answer(
                     &mut conn.stream,
                     503,

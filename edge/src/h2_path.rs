@@ -56,14 +56,14 @@ pub(crate) struct H2Plan {
 
 /// Decides whether a request of an HTTP/2 stream takes this path (`None`: Pingora's proxy
 /// serves it), and writes its upstream head into `out`. `end_of_stream`: the request has no
-/// body (its HEADERS frame ended the stream). The route itself is checked by the caller, with
-/// the host at `H2Plan::host` in `out`.
+/// body (its HEADERS frame ended the stream). `route` answers, for the host and target, the
+/// bytes of path its route strips, or `None` when no route with an upstream takes it.
 pub(crate) fn plan_h2(
     req: &http::request::Parts,
     end_of_stream: bool,
     limits: &crate::EdgeLimits,
-    client: Option<&str>,
-    proto: &str,
+    (client, proto): (Option<&str>, &str),
+    route: impl FnOnce(&[u8], &[u8]) -> Option<usize>,
     out: &mut Vec<u8>,
 ) -> Option<H2Plan> {
     if req.method == Method::CONNECT {
@@ -117,9 +117,10 @@ pub(crate) fn plan_h2(
     {
         return None;
     }
+    let strip = route(host, target)?;
     out.extend_from_slice(req.method.as_str().as_bytes());
     out.push(b' ');
-    out.extend_from_slice(target);
+    crate::route_table::write_target(out, target, strip);
     out.extend_from_slice(b" HTTP/1.1\r\nHost: ");
     let host_at = out.len()..out.len() + host.len();
     out.extend_from_slice(host);
@@ -233,20 +234,20 @@ impl FastPath {
         tls: bool,
     ) -> Option<(H2Plan, Buffers)> {
         let mut buffers = Buffers::take();
-        let plan = plan_h2(
+        let table = self.edge.routes().table().load();
+        let routed = plan_h2(
             session.req_header(),
             session.is_body_empty(),
             self.edge.limits(),
-            client,
-            if tls { "https" } else { "http" },
+            (client, if tls { "https" } else { "http" }),
+            |host, target| {
+                table
+                    .match_request(host, target)
+                    .filter(|route| !route.upstreams.is_empty())
+                    .map(|route| route.strip)
+            },
             &mut buffers.out,
         );
-        let routed = plan.filter(|plan| {
-            let table = self.edge.routes().table().load();
-            table
-                .match_host(&buffers.out[plan.host.clone()])
-                .is_some_and(|route| !route.upstreams.is_empty())
-        });
         match routed {
             Some(plan) => Some((plan, buffers)),
             None => {
@@ -311,8 +312,12 @@ impl FastPath {
         attempts: &mut Attempts,
     ) -> Result<u16, (u16, String)> {
         let host = &request[plan.host.clone()];
+        // The target as the client sent it (the upstream head has it stripped); a clone of a
+        // `Uri` shares its bytes.
+        let uri = session.req_header().uri.clone();
+        let target = uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes();
         loop {
-            let Some(addr) = self.edge.choose_upstream(host, attempts) else {
+            let Some(addr) = self.edge.choose_upstream(host, target, attempts) else {
                 let why = "no Serving Container for this host";
                 let status = answer(session, 503, "no Serving Container for this host\n").await;
                 return Err((status, why.into()));
@@ -658,7 +663,14 @@ mod tests {
     /// The plan and the upstream head of a request without a body.
     fn planned(req: &http::request::Parts, limits: &crate::EdgeLimits) -> Option<(H2Plan, String)> {
         let mut out = Vec::new();
-        let plan = plan_h2(req, true, limits, Some("192.0.2.7"), "https", &mut out)?;
+        let plan = plan_h2(
+            req,
+            true,
+            limits,
+            (Some("192.0.2.7"), "https"),
+            |_, _| Some(0),
+            &mut out,
+        )?;
         Some((plan, String::from_utf8(out).unwrap()))
     }
 
@@ -703,7 +715,15 @@ mod tests {
     fn a_body_goes_with_its_length_as_plain_decimal() {
         let req = parts("POST", "https://h.test/", &[("content-length", "007")]);
         let mut out = Vec::new();
-        let plan = plan_h2(&req, false, &limits(), None, "https", &mut out).unwrap();
+        let plan = plan_h2(
+            &req,
+            false,
+            &limits(),
+            (None, "https"),
+            |_, _| Some(0),
+            &mut out,
+        )
+        .unwrap();
         let head = String::from_utf8(out).unwrap();
         assert!(head.contains("\r\ncontent-length: 7\r\n"), "{head}");
         assert_eq!(plan.content_length, 7);
@@ -786,7 +806,15 @@ mod tests {
         for (req, end_of_stream) in cases {
             let mut out = Vec::new();
             assert!(
-                plan_h2(&req, end_of_stream, &l, None, "https", &mut out).is_none(),
+                plan_h2(
+                    &req,
+                    end_of_stream,
+                    &l,
+                    (None, "https"),
+                    |_, _| Some(0),
+                    &mut out
+                )
+                .is_none(),
                 "{req:?}"
             );
         }
@@ -795,7 +823,15 @@ mod tests {
             ..limits()
         };
         let req = parts("POST", "https://h.test/", &[("content-length", "5")]);
-        assert!(plan_h2(&req, false, &limited, None, "https", &mut Vec::new()).is_none());
+        assert!(plan_h2(
+            &req,
+            false,
+            &limited,
+            (None, "https"),
+            |_, _| Some(0),
+            &mut Vec::new()
+        )
+        .is_none());
     }
 
     fn head_for(raw: &[u8], head_request: bool) -> Result<ResponseHeader, &'static str> {

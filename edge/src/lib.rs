@@ -37,7 +37,7 @@ pub mod tls;
 pub use certificates::CertificateResolver;
 pub use challenges::ChallengeResponder;
 pub use connection::EdgeApp;
-pub use controller::{hostnames_served_by_others, Drained, RouteController};
+pub use controller::{paths_served_by_others, Drained, RouteController};
 pub use metrics::EdgeMetrics;
 pub use proxy::{EdgeLimits, EdgeProxy, EdgeState, DEFAULT_CONNECT_TIMEOUT};
 pub use route_table::{valid_host, InFlight, Route, RouteTable, Upstream};

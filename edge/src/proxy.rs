@@ -160,8 +160,6 @@ pub struct EdgeProxy {
     metrics: Arc<crate::EdgeMetrics>,
     /// The HTTPS listener's port, for redirects (omitted from the URL when 443).
     https_port: Option<u16>,
-    /// Milliseconds are measured from here (cheap, monotonic).
-    epoch: Instant,
     /// Pending HTTP-01 challenges, answered on the plain-HTTP listener for any Host.
     challenges: crate::ChallengeResponder,
 }
@@ -239,7 +237,6 @@ impl EdgeProxy {
             state,
             metrics,
             https_port,
-            epoch: Instant::now(),
             challenges: crate::ChallengeResponder::default(),
         }
     }
@@ -251,7 +248,7 @@ impl EdgeProxy {
     }
 
     fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+        self.routes.now_ms()
     }
 
     /// The route table, loaded once.
@@ -277,11 +274,12 @@ impl EdgeProxy {
     pub(crate) fn choose_upstream(
         &self,
         host: &[u8],
+        target: &[u8],
         attempts: &mut Attempts,
     ) -> Option<std::net::SocketAddr> {
         let mut table = self.routes.table().load_full();
         for round in 0..3 {
-            let route = table.match_host(host)?.clone();
+            let route = table.match_request(host, target)?.clone();
             if !attempts
                 .route
                 .as_ref()
@@ -711,8 +709,16 @@ impl ProxyHttp for EdgeProxy {
             return Ok(true);
         }
         let table = self.routes.table().load();
-        match table.match_host(host_of(session.req_header())) {
-            Some(route) if route.https && !is_tls(session) && self.https_port.is_some() => {
+        let target = session
+            .req_header()
+            .uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str());
+        let found = table
+            .match_hostname(host_of(session.req_header()))
+            .map(|h| h.route_for(target.as_bytes()));
+        match found {
+            Some(Some(route)) if route.https && !is_tls(session) && self.https_port.is_some() => {
                 // Hostnames served over HTTPS redirect plain HTTP there (the ACME challenge
                 // path excepted, so validation over HTTP keeps working).
                 if path.starts_with("/.well-known/acme-challenge/") {
@@ -735,9 +741,19 @@ impl ProxyHttp for EdgeProxy {
                 session.write_response_header(Box::new(resp), true).await?;
                 Ok(true)
             }
-            Some(route) => {
+            Some(Some(route)) => {
                 ctx.attempts.route = Some(route.clone());
                 Ok(false)
+            }
+            Some(None) => {
+                respond(
+                    session,
+                    404,
+                    "text/plain",
+                    "no Service routes this path of this host\n".into(),
+                )
+                .await?;
+                Ok(true)
             }
             None => {
                 respond(
@@ -780,8 +796,10 @@ impl ProxyHttp for EdgeProxy {
     ) -> Result<Box<HttpPeer>> {
         // The retry after a dead kept connection keeps the upstream (and its in-flight count).
         let again = ctx.again.take();
+        let req = session.req_header();
+        let target = req.uri.path_and_query().map_or("/", |pq| pq.as_str());
         match again
-            .or_else(|| self.choose_upstream(host_of(session.req_header()), &mut ctx.attempts))
+            .or_else(|| self.choose_upstream(host_of(req), target.as_bytes(), &mut ctx.attempts))
         {
             Some(addr) => {
                 let mut peer = HttpPeer::new(addr, false, String::new());
@@ -836,7 +854,7 @@ impl ProxyHttp for EdgeProxy {
         &self,
         session: &mut Session,
         upstream_request: &mut RequestHeader,
-        _ctx: &mut EdgeCtx,
+        ctx: &mut EdgeCtx,
     ) -> Result<()> {
         let client = session
             .client_addr()
@@ -872,6 +890,19 @@ impl ProxyHttp for EdgeProxy {
             let authority = authority.to_vec();
             upstream_request.set_raw_path(&origin)?;
             upstream_request.insert_header("host", authority)?;
+        }
+        // A `strip_prefix` route's container gets the path without the prefix.
+        if let Some(strip) = ctx
+            .attempts
+            .route
+            .as_ref()
+            .map(|r| r.strip)
+            .filter(|s| *s > 0)
+        {
+            let target = upstream_request.raw_path().to_vec();
+            let mut stripped = Vec::with_capacity(target.len());
+            crate::route_table::write_target(&mut stripped, &target, strip);
+            upstream_request.set_raw_path(&stripped)?;
         }
         // `Content-Length` as plain decimal (leading zeros gone); more than one was refused.
         if let Some(n) = upstream_request

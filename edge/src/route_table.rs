@@ -1,7 +1,10 @@
-//! The route table: Ingress Hostname -> Serving Containers, immutable once built.
+//! The route table: Ingress Hostname and path -> Serving Containers, immutable once built.
 //!
 //! Matching is pure: no Pingora types, no allocation, no await. Hosts are compared
-//! ASCII-case-insensitively after dropping a `:port` suffix and a trailing dot.
+//! ASCII-case-insensitively after dropping a `:port` suffix and a trailing dot. Within a
+//! hostname, an exact path (`x-routes` `exact:`) wins, then the longest prefix on a segment
+//! boundary (`path:`), then the whole hostname; each is one hash lookup, so matching costs
+//! the same among ten routes or ten thousand.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -9,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ployz_core::{
-    ContainerId, ContainerKind, ContainerRuntimeObservation, IngressProtocol, MachineId, PortSpec,
+    ContainerId, ContainerKind, ContainerRuntimeObservation, IngressProtocol, MachineId, PathMatch,
 };
 
 /// The longest DNS name; longer Host headers never match.
@@ -130,13 +133,22 @@ impl InFlightCounters for FreshCounters {
     }
 }
 
-/// One Ingress Hostname and where it goes.
+/// One path of an Ingress Hostname (the whole hostname, a prefix or an exact path) and where
+/// it goes.
 #[derive(Debug)]
 pub struct Route {
     pub hostname: Box<str>,
+    /// Which paths of the hostname it takes.
+    pub path: PathMatch,
+    /// The Service (by name) whose containers serve it; several, comma-separated, only if
+    /// records from elsewhere claim one path twice (a Deploy refuses that).
+    pub service: Box<str>,
+    /// How many bytes of the path are cut before it goes upstream: a `strip_prefix` route's
+    /// prefix; 0 for none.
+    pub strip: usize,
     /// Serving Containers, this Machine's first.
     pub upstreams: Box<[Upstream]>,
-    /// Some Service publishes it with `https`.
+    /// Some Service publishes the hostname with `https`.
     pub https: bool,
     next: AtomicUsize,
     /// Per upstream, until when (ms on the caller's clock) it is marked failed.
@@ -144,6 +156,27 @@ pub struct Route {
 }
 
 impl Route {
+    /// A route of `hostname` with nothing behind it yet.
+    fn new(
+        hostname: &str,
+        path: PathMatch,
+        service: String,
+        strip: usize,
+        upstreams: Box<[Upstream]>,
+        https: bool,
+    ) -> Route {
+        Route {
+            hostname: hostname.into(),
+            path,
+            service: service.into_boxed_str(),
+            strip,
+            down_until: upstreams.iter().map(|_| AtomicU64::new(0)).collect(),
+            upstreams,
+            https,
+            next: AtomicUsize::new(0),
+        }
+    }
+
     /// The index of the next upstream in round-robin order that is not in `exclude` and not
     /// marked failed at `now_ms`, preferring upstreams on Machines not observed down. When every
     /// remaining upstream is marked, the marks are ignored (trying beats refusing). `None` when
@@ -171,6 +204,13 @@ impl Route {
         on_down.or(fallback)
     }
 
+    /// Whether upstream `i` is marked failed at `now_ms`.
+    pub fn marked_failed(&self, i: usize, now_ms: u64) -> bool {
+        self.down_until
+            .get(i)
+            .is_some_and(|d| d.load(Ordering::Relaxed) > now_ms)
+    }
+
     /// Marks upstream `i` as failed until `until_ms`.
     pub fn mark_failed(&self, i: usize, until_ms: u64) {
         if let Some(slot) = self.down_until.get(i) {
@@ -179,18 +219,98 @@ impl Route {
     }
 }
 
+/// Writes the request target `target` (path and query) as the upstream gets it through a
+/// route stripping `strip` bytes of prefix: without them, and `/` for a path that was the
+/// prefix alone (`/api?x=1` as `/?x=1`).
+pub fn write_target(out: &mut Vec<u8>, target: &[u8], strip: usize) {
+    match target.get(strip..) {
+        Some(rest) if strip > 0 => {
+            if rest.first() != Some(&b'/') {
+                out.push(b'/');
+            }
+            out.extend_from_slice(rest);
+        }
+        _ => out.extend_from_slice(target),
+    }
+}
+
+/// Maps keyed by names and paths of the Cluster's own Services, never a client's: they hash
+/// with foldhash rather than SipHash, as a lookup is on every request's path.
+type FastMap<V> = HashMap<Box<[u8]>, V, foldhash::fast::RandomState>;
+
+/// The routes of one Ingress Hostname.
+#[derive(Debug, Default)]
+pub struct HostRoutes {
+    /// The whole hostname (a Service without `x-routes` for it).
+    root: Option<Arc<Route>>,
+    /// Path prefixes, written without a trailing `/`.
+    prefixes: FastMap<Arc<Route>>,
+    /// Exact paths.
+    exact: FastMap<Arc<Route>>,
+}
+
+impl HostRoutes {
+    /// The route a request target (path and query) takes: its exact path, else its longest
+    /// prefix on a segment boundary, else the whole hostname. No allocation.
+    pub fn route_for(&self, target: &[u8]) -> Option<&Arc<Route>> {
+        if self.prefixes.is_empty() && self.exact.is_empty() {
+            return self.root.as_ref();
+        }
+        let path = match target.iter().position(|b| *b == b'?') {
+            Some(i) => &target[..i],
+            None => target,
+        };
+        if let Some(r) = self.exact.get(path) {
+            return Some(r);
+        }
+        if !self.prefixes.is_empty() {
+            // The path itself, then the path up to each `/`, longest first: `/a/b/` tries
+            // `/a/b/`, `/a/b`, `/a`.
+            let mut end = path.len();
+            while end > 1 {
+                if let Some(r) = self.prefixes.get(&path[..end]) {
+                    return Some(r);
+                }
+                end = match path[..end].iter().rposition(|b| *b == b'/') {
+                    Some(i) => i,
+                    None => break,
+                };
+            }
+        }
+        self.root.as_ref()
+    }
+
+    /// Every route of the hostname: the whole hostname first, then prefixes, then exact paths.
+    pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.root
+            .iter()
+            .chain(self.prefixes.values())
+            .chain(self.exact.values())
+    }
+}
+
 /// An immutable snapshot of every route, with the generation that built it.
 #[derive(Debug, Default)]
 pub struct RouteTable {
     generation: u64,
-    /// Keyed by lowercase hostname. The keys come from the Cluster's own Services, never from
-    /// a client, so the map hashes with foldhash rather than SipHash: a lookup is on every
-    /// request's path.
-    routes: HashMap<Box<[u8]>, Arc<Route>, foldhash::fast::RandomState>,
+    /// Keyed by lowercase hostname.
+    hosts: FastMap<HostRoutes>,
 }
 
+/// One route's content in a [`Fingerprint`]: hostname, path, Service, bytes stripped, https,
+/// and per upstream its address, container, whether it is local and whether on a Machine
+/// observed down.
+pub type RouteFingerprint = (
+    String,
+    String,
+    String,
+    usize,
+    bool,
+    Vec<(SocketAddr, ContainerId, bool, bool)>,
+);
+
 /// What decides a route table's content; equal fingerprints mean an identical table.
-pub type Fingerprint = Vec<(String, bool, Vec<(SocketAddr, ContainerId, bool, bool)>)>;
+pub type Fingerprint = Vec<RouteFingerprint>;
 
 /// Whether a `Host` value is a host name, an IPv4 address or a bracketed IPv6 address, with an
 /// optional numeric port: nothing else is routed or passed on (a Host such as
@@ -268,7 +388,9 @@ impl RouteTable {
         counters: &dyn InFlightCounters,
         generation: u64,
     ) -> RouteTable {
-        let mut by_host: HashMap<String, (bool, Vec<Upstream>)> = HashMap::new();
+        /// One route being gathered: its Services, bytes stripped and upstreams.
+        type Gathered = (std::collections::BTreeSet<String>, usize, Vec<Upstream>);
+        let mut by_host: HashMap<String, (bool, HashMap<PathMatch, Gathered>)> = HashMap::new();
         for o in observations {
             if o.kind != ContainerKind::Service || !o.is_serving() || draining.contains(&o.id) {
                 continue;
@@ -276,58 +398,77 @@ impl RouteTable {
             let (Some(spec), Some(ip)) = (&o.spec, o.address) else {
                 continue;
             };
-            for port in &spec.ports {
-                let PortSpec::Ingress {
-                    hostname: Some(host),
-                    container_port,
-                    protocol,
-                    ..
-                } = port
-                else {
-                    continue;
-                };
-                // Compose checks hostnames; a record from elsewhere that is not one (a port, a
-                // quote) is not routed, so no Host can match it or carry it into `Forwarded`.
-                if !valid_host(host.as_bytes()) || host.contains(':') {
+            for served in spec.served_paths() {
+                let host = served.hostname;
+                // Compose checks hostnames and paths; a record from elsewhere that is not one
+                // (a port, a quote, a path that is not plain) is not routed, so no Host can
+                // match it or carry it into `Forwarded`.
+                if !valid_host(host.as_bytes())
+                    || host.contains(':')
+                    || !valid_route_path(&served.path)
+                {
                     continue;
                 }
                 let entry = by_host
                     .entry(host.trim_end_matches('.').to_ascii_lowercase())
-                    .or_insert_with(|| (false, Vec::new()));
-                entry.0 |= *protocol == IngressProtocol::Https;
+                    .or_default();
+                entry.0 |= served.protocol == IngressProtocol::Https;
+                let strip = match &served.path {
+                    PathMatch::Prefix(p) if served.strip_prefix && p != "/" => p.len(),
+                    _ => 0,
+                };
+                let route = entry.1.entry(served.path.clone()).or_default();
+                route.0.insert(spec.name.to_string());
+                route.1 = route.1.max(strip);
                 let up = Upstream {
-                    addr: SocketAddr::new(IpAddr::V4(ip), *container_port),
+                    addr: SocketAddr::new(IpAddr::V4(ip), served.container_port),
                     container_id: o.id.clone(),
                     local: &o.machine_id == local,
                     on_down_machine: down.contains(&o.machine_id),
                     in_flight: counters.counter(&o.id),
                 };
-                if !entry.1.contains(&up) {
-                    entry.1.push(up);
+                if !route.2.contains(&up) {
+                    route.2.push(up);
                 }
             }
         }
-        let routes = by_host
+        let hosts = by_host
             .into_iter()
-            .map(|(host, (https, mut ups))| {
-                ups.sort_by_key(|u| (u.on_down_machine, !u.local, u.addr));
-                let route = Route {
-                    hostname: host.clone().into_boxed_str(),
-                    down_until: ups.iter().map(|_| AtomicU64::new(0)).collect(),
-                    upstreams: ups.into_boxed_slice(),
-                    https,
-                    next: AtomicUsize::new(0),
-                };
-                (host.into_bytes().into_boxed_slice(), Arc::new(route))
+            .map(|(host, (https, routes))| {
+                let mut entry = HostRoutes::default();
+                for (path, (services, strip, mut ups)) in routes {
+                    ups.sort_by_key(|u| (u.on_down_machine, !u.local, u.addr));
+                    let service = services.into_iter().collect::<Vec<_>>().join(", ");
+                    let route = Arc::new(Route::new(
+                        &host,
+                        path.clone(),
+                        service,
+                        strip,
+                        ups.into_boxed_slice(),
+                        https,
+                    ));
+                    match path {
+                        PathMatch::Prefix(p) if p == "/" => entry.root = Some(route),
+                        PathMatch::Prefix(p) => {
+                            entry
+                                .prefixes
+                                .insert(p.into_bytes().into_boxed_slice(), route);
+                        }
+                        PathMatch::Exact(p) => {
+                            entry.exact.insert(p.into_bytes().into_boxed_slice(), route);
+                        }
+                    }
+                }
+                (host.into_bytes().into_boxed_slice(), entry)
             })
             .collect();
-        RouteTable { generation, routes }
+        RouteTable { generation, hosts }
     }
 
     /// A table of fixed routes, hostname -> upstream addresses (the edge alone, for benchmarks
     /// and debugging; a Machine's edge builds from observations instead).
     pub fn from_static(routes: &[(String, Vec<SocketAddr>)]) -> RouteTable {
-        let routes = routes
+        let hosts = routes
             .iter()
             .filter(|(host, _)| valid_host(host.as_bytes()) && !host.contains(':'))
             .map(|(host, addrs)| {
@@ -343,19 +484,18 @@ impl RouteTable {
                         in_flight: Arc::new(InFlight::new()),
                     })
                     .collect();
-                let route = Route {
-                    hostname: host.clone().into_boxed_str(),
-                    down_until: upstreams.iter().map(|_| AtomicU64::new(0)).collect(),
-                    upstreams,
-                    https: false,
-                    next: AtomicUsize::new(0),
+                let route =
+                    Route::new(&host, PathMatch::root(), String::new(), 0, upstreams, false);
+                let entry = HostRoutes {
+                    root: Some(Arc::new(route)),
+                    ..HostRoutes::default()
                 };
-                (host.into_bytes().into_boxed_slice(), Arc::new(route))
+                (host.into_bytes().into_boxed_slice(), entry)
             })
             .collect();
         RouteTable {
             generation: 1,
-            routes,
+            hosts,
         }
     }
 
@@ -366,52 +506,70 @@ impl RouteTable {
 
     /// How many hostnames route somewhere.
     pub fn len(&self) -> usize {
-        self.routes.len()
+        self.hosts.len()
     }
 
     /// Whether no hostname routes anywhere.
     pub fn is_empty(&self) -> bool {
-        self.routes.is_empty()
+        self.hosts.is_empty()
     }
 
-    /// The route for a `Host` header value, matched case-insensitively; none for a value that
+    /// The routes of a `Host` header value, matched case-insensitively; none for a value that
     /// is not a [`valid_host`]. No allocation.
-    pub fn match_host(&self, host: &[u8]) -> Option<&Arc<Route>> {
+    pub fn match_hostname(&self, host: &[u8]) -> Option<&HostRoutes> {
         // What clients send most: the name as the route has it, so no copy to make.
         let normal = !host.is_empty()
             && host.len() <= MAX_HOST
             && host.last() != Some(&b'.')
             && !host.iter().any(|b| *b == b':' || b.is_ascii_uppercase());
         if normal {
-            return self.routes.get(host);
+            return self.hosts.get(host);
         }
         let mut buf = [0u8; MAX_HOST];
         let key = normalize(host, &mut buf)?;
-        self.routes.get(key)
+        self.hosts.get(key)
+    }
+
+    /// The route a request takes by its `Host` value and target (path and query). No
+    /// allocation.
+    pub fn match_request(&self, host: &[u8], target: &[u8]) -> Option<&Arc<Route>> {
+        self.match_hostname(host)?.route_for(target)
+    }
+
+    /// The route of `/` for a `Host` value: where a hostname served whole sends everything.
+    pub fn match_host(&self, host: &[u8]) -> Option<&Arc<Route>> {
+        self.match_request(host, b"/")
+    }
+
+    /// Every route, in no order.
+    pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
+        self.hosts.values().flat_map(HostRoutes::routes)
     }
 
     /// Whether any route sends requests to `container`.
     pub fn routes_to(&self, container: &ContainerId) -> bool {
-        self.routes
-            .values()
+        self.routes()
             .any(|r| r.upstreams.iter().any(|u| &u.container_id == container))
     }
 
-    /// Whether `hostname` has at least one upstream.
-    pub fn has_upstream(&self, hostname: &str) -> bool {
-        self.routes
+    /// Whether the route of `hostname` (lowercase) taking `path` has at least one upstream.
+    pub fn has_upstream(&self, hostname: &str, path: &PathMatch) -> bool {
+        self.hosts
             .get(hostname.as_bytes())
+            .and_then(|h| h.routes().find(|r| &r.path == path))
             .is_some_and(|r| !r.upstreams.is_empty())
     }
 
     /// The table's content, sorted, for "did anything change?".
     pub fn fingerprint(&self) -> Fingerprint {
         let mut fp: Fingerprint = self
-            .routes
-            .values()
+            .routes()
             .map(|r| {
                 (
                     r.hostname.to_string(),
+                    r.path.to_string(),
+                    r.service.to_string(),
+                    r.strip,
                     r.https,
                     r.upstreams
                         .iter()
@@ -423,6 +581,16 @@ impl RouteTable {
         fp.sort();
         fp
     }
+}
+
+/// Whether a route's path is one the table can hold: plain bytes, from `/`. Compose refuses
+/// anything else; this keeps a record from elsewhere from routing oddly.
+fn valid_route_path(path: &PathMatch) -> bool {
+    let p = path.path().as_bytes();
+    p.first() == Some(&b'/')
+        && p.len() <= 1024
+        && p.iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~!&'+,;=:@/%".contains(b))
 }
 
 #[cfg(test)]
@@ -544,7 +712,7 @@ pub(crate) mod tests {
                 container: ContainerSpec::default(),
                 ports: hosts
                     .iter()
-                    .map(|(h, p, proto)| PortSpec::Ingress {
+                    .map(|(h, p, proto)| ployz_core::PortSpec::Ingress {
                         hostname: Some((*h).into()),
                         published: None,
                         container_port: *p,
@@ -556,6 +724,7 @@ pub(crate) mod tests {
                 pre_deploy: None,
                 depends_on: vec![],
                 revisions: None,
+                routes: vec![],
             }),
             plan_id: None,
             lease_token: None,
@@ -613,7 +782,9 @@ pub(crate) mod tests {
                 ("a.".into(), vec!["127.0.0.1:4".parse().unwrap()]),
             ]);
             let mut buf = [0u8; MAX_HOST];
-            let normal = normalize(host.as_bytes(), &mut buf).and_then(|k| t.routes.get(k));
+            let normal = normalize(host.as_bytes(), &mut buf)
+                .and_then(|k| t.hosts.get(k))
+                .and_then(|h| h.route_for(b"/"));
             proptest::prop_assert_eq!(
                 t.match_host(host.as_bytes()).map(|r| &r.hostname),
                 normal.map(|r| &r.hostname)
@@ -674,6 +845,121 @@ pub(crate) mod tests {
         let addrs: Vec<String> = r.upstreams.iter().map(|u| u.addr.to_string()).collect();
         assert_eq!(addrs, ["10.210.0.9:8080", "10.210.0.2:8080"]);
         assert!(r.upstreams[0].local && !r.upstreams[1].local);
+    }
+
+    /// A container of Service `name` serving `app.test` at `routes` (none: the whole host).
+    fn routed(
+        m: &MachineId,
+        n: u8,
+        name: &str,
+        routes: &[(PathMatch, bool)],
+    ) -> ContainerRuntimeObservation {
+        let mut o = obs(
+            m,
+            n,
+            &[("app.test", 80, IngressProtocol::Http)],
+            ContainerState::Running,
+            None,
+        );
+        let spec = o.spec.as_mut().unwrap();
+        spec.name = name.parse().unwrap();
+        spec.routes = routes
+            .iter()
+            .map(|(path, strip)| ployz_core::RouteSpec {
+                hostname: "app.test".into(),
+                path: path.clone(),
+                strip_prefix: *strip,
+            })
+            .collect();
+        o
+    }
+
+    fn prefix(p: &str) -> PathMatch {
+        PathMatch::Prefix(p.into())
+    }
+
+    #[test]
+    fn exact_paths_then_the_longest_prefix_on_a_segment_boundary_then_the_whole_host() {
+        let m = MachineId::generate();
+        let t = build(
+            &[
+                routed(&m, 1, "site", &[]),
+                routed(&m, 2, "api", &[(prefix("/api"), true)]),
+                routed(&m, 3, "v2", &[(prefix("/api/v2"), false)]),
+                routed(
+                    &m,
+                    4,
+                    "health",
+                    &[(PathMatch::Exact("/api/health".into()), false)],
+                ),
+            ],
+            &m,
+            1,
+        );
+        let to = |target: &str| {
+            t.match_request(b"APP.test:80", target.as_bytes())
+                .map(|r| r.service.to_string())
+                .unwrap_or_default()
+        };
+        for (target, service) in [
+            ("/", "site"),
+            ("/index.html", "site"),
+            ("/apis", "site"),
+            ("/api", "api"),
+            ("/api/", "api"),
+            ("/api?x=/api/v2", "api"),
+            ("/api/users/7", "api"),
+            ("/api/v2", "v2"),
+            ("/api/v2/", "v2"),
+            ("/api/v2x", "api"),
+            ("/api/v2/a/b/c?d", "v2"),
+            ("/api/health", "health"),
+            ("/api/health?verbose", "health"),
+            ("/api/health/", "api"),
+            ("//api", "site"),
+        ] {
+            assert_eq!(to(target), service, "{target}");
+        }
+        assert!(t.match_request(b"other.test", b"/api").is_none());
+
+        // Without a route of the whole host, a path no route takes matches nothing.
+        let t = build(&[routed(&m, 2, "api", &[(prefix("/api"), true)])], &m, 2);
+        assert!(t.match_request(b"app.test", b"/elsewhere").is_none());
+        assert!(t.match_request(b"app.test", b"/").is_none());
+        assert_eq!(t.match_request(b"app.test", b"/api/x").unwrap().strip, 4);
+    }
+
+    #[test]
+    fn a_stripped_prefix_leaves_the_rest_of_the_target_and_never_an_empty_path() {
+        let cases = [
+            ("/api/users?id=1", 4, "/users?id=1"),
+            ("/api", 4, "/"),
+            ("/api/", 4, "/"),
+            ("/api?x=1", 4, "/?x=1"),
+            ("/api/v2/x", 7, "/x"),
+            ("/other", 0, "/other"),
+            ("*", 4, "*"),
+        ];
+        for (target, strip, want) in cases {
+            let mut out = Vec::new();
+            write_target(&mut out, target.as_bytes(), strip);
+            assert_eq!(String::from_utf8(out).unwrap(), want, "{target}");
+        }
+    }
+
+    #[test]
+    fn a_route_path_from_elsewhere_that_is_not_plain_is_not_routed() {
+        let m = MachineId::generate();
+        let t = build(
+            &[
+                routed(&m, 1, "odd", &[(prefix("/a b"), false)]),
+                routed(&m, 2, "fine", &[(prefix("/ok"), false)]),
+            ],
+            &m,
+            1,
+        );
+        assert_eq!(t.routes().count(), 1);
+        assert!(t.match_request(b"app.test", b"/ok/x").is_some());
     }
 
     #[test]
@@ -784,7 +1070,7 @@ pub(crate) mod tests {
         );
         assert!(!t.routes_to(&a.id));
         assert!(t.routes_to(&b.id));
-        assert!(t.has_upstream("app.test"));
+        assert!(t.has_upstream("app.test", &PathMatch::root()));
     }
 
     #[tokio::test]

@@ -52,6 +52,7 @@ fn table() -> RouteTable {
                 pre_deploy: None,
                 depends_on: vec![],
                 revisions: None,
+                routes: vec![],
             }),
             plan_id: None,
             lease_token: None,

@@ -1865,6 +1865,7 @@ mod tests {
             pre_deploy: None,
             depends_on: vec![],
             revisions: None,
+            routes: vec![],
         }
     }
 

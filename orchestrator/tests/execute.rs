@@ -29,6 +29,7 @@ fn spec(name: &str) -> ServiceSpec {
         pre_deploy: None,
         depends_on: vec![],
         revisions: None,
+        routes: vec![],
     }
 }
 

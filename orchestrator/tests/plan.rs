@@ -55,6 +55,7 @@ fn spec(name: &str) -> ServiceSpec {
         pre_deploy: None,
         depends_on: vec![],
         revisions: None,
+        routes: vec![],
     }
 }
 
@@ -468,6 +469,69 @@ fn name_ambiguity_and_mode_changes_are_refused() {
         err.to_string()
             .contains("changing it to global needs `ployz rm web`"),
         "{err}"
+    );
+}
+
+#[test]
+fn services_share_a_hostname_by_path_and_the_same_path_twice_is_refused() {
+    let mut m = machine("a");
+    let ingress = PortSpec::Ingress {
+        hostname: Some("app.example.com".into()),
+        published: None,
+        container_port: 80,
+        protocol: IngressProtocol::Https,
+    };
+    let route = |path: &str| ployz_core::RouteSpec {
+        hostname: "app.example.com".into(),
+        path: ployz_core::PathMatch::Prefix(path.into()),
+        strip_prefix: false,
+    };
+    let mut site = spec("site");
+    site.ports = vec![ingress.clone()];
+    add(
+        &mut m,
+        &ServiceId::generate(),
+        &site,
+        ContainerState::Running,
+    );
+    let mut api = spec("api");
+    api.ports = vec![ingress.clone()];
+    api.routes = vec![route("/api")];
+    add(
+        &mut m,
+        &ServiceId::generate(),
+        &api,
+        ContainerState::Running,
+    );
+
+    // Another path of the hostname: planned.
+    let mut docs = spec("docs");
+    docs.ports = vec![ingress.clone()];
+    docs.routes = vec![route("/docs")];
+    let p = plan(
+        &DeployIntent::all(vec![docs], vec![]),
+        std::slice::from_ref(&m),
+        &PlanOptions::default(),
+    );
+    assert_eq!(ops_of(&p.unwrap()), ["run"]);
+
+    // The path `api` routes: refused, naming it.
+    let mut v2 = spec("api-v2");
+    v2.ports = vec![ingress];
+    v2.routes = vec![route("/docs"), route("/api")];
+    let err = plan(
+        &DeployIntent::all(vec![v2], vec![]),
+        &[m],
+        &PlanOptions::default(),
+    )
+    .unwrap_err();
+    let e = err.iter().next().unwrap();
+    assert!(matches!(e, PlanError::RouteClaimed { .. }), "{e}");
+    assert!(
+        e.to_string().starts_with(
+            "service 'api-v2' routes /api/* of 'app.example.com', which Service 'api' ("
+        ),
+        "{e}"
     );
 }
 

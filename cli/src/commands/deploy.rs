@@ -1275,6 +1275,7 @@ mod tests {
             pre_deploy: None,
             depends_on: vec![],
             revisions: None,
+            routes: vec![],
         }
     }
 

@@ -11,6 +11,7 @@ pub mod image;
 pub mod machine;
 pub mod machine_status;
 pub mod revision;
+pub mod routes;
 pub mod run;
 pub mod service;
 pub mod store;

@@ -153,6 +153,7 @@ pub fn spec_from(args: &RunArgs) -> anyhow::Result<ServiceSpec> {
         pre_deploy: None,
         depends_on: vec![],
         revisions: None,
+        routes: vec![],
     })
 }
 

@@ -17,7 +17,7 @@ mod volumes;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use ployz_core::{PortSpec, ServiceName, ServiceSpec, VolumeSpec};
+use ployz_core::{PathMatch, ServiceName, ServiceSpec, VolumeSpec};
 
 use crate::service::{self, Converted, ServiceCtx};
 use crate::yaml::Node;
@@ -434,39 +434,59 @@ impl Project<'_> {
         }
     }
 
-    /// An Ingress Hostname belongs to one Service: two claiming it is an error.
+    /// A path of an Ingress Hostname belongs to one Service: several Services may share a
+    /// hostname when their paths (`x-routes`) differ, and two taking the same path of it is an
+    /// error naming both.
     fn check_hostnames(&self, converted: &[Converted], d: &mut Diagnostics) {
-        let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut owners: BTreeMap<(String, PathMatch), BTreeSet<String>> = BTreeMap::new();
         for c in converted {
-            for p in &c.spec.ports {
-                if let PortSpec::Ingress {
-                    hostname: Some(h), ..
-                } = p
-                {
-                    owners
-                        .entry(h.clone())
-                        .or_default()
-                        .insert(c.spec.name.to_string());
-                }
+            for served in c.spec.served_paths() {
+                owners
+                    .entry((served.hostname.to_owned(), served.path))
+                    .or_default()
+                    .insert(c.spec.name.to_string());
             }
         }
-        for (host, services) in owners {
+        for ((host, path), services) in owners {
             if services.len() < 2 {
                 continue;
             }
             let names: Vec<String> = services.iter().map(|s| format!("'{s}'")).collect();
             let first = services.iter().next().cloned().unwrap_or_default();
-            let idx = self.origins.service_file(&first, "x-ports");
+            let key = if path.is_root() {
+                "x-ports"
+            } else {
+                "x-routes"
+            };
+            let idx = self.origins.service_file(&first, key);
+            let (message, fix) = if path.is_root() {
+                (
+                    format!(
+                        "the Ingress Hostname '{host}' is claimed by services {}",
+                        names.join(" and ")
+                    ),
+                    "a hostname served whole belongs to one Service; keep it on one of them, or give each its paths with x-routes",
+                )
+            } else {
+                (
+                    format!(
+                        "the path {path} of '{host}' is routed by services {}",
+                        names.join(" and ")
+                    ),
+                    "a path of a hostname belongs to one Service; give one of them another path in x-routes",
+                )
+            };
             d.error(
                 self.files.get(idx).map(String::as_str).unwrap_or(""),
                 None,
-                Some("x-ports"),
-                Some(host.clone()),
-                format!(
-                    "the Ingress Hostname '{host}' is claimed by services {}",
-                    names.join(" and ")
-                ),
-                Some("an Ingress Hostname belongs to one Service; keep it on one of them".into()),
+                Some(key),
+                Some(if path.is_root() {
+                    host.clone()
+                } else {
+                    format!("{host}{}", path.path())
+                }),
+                message,
+                Some(fix.into()),
             );
         }
     }

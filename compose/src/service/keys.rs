@@ -215,6 +215,7 @@ pub const KEY_RULES: &[KeyRule] = &[
     svc("x-ports", Translated, "Ingress Hostnames through the edge (http/https) and host ports"),
     svc("x-pre_deploy", Kept, "a command run before the Deploy changes the Service"),
     svc("x-revisions", Kept, "how many Service Revisions are kept for ployz rollback (5 by default)"),
+    svc("x-routes", Kept, "the paths of its Ingress Hostnames the Service serves (prefix or exact, strip_prefix)"),
     // ---- nested keys, by parent (the Compose specification's, then Ployz's own) ----
     under("deploy", "endpoint_mode", Warned, "is not supported and is ignored"),
     under("deploy", "labels", Warned, "is not supported and is ignored"),
@@ -310,6 +311,10 @@ pub const KEY_RULES: &[KeyRule] = &[
     under("secrets.*", "template_driver", Warned, "is not supported and is ignored; the value is mounted as it is, not rendered as a template"),
     under("secrets.*", "content", Refused, "put the value in a file (file: ./secret.txt) or a variable (environment: VARIABLE), out of the Compose file"),
     under("x-pre_deploy", "command", Kept, "the hook's command (required)"),
+    under("x-routes[]", "exact", Kept, "one path, matched exactly"),
+    under("x-routes[]", "hostname", Kept, "the Ingress Hostname of x-ports it routes (needed when there are several)"),
+    under("x-routes[]", "path", Kept, "a path prefix, matched on a segment boundary, longest first"),
+    under("x-routes[]", "strip_prefix", Kept, "the container sees the path without the prefix"),
     under("x-pre_deploy", "environment", Kept, "the hook container's environment"),
     under("x-pre_deploy", "privileged", Kept, "runs the hook container privileged, named in a warning"),
     under("x-pre_deploy", "timeout", Kept, "how long the hook may run"),

@@ -30,6 +30,7 @@ mod healthcheck;
 mod image;
 pub(crate) mod keys;
 mod ports;
+mod routes;
 mod runtime;
 mod secrets;
 mod shapes;
@@ -180,6 +181,7 @@ struct Parts<'n> {
     machines: Vec<MachineTarget>,
     pre_deploy: Option<PreDeployHook>,
     revisions: Option<u32>,
+    routes: Vec<routes::RawRoute>,
     configs: Vec<ConfigUse>,
     secrets: Vec<ConfigUse>,
 }
@@ -235,6 +237,7 @@ fn read_key<'n>(ctx: &mut ServiceCtx<'_>, p: &mut Parts<'n>, k: &str, value: &'n
         "x-machines" => p.machines = extensions::x_machines(ctx, value),
         "x-pre_deploy" => p.pre_deploy = extensions::x_pre_deploy(ctx, value),
         "x-revisions" => p.revisions = extensions::x_revisions(ctx, value),
+        "x-routes" => p.routes = routes::read(ctx, value),
         "x-caddy" => extensions::x_caddy(ctx),
         // Read by the project, which knows every service.
         "depends_on" | "profiles" => {}
@@ -258,6 +261,7 @@ fn finish(ctx: &mut ServiceCtx<'_>, p: Parts<'_>, errors_before: usize) -> Optio
     (c.mounts, c.secrets) = volumes::settle_mounts(ctx, p.mounts);
     c.resources = deploy::resources(p.top_resources, p.deploy_resources);
     let ports = ports::ports(ctx, p.compose_ports, p.x_ports);
+    let routes = routes::settle(ctx, p.routes, &ports);
     let replicas = deploy::replicas(ctx, p.scale, &p.deploy);
     if ctx.d.errors.len() > errors_before {
         return None;
@@ -274,6 +278,7 @@ fn finish(ctx: &mut ServiceCtx<'_>, p: Parts<'_>, errors_before: usize) -> Optio
             pre_deploy: p.pre_deploy,
             depends_on: Vec::new(),
             revisions: p.revisions,
+            routes,
         },
         volume_keys: p.volume_keys,
         configs: p.configs,

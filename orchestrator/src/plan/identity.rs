@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 
 use ployz_core::{
-    ContainerId, ContainerKind, ContainerRuntimeObservation, MachineSnapshot, PortSpec, PullPolicy,
+    ContainerId, ContainerKind, ContainerRuntimeObservation, MachineSnapshot, PullPolicy,
     ServiceId, ServiceSpec,
 };
 
@@ -63,36 +63,47 @@ pub(super) fn check_mode(
     }
 }
 
-/// Refuses a hostname another Service (another name) already publishes.
+/// Refuses a path of an Ingress Hostname another Service (another name) already serves: the
+/// whole hostname (`HostnameClaimed`), or the same `x-routes` path of it (`RouteClaimed`).
+/// Services share a hostname when their paths differ.
 pub(super) fn check_hostnames(
     spec: &ServiceSpec,
     machines: &[MachineSnapshot],
 ) -> Result<(), PlanError> {
-    for port in &spec.ports {
-        let PortSpec::Ingress {
-            hostname: Some(host),
-            ..
-        } = port
-        else {
+    let mine = spec.served_paths();
+    if mine.is_empty() {
+        return Ok(());
+    }
+    for c in machines.iter().flat_map(|m| m.containers.iter()) {
+        if c.service_name == spec.name || c.kind != ContainerKind::Service {
+            continue;
+        }
+        let Some(theirs) = c.spec.as_ref().map(|s| s.served_paths()) else {
             continue;
         };
-        for c in machines.iter().flat_map(|m| m.containers.iter()) {
-            if c.service_name == spec.name || c.kind != ContainerKind::Service {
+        for served in &mine {
+            if !theirs
+                .iter()
+                .any(|t| t.hostname == served.hostname && t.path == served.path)
+            {
                 continue;
             }
-            let claims = c.spec.as_ref().is_some_and(|s| {
-                s.ports
-                    .iter()
-                    .any(|p| matches!(p, PortSpec::Ingress { hostname: Some(h), .. } if h == host))
-            });
-            if claims {
-                return Err(PlanError::HostnameClaimed {
+            return Err(if served.path.is_root() {
+                PlanError::HostnameClaimed {
                     name: spec.name.to_string(),
-                    hostname: host.clone(),
+                    hostname: served.hostname.to_owned(),
                     owner: c.service_name.to_string(),
                     owner_id: c.service_id.to_string(),
-                });
-            }
+                }
+            } else {
+                PlanError::RouteClaimed {
+                    name: spec.name.to_string(),
+                    hostname: served.hostname.to_owned(),
+                    path: served.path.to_string(),
+                    owner: c.service_name.to_string(),
+                    owner_id: c.service_id.to_string(),
+                }
+            });
         }
     }
     Ok(())
@@ -168,12 +179,13 @@ impl<'a> Freshness<'a> {
 }
 
 /// Whether two specs would create the same container: name, mode, container configuration,
-/// ports and placement. Replicas, dependencies, hooks and update settings shape the Deploy, not
+/// ports, routes (the edge reads them from the container's label) and placement. Replicas, dependencies, hooks and update settings shape the Deploy, not
 /// the container, so changing them replaces nothing.
 pub(super) fn same_container_config(a: &ServiceSpec, b: &ServiceSpec) -> bool {
     a.name == b.name
         && a.mode == b.mode
         && a.container == b.container
         && a.ports == b.ports
+        && a.routes == b.routes
         && a.machines == b.machines
 }

@@ -110,6 +110,14 @@ pub enum PlanError {
         owner: String,
         owner_id: String,
     },
+    #[error("service '{name}' routes {path} of '{hostname}', which Service '{owner}' ({owner_id}) already routes; give one of them another path in x-routes, or remove that Service")]
+    RouteClaimed {
+        name: String,
+        hostname: String,
+        path: String,
+        owner: String,
+        owner_id: String,
+    },
     #[error("service '{name}' has the DNS name {label}.internal, which Service '{owner}' ({owner_id}) already answers at; rename '{name}', or remove that Service (`ployz rm {owner_id}`)")]
     DnsLabelTaken {
         name: String,
@@ -169,6 +177,7 @@ impl PlanError {
             | PlanError::PinnedMachineNotIncluded { name, .. }
             | PlanError::ImageMissing { name, .. }
             | PlanError::HostnameClaimed { name, .. }
+            | PlanError::RouteClaimed { name, .. }
             | PlanError::DnsLabelTaken { name, .. }
             | PlanError::HostPortClash { name, .. }
             | PlanError::HostPortTaken { name, .. }
@@ -552,6 +561,13 @@ mod tests {
             PlanError::HostnameClaimed {
                 name: name(),
                 hostname: "app.example.com".into(),
+                owner: "old".into(),
+                owner_id: "svc-1".into(),
+            },
+            PlanError::RouteClaimed {
+                name: name(),
+                hostname: "app.example.com".into(),
+                path: "/api/*".into(),
                 owner: "old".into(),
                 owner_id: "svc-1".into(),
             },

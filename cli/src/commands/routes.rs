@@ -1,0 +1,157 @@
+//! `ployz routes`: the route table as one Machine's edge serves it now, so a user can see why a
+//! request went where it went.
+
+use clap::Args;
+use ployz_core::api::{self, EdgeRoutes};
+
+use crate::output::{print_json, print_table, table};
+use crate::GlobalArgs;
+
+#[derive(Debug, Args)]
+pub struct RoutesArgs {
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// The Machine whose edge to show: a Name or Machine ID [default: the Machine reached].
+    /// The call is forwarded to it over the mesh.
+    #[arg(short = 'm', long = "machine", value_name = "MACHINE")]
+    machine: Option<String>,
+}
+
+pub async fn run(global: &GlobalArgs, args: RoutesArgs) -> anyhow::Result<()> {
+    let mut client = super::connect(global).await?;
+    if let Some(wanted) = &args.machine {
+        let (header, _) =
+            crate::targets::header_for(&mut client, std::slice::from_ref(wanted)).await?;
+        if header == "*" {
+            anyhow::bail!("-m '*': `routes` shows one Machine's edge; name one Machine");
+        }
+        client.set_machine_target(Some(header));
+    }
+    let routes: EdgeRoutes = client.get(api::paths::ROUTES).await?;
+    if args.json {
+        return print_json(&routes);
+    }
+    if routes.routes.is_empty() {
+        println!("No route: no Serving Container publishes an Ingress Hostname this edge knows.");
+        return Ok(());
+    }
+    print_table(&routes_table(&routes));
+    Ok(())
+}
+
+/// One line per upstream of each route (a route without one shows `-`); a route's hostname,
+/// path and Service are written on its first line only. The PATH column reads as the edge
+/// matches: `= /healthz` exactly, `/api/*` the prefix, `/*` the whole hostname.
+fn routes_table(routes: &EdgeRoutes) -> comfy_table::Table {
+    let mut t = table(&[
+        "HOSTNAME",
+        "PATH",
+        "SERVICE",
+        "UPSTREAM",
+        "CONTAINER",
+        "STATE",
+    ]);
+    for r in &routes.routes {
+        let path = if r.strips {
+            format!("{} (stripped)", r.path)
+        } else {
+            r.path.to_string()
+        };
+        let host = if r.https {
+            format!("{} (https)", r.hostname)
+        } else {
+            r.hostname.clone()
+        };
+        if r.upstreams.is_empty() {
+            t.add_row(vec![
+                host,
+                path,
+                r.service.clone(),
+                "-".into(),
+                "-".into(),
+                "no Serving Container: 503".into(),
+            ]);
+            continue;
+        }
+        for (i, u) in r.upstreams.iter().enumerate() {
+            let mut state = vec![if u.local { "local" } else { "remote" }.to_owned()];
+            if u.on_down_machine {
+                state.push("Machine observed down (tried last)".into());
+            }
+            if u.failing {
+                state.push("failing (skipped a few seconds)".into());
+            }
+            if u.in_flight > 0 {
+                state.push(format!("{} in flight", u.in_flight));
+            }
+            let first = i == 0;
+            t.add_row(vec![
+                if first { host.clone() } else { String::new() },
+                if first { path.clone() } else { String::new() },
+                if first {
+                    r.service.clone()
+                } else {
+                    String::new()
+                },
+                u.address.clone(),
+                u.container_id.as_str().chars().take(12).collect(),
+                state.join(", "),
+            ]);
+        }
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ployz_core::api::{EdgeRouteView, EdgeUpstreamView};
+    use ployz_core::PathMatch;
+
+    #[test]
+    fn each_upstream_is_a_line_and_the_path_reads_as_the_edge_matches() {
+        let up = |n: u8, local, failing| EdgeUpstreamView {
+            address: format!("10.210.0.{n}:8080"),
+            container_id: format!("{n:064x}").parse().unwrap(),
+            local,
+            on_down_machine: !local,
+            failing,
+            in_flight: n as usize,
+        };
+        let routes = EdgeRoutes {
+            generation: 7,
+            routes: vec![
+                EdgeRouteView {
+                    hostname: "shop.example.com".into(),
+                    path: PathMatch::Prefix("/api".into()),
+                    service: "api".into(),
+                    strips: true,
+                    https: true,
+                    upstreams: vec![up(2, true, false), up(3, false, true)],
+                },
+                EdgeRouteView {
+                    hostname: "shop.example.com".into(),
+                    path: PathMatch::Exact("/healthz".into()),
+                    service: "health".into(),
+                    strips: false,
+                    https: false,
+                    upstreams: vec![],
+                },
+            ],
+        };
+        let text = routes_table(&routes).to_string();
+        let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        for (line, parts) in lines.iter().zip([
+            &["HOSTNAME", "PATH", "SERVICE", "UPSTREAM", "CONTAINER", "STATE"][..],
+            &["shop.example.com (https)", "/api/* (stripped)", "api", "10.210.0.2:8080", "000000000000", "local, 2 in flight"],
+            &["10.210.0.3:8080", "remote, Machine observed down (tried last), failing (skipped a few seconds), 3 in flight"],
+            &["shop.example.com", "= /healthz", "health", "-", "no Serving Container: 503"],
+        ]) {
+            for p in parts {
+                assert!(line.contains(p), "{p} not in {line}\n{text}");
+            }
+        }
+    }
+}

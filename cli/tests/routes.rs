@@ -1,0 +1,162 @@
+//! `x-routes` end to end: Services sharing one Ingress Hostname by path through a real daemon
+//! and dockerd, on the HTTP/1 fast path and through Pingora's proxy alone; the path one of
+//! them routes refused to another; and `ployz routes` showing the table the edge serves.
+
+mod common;
+
+use common::*;
+
+const HOST: &str = "shop.test.localhost";
+
+/// `site` serves the hostname whole; `api` serves `/api` with the prefix stripped; `health`
+/// serves `/api/health` alone. Each answers with its name and the path it was asked for.
+const SHARED: &str = r#"
+services:
+  site:
+    image: IMAGE
+    command: ["sh", "-c", "mkdir -p /www && echo site-root > /www/index.html && echo site-docs > /www/api-docs && echo site-users > /www/users && exec httpd -f -p 8080 -h /www"]
+    x-ports: [shop.test.localhost:8080/http]
+  api:
+    image: IMAGE
+    command: ["sh", "-c", "mkdir -p /www/v1 && echo api-users > /www/users && echo api-index > /www/index.html && echo api-v1 > /www/v1/orders && exec httpd -f -p 8080 -h /www"]
+    x-ports: [shop.test.localhost:8080/http]
+    x-routes:
+      - path: /api/
+        strip_prefix: true
+  health:
+    image: IMAGE
+    command: ["sh", "-c", "mkdir -p /www/api && echo health-ok > /www/api/health && exec httpd -f -p 8080 -h /www"]
+    x-ports: [shop.test.localhost:8080/http]
+    x-routes:
+      - exact: /api/health
+"#;
+
+const CLAIMS_API: &str = r#"
+services:
+  other:
+    image: IMAGE
+    command: ["sh", "-c", "exec httpd -f -p 8080 -h /"]
+    x-ports: [shop.test.localhost:8080/http]
+    x-routes:
+      - path: /api
+"#;
+
+fn services_share_a_hostname_by_path(position: Position) {
+    let lab = Lab::new();
+    let name = match position {
+        Position::FastPath => "routes1",
+        Position::PingoraOnly => "routes2",
+    };
+    let m = DockerMachine::with(&lab, name, &[QUIET_DAEMON, position.args()].concat(), &[]);
+    std::fs::write(
+        lab.path("compose.yaml"),
+        SHARED.replace("IMAGE", TEST_IMAGE),
+    )
+    .unwrap();
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+
+    // Each Serving Container is in the table once its health settles: wait for all three.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while http_get(m.daemon.http_port, HOST, "/api/health") != (200, "health-ok\n".into())
+        || http_get(m.daemon.http_port, HOST, "/api/users") != (200, "api-users\n".into())
+        || http_get(m.daemon.http_port, HOST, "/") != (200, "site-root\n".into())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the routes never served"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for (path, want) in [
+        // The whole hostname.
+        ("/", (200, "site-root\n")),
+        ("/users", (200, "site-users\n")),
+        // A prefix takes only whole segments: /api-docs is not under /api.
+        ("/api-docs", (200, "site-docs\n")),
+        // The prefix, stripped: the container is asked for /users, /, /v1/orders.
+        ("/api/users", (200, "api-users\n")),
+        ("/api/users?page=2", (200, "api-users\n")),
+        ("/api", (200, "api-index\n")),
+        ("/api/", (200, "api-index\n")),
+        ("/api/v1/orders", (200, "api-v1\n")),
+        // An exact path wins over the prefix, and is not stripped.
+        ("/api/health", (200, "health-ok\n")),
+        ("/api/health?full=1", (200, "health-ok\n")),
+    ] {
+        let (status, body) = http_get(m.daemon.http_port, HOST, path);
+        assert_eq!((status, body.as_str()), want, "{path} on {position:?}");
+    }
+    // Nothing under /api/health/ is the exact path: it goes to the prefix's container, which
+    // has no such file.
+    assert_eq!(http_get(m.daemon.http_port, HOST, "/api/health/x").0, 404);
+
+    // The table as the edge serves it.
+    let routes = json(&run(&lab, &m, &["routes", "--json"]));
+    let shown: Vec<(String, String, bool, usize)> = routes["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["service"].as_str().unwrap().to_owned(),
+                serde_json::to_string(&r["path"]).unwrap(),
+                r["strips"].as_bool().unwrap(),
+                r["upstreams"].as_array().unwrap().len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("site".to_owned(), r#"{"prefix":"/"}"#.to_owned(), false, 1),
+            ("api".to_owned(), r#"{"prefix":"/api"}"#.to_owned(), true, 1),
+            (
+                "health".to_owned(),
+                r#"{"exact":"/api/health"}"#.to_owned(),
+                false,
+                1
+            ),
+        ],
+        "{routes:#}"
+    );
+    let text = stdout(&run(&lab, &m, &["routes"]));
+    for part in [
+        "HOSTNAME",
+        HOST,
+        "/api/* (stripped)",
+        "= /api/health",
+        "/*",
+        "local",
+    ] {
+        assert!(text.contains(part), "{part}\n{text}");
+    }
+
+    // Another Service taking /api of the hostname is refused before anything runs.
+    std::fs::write(
+        lab.path("other.yaml"),
+        CLAIMS_API.replace("IMAGE", TEST_IMAGE),
+    )
+    .unwrap();
+    let out = run(&lab, &m, &["deploy", "-y", "-f", "other.yaml"]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(
+        said.contains(
+            "service 'other' routes /api/* of 'shop.test.localhost', which Service 'api' ("
+        ),
+        "{said}"
+    );
+    assert!(
+        !m.docker_containers()
+            .iter()
+            .any(|(n, _)| n.starts_with("other-")),
+        "{:?}",
+        m.docker_containers()
+    );
+}
+
+in_both_positions!(
+    #[ignore = "needs dockerd (scripts/test.sh runs it)"]
+    services_share_a_hostname_by_path
+);

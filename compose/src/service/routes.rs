@@ -1,0 +1,258 @@
+//! `x-routes`: which paths of the Service's Ingress Hostnames reach it.
+//!
+//! ```yaml
+//! x-ports: [example.com:8080/https]
+//! x-routes:
+//!   - path: /api            # /api, /api/ and everything under /api/
+//!     strip_prefix: true    # the container sees /users for /api/users
+//!   - exact: /healthz       # that path alone
+//!   - hostname: example.com # needed when the Service publishes more than one hostname
+//!     path: /static
+//! ```
+//!
+//! Paths are plain text, never patterns: a prefix matches on a segment boundary, longest first,
+//! and an exact path wins over every prefix. The query is not part of the match. A hostname
+//! with routes is served at those paths only; one without is served whole.
+
+use std::collections::BTreeSet;
+
+use ployz_core::{PathMatch, PortSpec, RouteSpec};
+
+use super::keys::nested_keys;
+use super::shapes::{boolean, text};
+use super::{Node, ServiceCtx};
+
+const KEY: &str = "x-routes";
+
+/// The longest path a route may name.
+const MAX_PATH: usize = 1024;
+
+/// One entry as written, before the hostnames of `x-ports` are known.
+pub(super) struct RawRoute {
+    key: String,
+    hostname: Option<String>,
+    path: PathMatch,
+    strip_prefix: bool,
+}
+
+/// Reads `x-routes:`: a list of entries, each with `path` or `exact`, and optionally `hostname`
+/// and `strip_prefix`. Entries with errors are recorded and left out.
+pub(super) fn read(ctx: &mut ServiceCtx<'_>, n: &Node) -> Vec<RawRoute> {
+    let items = match n {
+        Node::Null => return Vec::new(),
+        Node::Seq(items) => items,
+        other => {
+            ctx.bad(
+                KEY,
+                other,
+                format!(
+                    "expected a list of routes, found {}; write e.g. x-routes: [{{path: /api}}]",
+                    other.kind()
+                ),
+            );
+            return Vec::new();
+        }
+    };
+    items
+        .iter()
+        .enumerate()
+        .filter_map(|(i, item)| entry(ctx, format!("{KEY}[{i}]"), item))
+        .collect()
+}
+
+fn entry(ctx: &mut ServiceCtx<'_>, key: String, n: &Node) -> Option<RawRoute> {
+    let Node::Map(_) = n else {
+        ctx.bad(
+            &key,
+            n,
+            format!(
+                "expected a route (path: or exact:), found {}; write e.g. - path: /api",
+                n.kind()
+            ),
+        );
+        return None;
+    };
+    nested_keys(ctx, "x-routes[]", &key, n);
+    let hostname = match n.get("hostname") {
+        None | Some(Node::Null) => None,
+        Some(h) => Some(
+            ctx.get(&format!("{key}.hostname"), h, text)?
+                .to_ascii_lowercase(),
+        ),
+    };
+    let strip_prefix = match n.get("strip_prefix") {
+        None | Some(Node::Null) => false,
+        Some(s) => ctx.get(&format!("{key}.strip_prefix"), s, boolean)?,
+    };
+    let path = match (n.get("path"), n.get("exact")) {
+        (Some(p), None) => {
+            let field = format!("{key}.path");
+            let p = ctx.get(&field, p, text)?;
+            PathMatch::Prefix(check_path(ctx, &field, &p)?)
+        }
+        (None, Some(e)) => {
+            let field = format!("{key}.exact");
+            let e = ctx.get(&field, e, text)?;
+            let exact = check_path(ctx, &field, &e)?;
+            // `/api/` and `/api` are two exact paths; only prefixes drop the trailing `/`.
+            PathMatch::Exact(if e.len() > 1 && e.ends_with('/') {
+                format!("{exact}/")
+            } else {
+                exact
+            })
+        }
+        (Some(_), Some(_)) => {
+            ctx.err(
+                &key,
+                None,
+                "a route has path: (a prefix) or exact: (one path), not both",
+                Some("split it into two routes"),
+            );
+            return None;
+        }
+        (None, None) => {
+            ctx.err(
+                &key,
+                None,
+                "a route needs path: (a prefix) or exact: (one path)",
+                Some("add e.g. path: /api"),
+            );
+            return None;
+        }
+    };
+    if strip_prefix && !matches!(&path, PathMatch::Prefix(p) if p != "/") {
+        ctx.err(
+            &format!("{key}.strip_prefix"),
+            Some("true".into()),
+            format!("strip_prefix needs a path prefix other than /, and this route is {path}"),
+            Some("remove strip_prefix, or route a prefix such as path: /api"),
+        );
+        return None;
+    }
+    Some(RawRoute {
+        key,
+        hostname,
+        path,
+        strip_prefix,
+    })
+}
+
+/// Checks one route path and answers it as routes keep it: without a trailing `/` (but `/`).
+fn check_path(ctx: &mut ServiceCtx<'_>, field: &str, path: &str) -> Option<String> {
+    let shown = || Some(path.chars().take(80).collect::<String>());
+    let problem = if path.contains(['*', '^', '$', '(', ')', '[', ']', '{', '}', '|', '\\', '+']) {
+        Some("route paths are plain text, not patterns: a prefix already takes everything under it")
+    } else if !path.starts_with('/') {
+        Some("a route path starts with /")
+    } else if path.len() > MAX_PATH {
+        Some("a route path is at most 1024 bytes")
+    } else if path.contains(['?', '#']) {
+        Some("a route path has no query or fragment: the query is never matched")
+    } else if path.contains("//") {
+        Some("a route path has no empty segment (//)")
+    } else if path.split('/').any(|s| s == "." || s == "..") {
+        Some("a route path has no . or .. segment")
+    } else if !path
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~!&'+,;=:@/%".contains(&b))
+    {
+        Some("a route path holds letters, digits and - . _ ~ ! & ' , ; = : @ / %, with other bytes percent-encoded")
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        ctx.err(
+            field,
+            shown(),
+            problem,
+            Some(
+                "write a path such as /api (a prefix: /api, /api/ and /api/v1) or exact: /healthz",
+            ),
+        );
+        return None;
+    }
+    let trimmed = path.trim_end_matches('/');
+    Some(if trimmed.is_empty() {
+        "/".to_owned()
+    } else {
+        trimmed.to_owned()
+    })
+}
+
+/// Settles the routes against the Service's ports: each names (or implies) an Ingress Hostname
+/// of `x-ports`, and no two take the same path of one hostname. Sorted.
+pub(super) fn settle(
+    ctx: &mut ServiceCtx<'_>,
+    raw: Vec<RawRoute>,
+    ports: &[PortSpec],
+) -> Vec<RouteSpec> {
+    let hostnames: BTreeSet<&str> = ports
+        .iter()
+        .filter_map(|p| match p {
+            PortSpec::Ingress {
+                hostname: Some(h), ..
+            } => Some(h.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut out: Vec<RouteSpec> = Vec::new();
+    for r in raw {
+        let hostname = match r.hostname {
+            Some(h) if hostnames.contains(h.as_str()) => h,
+            Some(h) => {
+                let published = if hostnames.is_empty() {
+                    "none yet".to_owned()
+                } else {
+                    hostnames.iter().copied().collect::<Vec<_>>().join(", ")
+                };
+                let fix = format!(
+                    "publish it in x-ports (e.g. x-ports: [{h}:8080/https]) or name one it publishes: {published}"
+                );
+                ctx.err(
+                    &format!("{}.hostname", r.key),
+                    Some(h),
+                    "routes a hostname the Service does not publish in x-ports",
+                    Some(&fix),
+                );
+                continue;
+            }
+            None if hostnames.len() == 1 => hostnames.iter().next().expect("one").to_string(),
+            None => {
+                ctx.err(
+                    &r.key,
+                    None,
+                    if hostnames.is_empty() {
+                        "a route needs an Ingress Hostname, and the Service publishes none in x-ports".to_owned()
+                    } else {
+                        format!(
+                            "the Service publishes {} hostnames, so the route names one with hostname:",
+                            hostnames.len()
+                        )
+                    },
+                    Some("publish one in x-ports (e.g. x-ports: [app.example.com:8080/https]), and name it with hostname: when there are several"),
+                );
+                continue;
+            }
+        };
+        let route = RouteSpec {
+            hostname,
+            path: r.path,
+            strip_prefix: r.strip_prefix,
+        };
+        if let Some(same) = out
+            .iter()
+            .find(|o| o.hostname == route.hostname && o.path == route.path)
+        {
+            ctx.err(
+                &r.key,
+                Some(format!("{}{}", same.hostname, route.path)),
+                "two routes of the Service take the same path of one hostname",
+                Some("keep one of them"),
+            );
+            continue;
+        }
+        out.push(route);
+    }
+    out.sort();
+    out
+}
