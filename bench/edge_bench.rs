@@ -15,8 +15,9 @@ struct Args {
     /// HTTP listener, ADDR:PORT.
     #[arg(long, value_name = "ADDR:PORT", value_parser = ployz_daemon::parse_socket_addr)]
     listen: std::net::SocketAddr,
-    /// A fixed route, HOST=ADDR:PORT[,ADDR:PORT...]. Repeatable.
-    #[arg(long = "route", value_name = "HOST=ADDRS", required = true)]
+    /// A fixed route, HOST[/PATH]=ADDR:PORT[,ADDR:PORT...]: a path ending in /* is a prefix
+    /// (app.test/api/*), another an exact path. Repeatable.
+    #[arg(long = "route", value_name = "HOST[/PATH]=ADDRS", required = true)]
     routes: Vec<String>,
     /// Worker threads [default: the number of CPUs].
     #[arg(long)]
@@ -60,7 +61,10 @@ fn main() -> anyhow::Result<()> {
         (Some(listen), Some(cert), Some(key)) => {
             let cert_pem = std::fs::read_to_string(cert)?;
             let key_pem = std::fs::read_to_string(key)?;
-            let hosts: Vec<&str> = routes.iter().map(|(h, _)| h.as_str()).collect();
+            let hosts: Vec<&str> = routes
+                .iter()
+                .map(|(h, _)| h.split('/').next().unwrap_or(h))
+                .collect();
             Some(ployz_daemon::EdgeTls::from_pem(
                 listen,
                 (cert, &cert_pem),

@@ -141,6 +141,9 @@ enum Command {
     Wg(commands::wg::WgCommand),
     /// The routes a Machine's edge serves now: hostname, path, Service and upstreams.
     Routes(commands::routes::RoutesArgs),
+    /// Service Gates: maintenance pages, and holding requests while a Service changes.
+    #[command(subcommand)]
+    Service(commands::gate::ServiceCommand),
     /// Manage contexts: named ways to reach a Cluster.
     #[command(subcommand, visible_alias = "context")]
     Ctx(commands::ctx::CtxCommand),
@@ -208,6 +211,7 @@ fn main() -> ExitCode {
         Command::Store(cmd) => client_runtime(commands::store::run(&cli.global, cmd)),
         Command::Wg(cmd) => client_runtime(commands::wg::run(&cli.global, cmd)),
         Command::Routes(args) => client_runtime(commands::routes::run(&cli.global, args)),
+        Command::Service(cmd) => client_runtime(commands::gate::run(&cli.global, cmd)),
         Command::Version(args) => client_runtime(commands::version::run(&cli.global, args)),
         Command::Deploy(args) => client_runtime(commands::deploy::run(&cli.global, args)),
         Command::Run(args) => client_runtime(commands::run::run(&cli.global, args)),

@@ -70,6 +70,9 @@ pub mod paths {
     pub const DNS_LOOKUP: &str = "/v1/dns/lookup";
     /// `GET`: the routes this Machine's edge serves now ([`super::EdgeRoutes`]).
     pub const ROUTES: &str = "/v1/routes";
+    /// `GET`: the Service Gates; `PUT` ([`super::SetGateRequest`]): set one; `DELETE
+    /// ?service=ID`: lift it.
+    pub const GATES: &str = "/v1/gates";
     /// `GET`: [`crate::CertificateStatus`]es, one per hostname (the newest of any issuer's).
     pub const CERTIFICATE_STATUS: &str = "/v1/certificates/status";
 }
@@ -1072,6 +1075,26 @@ impl std::fmt::Display for InterruptedLease {
     }
 }
 
+/// Sets a Service Gate (`ployz service maintenance` / `pause`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetGateRequest {
+    pub service_id: crate::ServiceId,
+    pub service_name: crate::ServiceName,
+    pub gate: GateRequest,
+    /// Who asks (`user@host`).
+    pub set_by: String,
+}
+
+/// The gate asked for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "gate", rename_all = "snake_case")]
+pub enum GateRequest {
+    /// Answer the Service's requests 503 with a page carrying `message`.
+    Maintenance { message: String },
+    /// Hold its new requests for up to `seconds` (1 to 300), or until lifted.
+    Paused { seconds: u64 },
+}
+
 /// The routes one Machine's edge serves now (`ployz routes`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EdgeRoutes {
@@ -1092,6 +1115,9 @@ pub struct EdgeRouteView {
     pub strips: bool,
     /// Plain HTTP is redirected to HTTPS.
     pub https: bool,
+    /// The Service's gate, `maintenance` or `paused`, if one stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<String>,
     /// Serving Containers, in the order the edge prefers them.
     pub upstreams: Vec<EdgeUpstreamView>,
 }

@@ -11,6 +11,7 @@ pub mod api;
 mod certificate;
 pub mod certificate_policy;
 mod deploy;
+pub mod gate;
 mod healthcheck;
 mod id;
 mod membership;
@@ -35,6 +36,7 @@ pub use deploy::{
     ImageTransfer, LeftUnverified, Listener, ListenerRole, MachineSnapshot, NotIncluded, Operation,
     ServicePlan, TransferOutcome,
 };
+pub use gate::{GateState, ServiceGate};
 pub use healthcheck::{ConfiguredHealthcheck, Healthcheck};
 pub use id::{ClusterId, ContainerId, IdError, MachineId, ServiceId};
 pub use membership::MembershipObservation;

@@ -390,6 +390,7 @@ pub fn router(
         .with_state(machine.clone())
         .merge(crate::cluster_api::router(machine.clone(), mesh.clone()))
         .merge(crate::store_api::router(machine.clone()))
+        .merge(crate::gate_api::router(machine.clone()))
         .merge(crate::docker_api::router(machine.clone()))
         .merge(crate::images_api::router(machine.clone(), mesh.clone()))
         .merge(crate::cert_api::router(machine.clone()))

@@ -17,6 +17,7 @@ mod docker_api;
 mod drain;
 mod forward;
 mod fsutil;
+mod gate_api;
 mod handover;
 mod identity;
 mod images_api;

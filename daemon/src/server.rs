@@ -1217,11 +1217,12 @@ impl BackgroundService for IssuerService {
     }
 }
 
-/// Parses a fixed route, `HOST=ADDR:PORT[,ADDR:PORT...]`.
+/// Parses a fixed route, `HOST[PATH]=ADDR:PORT[,ADDR:PORT...]` (a path ending in `/*` is a
+/// prefix, another an exact path).
 pub fn parse_route(r: &str) -> anyhow::Result<(String, Vec<std::net::SocketAddr>)> {
-    let (host, addrs) = r
-        .split_once('=')
-        .ok_or_else(|| anyhow::anyhow!("--route '{r}' is not HOST=ADDR:PORT[,ADDR:PORT...]"))?;
+    let (host, addrs) = r.split_once('=').ok_or_else(|| {
+        anyhow::anyhow!("--route '{r}' is not HOST[/PATH[/*]]=ADDR:PORT[,ADDR:PORT...]")
+    })?;
     let addrs = addrs
         .split(',')
         .map(|a| {
@@ -1229,8 +1230,10 @@ pub fn parse_route(r: &str) -> anyhow::Result<(String, Vec<std::net::SocketAddr>
                 .map_err(|_| anyhow::anyhow!("--route '{r}': '{a}' is not ADDR:PORT"))
         })
         .collect::<anyhow::Result<Vec<std::net::SocketAddr>>>()?;
-    if !ployz_edge::valid_host(host.as_bytes()) || host.contains(':') {
-        anyhow::bail!("--route '{r}': '{host}' is not a host name; give one such as app.test");
+    if ployz_edge::route_table::parse_static_route(host).is_none() {
+        anyhow::bail!(
+            "--route '{r}': '{host}' is not a host name with an optional plain path; give one such as app.test or app.test/api/*"
+        );
     }
     Ok((host.to_owned(), addrs))
 }

@@ -19,12 +19,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use arc_swap::ArcSwap;
 use ployz_core::api::{EdgeRouteView, EdgeRoutes, EdgeUpstreamView};
 use ployz_core::{
-    AppliedDrain, ContainerId, ContainerRuntimeObservation, DrainMark, EdgeReport, MachineId,
-    PathMatch,
+    AppliedDrain, ContainerId, ContainerRuntimeObservation, DrainMark, EdgeReport, GateState,
+    MachineId, PathMatch, ServiceId,
 };
 use ployz_store::drains::{stored_marks, DRAINING_NAMESPACE};
 use ployz_store::edge_reports::put_report;
 use ployz_store::follow::{follow, View};
+use ployz_store::gates::{stored_gates, GATES_NAMESPACE};
 use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
 use ployz_store::{KeyPrefix, Store, StoreError};
 use tokio::sync::{watch, Notify};
@@ -131,6 +132,10 @@ impl RouteController {
                 service: r.service.to_string(),
                 strips: r.strip > 0,
                 https: r.https,
+                gate: r.gate.as_ref().map(|g| match g {
+                    crate::route_table::RouteGate::Maintenance { .. } => "maintenance".to_owned(),
+                    crate::route_table::RouteGate::Paused { .. } => "paused".to_owned(),
+                }),
                 upstreams: r
                     .upstreams
                     .iter()
@@ -151,6 +156,12 @@ impl RouteController {
             generation: table.generation(),
             routes,
         }
+    }
+
+    /// Completes at the next publish of a table (created before the table is looked at, it
+    /// sees a publish made after the look).
+    pub fn published(&self) -> tokio::sync::futures::Notified<'_> {
+        self.published.notified()
     }
 
     /// Requests this edge has in flight to `container`.
@@ -182,9 +193,10 @@ impl RouteController {
         store: &Store,
         last: &mut Fingerprint,
     ) -> Result<Option<u64>, StoreError> {
-        let read = stored_observations(store)
-            .and_then(|observations| Ok((observations, stored_marks(store)?)));
-        let (observations, marks) = match read {
+        let read = stored_observations(store).and_then(|observations| {
+            Ok((observations, stored_marks(store)?, stored_gates(store)?))
+        });
+        let (observations, marks, gates) = match read {
             Ok(read) => read,
             Err(e) => {
                 self.rebuild_failures.fetch_add(1, Ordering::Relaxed);
@@ -198,12 +210,14 @@ impl RouteController {
             .lock()
             .expect("down machines poisoned")
             .clone();
-        let table = RouteTable::build(
+        let gates: HashMap<ServiceId, GateState> =
+            gates.into_iter().map(|g| (g.service_id, g.state)).collect();
+        let table = RouteTable::build_gated(
             &observations,
             &draining,
             (store.local(), &down),
             self.counters.as_ref(),
-            generation,
+            (generation, &gates),
         );
         // Counters of containers that are gone are dropped (in-flight requests keep theirs).
         {
@@ -279,12 +293,14 @@ impl RouteController {
     }
 
     /// Keeps the table current until `shutdown` turns true: a rebuild at start and after every
-    /// change to container observations or drain marks, and again shortly after a rebuild the
+    /// change to container observations, drain marks or Service Gates, and again shortly after
+    /// a rebuild the
     /// store could not be read for (the table published before stays meanwhile).
     pub async fn run(&self, store: Arc<Store>, shutdown: watch::Receiver<bool>) {
         let prefixes = vec![
             KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE),
             KeyPrefix::machine_namespace(DRAINING_NAMESPACE),
+            KeyPrefix::cluster_namespace(GATES_NAMESPACE),
         ];
         let view = PublishedRoutes {
             controller: self.clone(),
@@ -295,8 +311,8 @@ impl RouteController {
 
     /// The edge's side of draining `container` (already marked draining in the store):
     ///
-    /// 1. waits until the published table no longer routes to it while every hostname in
-    ///    route (hostname and path) in `keep_served` still has an upstream, or until `publish_by`;
+    /// 1. waits until the published table no longer routes to it while every route (hostname
+    ///    and path) in `keep_served` still has an upstream, or until `publish_by`;
     /// 2. then waits until this edge has no request in flight to it, or until `deadline`.
     ///
     /// Both waits are woken by what they wait for (a publish, the last request in flight

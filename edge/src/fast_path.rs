@@ -908,7 +908,9 @@ impl FastPath {
         let table = self.edge.routes().table().load();
         let route = table.match_request(&buf[plan.host.clone()], &buf[plan.target.clone()])?;
         plan.strip = route.strip;
+        // A gated Service (maintenance, paused) is Pingora's proxy's to answer.
         if route.upstreams.is_empty()
+            || route.gate.is_some()
             || (route.https && !conn.tls && self.edge.https_port().is_some())
         {
             return None;

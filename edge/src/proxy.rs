@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -11,7 +11,7 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{ProxyHttp, Session};
 
-use crate::route_table::Route;
+use crate::route_table::{Route, RouteGate};
 use crate::RouteController;
 
 /// How many upstreams one request may try to connect to.
@@ -249,6 +249,36 @@ impl EdgeProxy {
 
     fn now_ms(&self) -> u64 {
         self.routes.now_ms()
+    }
+
+    /// Holds a request of a paused route until a table without the pause is published or the
+    /// pause's end passes (bounded by the longest pause there is), then answers the route it
+    /// takes then; `None` when none takes it any more.
+    async fn wait_while_paused(&self, host: &[u8], target: &[u8]) -> Option<Arc<Route>> {
+        let cap =
+            tokio::time::Instant::now() + Duration::from_secs(ployz_core::gate::MAX_PAUSE_SECONDS);
+        loop {
+            // Created before the table is looked at: a publish after the look wakes it.
+            let published = self.routes.published();
+            let route = self
+                .routes
+                .table()
+                .load()
+                .match_request(host, target)
+                .cloned()?;
+            let Some(RouteGate::Paused { until_ms }) = route.gate else {
+                return Some(route);
+            };
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            let left = Duration::from_millis(until_ms.saturating_sub(now))
+                .min(cap.saturating_duration_since(tokio::time::Instant::now()));
+            if left.is_zero() {
+                return Some(route);
+            }
+            let _ = tokio::time::timeout(left, published).await;
+        }
     }
 
     /// The route table, loaded once.
@@ -716,7 +746,8 @@ impl ProxyHttp for EdgeProxy {
             .map_or("/", |pq| pq.as_str());
         let found = table
             .match_hostname(host_of(session.req_header()))
-            .map(|h| h.route_for(target.as_bytes()));
+            .map(|h| h.route_for(target.as_bytes()).cloned());
+        drop(table);
         match found {
             Some(Some(route)) if route.https && !is_tls(session) && self.https_port.is_some() => {
                 // Hostnames served over HTTPS redirect plain HTTP there (the ACME challenge
@@ -741,10 +772,36 @@ impl ProxyHttp for EdgeProxy {
                 session.write_response_header(Box::new(resp), true).await?;
                 Ok(true)
             }
-            Some(Some(route)) => {
-                ctx.attempts.route = Some(route.clone());
-                Ok(false)
-            }
+            Some(Some(route)) => match &route.gate {
+                Some(RouteGate::Maintenance { page }) => {
+                    respond(session, 503, "text/html; charset=utf-8", page.to_string()).await?;
+                    Ok(true)
+                }
+                Some(RouteGate::Paused { .. }) => {
+                    let host = host_of(session.req_header()).to_vec();
+                    let target = target.as_bytes().to_vec();
+                    match self.wait_while_paused(&host, &target).await {
+                        Some(route) => {
+                            ctx.attempts.route = Some(route);
+                            Ok(false)
+                        }
+                        None => {
+                            respond(
+                                session,
+                                404,
+                                "text/plain",
+                                "no Service routes this path of this host\n".into(),
+                            )
+                            .await?;
+                            Ok(true)
+                        }
+                    }
+                }
+                None => {
+                    ctx.attempts.route = Some(route.clone());
+                    Ok(false)
+                }
+            },
             Some(None) => {
                 respond(
                     session,

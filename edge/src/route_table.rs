@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ployz_core::{
-    ContainerId, ContainerKind, ContainerRuntimeObservation, IngressProtocol, MachineId, PathMatch,
+    ContainerId, ContainerKind, ContainerRuntimeObservation, GateState, IngressProtocol, MachineId,
+    PathMatch, ServiceId,
 };
 
 /// The longest DNS name; longer Host headers never match.
@@ -150,9 +151,41 @@ pub struct Route {
     pub upstreams: Box<[Upstream]>,
     /// Some Service publishes the hostname with `https`.
     pub https: bool,
+    /// The Service's gate: its requests answered with a maintenance page, or held.
+    pub gate: Option<RouteGate>,
     next: AtomicUsize,
     /// Per upstream, until when (ms on the caller's clock) it is marked failed.
     down_until: Box<[AtomicU64]>,
+}
+
+/// What a Service Gate makes of a route's requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteGate {
+    /// Answered 503 with this page.
+    Maintenance { page: Arc<str> },
+    /// Held until the gate is lifted or this time passes (ms since the Unix epoch).
+    Paused { until_ms: u64 },
+}
+
+impl RouteGate {
+    fn of(state: &GateState) -> RouteGate {
+        match state {
+            GateState::Maintenance { message } => RouteGate::Maintenance {
+                page: ployz_core::gate::maintenance_page(message).into(),
+            },
+            GateState::Paused { until_ms } => RouteGate::Paused {
+                until_ms: *until_ms,
+            },
+        }
+    }
+
+    /// As a fingerprint and `ployz routes` show it.
+    pub fn describe(&self) -> String {
+        match self {
+            RouteGate::Maintenance { .. } => "maintenance".to_owned(),
+            RouteGate::Paused { until_ms } => format!("paused until {until_ms}"),
+        }
+    }
 }
 
 impl Route {
@@ -173,6 +206,7 @@ impl Route {
             down_until: upstreams.iter().map(|_| AtomicU64::new(0)).collect(),
             upstreams,
             https,
+            gate: None,
             next: AtomicUsize::new(0),
         }
     }
@@ -298,14 +332,15 @@ pub struct RouteTable {
 }
 
 /// One route's content in a [`Fingerprint`]: hostname, path, Service, bytes stripped, https,
-/// and per upstream its address, container, whether it is local and whether on a Machine
-/// observed down.
+/// gate, and per upstream its address, container, whether it is local and whether on a
+/// Machine observed down.
 pub type RouteFingerprint = (
     String,
     String,
     String,
     usize,
     bool,
+    String,
     Vec<(SocketAddr, ContainerId, bool, bool)>,
 );
 
@@ -388,16 +423,44 @@ impl RouteTable {
         counters: &dyn InFlightCounters,
         generation: u64,
     ) -> RouteTable {
-        /// One route being gathered: its Services, bytes stripped and upstreams.
-        type Gathered = (std::collections::BTreeSet<String>, usize, Vec<Upstream>);
+        RouteTable::build_gated(
+            observations,
+            draining,
+            (local, down),
+            counters,
+            (generation, &HashMap::new()),
+        )
+    }
+
+    /// [`RouteTable::build`], with the Service Gates standing: a route of a gated Service
+    /// carries its gate.
+    pub fn build_gated(
+        observations: &[ContainerRuntimeObservation],
+        draining: &HashSet<ContainerId>,
+        (local, down): (&MachineId, &HashSet<MachineId>),
+        counters: &dyn InFlightCounters,
+        (generation, gates): (u64, &HashMap<ServiceId, GateState>),
+    ) -> RouteTable {
+        /// One route being gathered: its Services, bytes stripped, upstreams and gate.
+        type Gathered = (
+            std::collections::BTreeSet<String>,
+            usize,
+            Vec<Upstream>,
+            Option<RouteGate>,
+        );
         let mut by_host: HashMap<String, (bool, HashMap<PathMatch, Gathered>)> = HashMap::new();
         for o in observations {
-            if o.kind != ContainerKind::Service || !o.is_serving() || draining.contains(&o.id) {
+            let gate = gates.get(&o.service_id);
+            let serving = o.is_serving() && !draining.contains(&o.id);
+            // A gated Service keeps its routes with no Serving Container left (its containers
+            // stopped for maintenance): the gate still answers.
+            if o.kind != ContainerKind::Service || !(serving || gate.is_some()) {
                 continue;
             }
-            let (Some(spec), Some(ip)) = (&o.spec, o.address) else {
+            let Some(spec) = &o.spec else {
                 continue;
             };
+            let ip = o.address.filter(|_| serving);
             for served in spec.served_paths() {
                 let host = served.hostname;
                 // Compose checks hostnames and paths; a record from elsewhere that is not one
@@ -419,7 +482,13 @@ impl RouteTable {
                 };
                 let route = entry.1.entry(served.path.clone()).or_default();
                 route.0.insert(spec.name.to_string());
+                if route.3.is_none() {
+                    route.3 = gate.map(RouteGate::of);
+                }
                 route.1 = route.1.max(strip);
+                let Some(ip) = ip else {
+                    continue;
+                };
                 let up = Upstream {
                     addr: SocketAddr::new(IpAddr::V4(ip), served.container_port),
                     container_id: o.id.clone(),
@@ -436,17 +505,19 @@ impl RouteTable {
             .into_iter()
             .map(|(host, (https, routes))| {
                 let mut entry = HostRoutes::default();
-                for (path, (services, strip, mut ups)) in routes {
+                for (path, (services, strip, mut ups, gate)) in routes {
                     ups.sort_by_key(|u| (u.on_down_machine, !u.local, u.addr));
                     let service = services.into_iter().collect::<Vec<_>>().join(", ");
-                    let route = Arc::new(Route::new(
+                    let mut route = Route::new(
                         &host,
                         path.clone(),
                         service,
                         strip,
                         ups.into_boxed_slice(),
                         https,
-                    ));
+                    );
+                    route.gate = gate;
+                    let route = Arc::new(route);
                     match path {
                         PathMatch::Prefix(p) if p == "/" => entry.root = Some(route),
                         PathMatch::Prefix(p) => {
@@ -465,34 +536,50 @@ impl RouteTable {
         RouteTable { generation, hosts }
     }
 
-    /// A table of fixed routes, hostname -> upstream addresses (the edge alone, for benchmarks
-    /// and debugging; a Machine's edge builds from observations instead).
+    /// A table of fixed routes, `HOST[PATH]` -> upstream addresses (the edge alone, for
+    /// benchmarks and debugging; a Machine's edge builds from observations instead). A path
+    /// ending in `/*` is a prefix (`shop.test/api/*`), another an exact path; none is the
+    /// whole hostname. Entries [`parse_static_route`] refuses are left out.
     pub fn from_static(routes: &[(String, Vec<SocketAddr>)]) -> RouteTable {
-        let hosts = routes
-            .iter()
-            .filter(|(host, _)| valid_host(host.as_bytes()) && !host.contains(':'))
-            .map(|(host, addrs)| {
-                let host = host.trim_end_matches('.').to_ascii_lowercase();
-                let upstreams: Box<[Upstream]> = addrs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, addr)| Upstream {
-                        addr: *addr,
-                        container_id: format!("{i:064x}").parse().expect("hex"),
-                        local: true,
-                        on_down_machine: false,
-                        in_flight: Arc::new(InFlight::new()),
-                    })
-                    .collect();
-                let route =
-                    Route::new(&host, PathMatch::root(), String::new(), 0, upstreams, false);
-                let entry = HostRoutes {
-                    root: Some(Arc::new(route)),
-                    ..HostRoutes::default()
-                };
-                (host.into_bytes().into_boxed_slice(), entry)
-            })
-            .collect();
+        let mut hosts: FastMap<HostRoutes> = FastMap::default();
+        for (spec, addrs) in routes {
+            let Some((host, path)) = parse_static_route(spec) else {
+                continue;
+            };
+            let upstreams: Box<[Upstream]> = addrs
+                .iter()
+                .enumerate()
+                .map(|(i, addr)| Upstream {
+                    addr: *addr,
+                    container_id: format!("{i:064x}").parse().expect("hex"),
+                    local: true,
+                    on_down_machine: false,
+                    in_flight: Arc::new(InFlight::new()),
+                })
+                .collect();
+            let route = Arc::new(Route::new(
+                &host,
+                path.clone(),
+                String::new(),
+                0,
+                upstreams,
+                false,
+            ));
+            let entry = hosts
+                .entry(host.into_bytes().into_boxed_slice())
+                .or_default();
+            match path {
+                PathMatch::Prefix(p) if p == "/" => entry.root = Some(route),
+                PathMatch::Prefix(p) => {
+                    entry
+                        .prefixes
+                        .insert(p.into_bytes().into_boxed_slice(), route);
+                }
+                PathMatch::Exact(p) => {
+                    entry.exact.insert(p.into_bytes().into_boxed_slice(), route);
+                }
+            }
+        }
         RouteTable {
             generation: 1,
             hosts,
@@ -571,6 +658,7 @@ impl RouteTable {
                     r.service.to_string(),
                     r.strip,
                     r.https,
+                    r.gate.as_ref().map(RouteGate::describe).unwrap_or_default(),
                     r.upstreams
                         .iter()
                         .map(|u| (u.addr, u.container_id.clone(), u.local, u.on_down_machine))
@@ -581,6 +669,27 @@ impl RouteTable {
         fp.sort();
         fp
     }
+}
+
+/// A fixed route's `HOST[PATH]` as the table keys it: the hostname lowercase, without a
+/// trailing dot, and its path (`/api/*` a prefix, `/*` or none the whole hostname, another an
+/// exact path); `None` when the hostname is not one or the path not plain.
+pub fn parse_static_route(spec: &str) -> Option<(String, PathMatch)> {
+    let (host, path) = match spec.find('/') {
+        Some(i) => (&spec[..i], Some(&spec[i..])),
+        None => (spec, None),
+    };
+    if !valid_host(host.as_bytes()) || host.contains(':') {
+        return None;
+    }
+    let path = match path {
+        None | Some("/*") => PathMatch::root(),
+        Some(p) => match p.strip_suffix("/*") {
+            Some(prefix) => PathMatch::Prefix(prefix.to_owned()),
+            None => PathMatch::Exact(p.to_owned()),
+        },
+    };
+    valid_route_path(&path).then(|| (host.trim_end_matches('.').to_ascii_lowercase(), path))
 }
 
 /// Whether a route's path is one the table can hold: plain bytes, from `/`. Compose refuses
@@ -927,6 +1036,65 @@ pub(crate) mod tests {
         assert!(t.match_request(b"app.test", b"/elsewhere").is_none());
         assert!(t.match_request(b"app.test", b"/").is_none());
         assert_eq!(t.match_request(b"app.test", b"/api/x").unwrap().strip, 4);
+    }
+
+    #[test]
+    fn a_gated_service_carries_its_gate_and_keeps_its_route_with_no_container_serving() {
+        let m = MachineId::generate();
+        let mut stopped = routed(&m, 1, "site", &[]);
+        stopped.state = ContainerState::Exited;
+        let other = routed(&m, 2, "api", &[(prefix("/api"), false)]);
+        let gates: HashMap<ServiceId, GateState> = [(
+            stopped.service_id.clone(),
+            GateState::Maintenance {
+                message: "back <soon>".into(),
+            },
+        )]
+        .into();
+        let t = RouteTable::build_gated(
+            &[stopped.clone(), other.clone()],
+            &HashSet::new(),
+            (&m, &HashSet::new()),
+            &FreshCounters,
+            (1, &gates),
+        );
+        let site = t.match_request(b"app.test", b"/").unwrap();
+        assert!(site.upstreams.is_empty());
+        match &site.gate {
+            Some(RouteGate::Maintenance { page }) => assert!(page.contains("back &lt;soon&gt;")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(t.match_request(b"app.test", b"/api").unwrap().gate, None);
+        // Without the gate, a stopped container makes no route; the gate is in the fingerprint.
+        let plain = build(&[stopped, other], &m, 2);
+        assert!(plain.match_request(b"app.test", b"/").is_none());
+        assert_ne!(plain.fingerprint(), t.fingerprint());
+    }
+
+    #[test]
+    fn fixed_routes_take_a_path_after_the_hostname() {
+        let up = |p: u16| vec![SocketAddr::from(([127, 0, 0, 1], p))];
+        let t = RouteTable::from_static(&[
+            ("Shop.test".into(), up(1)),
+            ("shop.test/api/*".into(), up(2)),
+            ("shop.test/api/health".into(), up(3)),
+            ("shop.test/a b/*".into(), up(4)),
+            ("bad host/*".into(), up(5)),
+        ]);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.routes().count(), 3);
+        let port = |target: &str| {
+            t.match_request(b"shop.test", target.as_bytes())
+                .map(|r| r.upstreams[0].addr.port())
+        };
+        assert_eq!(port("/x"), Some(1));
+        assert_eq!(port("/api/x"), Some(2));
+        assert_eq!(port("/api/health"), Some(3));
+        assert_eq!(
+            parse_static_route("shop.test/*"),
+            Some(("shop.test".into(), PathMatch::root()))
+        );
+        assert_eq!(parse_static_route("shop.test/a?b"), None);
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub mod drains;
 pub mod edge_reports;
 mod error;
 pub mod follow;
+pub mod gates;
 mod hlc;
 mod index;
 mod key;

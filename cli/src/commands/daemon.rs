@@ -42,8 +42,9 @@ pub struct EdgeArgs {
     /// HTTP listener, ADDR:PORT.
     #[arg(long, value_name = "ADDR:PORT", value_parser = parse_socket_addr)]
     http_listen: SocketAddr,
-    /// A fixed route, HOST=ADDR:PORT[,ADDR:PORT...]. Repeatable.
-    #[arg(long = "route", value_name = "HOST=ADDRS", required = true)]
+    /// A fixed route, HOST[/PATH]=ADDR:PORT[,ADDR:PORT...]: a path ending in /* is a prefix
+    /// (app.test/api/*), another an exact path. Repeatable.
+    #[arg(long = "route", value_name = "HOST[/PATH]=ADDRS", required = true)]
     #[serde(skip)]
     routes: Vec<String>,
     /// Worker threads [default: the number of CPUs].
@@ -297,7 +298,10 @@ fn edge(args: EdgeArgs) -> anyhow::Result<()> {
                     .map_err(|e| anyhow::anyhow!("{flag} {}: {e}", path.display()))
             };
             let (cert_pem, key_pem) = (read("--tls-cert", cert)?, read("--tls-key", key)?);
-            let hosts: Vec<&str> = routes.iter().map(|(h, _)| h.as_str()).collect();
+            let hosts: Vec<&str> = routes
+                .iter()
+                .map(|(h, _)| h.split('/').next().unwrap_or(h))
+                .collect();
             Some(ployz_daemon::EdgeTls::from_pem(
                 *listen,
                 (cert, &cert_pem),

@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod deploy;
 pub mod dial_stdio;
 pub mod dns;
+pub mod gate;
 pub mod image;
 pub mod machine;
 pub mod machine_status;

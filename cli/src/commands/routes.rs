@@ -58,6 +58,10 @@ fn routes_table(routes: &EdgeRoutes) -> comfy_table::Table {
         } else {
             r.path.to_string()
         };
+        let service = match &r.gate {
+            Some(gate) => format!("{} ({gate})", r.service),
+            None => r.service.clone(),
+        };
         let host = if r.https {
             format!("{} (https)", r.hostname)
         } else {
@@ -67,7 +71,7 @@ fn routes_table(routes: &EdgeRoutes) -> comfy_table::Table {
             t.add_row(vec![
                 host,
                 path,
-                r.service.clone(),
+                service,
                 "-".into(),
                 "-".into(),
                 "no Serving Container: 503".into(),
@@ -90,7 +94,7 @@ fn routes_table(routes: &EdgeRoutes) -> comfy_table::Table {
                 if first { host.clone() } else { String::new() },
                 if first { path.clone() } else { String::new() },
                 if first {
-                    r.service.clone()
+                    service.clone()
                 } else {
                     String::new()
                 },
@@ -128,6 +132,7 @@ mod tests {
                     service: "api".into(),
                     strips: true,
                     https: true,
+                    gate: None,
                     upstreams: vec![up(2, true, false), up(3, false, true)],
                 },
                 EdgeRouteView {
@@ -136,6 +141,7 @@ mod tests {
                     service: "health".into(),
                     strips: false,
                     https: false,
+                    gate: Some("maintenance".into()),
                     upstreams: vec![],
                 },
             ],
@@ -147,7 +153,7 @@ mod tests {
             &["HOSTNAME", "PATH", "SERVICE", "UPSTREAM", "CONTAINER", "STATE"][..],
             &["shop.example.com (https)", "/api/* (stripped)", "api", "10.210.0.2:8080", "000000000000", "local, 2 in flight"],
             &["10.210.0.3:8080", "remote, Machine observed down (tried last), failing (skipped a few seconds), 3 in flight"],
-            &["shop.example.com", "= /healthz", "health", "-", "no Serving Container: 503"],
+            &["shop.example.com", "= /healthz", "health (maintenance)", "-", "no Serving Container: 503"],
         ]) {
             for p in parts {
                 assert!(line.contains(p), "{p} not in {line}\n{text}");
