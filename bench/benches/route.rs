@@ -77,6 +77,7 @@ fn table(n: usize, paths: bool) -> RouteTable {
                         hostname: "shop.example.com".into(),
                         path: PathMatch::Prefix(format!("/team-{}/svc-{i}", i % 97)),
                         strip_prefix: true,
+                        redirect: None,
                     }]
                 } else {
                     vec![]

@@ -117,11 +117,23 @@ fn services_share_a_hostname_by_path(position: Position) {
                 false,
                 1
             ),
+            ("site".to_owned(), r#"{"prefix":"/"}"#.to_owned(), false, 0),
+            (
+                "site".to_owned(),
+                r#"{"prefix":"/old"}"#.to_owned(),
+                true,
+                0
+            ),
         ],
         "{routes:#}"
     );
+    assert_eq!(
+        routes["routes"][4]["redirect"],
+        "301 http://shop.test.localhost/new"
+    );
     let text = stdout(&run(&lab, &m, &["routes"]));
     for part in [
+        "redirects (301) to http://shop.test.localhost/new",
         "HOSTNAME",
         HOST,
         "/api/* (stripped)",

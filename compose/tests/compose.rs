@@ -67,6 +67,43 @@ fn warning<'a>(p: &'a LoadedProject, key: &str) -> &'a ComposeWarning {
 const LONG_LABEL: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"; // 64
 
 #[test]
+fn a_redirect_route_keeps_its_target_without_a_trailing_slash() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("compose.yaml"),
+        "services:\n  web:\n    image: nginx\n    x-ports: [example.com:80/https, www.example.com:80/https]\n    x-routes:\n      - {hostname: www.example.com, redirect: HTTPS://Example.com/}\n      - {hostname: example.com, path: /old, strip_prefix: true, redirect: https://example.com/new/, status: 301}\n",
+    )
+    .unwrap();
+    let project = load(&ComposeInput {
+        files: vec![dir.path().join("compose.yaml")],
+        profiles: vec![],
+        env: Default::default(),
+    })
+    .unwrap();
+    let web = &project.services[0];
+    let redirects: Vec<String> = web
+        .served_paths()
+        .iter()
+        .map(|p| {
+            format!(
+                "{}{} -> {}",
+                p.hostname,
+                p.path,
+                p.redirect
+                    .map_or("-".to_owned(), |r| format!("{} {}", r.status, r.to))
+            )
+        })
+        .collect();
+    assert_eq!(
+        redirects,
+        [
+            "example.com/old/* -> 301 https://example.com/new",
+            "www.example.com/* -> 308 https://example.com",
+        ]
+    );
+}
+
+#[test]
 fn services_share_a_hostname_by_path() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -409,6 +446,26 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             "x-routes entry with neither path nor exact",
             "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - strip_prefix: true\n".into(),
             vec!["x-routes[0]", "needs path:"],
+        ),
+        (
+            "x-routes redirect to itself",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - redirect: https://A.example.com/x\n".into(),
+            vec!["x-routes[0].redirect", "https://a.example.com/x", "back to itself", "redirect to another hostname"],
+        ),
+        (
+            "x-routes redirect that is not a URL",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - redirect: example.com?x\n".into(),
+            vec!["x-routes[0].redirect", "goes to http:// or https://"],
+        ),
+        (
+            "x-routes redirect status",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http, www.a.example.com:80/http]\n    x-routes:\n      - {hostname: www.a.example.com, redirect: https://a.example.com, status: 200}\n".into(),
+            vec!["x-routes[0].status", "'200'", "301, 302, 303, 307 or 308"],
+        ),
+        (
+            "x-routes status without a redirect",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - {path: /a, status: 301}\n".into(),
+            vec!["x-routes[0].status", "has no redirect:"],
         ),
         (
             "x-routes the same path twice",
@@ -799,16 +856,19 @@ fn full_web_spec() -> ServiceSpec {
                 hostname: "shop.example.com".into(),
                 path: PathMatch::Prefix("/".into()),
                 strip_prefix: false,
+                redirect: None,
             },
             RouteSpec {
                 hostname: "shop.example.com".into(),
                 path: PathMatch::Prefix("/api".into()),
                 strip_prefix: true,
+                redirect: None,
             },
             RouteSpec {
                 hostname: "shop.example.com".into(),
                 path: PathMatch::Exact("/healthz".into()),
                 strip_prefix: false,
+                redirect: None,
             },
         ],
     }

@@ -247,7 +247,17 @@ const PLOYZ_NESTED_KEYS: &[(&str, &[&str])] = &[
     ),
     ("secrets.*", &["content"]),
     ("deploy.resources.limits", &["devices"]),
-    ("x-routes[]", &["exact", "hostname", "path", "strip_prefix"]),
+    (
+        "x-routes[]",
+        &[
+            "exact",
+            "hostname",
+            "path",
+            "redirect",
+            "status",
+            "strip_prefix",
+        ],
+    ),
 ];
 
 /// Nested keys that change nothing the loader gives, and why that is not a key vanishing:

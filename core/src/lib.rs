@@ -52,7 +52,7 @@ pub use selector::{
 };
 pub use spec::{
     ConfigFile, ContainerSpec, HostProtocol, IngressProtocol, Logging, Mount, PathMatch, PortSpec,
-    PreDeployHook, PullPolicy, Resources, RouteSpec, ServedPath, ServiceMode, ServiceSpec, Ulimit,
-    UpdateConfig, UpdateOrder, VolumeSpec,
+    PreDeployHook, PullPolicy, Redirect, Resources, RouteSpec, ServedPath, ServiceMode,
+    ServiceSpec, Ulimit, UpdateConfig, UpdateOrder, VolumeSpec,
 };
 pub use spec::{SecretFile, SecretValue};

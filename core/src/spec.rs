@@ -105,6 +105,20 @@ pub struct RouteSpec {
     /// The container gets the path without the prefix (`/api/users` as `/users`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub strip_prefix: bool,
+    /// The edge answers these requests with a redirect instead of sending them on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redirect: Option<Redirect>,
+}
+
+/// A redirect an edge answers itself: `Location` is `to` followed by the request's path (less a
+/// stripped prefix) and query.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Redirect {
+    /// `http://` or `https://`, a host, an optional port and base path; no query, no trailing
+    /// `/`.
+    pub to: String,
+    /// 301, 302, 303, 307 or 308.
+    pub status: u16,
 }
 
 /// Which request paths a route takes: the query is never part of the match.
@@ -154,6 +168,7 @@ pub struct ServedPath<'a> {
     pub hostname: &'a str,
     pub path: PathMatch,
     pub strip_prefix: bool,
+    pub redirect: Option<&'a Redirect>,
     pub container_port: u16,
     pub protocol: IngressProtocol,
 }
@@ -616,10 +631,11 @@ impl ServiceSpec {
             else {
                 continue;
             };
-            let served = |path: PathMatch, strip_prefix: bool| ServedPath {
+            let served = |path: PathMatch, strip_prefix: bool, redirect| ServedPath {
                 hostname,
                 path,
                 strip_prefix,
+                redirect,
                 container_port: *container_port,
                 protocol: *protocol,
             };
@@ -629,10 +645,10 @@ impl ServiceSpec {
                 .filter(|r| &r.hostname == hostname)
                 .peekable();
             if routed.peek().is_none() {
-                out.push(served(PathMatch::root(), false));
+                out.push(served(PathMatch::root(), false, None));
             }
             for r in routed {
-                out.push(served(r.path.clone(), r.strip_prefix));
+                out.push(served(r.path.clone(), r.strip_prefix, r.redirect.as_ref()));
             }
         }
         out

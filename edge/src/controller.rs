@@ -136,6 +136,7 @@ impl RouteController {
                     crate::route_table::RouteGate::Maintenance { .. } => "maintenance".to_owned(),
                     crate::route_table::RouteGate::Paused { .. } => "paused".to_owned(),
                 }),
+                redirect: r.redirect.as_ref().map(|(s, to)| format!("{s} {to}")),
                 upstreams: r
                     .upstreams
                     .iter()

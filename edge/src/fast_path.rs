@@ -911,6 +911,7 @@ impl FastPath {
         // A gated Service (maintenance, paused) is Pingora's proxy's to answer.
         if route.upstreams.is_empty()
             || route.gate.is_some()
+            || route.redirect.is_some()
             || (route.https && !conn.tls && self.edge.https_port().is_some())
         {
             return None;

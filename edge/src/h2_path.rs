@@ -243,7 +243,11 @@ impl FastPath {
             |host, target| {
                 table
                     .match_request(host, target)
-                    .filter(|route| !route.upstreams.is_empty() && route.gate.is_none())
+                    .filter(|route| {
+                        !route.upstreams.is_empty()
+                            && route.gate.is_none()
+                            && route.redirect.is_none()
+                    })
                     .map(|route| route.strip)
             },
             &mut buffers.out,

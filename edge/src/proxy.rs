@@ -749,6 +749,17 @@ impl ProxyHttp for EdgeProxy {
             .map(|h| h.route_for(target.as_bytes()).cloned());
         drop(table);
         match found {
+            Some(Some(route)) if route.redirect.is_some() => {
+                // The route's own redirect, before any to HTTPS: one hop to where it goes.
+                let (status, to) = route.redirect.clone().expect("matched as Some");
+                let mut location = to.as_bytes().to_vec();
+                crate::route_table::write_target(&mut location, target.as_bytes(), route.strip);
+                let mut resp = ResponseHeader::build(status, Some(3))?;
+                resp.insert_header("location", location)?;
+                resp.insert_header("content-length", "0")?;
+                session.write_response_header(Box::new(resp), true).await?;
+                Ok(true)
+            }
             Some(Some(route)) if route.https && !is_tls(session) && self.https_port.is_some() => {
                 // Hostnames served over HTTPS redirect plain HTTP there (the ACME challenge
                 // path excepted, so validation over HTTP keeps working).

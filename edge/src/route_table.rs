@@ -153,6 +153,9 @@ pub struct Route {
     pub https: bool,
     /// The Service's gate: its requests answered with a maintenance page, or held.
     pub gate: Option<RouteGate>,
+    /// The edge answers with this redirect (status, `Location` before the request's path and
+    /// query) instead of sending requests on.
+    pub redirect: Option<(u16, Arc<str>)>,
     next: AtomicUsize,
     /// Per upstream, until when (ms on the caller's clock) it is marked failed.
     down_until: Box<[AtomicU64]>,
@@ -207,6 +210,7 @@ impl Route {
             upstreams,
             https,
             gate: None,
+            redirect: None,
             next: AtomicUsize::new(0),
         }
     }
@@ -441,27 +445,34 @@ impl RouteTable {
         counters: &dyn InFlightCounters,
         (generation, gates): (u64, &HashMap<ServiceId, GateState>),
     ) -> RouteTable {
-        /// One route being gathered: its Services, bytes stripped, upstreams and gate.
+        /// One route being gathered: its Services, bytes stripped, upstreams, gate and
+        /// redirect.
         type Gathered = (
             std::collections::BTreeSet<String>,
             usize,
             Vec<Upstream>,
             Option<RouteGate>,
+            Option<(u16, Arc<str>)>,
         );
         let mut by_host: HashMap<String, (bool, HashMap<PathMatch, Gathered>)> = HashMap::new();
         for o in observations {
             let gate = gates.get(&o.service_id);
             let serving = o.is_serving() && !draining.contains(&o.id);
             // A gated Service keeps its routes with no Serving Container left (its containers
-            // stopped for maintenance): the gate still answers.
-            if o.kind != ContainerKind::Service || !(serving || gate.is_some()) {
-                continue;
-            }
-            let Some(spec) = &o.spec else {
+            // stopped for maintenance): the gate still answers; so do redirects, which need no
+            // container.
+            let Some(spec) = o.spec.as_ref().filter(|_| o.kind == ContainerKind::Service) else {
                 continue;
             };
+            let redirects = spec.routes.iter().any(|r| r.redirect.is_some());
+            if !(serving || gate.is_some() || redirects) {
+                continue;
+            }
             let ip = o.address.filter(|_| serving);
             for served in spec.served_paths() {
+                if !serving && gate.is_none() && served.redirect.is_none() {
+                    continue;
+                }
                 let host = served.hostname;
                 // Compose checks hostnames and paths; a record from elsewhere that is not one
                 // (a port, a quote, a path that is not plain) is not routed, so no Host can
@@ -486,7 +497,13 @@ impl RouteTable {
                     route.3 = gate.map(RouteGate::of);
                 }
                 route.1 = route.1.max(strip);
-                let Some(ip) = ip else {
+                if let Some(r) = served.redirect {
+                    route
+                        .4
+                        .get_or_insert_with(|| (r.status, r.to.as_str().into()));
+                    continue;
+                }
+                let Some(ip) = ip.filter(|_| serving) else {
                     continue;
                 };
                 let up = Upstream {
@@ -505,7 +522,7 @@ impl RouteTable {
             .into_iter()
             .map(|(host, (https, routes))| {
                 let mut entry = HostRoutes::default();
-                for (path, (services, strip, mut ups, gate)) in routes {
+                for (path, (services, strip, mut ups, gate, redirect)) in routes {
                     ups.sort_by_key(|u| (u.on_down_machine, !u.local, u.addr));
                     let service = services.into_iter().collect::<Vec<_>>().join(", ");
                     let mut route = Route::new(
@@ -517,6 +534,7 @@ impl RouteTable {
                         https,
                     );
                     route.gate = gate;
+                    route.redirect = redirect;
                     let route = Arc::new(route);
                     match path {
                         PathMatch::Prefix(p) if p == "/" => entry.root = Some(route),
@@ -658,7 +676,13 @@ impl RouteTable {
                     r.service.to_string(),
                     r.strip,
                     r.https,
-                    r.gate.as_ref().map(RouteGate::describe).unwrap_or_default(),
+                    format!(
+                        "{}{}",
+                        r.gate.as_ref().map(RouteGate::describe).unwrap_or_default(),
+                        r.redirect
+                            .as_ref()
+                            .map_or(String::new(), |(s, to)| format!(" redirect {s} {to}"))
+                    ),
                     r.upstreams
                         .iter()
                         .map(|u| (u.addr, u.container_id.clone(), u.local, u.on_down_machine))
@@ -978,6 +1002,7 @@ pub(crate) mod tests {
                 hostname: "app.test".into(),
                 path: path.clone(),
                 strip_prefix: *strip,
+                redirect: None,
             })
             .collect();
         o
@@ -1069,6 +1094,27 @@ pub(crate) mod tests {
         let plain = build(&[stopped, other], &m, 2);
         assert!(plain.match_request(b"app.test", b"/").is_none());
         assert_ne!(plain.fingerprint(), t.fingerprint());
+    }
+
+    #[test]
+    fn a_redirect_route_needs_no_serving_container_and_has_no_upstream() {
+        let m = MachineId::generate();
+        let mut o = routed(&m, 1, "site", &[(prefix("/old"), true)]);
+        o.state = ContainerState::Exited;
+        o.spec.as_mut().unwrap().routes[0].redirect = Some(ployz_core::Redirect {
+            to: "https://example.com/new".into(),
+            status: 301,
+        });
+        let t = build(&[o], &m, 1);
+        let r = t.match_request(b"app.test", b"/old/x?y").unwrap();
+        assert_eq!(r.redirect, Some((301, "https://example.com/new".into())));
+        assert!(r.upstreams.is_empty());
+        assert_eq!(r.strip, 4);
+        let mut location = r.redirect.as_ref().unwrap().1.as_bytes().to_vec();
+        write_target(&mut location, b"/old/x?y", r.strip);
+        assert_eq!(location, b"https://example.com/new/x?y");
+        // The stopped container's other paths are not routed.
+        assert!(t.match_request(b"app.test", b"/").is_none());
     }
 
     #[test]

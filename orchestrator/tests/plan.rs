@@ -485,6 +485,7 @@ fn services_share_a_hostname_by_path_and_the_same_path_twice_is_refused() {
         hostname: "app.example.com".into(),
         path: ployz_core::PathMatch::Prefix(path.into()),
         strip_prefix: false,
+        redirect: None,
     };
     let mut site = spec("site");
     site.ports = vec![ingress.clone()];

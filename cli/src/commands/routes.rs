@@ -67,6 +67,18 @@ fn routes_table(routes: &EdgeRoutes) -> comfy_table::Table {
         } else {
             r.hostname.clone()
         };
+        if let Some(redirect) = &r.redirect {
+            let (status, to) = redirect.split_once(' ').unwrap_or(("", redirect));
+            t.add_row(vec![
+                host,
+                path,
+                service,
+                "-".into(),
+                "-".into(),
+                format!("redirects ({status}) to {to}"),
+            ]);
+            continue;
+        }
         if r.upstreams.is_empty() {
             t.add_row(vec![
                 host,
@@ -133,6 +145,7 @@ mod tests {
                     strips: true,
                     https: true,
                     gate: None,
+                    redirect: None,
                     upstreams: vec![up(2, true, false), up(3, false, true)],
                 },
                 EdgeRouteView {
@@ -142,6 +155,7 @@ mod tests {
                     strips: false,
                     https: false,
                     gate: Some("maintenance".into()),
+                    redirect: None,
                     upstreams: vec![],
                 },
             ],

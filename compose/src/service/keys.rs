@@ -314,6 +314,8 @@ pub const KEY_RULES: &[KeyRule] = &[
     under("x-routes[]", "exact", Kept, "one path, matched exactly"),
     under("x-routes[]", "hostname", Kept, "the Ingress Hostname of x-ports it routes (needed when there are several)"),
     under("x-routes[]", "path", Kept, "a path prefix, matched on a segment boundary, longest first"),
+    under("x-routes[]", "redirect", Kept, "the edge answers a redirect there itself, the path and query kept"),
+    under("x-routes[]", "status", Kept, "the redirect's status: 301, 302, 303, 307 or 308 (the default)"),
     under("x-routes[]", "strip_prefix", Kept, "the container sees the path without the prefix"),
     under("x-pre_deploy", "environment", Kept, "the hook container's environment"),
     under("x-pre_deploy", "privileged", Kept, "runs the hook container privileged, named in a warning"),

@@ -8,6 +8,8 @@
 //!   - exact: /healthz       # that path alone
 //!   - hostname: example.com # needed when the Service publishes more than one hostname
 //!     path: /static
+//!   - hostname: www.example.com   # the edge answers a redirect itself,
+//!     redirect: https://example.com  # path and query kept; status 308 unless `status:`
 //! ```
 //!
 //! Paths are plain text, never patterns: a prefix matches on a segment boundary, longest first,
@@ -16,7 +18,7 @@
 
 use std::collections::BTreeSet;
 
-use ployz_core::{PathMatch, PortSpec, RouteSpec};
+use ployz_core::{PathMatch, PortSpec, Redirect, RouteSpec};
 
 use super::keys::nested_keys;
 use super::shapes::{boolean, text};
@@ -33,6 +35,7 @@ pub(super) struct RawRoute {
     hostname: Option<String>,
     path: PathMatch,
     strip_prefix: bool,
+    redirect: Option<Redirect>,
 }
 
 /// Reads `x-routes:`: a list of entries, each with `path` or `exact`, and optionally `hostname`
@@ -84,6 +87,7 @@ fn entry(ctx: &mut ServiceCtx<'_>, key: String, n: &Node) -> Option<RawRoute> {
         None | Some(Node::Null) => false,
         Some(s) => ctx.get(&format!("{key}.strip_prefix"), s, boolean)?,
     };
+    let redirect = redirect(ctx, &key, n)?;
     let path = match (n.get("path"), n.get("exact")) {
         (Some(p), None) => {
             let field = format!("{key}.path");
@@ -110,6 +114,8 @@ fn entry(ctx: &mut ServiceCtx<'_>, key: String, n: &Node) -> Option<RawRoute> {
             );
             return None;
         }
+        // A redirect without a path takes the whole hostname (`www.` to the apex).
+        (None, None) if redirect.is_some() => PathMatch::root(),
         (None, None) => {
             ctx.err(
                 &key,
@@ -134,7 +140,123 @@ fn entry(ctx: &mut ServiceCtx<'_>, key: String, n: &Node) -> Option<RawRoute> {
         hostname,
         path,
         strip_prefix,
+        redirect,
     })
+}
+
+/// The statuses a redirect may answer with.
+const REDIRECT_STATUSES: [u16; 5] = [301, 302, 303, 307, 308];
+
+/// `redirect:` and `status:` of a route entry: `Some(None)` without a redirect, `None` (the
+/// error recorded) when either is wrong.
+fn redirect(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<Option<Redirect>> {
+    let status = match n.get("status") {
+        None | Some(Node::Null) => None,
+        Some(s) => Some(ctx.get(&format!("{key}.status"), s, super::shapes::u32_of)?),
+    };
+    let Some(to) = n.get("redirect").filter(|r| !matches!(r, Node::Null)) else {
+        if let Some(status) = status {
+            ctx.err(
+                &format!("{key}.status"),
+                Some(status.to_string()),
+                "status: is the status of a redirect, and this route has no redirect:",
+                Some("add redirect: https://example.com, or remove status:"),
+            );
+            return None;
+        }
+        return Some(None);
+    };
+    let field = format!("{key}.redirect");
+    let to = ctx.get(&field, to, text)?;
+    let Some(target) = check_redirect_target(&to) else {
+        ctx.err(
+            &field,
+            Some(to.chars().take(80).collect()),
+            "a redirect goes to http:// or https://, a host name, an optional port and an optional plain path, with no query or fragment",
+            Some("write e.g. redirect: https://example.com (the request's path and query are added)"),
+        );
+        return None;
+    };
+    let status = status.unwrap_or(308);
+    let Some(status) = u16::try_from(status)
+        .ok()
+        .filter(|s| REDIRECT_STATUSES.contains(s))
+    else {
+        ctx.err(
+            &format!("{key}.status"),
+            Some(status.to_string()),
+            "a redirect answers 301, 302, 303, 307 or 308",
+            Some("use 308 (permanent, the default) or 307 (temporary), which keep the method"),
+        );
+        return None;
+    };
+    Some(Some(Redirect { to: target, status }))
+}
+
+/// A redirect target as routes keep it (scheme and host lowercase, no trailing `/`), or `None`
+/// when it is not `http(s)://host[:port][/plain/path]`.
+fn check_redirect_target(to: &str) -> Option<String> {
+    let lower = to.trim();
+    let (scheme, rest) = lower.split_once("://")?;
+    let scheme = scheme.to_ascii_lowercase();
+    if scheme != "http" && scheme != "https" {
+        return None;
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (authority, None),
+    };
+    let host_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.contains('.')
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-');
+    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|n| n > 0));
+    let path_ok = path
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~!&'+,;=:@/%".contains(&b))
+        && !path.contains("//");
+    if !(host_ok && port_ok && path_ok) {
+        return None;
+    }
+    let path = path.trim_end_matches('/');
+    Some(format!(
+        "{scheme}://{}{}{path}",
+        host.to_ascii_lowercase(),
+        port.map_or(String::new(), |p| format!(":{p}"))
+    ))
+}
+
+/// Whether a redirect of `hostname`'s `path` to `to` would come back to the same route: the
+/// same host (no port named) and a base path the route takes again.
+fn redirect_loops(hostname: &str, path: &PathMatch, to: &str) -> bool {
+    let Some((_, rest)) = to.split_once("://") else {
+        return false;
+    };
+    let (authority, base) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    if !authority.eq_ignore_ascii_case(hostname) {
+        return false;
+    }
+    match path {
+        PathMatch::Prefix(p) if p == "/" => true,
+        PathMatch::Prefix(p) => {
+            base == p
+                || base
+                    .strip_prefix(p.as_str())
+                    .is_some_and(|r| r.starts_with('/'))
+        }
+        // An exact path loops only when the request path added to the base is itself: never
+        // for a non-empty base, and for an empty one it lands on the same path.
+        PathMatch::Exact(_) => base.is_empty(),
+    }
 }
 
 /// Checks one route path and answers it as routes keep it: without a trailing `/` (but `/`).
@@ -234,10 +356,25 @@ pub(super) fn settle(
                 continue;
             }
         };
+        if let Some(redirect) = &r.redirect {
+            if redirect_loops(&hostname, &r.path, &redirect.to) {
+                ctx.err(
+                    &format!("{}.redirect", r.key),
+                    Some(redirect.to.clone()),
+                    format!(
+                        "redirects {hostname}{} back to itself: the edge would answer the redirected request with the same redirect",
+                        r.path
+                    ),
+                    Some("redirect to another hostname (www.example.com to example.com), or to a path this route does not take"),
+                );
+                continue;
+            }
+        }
         let route = RouteSpec {
             hostname,
             path: r.path,
             strip_prefix: r.strip_prefix,
+            redirect: r.redirect,
         };
         if let Some(same) = out
             .iter()
