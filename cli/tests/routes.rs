@@ -15,7 +15,10 @@ services:
   site:
     image: IMAGE
     command: ["sh", "-c", "mkdir -p /www && echo site-root > /www/index.html && echo site-docs > /www/api-docs && echo site-users > /www/users && exec httpd -f -p 8080 -h /www"]
-    x-ports: [shop.test.localhost:8080/http]
+    x-ports: [shop.test.localhost:8080/http, www.shop.test.localhost:8080/http]
+    x-routes:
+      - {hostname: www.shop.test.localhost, redirect: http://shop.test.localhost}
+      - {hostname: www.shop.test.localhost, path: /old, strip_prefix: true, redirect: http://shop.test.localhost/new, status: 301}
   api:
     image: IMAGE
     command: ["sh", "-c", "mkdir -p /www/v1 && echo api-users > /www/users && echo api-index > /www/index.html && echo api-v1 > /www/v1/orders && exec httpd -f -p 8080 -h /www"]
@@ -40,6 +43,35 @@ services:
     x-routes:
       - path: /api
 "#;
+
+/// One GET on its own connection: (status, `Location`).
+fn location(port: u16, host: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    let status = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let location = raw
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .starts_with("location:")
+                .then(|| l[9..].trim().to_owned())
+        })
+        .unwrap_or_default();
+    (status, location)
+}
 
 fn services_share_a_hostname_by_path(position: Position) {
     let lab = Lab::new();
@@ -87,6 +119,17 @@ fn services_share_a_hostname_by_path(position: Position) {
         let (status, body) = http_get(m.daemon.http_port, HOST, path);
         assert_eq!((status, body.as_str()), want, "{path} on {position:?}");
     }
+    // Redirects the edge answers itself, the path and query kept (less a stripped prefix).
+    for (path, want) in [
+        ("/", (308, "http://shop.test.localhost/")),
+        ("/a/b?c=1", (308, "http://shop.test.localhost/a/b?c=1")),
+        ("/old/x?y=2", (301, "http://shop.test.localhost/new/x?y=2")),
+        ("/old", (301, "http://shop.test.localhost/new/")),
+    ] {
+        let got = location(m.daemon.http_port, "www.shop.test.localhost", path);
+        assert_eq!((got.0, got.1.as_str()), want, "{path} on {position:?}");
+    }
+
     // Nothing under /api/health/ is the exact path: it goes to the prefix's container, which
     // has no such file.
     assert_eq!(http_get(m.daemon.http_port, HOST, "/api/health/x").0, 404);
