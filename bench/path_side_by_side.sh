@@ -2,7 +2,7 @@
 # Path-prefix routing against nginx, on loopback: ROUTES prefixes of one hostname
 # (`/team-<i % 97>/svc-<i>/`), every one proxied to the same upstream (an nginx answering 200
 # to every request), and wrk asking for a path deep under one of them
-# (`/team-46/svc-731/orders/2026?page=2`).
+# (`/team-52/svc-731/orders/2026?page=2`).
 #
 #   nginx  one `location /team-../svc-../ { proxy_pass ...; }` per route (a prefix location,
 #          as users write them), a keep-alive upstream pool, the forwarding fields the edge
@@ -29,7 +29,7 @@ UP_PORT=$BASE_PORT
 NGINX_PORT=$((BASE_PORT + 1))
 EDGE_PORT=$((BASE_PORT + 2))
 HOST=shop.localhost
-TARGET_PATH="/team-46/svc-731/orders/2026?page=2"
+TARGET_PATH="/team-$((731 % 97))/svc-731/orders/2026?page=2"
 TARGETS=(nginx edge)
 EXPECTED="hello from upstream"
 
