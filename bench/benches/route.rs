@@ -78,6 +78,8 @@ fn table(n: usize, paths: bool) -> RouteTable {
                         path: PathMatch::Prefix(format!("/team-{}/svc-{i}", i % 97)),
                         strip_prefix: true,
                         redirect: None,
+                        request_headers: Default::default(),
+                        response_headers: Default::default(),
                     }]
                 } else {
                     vec![]

@@ -26,6 +26,14 @@ services:
     x-routes:
       - path: /api/
         strip_prefix: true
+  echo:
+    image: IMAGE
+    command: ["sh", "-c", "mkdir -p /www/cgi-bin && printf '#!/bin/sh\\necho Content-Type: text/plain\\necho X-Internal: secret\\necho\\nenv | grep ^HTTP_ | sort\\n' > /www/cgi-bin/echo && chmod +x /www/cgi-bin/echo && exec httpd -f -p 8080 -h /www"]
+    x-ports: [shop.test.localhost:8080/http]
+    x-routes:
+      - path: /cgi-bin
+        request_headers: {set: {X-Tenant: acme}, add: {X-Extra: one}, remove: [Cookie]}
+        response_headers: {set: {Strict-Transport-Security: max-age=63072000}, add: {X-Served-By: ployz}, remove: [X-Internal]}
   health:
     image: IMAGE
     command: ["sh", "-c", "mkdir -p /www/api && echo health-ok > /www/api/health && exec httpd -f -p 8080 -h /www"]
@@ -43,6 +51,22 @@ services:
     x-routes:
       - path: /api
 "#;
+
+/// One GET with `extra` header lines on its own connection: the whole answer.
+fn raw_get(port: u16, host: &str, path: &str, extra: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    let _ = s.read_to_string(&mut raw);
+    raw
+}
 
 /// One GET on its own connection: (status, `Location`).
 fn location(port: u16, host: &str, path: &str) -> (u16, String) {
@@ -130,6 +154,39 @@ fn services_share_a_hostname_by_path(position: Position) {
         assert_eq!((got.0, got.1.as_str()), want, "{path} on {position:?}");
     }
 
+    // Header rules: the request's, then the response's.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let answer = loop {
+        let raw = raw_get(
+            m.daemon.http_port,
+            HOST,
+            "/cgi-bin/echo",
+            "X-Tenant: evil\r\nCookie: session=1\r\n",
+        );
+        if raw.starts_with("HTTP/1.1 200") {
+            break raw;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the echo route never served: {raw}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    let head = head.to_ascii_lowercase();
+    assert!(
+        body.contains("HTTP_X_TENANT=acme") && !body.contains("evil"),
+        "{body}"
+    );
+    assert!(body.contains("HTTP_X_EXTRA=one"), "{body}");
+    assert!(!body.contains("HTTP_COOKIE"), "{body}");
+    assert!(
+        head.contains("\r\nstrict-transport-security: max-age=63072000"),
+        "{head}"
+    );
+    assert!(head.contains("\r\nx-served-by: ployz"), "{head}");
+    assert!(!head.contains("x-internal"), "{head}");
+
     // Nothing under /api/health/ is the exact path: it goes to the prefix's container, which
     // has no such file.
     assert_eq!(http_get(m.daemon.http_port, HOST, "/api/health/x").0, 404);
@@ -155,6 +212,12 @@ fn services_share_a_hostname_by_path(position: Position) {
             ("site".to_owned(), r#"{"prefix":"/"}"#.to_owned(), false, 1),
             ("api".to_owned(), r#"{"prefix":"/api"}"#.to_owned(), true, 1),
             (
+                "echo".to_owned(),
+                r#"{"prefix":"/cgi-bin"}"#.to_owned(),
+                false,
+                1
+            ),
+            (
                 "health".to_owned(),
                 r#"{"exact":"/api/health"}"#.to_owned(),
                 false,
@@ -171,7 +234,7 @@ fn services_share_a_hostname_by_path(position: Position) {
         "{routes:#}"
     );
     assert_eq!(
-        routes["routes"][4]["redirect"],
+        routes["routes"][5]["redirect"],
         "301 http://shop.test.localhost/new"
     );
     let text = stdout(&run(&lab, &m, &["routes"]));

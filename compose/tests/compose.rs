@@ -448,6 +448,26 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["x-routes[0]", "needs path:"],
         ),
         (
+            "x-routes header the edge decides",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - response_headers: {set: {Content-Length: '5'}}\n".into(),
+            vec!["x-routes[0].response_headers.set", "Content-Length", "decides the content-length field itself"],
+        ),
+        (
+            "x-routes forwarding field on a request",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - request_headers: {remove: [X-Forwarded-For]}\n".into(),
+            vec!["x-routes[0].request_headers.remove", "X-Forwarded-For", "forwarding fields are the edge's"],
+        ),
+        (
+            "x-routes header value on two lines",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - response_headers: {add: {X-A: \"a\\nb\"}}\n".into(),
+            vec!["x-routes[0].response_headers.add.x-a", "one line of at most 4096 bytes"],
+        ),
+        (
+            "x-routes header name",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - response_headers: {set: {'X A': b}}\n".into(),
+            vec!["x-routes[0].response_headers.set", "'X A'", "is not a header field name"],
+        ),
+        (
             "x-routes redirect to itself",
             "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - redirect: https://A.example.com/x\n".into(),
             vec!["x-routes[0].redirect", "https://a.example.com/x", "back to itself", "redirect to another hostname"],
@@ -857,18 +877,24 @@ fn full_web_spec() -> ServiceSpec {
                 path: PathMatch::Prefix("/".into()),
                 strip_prefix: false,
                 redirect: None,
+                request_headers: Default::default(),
+                response_headers: Default::default(),
             },
             RouteSpec {
                 hostname: "shop.example.com".into(),
                 path: PathMatch::Prefix("/api".into()),
                 strip_prefix: true,
                 redirect: None,
+                request_headers: Default::default(),
+                response_headers: Default::default(),
             },
             RouteSpec {
                 hostname: "shop.example.com".into(),
                 path: PathMatch::Exact("/healthz".into()),
                 strip_prefix: false,
                 redirect: None,
+                request_headers: Default::default(),
+                response_headers: Default::default(),
             },
         ],
     }

@@ -254,10 +254,14 @@ const PLOYZ_NESTED_KEYS: &[(&str, &[&str])] = &[
             "hostname",
             "path",
             "redirect",
+            "request_headers",
+            "response_headers",
             "status",
             "strip_prefix",
         ],
     ),
+    ("x-routes[].request_headers", &["add", "remove", "set"]),
+    ("x-routes[].response_headers", &["add", "remove", "set"]),
 ];
 
 /// Nested keys that change nothing the loader gives, and why that is not a key vanishing:

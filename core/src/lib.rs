@@ -51,8 +51,8 @@ pub use selector::{
     ServiceSelector,
 };
 pub use spec::{
-    ConfigFile, ContainerSpec, HostProtocol, IngressProtocol, Logging, Mount, PathMatch, PortSpec,
-    PreDeployHook, PullPolicy, Redirect, Resources, RouteSpec, ServedPath, ServiceMode,
-    ServiceSpec, Ulimit, UpdateConfig, UpdateOrder, VolumeSpec,
+    ConfigFile, ContainerSpec, HeaderRules, HostProtocol, IngressProtocol, Logging, Mount,
+    PathMatch, PortSpec, PreDeployHook, PullPolicy, Redirect, Resources, RouteSpec, ServedPath,
+    ServiceMode, ServiceSpec, Ulimit, UpdateConfig, UpdateOrder, VolumeSpec,
 };
 pub use spec::{SecretFile, SecretValue};

@@ -108,6 +108,31 @@ pub struct RouteSpec {
     /// The edge answers these requests with a redirect instead of sending them on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redirect: Option<Redirect>,
+    /// Fields the edge changes in the request before it goes to the container.
+    #[serde(default, skip_serializing_if = "HeaderRules::is_empty")]
+    pub request_headers: HeaderRules,
+    /// Fields the edge changes in the container's response.
+    #[serde(default, skip_serializing_if = "HeaderRules::is_empty")]
+    pub response_headers: HeaderRules,
+}
+
+/// Header fields a route changes, in this order: `remove`, then `set` (replacing any field of
+/// the name), then `add` (beside any). Names are lowercase.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct HeaderRules {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remove: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub set: std::collections::BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub add: std::collections::BTreeMap<String, String>,
+}
+
+impl HeaderRules {
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.remove.is_empty() && self.set.is_empty() && self.add.is_empty()
+    }
 }
 
 /// A redirect an edge answers itself: `Location` is `to` followed by the request's path (less a
@@ -169,6 +194,8 @@ pub struct ServedPath<'a> {
     pub path: PathMatch,
     pub strip_prefix: bool,
     pub redirect: Option<&'a Redirect>,
+    /// The route's header rules (request, response), when it has any.
+    pub headers: Option<(&'a HeaderRules, &'a HeaderRules)>,
     pub container_port: u16,
     pub protocol: IngressProtocol,
 }
@@ -631,11 +658,12 @@ impl ServiceSpec {
             else {
                 continue;
             };
-            let served = |path: PathMatch, strip_prefix: bool, redirect| ServedPath {
+            let served = |path: PathMatch, strip_prefix: bool, redirect, headers| ServedPath {
                 hostname,
                 path,
                 strip_prefix,
                 redirect,
+                headers,
                 container_port: *container_port,
                 protocol: *protocol,
             };
@@ -645,10 +673,17 @@ impl ServiceSpec {
                 .filter(|r| &r.hostname == hostname)
                 .peekable();
             if routed.peek().is_none() {
-                out.push(served(PathMatch::root(), false, None));
+                out.push(served(PathMatch::root(), false, None, None));
             }
             for r in routed {
-                out.push(served(r.path.clone(), r.strip_prefix, r.redirect.as_ref()));
+                let headers = (!r.request_headers.is_empty() || !r.response_headers.is_empty())
+                    .then_some((&r.request_headers, &r.response_headers));
+                out.push(served(
+                    r.path.clone(),
+                    r.strip_prefix,
+                    r.redirect.as_ref(),
+                    headers,
+                ));
             }
         }
         out

@@ -912,6 +912,7 @@ impl FastPath {
         if route.upstreams.is_empty()
             || route.gate.is_some()
             || route.redirect.is_some()
+            || route.headers.is_some()
             || (route.https && !conn.tls && self.edge.https_port().is_some())
         {
             return None;

@@ -247,6 +247,7 @@ impl FastPath {
                         !route.upstreams.is_empty()
                             && route.gate.is_none()
                             && route.redirect.is_none()
+                            && route.headers.is_none()
                     })
                     .map(|route| route.strip)
             },

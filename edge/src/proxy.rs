@@ -1024,6 +1024,20 @@ impl ProxyHttp for EdgeProxy {
             let value = line.get(colon + 2..).unwrap_or_default().to_vec();
             upstream_request.insert_header(name, value)?;
         }
+        // The route's own changes come last; Compose keeps them off the forwarding and
+        // framing fields.
+        if let Some(headers) = ctx.attempts.route.as_ref().and_then(|r| r.headers.clone()) {
+            let rules = &headers.0;
+            for name in &rules.remove {
+                upstream_request.remove_header(name.as_str());
+            }
+            for (name, value) in &rules.set {
+                upstream_request.insert_header(name.clone(), value.as_str())?;
+            }
+            for (name, value) in &rules.add {
+                upstream_request.append_header(name.clone(), value.as_str())?;
+            }
+        }
         Ok(())
     }
 
@@ -1034,7 +1048,7 @@ impl ProxyHttp for EdgeProxy {
         &self,
         session: &mut Session,
         upstream_response: &mut ResponseHeader,
-        _ctx: &mut EdgeCtx,
+        ctx: &mut EdgeCtx,
     ) -> Result<()> {
         // A switch of protocols nobody asked for (an HTTP/2 request cannot ask) would leave
         // the client waiting for ever: 502, as on the fast paths.
@@ -1062,6 +1076,18 @@ impl ProxyHttp for EdgeProxy {
             "proxy-connection",
         ]) {
             upstream_response.remove_header(name);
+        }
+        if let Some(headers) = ctx.attempts.route.as_ref().and_then(|r| r.headers.clone()) {
+            let rules = &headers.1;
+            for name in &rules.remove {
+                upstream_response.remove_header(name.as_str());
+            }
+            for (name, value) in &rules.set {
+                upstream_response.insert_header(name.clone(), value.as_str())?;
+            }
+            for (name, value) in &rules.add {
+                upstream_response.append_header(name.clone(), value.as_str())?;
+            }
         }
         Ok(())
     }

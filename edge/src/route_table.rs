@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ployz_core::{
-    ContainerId, ContainerKind, ContainerRuntimeObservation, GateState, IngressProtocol, MachineId,
-    PathMatch, ServiceId,
+    ContainerId, ContainerKind, ContainerRuntimeObservation, GateState, HeaderRules,
+    IngressProtocol, MachineId, PathMatch, ServiceId,
 };
 
 /// The longest DNS name; longer Host headers never match.
@@ -156,6 +156,8 @@ pub struct Route {
     /// The edge answers with this redirect (status, `Location` before the request's path and
     /// query) instead of sending requests on.
     pub redirect: Option<(u16, Arc<str>)>,
+    /// Header fields the edge changes: in the request, in the response.
+    pub headers: Option<Arc<(HeaderRules, HeaderRules)>>,
     next: AtomicUsize,
     /// Per upstream, until when (ms on the caller's clock) it is marked failed.
     down_until: Box<[AtomicU64]>,
@@ -211,6 +213,7 @@ impl Route {
             https,
             gate: None,
             redirect: None,
+            headers: None,
             next: AtomicUsize::new(0),
         }
     }
@@ -445,14 +448,15 @@ impl RouteTable {
         counters: &dyn InFlightCounters,
         (generation, gates): (u64, &HashMap<ServiceId, GateState>),
     ) -> RouteTable {
-        /// One route being gathered: its Services, bytes stripped, upstreams, gate and
-        /// redirect.
+        /// One route being gathered: its Services, bytes stripped, upstreams, gate, redirect
+        /// and header rules.
         type Gathered = (
             std::collections::BTreeSet<String>,
             usize,
             Vec<Upstream>,
             Option<RouteGate>,
             Option<(u16, Arc<str>)>,
+            Option<Arc<(HeaderRules, HeaderRules)>>,
         );
         let mut by_host: HashMap<String, (bool, HashMap<PathMatch, Gathered>)> = HashMap::new();
         for o in observations {
@@ -497,6 +501,11 @@ impl RouteTable {
                     route.3 = gate.map(RouteGate::of);
                 }
                 route.1 = route.1.max(strip);
+                if let Some((request, response)) = served.headers {
+                    route
+                        .5
+                        .get_or_insert_with(|| Arc::new((request.clone(), response.clone())));
+                }
                 if let Some(r) = served.redirect {
                     route
                         .4
@@ -522,7 +531,7 @@ impl RouteTable {
             .into_iter()
             .map(|(host, (https, routes))| {
                 let mut entry = HostRoutes::default();
-                for (path, (services, strip, mut ups, gate, redirect)) in routes {
+                for (path, (services, strip, mut ups, gate, redirect, headers)) in routes {
                     ups.sort_by_key(|u| (u.on_down_machine, !u.local, u.addr));
                     let service = services.into_iter().collect::<Vec<_>>().join(", ");
                     let mut route = Route::new(
@@ -535,6 +544,7 @@ impl RouteTable {
                     );
                     route.gate = gate;
                     route.redirect = redirect;
+                    route.headers = headers;
                     let route = Arc::new(route);
                     match path {
                         PathMatch::Prefix(p) if p == "/" => entry.root = Some(route),
@@ -682,7 +692,10 @@ impl RouteTable {
                         r.redirect
                             .as_ref()
                             .map_or(String::new(), |(s, to)| format!(" redirect {s} {to}"))
-                    ),
+                    ) + &r
+                        .headers
+                        .as_ref()
+                        .map_or(String::new(), |h| format!(" headers {:?}", h.as_ref())),
                     r.upstreams
                         .iter()
                         .map(|u| (u.addr, u.container_id.clone(), u.local, u.on_down_machine))
@@ -1003,6 +1016,8 @@ pub(crate) mod tests {
                 path: path.clone(),
                 strip_prefix: *strip,
                 redirect: None,
+                request_headers: Default::default(),
+                response_headers: Default::default(),
             })
             .collect();
         o

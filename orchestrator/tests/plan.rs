@@ -486,6 +486,8 @@ fn services_share_a_hostname_by_path_and_the_same_path_twice_is_refused() {
         path: ployz_core::PathMatch::Prefix(path.into()),
         strip_prefix: false,
         redirect: None,
+        request_headers: Default::default(),
+        response_headers: Default::default(),
     };
     let mut site = spec("site");
     site.ports = vec![ingress.clone()];

@@ -18,10 +18,10 @@
 
 use std::collections::BTreeSet;
 
-use ployz_core::{PathMatch, PortSpec, Redirect, RouteSpec};
+use ployz_core::{HeaderRules, PathMatch, PortSpec, Redirect, RouteSpec};
 
 use super::keys::nested_keys;
-use super::shapes::{boolean, text};
+use super::shapes::{boolean, kv_entries, string_list, text};
 use super::{Node, ServiceCtx};
 
 const KEY: &str = "x-routes";
@@ -36,6 +36,8 @@ pub(super) struct RawRoute {
     path: PathMatch,
     strip_prefix: bool,
     redirect: Option<Redirect>,
+    request_headers: HeaderRules,
+    response_headers: HeaderRules,
 }
 
 /// Reads `x-routes:`: a list of entries, each with `path` or `exact`, and optionally `hostname`
@@ -88,6 +90,9 @@ fn entry(ctx: &mut ServiceCtx<'_>, key: String, n: &Node) -> Option<RawRoute> {
         Some(s) => ctx.get(&format!("{key}.strip_prefix"), s, boolean)?,
     };
     let redirect = redirect(ctx, &key, n)?;
+    let request_headers = header_rules(ctx, &key, n, Side::Request)?;
+    let response_headers = header_rules(ctx, &key, n, Side::Response)?;
+    let whole = redirect.is_some() || !request_headers.is_empty() || !response_headers.is_empty();
     let path = match (n.get("path"), n.get("exact")) {
         (Some(p), None) => {
             let field = format!("{key}.path");
@@ -114,8 +119,9 @@ fn entry(ctx: &mut ServiceCtx<'_>, key: String, n: &Node) -> Option<RawRoute> {
             );
             return None;
         }
-        // A redirect without a path takes the whole hostname (`www.` to the apex).
-        (None, None) if redirect.is_some() => PathMatch::root(),
+        // A redirect or header rules without a path take the whole hostname (`www.` to the
+        // apex, a security header on every answer).
+        (None, None) if whole => PathMatch::root(),
         (None, None) => {
             ctx.err(
                 &key,
@@ -141,7 +147,139 @@ fn entry(ctx: &mut ServiceCtx<'_>, key: String, n: &Node) -> Option<RawRoute> {
         path,
         strip_prefix,
         redirect,
+        request_headers,
+        response_headers,
     })
+}
+
+/// Which message of the exchange header rules change.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Request,
+    Response,
+}
+
+impl Side {
+    fn key(self) -> &'static str {
+        match self {
+            Side::Request => "request_headers",
+            Side::Response => "response_headers",
+        }
+    }
+
+    /// Fields no rule may touch: the framing and hop-by-hop ones, which the edge itself
+    /// decides, and on requests `Host` and the forwarding fields, which the container must be
+    /// able to trust.
+    fn reserved(self, name: &str) -> bool {
+        const FRAMING: [&str; 8] = [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "transfer-encoding",
+            "content-length",
+            "te",
+            "trailer",
+            "upgrade",
+        ];
+        const FORWARDING: [&str; 5] = [
+            "host",
+            "forwarded",
+            "x-forwarded-for",
+            "x-forwarded-proto",
+            "x-forwarded-host",
+        ];
+        FRAMING.contains(&name) || (self == Side::Request && FORWARDING.contains(&name))
+    }
+}
+
+/// A header field name a rule may change, lowercase; `None` (the error recorded) otherwise.
+fn header_name(ctx: &mut ServiceCtx<'_>, field: &str, name: &str, side: Side) -> Option<String> {
+    let lower = name.to_ascii_lowercase();
+    let token = !lower.is_empty()
+        && lower
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+    if !token {
+        ctx.err(
+            field,
+            Some(name.chars().take(80).collect()),
+            "is not a header field name",
+            Some("use letters, digits and - (e.g. Strict-Transport-Security)"),
+        );
+        return None;
+    }
+    if side.reserved(&lower) {
+        ctx.err(
+            field,
+            Some(name.to_owned()),
+            format!("the edge decides the {lower} field itself; a route cannot change it"),
+            Some("leave it out; hop-by-hop, framing and (on requests) Host and the forwarding fields are the edge's"),
+        );
+        return None;
+    }
+    Some(lower)
+}
+
+/// `request_headers:` or `response_headers:` of a route entry (`remove:` a list of names,
+/// `set:` and `add:` maps of name to value); empty without one, `None` (the error recorded)
+/// when it is wrong.
+fn header_rules(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node, side: Side) -> Option<HeaderRules> {
+    let Some(rules) = n.get(side.key()).filter(|r| !matches!(r, Node::Null)) else {
+        return Some(HeaderRules::default());
+    };
+    let at = format!("{key}.{}", side.key());
+    let Node::Map(_) = rules else {
+        ctx.bad(
+            &at,
+            rules,
+            format!("expected set:, add: and remove:, found {}", rules.kind()),
+        );
+        return None;
+    };
+    nested_keys(ctx, &format!("x-routes[].{}", side.key()), &at, rules);
+    let mut out = HeaderRules::default();
+    let mut ok = true;
+    if let Some(list) = rules.get("remove") {
+        let field = format!("{at}.remove");
+        for name in ctx.get(&field, list, string_list)? {
+            match header_name(ctx, &field, &name, side) {
+                Some(name) if !out.remove.contains(&name) => out.remove.push(name),
+                Some(_) => {}
+                None => ok = false,
+            }
+        }
+        out.remove.sort();
+    }
+    for which in ["set", "add"] {
+        let Some(map) = rules.get(which) else {
+            continue;
+        };
+        let field = format!("{at}.{which}");
+        for (name, value) in ctx.get(&field, map, kv_entries)? {
+            let Some(name) = header_name(ctx, &field, &name, side) else {
+                ok = false;
+                continue;
+            };
+            let value = value.unwrap_or_default();
+            if value.len() > 4096 || value.chars().any(|c| c.is_control() && c != '\t') {
+                ctx.err(
+                    &format!("{field}.{name}"),
+                    None,
+                    "a header value is one line of at most 4096 bytes",
+                    Some("remove the line breaks and control characters"),
+                );
+                ok = false;
+                continue;
+            }
+            let target = if which == "set" {
+                &mut out.set
+            } else {
+                &mut out.add
+            };
+            target.insert(name, value);
+        }
+    }
+    ok.then_some(out)
 }
 
 /// The statuses a redirect may answer with.
@@ -375,6 +513,8 @@ pub(super) fn settle(
             path: r.path,
             strip_prefix: r.strip_prefix,
             redirect: r.redirect,
+            request_headers: r.request_headers,
+            response_headers: r.response_headers,
         };
         if let Some(same) = out
             .iter()
