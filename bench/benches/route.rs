@@ -80,6 +80,7 @@ fn table(n: usize, paths: bool) -> RouteTable {
                         redirect: None,
                         request_headers: Default::default(),
                         response_headers: Default::default(),
+                        allow: vec![],
                     }]
                 } else {
                     vec![]

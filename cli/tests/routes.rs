@@ -26,12 +26,14 @@ services:
     x-routes:
       - path: /api/
         strip_prefix: true
+      - {path: /api/admin, allow: [192.0.2.0/24]}
   echo:
     image: IMAGE
     command: ["sh", "-c", "mkdir -p /www/cgi-bin && printf '#!/bin/sh\\necho Content-Type: text/plain\\necho X-Internal: secret\\necho\\nenv | grep ^HTTP_ | sort\\n' > /www/cgi-bin/echo && chmod +x /www/cgi-bin/echo && exec httpd -f -p 8080 -h /www"]
     x-ports: [shop.test.localhost:8080/http]
     x-routes:
       - path: /cgi-bin
+        allow: [127.0.0.0/8, "::1"]
         request_headers: {set: {X-Tenant: acme}, add: {X-Extra: one}, remove: [Cookie]}
         response_headers: {set: {Strict-Transport-Security: max-age=63072000}, add: {X-Served-By: ployz}, remove: [X-Internal]}
   health:
@@ -187,6 +189,13 @@ fn services_share_a_hostname_by_path(position: Position) {
     assert!(head.contains("\r\nx-served-by: ployz"), "{head}");
     assert!(!head.contains("x-internal"), "{head}");
 
+    // An allow list: the client here is 127.0.0.1, which /cgi-bin admits and /api/admin not.
+    let (status, body) = http_get(m.daemon.http_port, HOST, "/api/admin/users");
+    assert_eq!(
+        (status, body.as_str()),
+        (403, "this path admits only some client addresses\n")
+    );
+
     // Nothing under /api/health/ is the exact path: it goes to the prefix's container, which
     // has no such file.
     assert_eq!(http_get(m.daemon.http_port, HOST, "/api/health/x").0, 404);
@@ -212,6 +221,12 @@ fn services_share_a_hostname_by_path(position: Position) {
             ("site".to_owned(), r#"{"prefix":"/"}"#.to_owned(), false, 1),
             ("api".to_owned(), r#"{"prefix":"/api"}"#.to_owned(), true, 1),
             (
+                "api".to_owned(),
+                r#"{"prefix":"/api/admin"}"#.to_owned(),
+                false,
+                1
+            ),
+            (
                 "echo".to_owned(),
                 r#"{"prefix":"/cgi-bin"}"#.to_owned(),
                 false,
@@ -234,7 +249,7 @@ fn services_share_a_hostname_by_path(position: Position) {
         "{routes:#}"
     );
     assert_eq!(
-        routes["routes"][5]["redirect"],
+        routes["routes"][6]["redirect"],
         "301 http://shop.test.localhost/new"
     );
     let text = stdout(&run(&lab, &m, &["routes"]));

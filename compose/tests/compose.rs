@@ -448,6 +448,16 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["x-routes[0]", "needs path:"],
         ),
         (
+            "x-routes allow entry that is no network",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - {path: /admin, allow: [10.0.0.0/8, office]}\n".into(),
+            vec!["x-routes[0].allow", "'office'", "is not an IP address or network"],
+        ),
+        (
+            "x-routes empty allow list",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - {path: /admin, allow: []}\n".into(),
+            vec!["x-routes[0].allow", "would admit no one"],
+        ),
+        (
             "x-routes header the edge decides",
             "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - response_headers: {set: {Content-Length: '5'}}\n".into(),
             vec!["x-routes[0].response_headers.set", "Content-Length", "decides the content-length field itself"],
@@ -879,6 +889,7 @@ fn full_web_spec() -> ServiceSpec {
                 redirect: None,
                 request_headers: Default::default(),
                 response_headers: Default::default(),
+                allow: vec![],
             },
             RouteSpec {
                 hostname: "shop.example.com".into(),
@@ -887,6 +898,7 @@ fn full_web_spec() -> ServiceSpec {
                 redirect: None,
                 request_headers: Default::default(),
                 response_headers: Default::default(),
+                allow: vec![],
             },
             RouteSpec {
                 hostname: "shop.example.com".into(),
@@ -895,6 +907,7 @@ fn full_web_spec() -> ServiceSpec {
                 redirect: None,
                 request_headers: Default::default(),
                 response_headers: Default::default(),
+                allow: vec![],
             },
         ],
     }

@@ -250,6 +250,7 @@ const PLOYZ_NESTED_KEYS: &[(&str, &[&str])] = &[
     (
         "x-routes[]",
         &[
+            "allow",
             "exact",
             "hostname",
             "path",

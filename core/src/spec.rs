@@ -114,6 +114,10 @@ pub struct RouteSpec {
     /// Fields the edge changes in the container's response.
     #[serde(default, skip_serializing_if = "HeaderRules::is_empty")]
     pub response_headers: HeaderRules,
+    /// The client addresses admitted, as networks (`10.0.0.0/8`, `192.0.2.7/32`); empty admits
+    /// every one. Others get 403.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
 }
 
 /// Header fields a route changes, in this order: `remove`, then `set` (replacing any field of
@@ -196,6 +200,8 @@ pub struct ServedPath<'a> {
     pub redirect: Option<&'a Redirect>,
     /// The route's header rules (request, response), when it has any.
     pub headers: Option<(&'a HeaderRules, &'a HeaderRules)>,
+    /// The client networks it admits; empty: every client.
+    pub allow: &'a [String],
     pub container_port: u16,
     pub protocol: IngressProtocol,
 }
@@ -658,22 +664,24 @@ impl ServiceSpec {
             else {
                 continue;
             };
-            let served = |path: PathMatch, strip_prefix: bool, redirect, headers| ServedPath {
-                hostname,
-                path,
-                strip_prefix,
-                redirect,
-                headers,
-                container_port: *container_port,
-                protocol: *protocol,
-            };
+            let served =
+                |path: PathMatch, strip_prefix: bool, redirect, headers, allow| ServedPath {
+                    hostname,
+                    path,
+                    strip_prefix,
+                    redirect,
+                    headers,
+                    allow,
+                    container_port: *container_port,
+                    protocol: *protocol,
+                };
             let mut routed = self
                 .routes
                 .iter()
                 .filter(|r| &r.hostname == hostname)
                 .peekable();
             if routed.peek().is_none() {
-                out.push(served(PathMatch::root(), false, None, None));
+                out.push(served(PathMatch::root(), false, None, None, &[]));
             }
             for r in routed {
                 let headers = (!r.request_headers.is_empty() || !r.response_headers.is_empty())
@@ -683,6 +691,7 @@ impl ServiceSpec {
                     r.strip_prefix,
                     r.redirect.as_ref(),
                     headers,
+                    &r.allow,
                 ));
             }
         }

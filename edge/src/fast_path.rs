@@ -913,6 +913,7 @@ impl FastPath {
             || route.gate.is_some()
             || route.redirect.is_some()
             || route.headers.is_some()
+            || route.allow.is_some()
             || (route.https && !conn.tls && self.edge.https_port().is_some())
         {
             return None;

@@ -248,6 +248,7 @@ impl FastPath {
                             && route.gate.is_none()
                             && route.redirect.is_none()
                             && route.headers.is_none()
+                            && route.allow.is_none()
                     })
                     .map(|route| route.strip)
             },

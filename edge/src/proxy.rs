@@ -748,6 +748,22 @@ impl ProxyHttp for EdgeProxy {
             .match_hostname(host_of(session.req_header()))
             .map(|h| h.route_for(target.as_bytes()).cloned());
         drop(table);
+        if let Some(Some(route)) = &found {
+            let client = session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip());
+            if route.allow.is_some() && !client.is_some_and(|ip| route.admits(ip)) {
+                respond(
+                    session,
+                    403,
+                    "text/plain",
+                    "this path admits only some client addresses\n".into(),
+                )
+                .await?;
+                return Ok(true);
+            }
+        }
         match found {
             Some(Some(route)) if route.redirect.is_some() => {
                 // The route's own redirect, before any to HTTPS: one hop to where it goes.

@@ -158,6 +158,8 @@ pub struct Route {
     pub redirect: Option<(u16, Arc<str>)>,
     /// Header fields the edge changes: in the request, in the response.
     pub headers: Option<Arc<(HeaderRules, HeaderRules)>>,
+    /// The client networks admitted; others get 403. `None`: every client.
+    pub allow: Option<Arc<[ipnet::IpNet]>>,
     next: AtomicUsize,
     /// Per upstream, until when (ms on the caller's clock) it is marked failed.
     down_until: Box<[AtomicU64]>,
@@ -214,8 +216,21 @@ impl Route {
             gate: None,
             redirect: None,
             headers: None,
+            allow: None,
             next: AtomicUsize::new(0),
         }
+    }
+
+    /// Whether a client at `ip` may use the route (an IPv4 address mapped into IPv6 counts as
+    /// the IPv4 one).
+    pub fn admits(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        self.allow
+            .as_ref()
+            .is_none_or(|nets| nets.iter().any(|n| n.contains(&ip)))
     }
 
     /// The index of the next upstream in round-robin order that is not in `exclude` and not
@@ -457,6 +472,7 @@ impl RouteTable {
             Option<RouteGate>,
             Option<(u16, Arc<str>)>,
             Option<Arc<(HeaderRules, HeaderRules)>>,
+            Option<Arc<[ipnet::IpNet]>>,
         );
         let mut by_host: HashMap<String, (bool, HashMap<PathMatch, Gathered>)> = HashMap::new();
         for o in observations {
@@ -506,6 +522,13 @@ impl RouteTable {
                         .5
                         .get_or_insert_with(|| Arc::new((request.clone(), response.clone())));
                 }
+                if !served.allow.is_empty() && route.6.is_none() {
+                    // Compose checks the networks; one from elsewhere that does not parse
+                    // admits no one rather than everyone.
+                    let nets: Vec<ipnet::IpNet> =
+                        served.allow.iter().filter_map(|n| n.parse().ok()).collect();
+                    route.6 = Some(nets.into());
+                }
                 if let Some(r) = served.redirect {
                     route
                         .4
@@ -531,7 +554,7 @@ impl RouteTable {
             .into_iter()
             .map(|(host, (https, routes))| {
                 let mut entry = HostRoutes::default();
-                for (path, (services, strip, mut ups, gate, redirect, headers)) in routes {
+                for (path, (services, strip, mut ups, gate, redirect, headers, allow)) in routes {
                     ups.sort_by_key(|u| (u.on_down_machine, !u.local, u.addr));
                     let service = services.into_iter().collect::<Vec<_>>().join(", ");
                     let mut route = Route::new(
@@ -545,6 +568,7 @@ impl RouteTable {
                     route.gate = gate;
                     route.redirect = redirect;
                     route.headers = headers;
+                    route.allow = allow;
                     let route = Arc::new(route);
                     match path {
                         PathMatch::Prefix(p) if p == "/" => entry.root = Some(route),
@@ -695,7 +719,10 @@ impl RouteTable {
                     ) + &r
                         .headers
                         .as_ref()
-                        .map_or(String::new(), |h| format!(" headers {:?}", h.as_ref())),
+                        .map_or(String::new(), |h| format!(" headers {:?}", h.as_ref()))
+                        + &r.allow
+                            .as_ref()
+                            .map_or(String::new(), |a| format!(" allow {a:?}")),
                     r.upstreams
                         .iter()
                         .map(|u| (u.addr, u.container_id.clone(), u.local, u.on_down_machine))
@@ -1018,6 +1045,7 @@ pub(crate) mod tests {
                 redirect: None,
                 request_headers: Default::default(),
                 response_headers: Default::default(),
+                allow: vec![],
             })
             .collect();
         o
@@ -1130,6 +1158,33 @@ pub(crate) mod tests {
         assert_eq!(location, b"https://example.com/new/x?y");
         // The stopped container's other paths are not routed.
         assert!(t.match_request(b"app.test", b"/").is_none());
+    }
+
+    #[test]
+    fn an_allow_list_admits_its_networks_and_ipv4_mapped_addresses() {
+        let m = MachineId::generate();
+        let mut o = routed(&m, 1, "admin", &[(prefix("/admin"), false)]);
+        o.spec.as_mut().unwrap().routes[0].allow = vec![
+            "10.0.0.0/8".into(),
+            "2001:db8::/32".into(),
+            "not a network".into(),
+        ];
+        let t = build(&[o], &m, 1);
+        let r = t.match_request(b"app.test", b"/admin").unwrap();
+        for (ip, admitted) in [
+            ("10.1.2.3", true),
+            ("::ffff:10.1.2.3", true),
+            ("2001:db8::7", true),
+            ("11.0.0.1", false),
+            ("::1", false),
+        ] {
+            assert_eq!(r.admits(ip.parse().unwrap()), admitted, "{ip}");
+        }
+        let open = build(&[routed(&m, 2, "site", &[])], &m, 2);
+        assert!(open
+            .match_host(b"app.test")
+            .unwrap()
+            .admits("192.0.2.1".parse().unwrap()));
     }
 
     #[test]

@@ -488,6 +488,7 @@ fn services_share_a_hostname_by_path_and_the_same_path_twice_is_refused() {
         redirect: None,
         request_headers: Default::default(),
         response_headers: Default::default(),
+        allow: vec![],
     };
     let mut site = spec("site");
     site.ports = vec![ingress.clone()];

@@ -311,6 +311,7 @@ pub const KEY_RULES: &[KeyRule] = &[
     under("secrets.*", "template_driver", Warned, "is not supported and is ignored; the value is mounted as it is, not rendered as a template"),
     under("secrets.*", "content", Refused, "put the value in a file (file: ./secret.txt) or a variable (environment: VARIABLE), out of the Compose file"),
     under("x-pre_deploy", "command", Kept, "the hook's command (required)"),
+    under("x-routes[]", "allow", Kept, "the client addresses and networks admitted; others get 403"),
     under("x-routes[]", "exact", Kept, "one path, matched exactly"),
     under("x-routes[]", "hostname", Kept, "the Ingress Hostname of x-ports it routes (needed when there are several)"),
     under("x-routes[]", "path", Kept, "a path prefix, matched on a segment boundary, longest first"),

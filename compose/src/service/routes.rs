@@ -38,6 +38,7 @@ pub(super) struct RawRoute {
     redirect: Option<Redirect>,
     request_headers: HeaderRules,
     response_headers: HeaderRules,
+    allow: Vec<String>,
 }
 
 /// Reads `x-routes:`: a list of entries, each with `path` or `exact`, and optionally `hostname`
@@ -92,7 +93,11 @@ fn entry(ctx: &mut ServiceCtx<'_>, key: String, n: &Node) -> Option<RawRoute> {
     let redirect = redirect(ctx, &key, n)?;
     let request_headers = header_rules(ctx, &key, n, Side::Request)?;
     let response_headers = header_rules(ctx, &key, n, Side::Response)?;
-    let whole = redirect.is_some() || !request_headers.is_empty() || !response_headers.is_empty();
+    let allow = allow_list(ctx, &key, n)?;
+    let whole = redirect.is_some()
+        || !request_headers.is_empty()
+        || !response_headers.is_empty()
+        || !allow.is_empty();
     let path = match (n.get("path"), n.get("exact")) {
         (Some(p), None) => {
             let field = format!("{key}.path");
@@ -149,7 +154,51 @@ fn entry(ctx: &mut ServiceCtx<'_>, key: String, n: &Node) -> Option<RawRoute> {
         redirect,
         request_headers,
         response_headers,
+        allow,
     })
+}
+
+/// `allow:` of a route entry: addresses and networks (`10.0.0.0/8`, `192.0.2.7`, `2001:db8::/32`)
+/// as networks, sorted and unique; `None` (the error recorded) for one that is neither.
+fn allow_list(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<Vec<String>> {
+    let Some(list) = n.get("allow").filter(|l| !matches!(l, Node::Null)) else {
+        return Some(Vec::new());
+    };
+    let field = format!("{key}.allow");
+    let entries = ctx.get(&field, list, string_list)?;
+    if entries.is_empty() {
+        ctx.err(
+            &field,
+            None,
+            "an empty allow list would admit no one",
+            Some("name the networks to admit, or leave allow: out to admit every client"),
+        );
+        return None;
+    }
+    let mut out = Vec::new();
+    for entry in entries {
+        let net = entry.parse::<ipnet::IpNet>().ok().or_else(|| {
+            entry
+                .parse::<std::net::IpAddr>()
+                .ok()
+                .map(ipnet::IpNet::from)
+        });
+        match net {
+            Some(net) => out.push(net.trunc().to_string()),
+            None => {
+                ctx.err(
+                    &field,
+                    Some(entry.chars().take(60).collect()),
+                    "is not an IP address or network",
+                    Some("write addresses or networks such as 192.0.2.7, 10.0.0.0/8 or 2001:db8::/32"),
+                );
+                return None;
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    Some(out)
 }
 
 /// Which message of the exchange header rules change.
@@ -515,6 +564,7 @@ pub(super) fn settle(
             redirect: r.redirect,
             request_headers: r.request_headers,
             response_headers: r.response_headers,
+            allow: r.allow,
         };
         if let Some(same) = out
             .iter()
