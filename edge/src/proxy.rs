@@ -538,6 +538,9 @@ pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     out.extend_from_slice(&digits[i..]);
 }
 
+/// The answer for a hostname the edge routes, at a path none of its routes takes.
+const NO_ROUTE_FOR_PATH: &str = "no Service routes this path of this host\n";
+
 async fn respond(
     session: &mut Session,
     status: u16,
@@ -813,13 +816,7 @@ impl ProxyHttp for EdgeProxy {
                             Ok(false)
                         }
                         None => {
-                            respond(
-                                session,
-                                404,
-                                "text/plain",
-                                "no Service routes this path of this host\n".into(),
-                            )
-                            .await?;
+                            respond(session, 404, "text/plain", NO_ROUTE_FOR_PATH.into()).await?;
                             Ok(true)
                         }
                     }
@@ -830,13 +827,7 @@ impl ProxyHttp for EdgeProxy {
                 }
             },
             Some(None) => {
-                respond(
-                    session,
-                    404,
-                    "text/plain",
-                    "no Service routes this path of this host\n".into(),
-                )
-                .await?;
+                respond(session, 404, "text/plain", NO_ROUTE_FOR_PATH.into()).await?;
                 Ok(true)
             }
             None => {

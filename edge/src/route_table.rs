@@ -306,6 +306,20 @@ pub struct HostRoutes {
 }
 
 impl HostRoutes {
+    /// Adds `route`, which takes `path`, replacing any route of that path.
+    fn insert(&mut self, path: PathMatch, route: Arc<Route>) {
+        match path {
+            PathMatch::Prefix(p) if p == "/" => self.root = Some(route),
+            PathMatch::Prefix(p) => {
+                self.prefixes
+                    .insert(p.into_bytes().into_boxed_slice(), route);
+            }
+            PathMatch::Exact(p) => {
+                self.exact.insert(p.into_bytes().into_boxed_slice(), route);
+            }
+        }
+    }
+
     /// The route a request target (path and query) takes: its exact path, else its longest
     /// prefix on a segment boundary, else the whole hostname. No allocation.
     pub fn route_for(&self, target: &[u8]) -> Option<&Arc<Route>> {
@@ -569,18 +583,7 @@ impl RouteTable {
                     route.redirect = redirect;
                     route.headers = headers;
                     route.allow = allow;
-                    let route = Arc::new(route);
-                    match path {
-                        PathMatch::Prefix(p) if p == "/" => entry.root = Some(route),
-                        PathMatch::Prefix(p) => {
-                            entry
-                                .prefixes
-                                .insert(p.into_bytes().into_boxed_slice(), route);
-                        }
-                        PathMatch::Exact(p) => {
-                            entry.exact.insert(p.into_bytes().into_boxed_slice(), route);
-                        }
-                    }
+                    entry.insert(path, Arc::new(route));
                 }
                 (host.into_bytes().into_boxed_slice(), entry)
             })
@@ -617,20 +620,10 @@ impl RouteTable {
                 upstreams,
                 false,
             ));
-            let entry = hosts
+            hosts
                 .entry(host.into_bytes().into_boxed_slice())
-                .or_default();
-            match path {
-                PathMatch::Prefix(p) if p == "/" => entry.root = Some(route),
-                PathMatch::Prefix(p) => {
-                    entry
-                        .prefixes
-                        .insert(p.into_bytes().into_boxed_slice(), route);
-                }
-                PathMatch::Exact(p) => {
-                    entry.exact.insert(p.into_bytes().into_boxed_slice(), route);
-                }
-            }
+                .or_default()
+                .insert(path, route);
         }
         RouteTable {
             generation: 1,
