@@ -399,6 +399,12 @@ fn possessive(subject: &str) -> String {
 
 /// Who this command is, as the lease names its holder: user, host and process.
 fn holder_name() -> String {
+    format!("{} (pid {})", user_at_host(), std::process::id())
+}
+
+/// Who runs this command, as records of what a person did name them (a lease's holder, a
+/// Service Revision's and a Service Gate's setter): `user@host`, control characters dropped.
+pub fn user_at_host() -> String {
     let clean = |s: String| -> String {
         s.chars()
             .filter(|c| !c.is_control())
@@ -416,5 +422,5 @@ fn holder_name() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown host".to_owned());
-    format!("{user}@{host} (pid {})", std::process::id())
+    format!("{user}@{host}")
 }

@@ -183,7 +183,6 @@ fn gates(position: Position) {
     let pausing = Instant::now();
     ployz(&lab, &m, "1", &["service", "pause", "web", "--for", "2m"]);
     ployz(&lab, &m, "2", &["deploy", "-y"]);
-    std::thread::sleep(Duration::from_millis(300));
     let resumed = Instant::now();
     let out = ployz(&lab, &m, "2", &["service", "resume", "web"]);
     assert!(stdout(&out).contains("web is resumed"), "{}", stdout(&out));

@@ -250,7 +250,7 @@ fn services_share_a_hostname_by_path(position: Position) {
     );
     assert_eq!(
         routes["routes"][6]["redirect"],
-        "301 http://shop.test.localhost/new"
+        serde_json::json!({"to": "http://shop.test.localhost/new", "status": 301})
     );
     let text = stdout(&run(&lab, &m, &["routes"]));
     for part in [

@@ -1118,10 +1118,10 @@ pub struct EdgeRouteView {
     /// The Service's gate, `maintenance` or `paused`, if one stands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<String>,
-    /// The redirect the edge answers instead, `STATUS TARGET` (the request's path and query
-    /// follow the target).
+    /// The redirect the edge answers instead (the request's path and query follow the
+    /// target).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub redirect: Option<String>,
+    pub redirect: Option<crate::Redirect>,
     /// Serving Containers, in the order the edge prefers them.
     pub upstreams: Vec<EdgeUpstreamView>,
 }

@@ -136,7 +136,13 @@ impl RouteController {
                     crate::route_table::RouteGate::Maintenance { .. } => "maintenance".to_owned(),
                     crate::route_table::RouteGate::Paused { .. } => "paused".to_owned(),
                 }),
-                redirect: r.redirect.as_ref().map(|(s, to)| format!("{s} {to}")),
+                redirect: r
+                    .redirect
+                    .as_ref()
+                    .map(|(status, to)| ployz_core::Redirect {
+                        status: *status,
+                        to: to.to_string(),
+                    }),
                 upstreams: r
                     .upstreams
                     .iter()

@@ -1200,13 +1200,7 @@ async fn record_revisions(
     machines: &[MachineSnapshot],
     quiet: bool,
 ) {
-    let by = format!(
-        "{}@{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned()),
-        std::fs::read_to_string("/etc/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_else(|_| "unknown".to_owned())
-    );
+    let by = crate::leases::user_at_host();
     for service in plan.services.iter().filter(|s| !s.operations.is_empty()) {
         let before = machines
             .iter()

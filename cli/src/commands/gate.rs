@@ -98,17 +98,6 @@ pub async fn run(global: &GlobalArgs, cmd: ServiceCommand) -> anyhow::Result<()>
     }
 }
 
-/// Who asks, as a gate records it.
-fn who() -> String {
-    format!(
-        "{}@{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".to_owned()),
-        std::fs::read_to_string("/etc/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_else(|_| "unknown".to_owned())
-    )
-}
-
 /// The Service `selector` names, from every Machine's containers: (ID, Name).
 async fn find(
     client: &mut crate::client::ApiClient,
@@ -129,7 +118,7 @@ async fn set(global: &GlobalArgs, args: &GateArgs, gate: GateRequest) -> anyhow:
             .parse()
             .with_context(|| format!("'{name}' is not a Service Name"))?,
         gate,
-        set_by: who(),
+        set_by: crate::leases::user_at_host(),
     };
     let set: ServiceGate = client.put(api::paths::GATES, &request).await?;
     if args.json {

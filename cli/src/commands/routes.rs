@@ -67,27 +67,17 @@ fn routes_table(routes: &EdgeRoutes) -> comfy_table::Table {
         } else {
             r.hostname.clone()
         };
-        if let Some(redirect) = &r.redirect {
-            let (status, to) = redirect.split_once(' ').unwrap_or(("", redirect));
-            t.add_row(vec![
-                host,
-                path,
-                service,
-                "-".into(),
-                "-".into(),
-                format!("redirects ({status}) to {to}"),
-            ]);
-            continue;
-        }
-        if r.upstreams.is_empty() {
-            t.add_row(vec![
-                host,
-                path,
-                service,
-                "-".into(),
-                "-".into(),
-                "no Serving Container: 503".into(),
-            ]);
+        // A route with no upstream to list is one line saying what the edge answers.
+        let answer = match &r.redirect {
+            Some(redirect) => Some(format!(
+                "redirects ({}) to {}",
+                redirect.status, redirect.to
+            )),
+            None if r.upstreams.is_empty() => Some("no Serving Container: 503".to_owned()),
+            None => None,
+        };
+        if let Some(answer) = answer {
+            t.add_row(vec![host, path, service, "-".into(), "-".into(), answer]);
             continue;
         }
         for (i, u) in r.upstreams.iter().enumerate() {
