@@ -81,6 +81,7 @@ fn table(n: usize, paths: bool) -> RouteTable {
                         request_headers: Default::default(),
                         response_headers: Default::default(),
                         allow: vec![],
+                        ..Default::default()
                     }]
                 } else {
                     vec![]

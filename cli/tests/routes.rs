@@ -1,6 +1,7 @@
 //! `x-routes` end to end: Services sharing one Ingress Hostname by path through a real daemon
 //! and dockerd, on the HTTP/1 fast path and through Pingora's proxy alone; the path one of
-//! them routes refused to another; and `ployz routes` showing the table the edge serves.
+//! them routes refused to another; `ployz routes` showing the table the edge serves; and the
+//! rules a route adds: basic authentication, a timeout, a body limit and error pages.
 
 mod common;
 
@@ -292,4 +293,225 @@ fn services_share_a_hostname_by_path(position: Position) {
 in_both_positions!(
     #[ignore = "needs dockerd (scripts/test.sh runs it)"]
     services_share_a_hostname_by_path
+);
+
+/// `/admin` asks for the users of a file (bcrypt), `/staff` for those of a secret (argon2);
+/// `/slow` lets its container take 1 s and answers the edge's 504 with its own page; `/upload`
+/// takes bodies of 1 KiB at most.
+const RULES: &str = r#"
+secrets:
+  staff: {file: ./staff.htpasswd}
+services:
+  guarded:
+    image: IMAGE
+    command: ["sh", "-c", "mkdir -p /www/admin /www/staff /www/cgi-bin && echo admin-page > /www/admin/index.html && echo staff-page > /www/staff/index.html && printf '#!/bin/sh\\nsleep 3\\necho Content-Type: text/plain\\necho\\necho late\\n' > /www/cgi-bin/slow && printf '#!/bin/sh\\necho Content-Type: text/plain\\necho\\nwc -c\\n' > /www/cgi-bin/upload && chmod +x /www/cgi-bin/* && exec httpd -f -p 8080 -h /www"]
+    x-ports: [rules.test.localhost:8080/http]
+    x-routes:
+      - path: /admin
+        basic_auth: {users_file: ./admins.htpasswd, realm: Admins}
+      - path: /staff
+        basic_auth: {users_secret: staff}
+      - path: /cgi-bin/slow
+        timeout: 1s
+        error_pages: {504: ./504.html}
+      - path: /cgi-bin/upload
+        max_body_size: 1k
+"#;
+
+/// The `Authorization` field of a user and password.
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    format!(
+        "Authorization: Basic {}\r\n",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    )
+}
+
+/// The status of a raw answer.
+fn status_of(raw: &str) -> u16 {
+    raw.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+fn route_rules_authenticate_time_out_and_limit_bodies(position: Position) {
+    let lab = Lab::new();
+    let name = match position {
+        Position::FastPath => "rules1",
+        Position::PingoraOnly => "rules2",
+    };
+    let m = DockerMachine::with(&lab, name, &[QUIET_DAEMON, position.args()].concat(), &[]);
+    let admin_hash = bcrypt::hash("open sesame", 4).unwrap();
+    let staff_hash = {
+        use argon2::password_hash::{PasswordHasher, SaltString};
+        let salt = SaltString::encode_b64(b"route-rules-salt").unwrap();
+        argon2::Argon2::default()
+            .hash_password(b"staff-pass", &salt)
+            .unwrap()
+            .to_string()
+    };
+    std::fs::write(
+        lab.path("admins.htpasswd"),
+        format!("# admins\nalice:{admin_hash}\n"),
+    )
+    .unwrap();
+    std::fs::write(lab.path("staff.htpasswd"), format!("bob:{staff_hash}\n")).unwrap();
+    std::fs::write(lab.path("504.html"), "<h1>still thinking</h1>\n").unwrap();
+    std::fs::write(lab.path("compose.yaml"), RULES.replace("IMAGE", TEST_IMAGE)).unwrap();
+
+    // A plain password is refused before anything runs, naming the line and never the value.
+    std::fs::write(lab.path("plain.htpasswd"), "alice:open sesame\n").unwrap();
+    let plain = RULES
+        .replace("IMAGE", TEST_IMAGE)
+        .replace("./admins.htpasswd", "./plain.htpasswd");
+    std::fs::write(lab.path("plain.yaml"), plain).unwrap();
+    let out = run(&lab, &m, &["deploy", "-y", "-f", "plain.yaml"]);
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("x-routes[0].basic_auth.users_file")
+            && said.contains("line 1 has a hash that is not bcrypt or argon2"),
+        "{said}"
+    );
+    assert!(!said.contains("open sesame"), "{said}");
+    assert!(
+        m.docker_containers().is_empty(),
+        "{:?}",
+        m.docker_containers()
+    );
+
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let port = m.daemon.http_port;
+    let get = |path: &str, extra: &str| raw_get(port, "rules.test.localhost", path, extra);
+
+    // Serving once the container's health settles and the users lists reached the edge.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while status_of(&get("/admin/", &basic("alice", "open sesame"))) != 200
+        || status_of(&get("/staff/", &basic("bob", "staff-pass"))) != 200
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the guarded routes never served: {}",
+            get("/admin/", &basic("alice", "open sesame"))
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let answer = get("/admin/", &basic("alice", "open sesame"));
+    assert!(answer.ends_with("admin-page\n"), "{answer}");
+    let answer = get("/staff/", &basic("bob", "staff-pass"));
+    assert!(answer.ends_with("staff-page\n"), "{answer}");
+    for (path, field) in [
+        ("/admin/", String::new()),
+        ("/admin/", basic("alice", "wrong")),
+        ("/admin/", basic("bob", "staff-pass")),
+        (
+            "/admin/",
+            "Authorization: Bearer open-sesame\r\n".to_owned(),
+        ),
+        ("/staff/", basic("alice", "open sesame")),
+    ] {
+        let answer = get(path, &field);
+        assert_eq!(status_of(&answer), 401, "{path} {field}: {answer}");
+        let realm = if path == "/admin/" {
+            "Admins"
+        } else {
+            "restricted"
+        };
+        assert!(
+            answer.to_ascii_lowercase().contains(&format!(
+                "www-authenticate: basic realm=\"{}\"",
+                realm.to_ascii_lowercase()
+            )),
+            "{answer}"
+        );
+        assert!(!answer.contains("-page"), "{answer}");
+    }
+
+    // The container took longer than the route's timeout: the edge's 504, with the route's page.
+    let started = std::time::Instant::now();
+    let answer = get("/cgi-bin/slow", "");
+    assert_eq!(status_of(&answer), 504, "{answer}");
+    assert!(answer.ends_with("<h1>still thinking</h1>\n"), "{answer}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(2900),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A body over the route's limit is refused, declared or chunked; one under it goes through.
+    let (status, body) = http_request(
+        port,
+        "POST",
+        "rules.test.localhost",
+        "/cgi-bin/upload",
+        &"x".repeat(1000),
+    );
+    // The CGI answer has no length, so it comes chunked: the count is one line of it.
+    assert!(
+        status == 200 && body.lines().any(|l| l == "1000"),
+        "{status} {body:?}"
+    );
+    let (status, _) = http_request(
+        port,
+        "POST",
+        "rules.test.localhost",
+        "/cgi-bin/upload",
+        &"x".repeat(1025),
+    );
+    assert_eq!(status, 413);
+    let chunked = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let chunk = "y".repeat(800);
+        write!(
+            s,
+            "POST /cgi-bin/upload HTTP/1.1\r\nHost: rules.test.localhost\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n320\r\n{chunk}\r\n320\r\n{chunk}\r\n0\r\n\r\n"
+        )
+        .unwrap();
+        let mut raw = String::new();
+        let _ = s.read_to_string(&mut raw);
+        raw
+    };
+    assert_eq!(status_of(&chunked), 413, "{chunked}");
+
+    // `ployz routes` says which rules each route has.
+    let routes = json(&run(&lab, &m, &["routes", "--json"]));
+    let rules = |path: &str| -> Vec<String> {
+        routes["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["path"]["prefix"] == path)
+            .map(|r| serde_json::from_value(r["rules"].clone()).unwrap_or_default())
+            .unwrap_or_else(|| panic!("no route {path}: {routes:#}"))
+    };
+    assert_eq!(rules("/admin"), ["basic auth 'Admins'"]);
+    assert_eq!(rules("/cgi-bin/slow"), ["timeout 1s", "own pages for 504"]);
+    assert_eq!(rules("/cgi-bin/upload"), ["body at most 1024 bytes"]);
+
+    // The users lists travel by digest: no label, no inspect output carries a hash.
+    let (container, _) = m
+        .docker_containers()
+        .into_iter()
+        .find(|(n, _)| n.starts_with("guarded-"))
+        .unwrap();
+    let inspected = stdout(&docker(&["inspect", &container]));
+    let shown = stdout(&run(&lab, &m, &["inspect", "guarded", "--json"]));
+    for text in [&inspected, &shown] {
+        assert!(!text.contains(&admin_hash[7..]), "{text}");
+        assert!(!text.contains("argon2id"), "{text}");
+    }
+    assert!(
+        inspected.contains("\\\"digest\\\":\\\"sha256:"),
+        "{inspected}"
+    );
+}
+
+in_both_positions!(
+    #[ignore = "needs dockerd (scripts/test.sh runs it)"]
+    route_rules_authenticate_time_out_and_limit_bodies
 );

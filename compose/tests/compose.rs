@@ -890,6 +890,7 @@ fn full_web_spec() -> ServiceSpec {
                 request_headers: Default::default(),
                 response_headers: Default::default(),
                 allow: vec![],
+                ..Default::default()
             },
             RouteSpec {
                 hostname: "shop.example.com".into(),
@@ -899,6 +900,7 @@ fn full_web_spec() -> ServiceSpec {
                 request_headers: Default::default(),
                 response_headers: Default::default(),
                 allow: vec![],
+                ..Default::default()
             },
             RouteSpec {
                 hostname: "shop.example.com".into(),
@@ -908,6 +910,7 @@ fn full_web_spec() -> ServiceSpec {
                 request_headers: Default::default(),
                 response_headers: Default::default(),
                 allow: vec![],
+                ..Default::default()
             },
         ],
     }

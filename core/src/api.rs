@@ -1122,6 +1122,10 @@ pub struct EdgeRouteView {
     /// target).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redirect: Option<crate::Redirect>,
+    /// The route's rules the edge applies, in words (`basic auth 'Staff'`, `timeout 90s`,
+    /// `allow 2 networks`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<String>,
     /// Serving Containers, in the order the edge prefers them.
     pub upstreams: Vec<EdgeUpstreamView>,
 }

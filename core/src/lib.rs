@@ -21,6 +21,7 @@ mod partial;
 mod phase;
 mod selector;
 mod spec;
+pub mod users;
 
 pub use certificate::{
     covers, read_leaf, CertificateError, CertificateMaterial, CertificateSummary, LeafInfo,
@@ -51,8 +52,8 @@ pub use selector::{
     ServiceSelector,
 };
 pub use spec::{
-    ConfigFile, ContainerSpec, HeaderRules, HostProtocol, IngressProtocol, Logging, Mount,
-    PathMatch, PortSpec, PreDeployHook, PullPolicy, Redirect, Resources, RouteSpec, ServedPath,
-    ServiceMode, ServiceSpec, Ulimit, UpdateConfig, UpdateOrder, VolumeSpec,
+    BasicAuth, ConfigFile, ContainerSpec, HeaderRules, HostProtocol, IngressProtocol, Logging,
+    Mount, PathMatch, PortSpec, PreDeployHook, PullPolicy, Redirect, Resources, RouteSpec,
+    ServedPath, ServiceMode, ServiceSpec, Ulimit, UpdateConfig, UpdateOrder, VolumeSpec,
 };
 pub use spec::{SecretFile, SecretValue};

@@ -97,7 +97,7 @@ pub struct ServiceSpec {
 }
 
 /// One `x-routes` entry: requests for `hostname` whose path matches `path` reach the Service.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct RouteSpec {
     /// An Ingress Hostname the Service publishes in `x-ports`, lowercase.
     pub hostname: String,
@@ -118,6 +118,91 @@ pub struct RouteSpec {
     /// every one. Others get 403.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
+    /// Only the users of this list get through; others are asked for credentials (401).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<BasicAuth>,
+    /// How long the container may take to answer, in milliseconds: to begin its response and
+    /// between any two reads of it. `None`: the edge's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// The largest request body the route takes, in bytes; larger ones get 413. `None`: the
+    /// edge's own limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_body_bytes: Option<u64>,
+    /// Pages the edge answers with, by status (502, 503 or 504), when it cannot get an answer
+    /// from a container itself. A container's own error responses pass unchanged.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub error_pages: std::collections::BTreeMap<u16, String>,
+}
+
+impl RouteSpec {
+    /// Whether the route asks the edge for more than matching and stripping a path: what
+    /// only the edge's full proxy does (the fast paths decline such routes).
+    pub fn has_rules(&self) -> bool {
+        self.redirect.is_some()
+            || !self.request_headers.is_empty()
+            || !self.response_headers.is_empty()
+            || !self.allow.is_empty()
+            || self.basic_auth.is_some()
+            || self.timeout_ms.is_some()
+            || self.max_body_bytes.is_some()
+            || !self.error_pages.is_empty()
+    }
+}
+
+/// A route's basic authentication: a list of users with bcrypt or argon2 hashes (htpasswd
+/// lines, `user:$2y$...`), from a file or a secret. Like a secret's, its content travels only in
+/// the request that creates a container; labels, previews and reports carry its digest, and
+/// every edge reads the list from the store by that digest.
+///
+/// Equality, hashing and order ignore [`BasicAuth::users`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BasicAuth {
+    /// The realm the `WWW-Authenticate` challenge names.
+    pub realm: String,
+    /// `sha256:<hex>` of the users list.
+    pub digest: String,
+    /// The users list, present only while the spec travels to a daemon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub users: Option<SecretValue>,
+}
+
+impl BasicAuth {
+    /// Basic authentication against `users`, its digest computed from it.
+    pub fn new(realm: String, users: SecretValue) -> BasicAuth {
+        BasicAuth {
+            realm,
+            digest: users.digest(),
+            users: Some(users),
+        }
+    }
+}
+
+impl PartialEq for BasicAuth {
+    fn eq(&self, other: &BasicAuth) -> bool {
+        (&self.realm, &self.digest) == (&other.realm, &other.digest)
+    }
+}
+
+impl Eq for BasicAuth {}
+
+impl std::hash::Hash for BasicAuth {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.realm.hash(state);
+        self.digest.hash(state);
+    }
+}
+
+impl PartialOrd for BasicAuth {
+    fn partial_cmp(&self, other: &BasicAuth) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for BasicAuth {
+    fn cmp(&self, other: &BasicAuth) -> std::cmp::Ordering {
+        (&self.realm, &self.digest).cmp(&(&other.realm, &other.digest))
+    }
 }
 
 /// Header fields a route changes, in this order: `remove`, then `set` (replacing any field of
@@ -161,6 +246,13 @@ pub enum PathMatch {
     Exact(String),
 }
 
+impl Default for PathMatch {
+    /// The whole hostname.
+    fn default() -> PathMatch {
+        PathMatch::root()
+    }
+}
+
 impl PathMatch {
     /// The whole hostname.
     pub fn root() -> PathMatch {
@@ -202,6 +294,8 @@ pub struct ServedPath<'a> {
     pub headers: Option<(&'a HeaderRules, &'a HeaderRules)>,
     /// The client networks it admits; empty: every client.
     pub allow: &'a [String],
+    /// The `x-routes` entry it comes from; `None` for a hostname served whole.
+    pub route: Option<&'a RouteSpec>,
     pub container_port: u16,
     pub protocol: IngressProtocol,
 }
@@ -665,13 +759,14 @@ impl ServiceSpec {
                 continue;
             };
             let served =
-                |path: PathMatch, strip_prefix: bool, redirect, headers, allow| ServedPath {
+                |path: PathMatch, strip_prefix: bool, redirect, headers, allow, route| ServedPath {
                     hostname,
                     path,
                     strip_prefix,
                     redirect,
                     headers,
                     allow,
+                    route,
                     container_port: *container_port,
                     protocol: *protocol,
                 };
@@ -681,7 +776,7 @@ impl ServiceSpec {
                 .filter(|r| &r.hostname == hostname)
                 .peekable();
             if routed.peek().is_none() {
-                out.push(served(PathMatch::root(), false, None, None, &[]));
+                out.push(served(PathMatch::root(), false, None, None, &[], None));
             }
             for r in routed {
                 let headers = (!r.request_headers.is_empty() || !r.response_headers.is_empty())
@@ -692,6 +787,7 @@ impl ServiceSpec {
                     r.redirect.as_ref(),
                     headers,
                     &r.allow,
+                    Some(r),
                 ));
             }
         }
@@ -724,11 +820,19 @@ impl ServiceSpec {
         for s in &mut self.container.secrets {
             s.value = None;
         }
+        for auth in self.routes.iter_mut().filter_map(|r| r.basic_auth.as_mut()) {
+            auth.users = None;
+        }
     }
 
-    /// Whether any secret of this spec carries its value.
+    /// Whether any secret of this spec (a route's users list included) carries its value.
     pub fn has_secret_values(&self) -> bool {
         self.container.secrets.iter().any(|s| s.value.is_some())
+            || self
+                .routes
+                .iter()
+                .filter_map(|r| r.basic_auth.as_ref())
+                .any(|a| a.users.is_some())
     }
 
     /// The named Docker Volumes this Service mounts (not its anonymous volumes, which belong to

@@ -203,6 +203,7 @@ async fn run_container(
     // would run unrouted while its Deploy reported success.
     let m = machine.clone();
     let store = crate::api::store_blocking(move || m.writable_store()).await?;
+    keep_route_users(&store, &req.spec).await?;
     let c = d
         .run_service_container(
             &req.service_id,
@@ -240,6 +241,58 @@ async fn run_container(
     }
     tracing::info!(container = %c.name, service = %c.service_name, "service container started");
     Ok((StatusCode::CREATED, Json(c)).into_response())
+}
+
+/// Keeps the users list of each route's basic authentication in the store, where every edge
+/// reads it, before the container that serves the route exists. A spec carrying a list's
+/// digest alone (a rollback) needs the list kept already; without it the route would admit no
+/// one, so the container is refused before it is made.
+async fn keep_route_users(
+    store: &Arc<ployz_store::Store>,
+    spec: &ployz_core::ServiceSpec,
+) -> Result<(), Failure> {
+    for route in &spec.routes {
+        let Some(auth) = &route.basic_auth else {
+            continue;
+        };
+        let s = store.clone();
+        match auth.users.clone() {
+            Some(users) => {
+                if users.digest() != auth.digest {
+                    return Err(failure(
+                        StatusCode::BAD_REQUEST,
+                        ErrorCode::InvalidArgument,
+                        format!(
+                            "the users list of route {}{} does not have the digest the spec names",
+                            route.hostname, route.path
+                        ),
+                        Some("deploy again from the Compose file"),
+                    ));
+                }
+                crate::api::store_blocking(move || ployz_store::route_users::put_users(&s, &users))
+                    .await?;
+            }
+            None => {
+                let digest = auth.digest.clone();
+                let known = crate::api::store_blocking(move || {
+                    ployz_store::route_users::has_users(&s, &digest)
+                })
+                .await?;
+                if !known {
+                    return Err(failure(
+                        StatusCode::BAD_REQUEST,
+                        ErrorCode::InvalidArgument,
+                        format!(
+                            "route {}{} names a users list ({}) this Cluster's store does not hold",
+                            route.hostname, route.path, auth.digest
+                        ),
+                        Some("deploy from the Compose file, which carries the list"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn get_container(

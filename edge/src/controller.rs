@@ -27,11 +27,12 @@ use ployz_store::edge_reports::put_report;
 use ployz_store::follow::{follow, View};
 use ployz_store::gates::{stored_gates, GATES_NAMESPACE};
 use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
+use ployz_store::route_users::{stored_users, ROUTE_USERS_NAMESPACE};
 use ployz_store::{KeyPrefix, Store, StoreError};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use crate::route_table::{Fingerprint, InFlight, InFlightCounters, RouteTable};
+use crate::route_table::{Fingerprint, InFlight, InFlightCounters, RouteTable, Standing};
 
 #[derive(Default)]
 struct Counters(Mutex<HashMap<ContainerId, Arc<InFlight>>>);
@@ -143,6 +144,7 @@ impl RouteController {
                         status: *status,
                         to: to.to_string(),
                     }),
+                rules: r.rules(),
                 upstreams: r
                     .upstreams
                     .iter()
@@ -201,9 +203,14 @@ impl RouteController {
         last: &mut Fingerprint,
     ) -> Result<Option<u64>, StoreError> {
         let read = stored_observations(store).and_then(|observations| {
-            Ok((observations, stored_marks(store)?, stored_gates(store)?))
+            Ok((
+                observations,
+                stored_marks(store)?,
+                stored_gates(store)?,
+                stored_users(store)?,
+            ))
         });
-        let (observations, marks, gates) = match read {
+        let (observations, marks, gates, users) = match read {
             Ok(read) => read,
             Err(e) => {
                 self.rebuild_failures.fetch_add(1, Ordering::Relaxed);
@@ -219,12 +226,22 @@ impl RouteController {
             .clone();
         let gates: HashMap<ServiceId, GateState> =
             gates.into_iter().map(|g| (g.service_id, g.state)).collect();
+        let users: HashMap<String, Arc<crate::auth::Users>> = users
+            .into_iter()
+            .filter_map(|(digest, list)| {
+                Some((digest, Arc::new(crate::auth::Users::parse(&list)?)))
+            })
+            .collect();
         let table = RouteTable::build_gated(
             &observations,
             &draining,
             (store.local(), &down),
             self.counters.as_ref(),
-            (generation, &gates),
+            Standing {
+                generation,
+                gates: &gates,
+                users: &users,
+            },
         );
         // Counters of containers that are gone are dropped (in-flight requests keep theirs).
         {
@@ -300,7 +317,8 @@ impl RouteController {
     }
 
     /// Keeps the table current until `shutdown` turns true: a rebuild at start and after every
-    /// change to container observations, drain marks or Service Gates, and again shortly after
+    /// change to container observations, drain marks, Service Gates or users lists, and again
+    /// shortly after
     /// a rebuild the
     /// store could not be read for (the table published before stays meanwhile).
     pub async fn run(&self, store: Arc<Store>, shutdown: watch::Receiver<bool>) {
@@ -308,6 +326,7 @@ impl RouteController {
             KeyPrefix::machine_namespace(CONTAINERS_NAMESPACE),
             KeyPrefix::machine_namespace(DRAINING_NAMESPACE),
             KeyPrefix::cluster_namespace(GATES_NAMESPACE),
+            KeyPrefix::cluster_namespace(ROUTE_USERS_NAMESPACE),
         ];
         let view = PublishedRoutes {
             controller: self.clone(),

@@ -908,12 +908,9 @@ impl FastPath {
         let table = self.edge.routes().table().load();
         let route = table.match_request(&buf[plan.host.clone()], &buf[plan.target.clone()])?;
         plan.strip = route.strip;
-        // A gated Service (maintenance, paused) is Pingora's proxy's to answer.
+        // A gated Service (maintenance, paused) and a route with rules are Pingora's proxy's.
         if route.upstreams.is_empty()
-            || route.gate.is_some()
-            || route.redirect.is_some()
-            || route.headers.is_some()
-            || route.allow.is_some()
+            || route.needs_proxy()
             || (route.https && !conn.tls && self.edge.https_port().is_some())
         {
             return None;

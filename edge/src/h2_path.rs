@@ -243,13 +243,7 @@ impl FastPath {
             |host, target| {
                 table
                     .match_request(host, target)
-                    .filter(|route| {
-                        !route.upstreams.is_empty()
-                            && route.gate.is_none()
-                            && route.redirect.is_none()
-                            && route.headers.is_none()
-                            && route.allow.is_none()
-                    })
+                    .filter(|route| !route.upstreams.is_empty() && !route.needs_proxy())
                     .map(|route| route.strip)
             },
             &mut buffers.out,

@@ -22,6 +22,7 @@
 //! **Architecture Invariant:** the request path loads the table once per request and never
 //! awaits the store.
 
+pub mod auth;
 pub mod certificates;
 pub mod challenges;
 pub mod connection;

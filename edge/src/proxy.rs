@@ -162,6 +162,8 @@ pub struct EdgeProxy {
     https_port: Option<u16>,
     /// Pending HTTP-01 challenges, answered on the plain-HTTP listener for any Host.
     challenges: crate::ChallengeResponder,
+    /// Checks credentials on routes with basic authentication.
+    auth: Arc<crate::auth::AuthChecker>,
 }
 
 /// The upstreams one request has tried, and the in-flight counter it holds. Both request paths
@@ -238,6 +240,7 @@ impl EdgeProxy {
             metrics,
             https_port,
             challenges: crate::ChallengeResponder::default(),
+            auth: Arc::default(),
         }
     }
 
@@ -557,6 +560,36 @@ async fn respond(
         .await
 }
 
+/// Answers a request basic authentication did not admit: 401 with the realm's challenge, or
+/// 503 for a moment while the route's users list has not reached this Machine.
+async fn respond_refused(
+    session: &mut Session,
+    verdict: crate::auth::Verdict,
+    realm: &str,
+) -> Result<()> {
+    let (status, body, field) = match verdict {
+        crate::auth::Verdict::ListUnknown => (
+            503,
+            "this path's users list has not reached this Machine yet; try again in a moment\n",
+            ("retry-after", "1".to_owned()),
+        ),
+        _ => (
+            401,
+            "this path needs a user and password\n",
+            ("www-authenticate", crate::auth::challenge(realm)),
+        ),
+    };
+    let mut resp = ResponseHeader::build(status, Some(5))?;
+    resp.insert_header(field.0, field.1)?;
+    resp.insert_header("content-type", "text/plain")?;
+    resp.insert_header("content-length", body.len().to_string())?;
+    resp.insert_header("cache-control", "no-store")?;
+    session.write_response_header(Box::new(resp), false).await?;
+    session
+        .write_response_body(Some(Bytes::from_static(body.as_bytes())), true)
+        .await
+}
+
 /// Whether raw HTTP/1 header bytes carry a header field `name` (lowercase), any case.
 fn has_header(raw: &[u8], name: &[u8]) -> bool {
     raw.split(|b| *b == b'\n').skip(1).any(|line| {
@@ -766,6 +799,23 @@ impl ProxyHttp for EdgeProxy {
                 .await?;
                 return Ok(true);
             }
+            if let Some(limit) = route.policy.as_ref().and_then(|p| p.max_body) {
+                let declared = session
+                    .req_header()
+                    .headers
+                    .get("content-length")
+                    .and_then(|v| parse_content_length(v.as_bytes()));
+                if declared.is_some_and(|n| n > limit) {
+                    respond(
+                        session,
+                        413,
+                        "text/plain",
+                        "request body too large for this path\n".into(),
+                    )
+                    .await?;
+                    return Ok(true);
+                }
+            }
         }
         match found {
             Some(Some(route)) if route.redirect.is_some() => {
@@ -802,30 +852,45 @@ impl ProxyHttp for EdgeProxy {
                 session.write_response_header(Box::new(resp), true).await?;
                 Ok(true)
             }
-            Some(Some(route)) => match &route.gate {
-                Some(RouteGate::Maintenance { page }) => {
-                    respond(session, 503, "text/html; charset=utf-8", page.to_string()).await?;
-                    Ok(true)
-                }
-                Some(RouteGate::Paused { .. }) => {
-                    let host = host_of(session.req_header()).to_vec();
-                    let target = target.as_bytes().to_vec();
-                    match self.wait_while_paused(&host, &target).await {
-                        Some(route) => {
-                            ctx.attempts.route = Some(route);
-                            Ok(false)
-                        }
-                        None => {
-                            respond(session, 404, "text/plain", NO_ROUTE_FOR_PATH.into()).await?;
-                            Ok(true)
-                        }
+            Some(Some(route)) => {
+                if let Some(auth) = route.policy.as_ref().and_then(|p| p.auth.as_ref()) {
+                    let field = session
+                        .req_header()
+                        .headers
+                        .get("authorization")
+                        .map(|v| v.as_bytes().to_vec());
+                    let verdict = self.auth.check(auth, field.as_deref()).await;
+                    if verdict != crate::auth::Verdict::Admitted {
+                        respond_refused(session, verdict, &auth.realm).await?;
+                        return Ok(true);
                     }
                 }
-                None => {
-                    ctx.attempts.route = Some(route.clone());
-                    Ok(false)
+                match &route.gate {
+                    Some(RouteGate::Maintenance { page }) => {
+                        respond(session, 503, "text/html; charset=utf-8", page.to_string()).await?;
+                        Ok(true)
+                    }
+                    Some(RouteGate::Paused { .. }) => {
+                        let host = host_of(session.req_header()).to_vec();
+                        let target = target.as_bytes().to_vec();
+                        match self.wait_while_paused(&host, &target).await {
+                            Some(route) => {
+                                ctx.attempts.route = Some(route);
+                                Ok(false)
+                            }
+                            None => {
+                                respond(session, 404, "text/plain", NO_ROUTE_FOR_PATH.into())
+                                    .await?;
+                                Ok(true)
+                            }
+                        }
+                    }
+                    None => {
+                        ctx.attempts.route = Some(route.clone());
+                        Ok(false)
+                    }
                 }
-            },
+            }
             Some(None) => {
                 respond(session, 404, "text/plain", NO_ROUTE_FOR_PATH.into()).await?;
                 Ok(true)
@@ -851,7 +916,17 @@ impl ProxyHttp for EdgeProxy {
         _end_of_stream: bool,
         ctx: &mut EdgeCtx,
     ) -> Result<()> {
-        if let (Some(limit), Some(chunk)) = (self.limits.max_body_bytes, body.as_ref()) {
+        let route_limit = ctx
+            .attempts
+            .route
+            .as_ref()
+            .and_then(|r| r.policy.as_ref())
+            .and_then(|p| p.max_body);
+        let limit = match (self.limits.max_body_bytes, route_limit) {
+            (Some(edge), Some(route)) => Some(edge.min(route)),
+            (edge, route) => edge.or(route),
+        };
+        if let (Some(limit), Some(chunk)) = (limit, body.as_ref()) {
             ctx.body_bytes += chunk.len() as u64;
             if ctx.body_bytes > limit {
                 return Err(Error::explain(
@@ -880,6 +955,15 @@ impl ProxyHttp for EdgeProxy {
                 let mut peer = HttpPeer::new(addr, false, String::new());
                 peer.options.connection_timeout = Some(self.limits.connect_timeout);
                 peer.options.total_connection_timeout = Some(self.limits.connect_timeout);
+                if let Some(timeout) = ctx
+                    .attempts
+                    .route
+                    .as_ref()
+                    .and_then(|r| r.policy.as_ref())
+                    .and_then(|p| p.timeout)
+                {
+                    peer.options.read_timeout = Some(timeout);
+                }
                 Ok(Box::new(peer))
             }
             None => Err(Error::explain(
@@ -910,6 +994,51 @@ impl ProxyHttp for EdgeProxy {
             ctx.again = ctx.attempts.last_upstream();
         }
         e
+    }
+
+    /// Answers a request the edge could not get an answer for: Pingora's status (a container
+    /// that took longer than its route's timeout is 504), with the route's own page for 502,
+    /// 503 and 504 when it has one.
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &Error,
+        ctx: &mut EdgeCtx,
+    ) -> pingora::proxy::FailToProxy {
+        let code = match e.etype() {
+            ErrorType::HTTPStatus(code) => *code,
+            ErrorType::ReadTimedout if e.esource() == &pingora::ErrorSource::Upstream => 504,
+            _ => match e.esource() {
+                pingora::ErrorSource::Upstream => 502,
+                pingora::ErrorSource::Downstream => match e.etype() {
+                    ErrorType::WriteError | ErrorType::ReadError | ErrorType::ConnectionClosed => 0,
+                    _ => 400,
+                },
+                pingora::ErrorSource::Internal | pingora::ErrorSource::Unset => 500,
+            },
+        };
+        let page = ctx
+            .attempts
+            .route
+            .as_ref()
+            .and_then(|r| r.policy.as_ref())
+            .and_then(|p| p.error_pages.get(&code).cloned());
+        if code > 0 {
+            let sent = match page {
+                // Nothing of the answer may have been sent yet for a page to replace it.
+                Some(page) if session.response_written().is_none() => {
+                    respond(session, code, "text/html; charset=utf-8", page.to_string()).await
+                }
+                _ => session.respond_error(code).await,
+            };
+            if let Err(e) = sent {
+                tracing::debug!(error = %e, "the error response could not be sent");
+            }
+        }
+        pingora::proxy::FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
     }
 
     fn fail_to_connect(

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use ployz_core::{
     ContainerId, ContainerKind, ContainerRuntimeObservation, GateState, HeaderRules,
-    IngressProtocol, MachineId, PathMatch, ServiceId,
+    IngressProtocol, MachineId, PathMatch, RouteSpec, ServiceId,
 };
 
 /// The longest DNS name; longer Host headers never match.
@@ -160,9 +160,84 @@ pub struct Route {
     pub headers: Option<Arc<(HeaderRules, HeaderRules)>>,
     /// The client networks admitted; others get 403. `None`: every client.
     pub allow: Option<Arc<[ipnet::IpNet]>>,
+    /// Basic authentication, timeout, body limit and error pages, when the route has any.
+    pub policy: Option<Arc<RoutePolicy>>,
     next: AtomicUsize,
     /// Per upstream, until when (ms on the caller's clock) it is marked failed.
     down_until: Box<[AtomicU64]>,
+}
+
+/// The rules of a route beyond where it goes: what only the edge's full proxy applies.
+#[derive(Debug, Default)]
+pub struct RoutePolicy {
+    pub auth: Option<crate::auth::RouteAuth>,
+    /// How long the container may take to answer, and between reads of its answer.
+    pub timeout: Option<std::time::Duration>,
+    /// The largest request body, in bytes; larger ones get 413.
+    pub max_body: Option<u64>,
+    /// Pages for the edge's own 502, 503 and 504.
+    pub error_pages: std::collections::BTreeMap<u16, Arc<str>>,
+}
+
+impl RoutePolicy {
+    /// As a fingerprint shows it: a users list arriving changes it, so the table is published
+    /// again.
+    fn describe(&self) -> String {
+        let auth = self.auth.as_ref().map_or(String::new(), |a| {
+            format!(
+                " auth {} {} {}",
+                a.realm,
+                a.digest,
+                if a.users.is_some() {
+                    "known"
+                } else {
+                    "unknown"
+                }
+            )
+        });
+        let pages: Vec<(u16, usize)> = self
+            .error_pages
+            .iter()
+            .map(|(s, p)| (*s, p.len()))
+            .collect();
+        format!(
+            "{auth} timeout {:?} max_body {:?} pages {pages:?}",
+            self.timeout, self.max_body
+        )
+    }
+
+    /// The policy of a route entry, its users list looked up in `users`; `None` for a route
+    /// with none of these rules.
+    fn of(route: &RouteSpec, users: &HashMap<String, Arc<crate::auth::Users>>) -> Option<Self> {
+        let policy = RoutePolicy {
+            auth: route.basic_auth.as_ref().map(|a| crate::auth::RouteAuth {
+                realm: a.realm.as_str().into(),
+                digest: a.digest.as_str().into(),
+                users: users.get(&a.digest).cloned(),
+            }),
+            timeout: route.timeout_ms.map(std::time::Duration::from_millis),
+            max_body: route.max_body_bytes,
+            error_pages: route
+                .error_pages
+                .iter()
+                .map(|(status, page)| (*status, page.as_str().into()))
+                .collect(),
+        };
+        let some = policy.auth.is_some()
+            || policy.timeout.is_some()
+            || policy.max_body.is_some()
+            || !policy.error_pages.is_empty();
+        some.then_some(policy)
+    }
+}
+
+/// What stands beside the observations when a table is built: its generation, the Service
+/// Gates, and the users lists routes' basic authentication names (by digest).
+#[derive(Debug, Clone, Copy)]
+pub struct Standing<'a> {
+    pub generation: u64,
+    pub gates: &'a HashMap<ServiceId, GateState>,
+    pub users: &'a HashMap<String, Arc<crate::auth::Users>>,
 }
 
 /// What a Service Gate makes of a route's requests.
@@ -217,8 +292,57 @@ impl Route {
             redirect: None,
             headers: None,
             allow: None,
+            policy: None,
             next: AtomicUsize::new(0),
         }
+    }
+
+    /// Whether the route has rules only the edge's full proxy applies (a gate, a redirect,
+    /// header rules, an allow list, authentication, a timeout, a body limit or error pages):
+    /// the fast paths decline it.
+    pub fn needs_proxy(&self) -> bool {
+        self.gate.is_some()
+            || self.redirect.is_some()
+            || self.headers.is_some()
+            || self.allow.is_some()
+            || self.policy.is_some()
+    }
+
+    /// The route's rules in words, as `ployz routes` shows them.
+    pub fn rules(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(nets) = &self.allow {
+            out.push(match nets.len() {
+                1 => format!("allow {}", nets[0]),
+                n => format!("allow {n} networks"),
+            });
+        }
+        if self.headers.is_some() {
+            out.push("header rules".to_owned());
+        }
+        let Some(policy) = &self.policy else {
+            return out;
+        };
+        if let Some(auth) = &policy.auth {
+            out.push(match auth.users {
+                Some(_) => format!("basic auth '{}'", auth.realm),
+                None => format!(
+                    "basic auth '{}' (its users list has not reached this Machine: 503)",
+                    auth.realm
+                ),
+            });
+        }
+        if let Some(t) = policy.timeout {
+            out.push(format!("timeout {}s", t.as_secs()));
+        }
+        if let Some(n) = policy.max_body {
+            out.push(format!("body at most {n} bytes"));
+        }
+        if !policy.error_pages.is_empty() {
+            let statuses: Vec<String> = policy.error_pages.keys().map(u16::to_string).collect();
+            out.push(format!("own pages for {}", statuses.join(", ")));
+        }
+        out
     }
 
     /// Whether a client at `ip` may use the route (an IPv4 address mapped into IPv6 counts as
@@ -464,21 +588,26 @@ impl RouteTable {
             draining,
             (local, down),
             counters,
-            (generation, &HashMap::new()),
+            Standing {
+                generation,
+                gates: &HashMap::new(),
+                users: &HashMap::new(),
+            },
         )
     }
 
-    /// [`RouteTable::build`], with the Service Gates standing: a route of a gated Service
-    /// carries its gate.
+    /// [`RouteTable::build`], with what stands beside the observations: a route of a gated
+    /// Service carries its gate, and one with basic authentication the users list of its
+    /// digest.
     pub fn build_gated(
         observations: &[ContainerRuntimeObservation],
         draining: &HashSet<ContainerId>,
         (local, down): (&MachineId, &HashSet<MachineId>),
         counters: &dyn InFlightCounters,
-        (generation, gates): (u64, &HashMap<ServiceId, GateState>),
+        standing: Standing<'_>,
     ) -> RouteTable {
-        /// One route being gathered: its Services, bytes stripped, upstreams, gate, redirect
-        /// and header rules.
+        /// One route being gathered: its Services, bytes stripped, upstreams, gate, redirect,
+        /// header rules, allow list and policy.
         type Gathered = (
             std::collections::BTreeSet<String>,
             usize,
@@ -487,7 +616,13 @@ impl RouteTable {
             Option<(u16, Arc<str>)>,
             Option<Arc<(HeaderRules, HeaderRules)>>,
             Option<Arc<[ipnet::IpNet]>>,
+            Option<Arc<RoutePolicy>>,
         );
+        let Standing {
+            generation,
+            gates,
+            users,
+        } = standing;
         let mut by_host: HashMap<String, (bool, HashMap<PathMatch, Gathered>)> = HashMap::new();
         for o in observations {
             let gate = gates.get(&o.service_id);
@@ -543,6 +678,12 @@ impl RouteTable {
                         served.allow.iter().filter_map(|n| n.parse().ok()).collect();
                     route.6 = Some(nets.into());
                 }
+                if route.7.is_none() {
+                    route.7 = served
+                        .route
+                        .and_then(|r| RoutePolicy::of(r, users))
+                        .map(Arc::new);
+                }
                 if let Some(r) = served.redirect {
                     route
                         .4
@@ -568,7 +709,9 @@ impl RouteTable {
             .into_iter()
             .map(|(host, (https, routes))| {
                 let mut entry = HostRoutes::default();
-                for (path, (services, strip, mut ups, gate, redirect, headers, allow)) in routes {
+                for (path, (services, strip, mut ups, gate, redirect, headers, allow, policy)) in
+                    routes
+                {
                     ups.sort_by_key(|u| (u.on_down_machine, !u.local, u.addr));
                     let service = services.into_iter().collect::<Vec<_>>().join(", ");
                     let mut route = Route::new(
@@ -583,6 +726,7 @@ impl RouteTable {
                     route.redirect = redirect;
                     route.headers = headers;
                     route.allow = allow;
+                    route.policy = policy;
                     entry.insert(path, Arc::new(route));
                 }
                 (host.into_bytes().into_boxed_slice(), entry)
@@ -715,7 +859,8 @@ impl RouteTable {
                         .map_or(String::new(), |h| format!(" headers {:?}", h.as_ref()))
                         + &r.allow
                             .as_ref()
-                            .map_or(String::new(), |a| format!(" allow {a:?}")),
+                            .map_or(String::new(), |a| format!(" allow {a:?}"))
+                        + &r.policy.as_ref().map_or(String::new(), |p| p.describe()),
                     r.upstreams
                         .iter()
                         .map(|u| (u.addr, u.container_id.clone(), u.local, u.on_down_machine))
@@ -1039,6 +1184,7 @@ pub(crate) mod tests {
                 request_headers: Default::default(),
                 response_headers: Default::default(),
                 allow: vec![],
+                ..Default::default()
             })
             .collect();
         o
@@ -1117,7 +1263,11 @@ pub(crate) mod tests {
             &HashSet::new(),
             (&m, &HashSet::new()),
             &FreshCounters,
-            (1, &gates),
+            Standing {
+                generation: 1,
+                gates: &gates,
+                users: &HashMap::new(),
+            },
         );
         let site = t.match_request(b"app.test", b"/").unwrap();
         assert!(site.upstreams.is_empty());
@@ -1178,6 +1328,70 @@ pub(crate) mod tests {
             .match_host(b"app.test")
             .unwrap()
             .admits("192.0.2.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_route_with_rules_carries_its_policy_and_its_users_list_once_known() {
+        let m = MachineId::generate();
+        let mut o = routed(&m, 1, "admin", &[(prefix("/admin"), false)]);
+        let list = ployz_core::SecretValue::new(
+            b"alice:$2y$04$abcdefghijklmnopqrstuuAbCdEfGhIjKlMnOpQrStUvWxYz01234\n".to_vec(),
+        );
+        {
+            let route = &mut o.spec.as_mut().unwrap().routes[0];
+            route.basic_auth = Some(ployz_core::BasicAuth::new("Staff".into(), list.clone()));
+            route.timeout_ms = Some(2_000);
+            route.max_body_bytes = Some(1024);
+            route.error_pages = [(504, "<p>slow</p>".to_owned())].into();
+        }
+        let o = ContainerRuntimeObservation {
+            spec: o.spec.as_ref().map(|s| s.without_secret_values()),
+            ..o
+        };
+        let built = |users: &HashMap<String, Arc<crate::auth::Users>>| {
+            RouteTable::build_gated(
+                std::slice::from_ref(&o),
+                &HashSet::new(),
+                (&m, &HashSet::new()),
+                &FreshCounters,
+                Standing {
+                    generation: 1,
+                    gates: &HashMap::new(),
+                    users,
+                },
+            )
+        };
+        let unknown = built(&HashMap::new());
+        let r = unknown.match_request(b"app.test", b"/admin/x").unwrap();
+        assert!(r.needs_proxy());
+        let policy = r.policy.as_ref().unwrap();
+        assert_eq!(policy.timeout, Some(std::time::Duration::from_secs(2)));
+        assert_eq!(policy.max_body, Some(1024));
+        assert_eq!(policy.error_pages[&504].as_ref(), "<p>slow</p>");
+        let auth = policy.auth.as_ref().unwrap();
+        assert_eq!((&*auth.realm, auth.users.is_none()), ("Staff", true));
+
+        let users = [(
+            list.digest(),
+            Arc::new(crate::auth::Users::parse(list.as_bytes()).unwrap()),
+        )]
+        .into();
+        let known = built(&users);
+        let r = known.match_request(b"app.test", b"/admin").unwrap();
+        assert!(r
+            .policy
+            .as_ref()
+            .unwrap()
+            .auth
+            .as_ref()
+            .unwrap()
+            .users
+            .is_some());
+        // The list arriving publishes the table again.
+        assert_ne!(unknown.fingerprint(), known.fingerprint());
+        // A route without rules has no policy and stays on the fast paths.
+        let plain = build(&[routed(&m, 2, "site", &[])], &m, 2);
+        assert!(!plain.match_host(b"app.test").unwrap().needs_proxy());
     }
 
     #[test]

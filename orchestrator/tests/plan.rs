@@ -489,6 +489,7 @@ fn services_share_a_hostname_by_path_and_the_same_path_twice_is_refused() {
         request_headers: Default::default(),
         response_headers: Default::default(),
         allow: vec![],
+        ..Default::default()
     };
     let mut site = spec("site");
     site.ports = vec![ingress.clone()];

@@ -42,6 +42,7 @@ pub mod machines;
 pub mod observations;
 mod opening;
 mod record;
+pub mod route_users;
 mod store;
 mod sync;
 mod watch;

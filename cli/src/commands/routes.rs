@@ -53,11 +53,16 @@ fn routes_table(routes: &EdgeRoutes) -> comfy_table::Table {
         "STATE",
     ]);
     for r in &routes.routes {
-        let path = if r.strips {
+        let mut path = if r.strips {
             format!("{} (stripped)", r.path)
         } else {
             r.path.to_string()
         };
+        // The route's rules, one per line under its path.
+        for rule in &r.rules {
+            path.push_str("\n  ");
+            path.push_str(rule);
+        }
         let service = match &r.gate {
             Some(gate) => format!("{} ({gate})", r.service),
             None => r.service.clone(),
@@ -136,6 +141,7 @@ mod tests {
                     https: true,
                     gate: None,
                     redirect: None,
+                    rules: vec![],
                     upstreams: vec![up(2, true, false), up(3, false, true)],
                 },
                 EdgeRouteView {
@@ -146,6 +152,7 @@ mod tests {
                     https: false,
                     gate: Some("maintenance".into()),
                     redirect: None,
+                    rules: vec![],
                     upstreams: vec![],
                 },
             ],
@@ -163,5 +170,29 @@ mod tests {
                 assert!(line.contains(p), "{p} not in {line}\n{text}");
             }
         }
+    }
+
+    #[test]
+    fn a_routes_rules_are_lines_under_its_path() {
+        let routes = EdgeRoutes {
+            generation: 1,
+            routes: vec![EdgeRouteView {
+                hostname: "shop.example.com".into(),
+                path: PathMatch::Prefix("/admin".into()),
+                service: "admin".into(),
+                strips: false,
+                https: false,
+                gate: None,
+                redirect: None,
+                rules: vec!["basic auth 'Staff'".into(), "timeout 90s".into()],
+                upstreams: vec![],
+            }],
+        };
+        let text = routes_table(&routes).to_string();
+        let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[1].contains("/admin/*") && lines[1].contains("no Serving Container"));
+        assert!(lines[2].contains("  basic auth 'Staff'"), "{text}");
+        assert!(lines[3].contains("  timeout 90s"), "{text}");
     }
 }

@@ -411,6 +411,7 @@ impl Project<'_> {
             if let Some(mut c) = service::convert(&mut ctx, node) {
                 self.resolve_configs(&mut ctx, &mut c);
                 self.resolve_secrets(&mut ctx, &mut c);
+                self.resolve_route_users(&mut ctx, &mut c);
                 out.used_volumes.extend(c.volume_keys.iter().cloned());
                 out.converted.push(c);
             }

@@ -42,6 +42,53 @@ impl Project<'_> {
         }
     }
 
+    /// Reads the users list of each route whose basic authentication names a top-level
+    /// secret, and checks it is one a route accepts (bcrypt or argon2 hashes).
+    pub(super) fn resolve_route_users(&self, ctx: &mut ServiceCtx<'_>, c: &mut Converted) {
+        for p in std::mem::take(&mut c.route_users) {
+            let Some((decl, decl_file)) = self
+                .root
+                .get("secrets")
+                .and_then(|t| t.get(&p.secret))
+                .map(|decl| (decl, self.section_file("secrets", &p.secret).to_owned()))
+            else {
+                ctx.err(
+                    &p.key,
+                    Some(p.secret.clone()),
+                    format!(
+                        "the secret '{}' is not declared in the top-level secrets:",
+                        p.secret
+                    ),
+                    Some(&format!(
+                        "add it at the top level: secrets: {{ {0}: {{ file: ./{0}.htpasswd }} }}",
+                        p.secret
+                    )),
+                );
+                continue;
+            };
+            let Some(value) = self.secret_value(&p.secret, decl, &decl_file, ctx.d) else {
+                continue;
+            };
+            if let Err(e) = ployz_core::users::parse_users(value.as_bytes()) {
+                ctx.err(
+                    &p.key,
+                    Some(p.secret.clone()),
+                    format!("the secret's {e}"),
+                    Some(crate::service::USERS_FIX),
+                );
+                continue;
+            }
+            if let Some(route) = c
+                .spec
+                .routes
+                .iter_mut()
+                .find(|r| r.hostname == p.hostname && r.path == p.path)
+            {
+                route.basic_auth = Some(ployz_core::BasicAuth::new(p.realm, value));
+            }
+        }
+    }
+
     /// Turns the service's secret uses into files, reading each value now.
     pub(super) fn resolve_secrets(&self, ctx: &mut ServiceCtx<'_>, c: &mut Converted) {
         // Read-only file binds the service carries like secrets are already there.

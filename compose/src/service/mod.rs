@@ -31,6 +31,7 @@ mod image;
 pub(crate) mod keys;
 mod ports;
 mod routes;
+pub(crate) use routes::{PendingUsers, USERS_FIX};
 mod runtime;
 mod secrets;
 mod shapes;
@@ -81,6 +82,8 @@ pub(crate) struct Converted {
     pub volume_keys: BTreeSet<String>,
     pub configs: Vec<ConfigUse>,
     pub secrets: Vec<ConfigUse>,
+    /// Routes whose basic authentication users list is a top-level secret.
+    pub route_users: Vec<PendingUsers>,
     /// How its image is built, when `build:` says.
     pub build: Option<build::BuildSpec>,
 }
@@ -261,7 +264,7 @@ fn finish(ctx: &mut ServiceCtx<'_>, p: Parts<'_>, errors_before: usize) -> Optio
     (c.mounts, c.secrets) = volumes::settle_mounts(ctx, p.mounts);
     c.resources = deploy::resources(p.top_resources, p.deploy_resources);
     let ports = ports::ports(ctx, p.compose_ports, p.x_ports);
-    let routes = routes::settle(ctx, p.routes, &ports);
+    let (routes, route_users) = routes::settle(ctx, p.routes, &ports);
     let replicas = deploy::replicas(ctx, p.scale, &p.deploy);
     if ctx.d.errors.len() > errors_before {
         return None;
@@ -283,6 +286,7 @@ fn finish(ctx: &mut ServiceCtx<'_>, p: Parts<'_>, errors_before: usize) -> Optio
         volume_keys: p.volume_keys,
         configs: p.configs,
         secrets: p.secrets,
+        route_users,
         build: p.build,
     })
 }

@@ -10,6 +10,11 @@
 //!     path: /static
 //!   - hostname: www.example.com   # the edge answers a redirect itself,
 //!     redirect: https://example.com  # path and query kept; status 308 unless `status:`
+//!   - path: /admin
+//!     basic_auth: { users_file: ./admins.htpasswd }  # bcrypt or argon2 hashes only
+//!     timeout: 120s          # how long the container may take to answer
+//!     max_body_size: 50m     # larger request bodies get 413
+//!     error_pages: { 502: ./errors/502.html }  # the edge's own 502, 503 and 504
 //! ```
 //!
 //! Paths are plain text, never patterns: a prefix matches on a segment boundary, longest first,
@@ -18,7 +23,9 @@
 
 use std::collections::BTreeSet;
 
-use ployz_core::{HeaderRules, PathMatch, PortSpec, Redirect, RouteSpec};
+use std::collections::BTreeMap;
+
+use ployz_core::{BasicAuth, HeaderRules, PathMatch, PortSpec, Redirect, RouteSpec, SecretValue};
 
 use super::keys::nested_keys;
 use super::shapes::{boolean, kv_entries, string_list, text};
@@ -28,6 +35,15 @@ const KEY: &str = "x-routes";
 
 /// The longest path a route may name.
 const MAX_PATH: usize = 1024;
+
+/// The largest users list or error page a route reads from a file.
+const MAX_FILE: u64 = 64 * 1024;
+
+/// The statuses a route may give its own error page.
+const ERROR_STATUSES: [u16; 3] = [502, 503, 504];
+
+/// The longest a route may let a container take to answer.
+const MAX_TIMEOUT_MS: u64 = 3_600_000;
 
 /// One entry as written, before the hostnames of `x-ports` are known.
 pub(super) struct RawRoute {
@@ -39,6 +55,34 @@ pub(super) struct RawRoute {
     request_headers: HeaderRules,
     response_headers: HeaderRules,
     allow: Vec<String>,
+    auth: Option<RawAuth>,
+    timeout_ms: Option<u64>,
+    max_body_bytes: Option<u64>,
+    error_pages: BTreeMap<u16, String>,
+}
+
+/// `basic_auth:` as written: a realm and where its users list comes from.
+struct RawAuth {
+    realm: String,
+    users: UsersSource,
+}
+
+enum UsersSource {
+    /// Read from `users_file:` already.
+    File(SecretValue),
+    /// A top-level secret, read by the project.
+    Secret(String),
+}
+
+/// A route whose users list is a top-level secret, for the project to read: the route's key,
+/// hostname and path, the secret's name and the realm.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingUsers {
+    pub key: String,
+    pub hostname: String,
+    pub path: PathMatch,
+    pub secret: String,
+    pub realm: String,
 }
 
 /// Reads `x-routes:`: a list of entries, each with `path` or `exact`, and optionally `hostname`
@@ -94,10 +138,37 @@ fn entry(ctx: &mut ServiceCtx<'_>, key: String, n: &Node) -> Option<RawRoute> {
     let request_headers = header_rules(ctx, &key, n, Side::Request)?;
     let response_headers = header_rules(ctx, &key, n, Side::Response)?;
     let allow = allow_list(ctx, &key, n)?;
+    let auth = basic_auth(ctx, &key, n)?;
+    let timeout_ms = match n.get("timeout").filter(|t| !matches!(t, Node::Null)) {
+        None => None,
+        Some(t) => {
+            let field = format!("{key}.timeout");
+            let ms = ctx.get(&field, t, super::shapes::duration)?;
+            if !(1000..=MAX_TIMEOUT_MS).contains(&ms) {
+                ctx.err(
+                    &field,
+                    Some(format!("{ms}ms")),
+                    "a route's timeout is between 1s and 1h",
+                    Some("write e.g. timeout: 120s"),
+                );
+                return None;
+            }
+            Some(ms)
+        }
+    };
+    let max_body_bytes = match n.get("max_body_size").filter(|t| !matches!(t, Node::Null)) {
+        None => None,
+        Some(b) => Some(ctx.get(&format!("{key}.max_body_size"), b, super::shapes::size)?),
+    };
+    let error_pages = error_pages(ctx, &key, n)?;
     let whole = redirect.is_some()
         || !request_headers.is_empty()
         || !response_headers.is_empty()
-        || !allow.is_empty();
+        || !allow.is_empty()
+        || auth.is_some()
+        || timeout_ms.is_some()
+        || max_body_bytes.is_some()
+        || !error_pages.is_empty();
     let path = match (n.get("path"), n.get("exact")) {
         (Some(p), None) => {
             let field = format!("{key}.path");
@@ -155,7 +226,162 @@ fn entry(ctx: &mut ServiceCtx<'_>, key: String, n: &Node) -> Option<RawRoute> {
         request_headers,
         response_headers,
         allow,
+        auth,
+        timeout_ms,
+        max_body_bytes,
+        error_pages,
     })
+}
+
+/// Reads a file a route names, relative to the Compose file's folder, of at most
+/// [`MAX_FILE`] bytes. Messages name the path, never the content.
+fn route_file(ctx: &mut ServiceCtx<'_>, field: &str, path: &str) -> Option<Vec<u8>> {
+    let full = ctx.dir.join(path);
+    let problem = match std::fs::metadata(&full) {
+        Ok(m) if !m.is_file() => "is not a file".to_owned(),
+        Ok(m) if m.len() > MAX_FILE => format!("has {} bytes; at most 64 KiB", m.len()),
+        Ok(_) => match std::fs::read(&full) {
+            Ok(bytes) => return Some(bytes),
+            Err(e) => format!("cannot be read: {e}"),
+        },
+        Err(e) => format!("cannot be read: {e}"),
+    };
+    ctx.err(
+        field,
+        Some(path.to_owned()),
+        format!("{} {problem}", full.display()),
+        Some("name a file relative to the Compose file's folder"),
+    );
+    None
+}
+
+/// `basic_auth:` of a route entry: `users_file:` or `users_secret:` (one of them) and an
+/// optional `realm:`. `Some(None)` without one, `None` (the error recorded) when it is wrong.
+fn basic_auth(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<Option<RawAuth>> {
+    let Some(auth) = n.get("basic_auth").filter(|a| !matches!(a, Node::Null)) else {
+        return Some(None);
+    };
+    let at = format!("{key}.basic_auth");
+    let Node::Map(_) = auth else {
+        // The value is not shown: it may well be a password.
+        ctx.err(
+            &at,
+            None,
+            format!(
+                "expected users_file: or users_secret:, found {}; a password is never written in the Compose file",
+                auth.kind()
+            ),
+            Some(USERS_FIX),
+        );
+        return None;
+    };
+    nested_keys(ctx, "x-routes[].basic_auth", &at, auth);
+    let realm = match auth.get("realm") {
+        None | Some(Node::Null) => "restricted".to_owned(),
+        Some(r) => {
+            let field = format!("{at}.realm");
+            let realm = ctx.get(&field, r, text)?;
+            if realm.is_empty()
+                || realm.len() > 128
+                || realm
+                    .chars()
+                    .any(|c| c.is_control() || c == '"' || c == '\\')
+            {
+                ctx.err(
+                    &field,
+                    Some(realm.chars().take(60).collect()),
+                    "a realm is one line of at most 128 characters with no quote or backslash",
+                    Some("write e.g. realm: Staff"),
+                );
+                return None;
+            }
+            realm
+        }
+    };
+    let users = match (auth.get("users_file"), auth.get("users_secret")) {
+        (Some(f), None) => {
+            let field = format!("{at}.users_file");
+            let path = ctx.get(&field, f, text)?;
+            let bytes = route_file(ctx, &field, &path)?;
+            if let Err(e) = ployz_core::users::parse_users(&bytes) {
+                ctx.err(&field, Some(path), format!("{e}"), Some(USERS_FIX));
+                return None;
+            }
+            UsersSource::File(SecretValue::new(bytes))
+        }
+        (None, Some(s)) => UsersSource::Secret(ctx.get(&format!("{at}.users_secret"), s, text)?),
+        (Some(_), Some(_)) => {
+            ctx.err(
+                &at,
+                None,
+                "basic_auth takes its users from users_file: or users_secret:, not both",
+                Some("keep one of them"),
+            );
+            return None;
+        }
+        (None, None) => {
+            ctx.err(
+                &at,
+                None,
+                "basic_auth needs a users list: users_file: (htpasswd lines) or users_secret: (a top-level secret holding them)",
+                Some(USERS_FIX),
+            );
+            return None;
+        }
+    };
+    Some(Some(RawAuth { realm, users }))
+}
+
+/// How to make a users list a route accepts.
+pub(crate) const USERS_FIX: &str = "write one user:hash line per user with a bcrypt or argon2 hash, e.g. htpasswd -nBC 12 alice >> admins.htpasswd";
+
+/// `error_pages:` of a route entry: a map of 502, 503 or 504 to an HTML file.
+fn error_pages(ctx: &mut ServiceCtx<'_>, key: &str, n: &Node) -> Option<BTreeMap<u16, String>> {
+    let Some(pages) = n.get("error_pages").filter(|p| !matches!(p, Node::Null)) else {
+        return Some(BTreeMap::new());
+    };
+    let at = format!("{key}.error_pages");
+    let Node::Map(entries) = pages else {
+        ctx.bad(
+            &at,
+            pages,
+            format!(
+                "expected a mapping of status to file, found {}; write e.g. error_pages: {{502: ./502.html}}",
+                pages.kind()
+            ),
+        );
+        return None;
+    };
+    let mut out = BTreeMap::new();
+    for (status, file) in entries {
+        let field = format!("{at}.{status}");
+        let Some(code) = status
+            .parse::<u16>()
+            .ok()
+            .filter(|c| ERROR_STATUSES.contains(c))
+        else {
+            ctx.err(
+                &field,
+                Some(status.chars().take(20).collect()),
+                "the edge's own error pages are for 502, 503 and 504",
+                Some("use 502 (the container failed), 503 (no container serves) or 504 (the container took too long)"),
+            );
+            return None;
+        };
+        let path = ctx.get(&field, file, text)?;
+        let bytes = route_file(ctx, &field, &path)?;
+        let Ok(page) = String::from_utf8(bytes) else {
+            ctx.err(
+                &field,
+                Some(path),
+                "an error page is UTF-8 text (HTML)",
+                Some("save the page as UTF-8"),
+            );
+            return None;
+        };
+        out.insert(code, page);
+    }
+    Some(out)
 }
 
 /// `allow:` of a route entry: addresses and networks (`10.0.0.0/8`, `192.0.2.7`, `2001:db8::/32`)
@@ -489,12 +715,13 @@ fn check_path(ctx: &mut ServiceCtx<'_>, field: &str, path: &str) -> Option<Strin
 }
 
 /// Settles the routes against the Service's ports: each names (or implies) an Ingress Hostname
-/// of `x-ports`, and no two take the same path of one hostname. Sorted.
+/// of `x-ports`, and no two take the same path of one hostname. Sorted; beside them, the
+/// routes whose users list is a top-level secret, for the project to read.
 pub(super) fn settle(
     ctx: &mut ServiceCtx<'_>,
     raw: Vec<RawRoute>,
     ports: &[PortSpec],
-) -> Vec<RouteSpec> {
+) -> (Vec<RouteSpec>, Vec<PendingUsers>) {
     let hostnames: BTreeSet<&str> = ports
         .iter()
         .filter_map(|p| match p {
@@ -505,6 +732,7 @@ pub(super) fn settle(
         })
         .collect();
     let mut out: Vec<RouteSpec> = Vec::new();
+    let mut pending = Vec::new();
     for r in raw {
         let hostname = match r.hostname {
             Some(h) if hostnames.contains(h.as_str()) => h,
@@ -557,6 +785,26 @@ pub(super) fn settle(
                 continue;
             }
         }
+        let basic_auth = match r.auth {
+            None => None,
+            Some(RawAuth {
+                realm,
+                users: UsersSource::File(users),
+            }) => Some(BasicAuth::new(realm, users)),
+            Some(RawAuth {
+                realm,
+                users: UsersSource::Secret(secret),
+            }) => {
+                pending.push(PendingUsers {
+                    key: format!("{}.basic_auth.users_secret", r.key),
+                    hostname: hostname.clone(),
+                    path: r.path.clone(),
+                    secret,
+                    realm,
+                });
+                None
+            }
+        };
         let route = RouteSpec {
             hostname,
             path: r.path,
@@ -565,6 +813,10 @@ pub(super) fn settle(
             request_headers: r.request_headers,
             response_headers: r.response_headers,
             allow: r.allow,
+            basic_auth,
+            timeout_ms: r.timeout_ms,
+            max_body_bytes: r.max_body_bytes,
+            error_pages: r.error_pages,
         };
         if let Some(same) = out
             .iter()
@@ -581,5 +833,5 @@ pub(super) fn settle(
         out.push(route);
     }
     out.sort();
-    out
+    (out, pending)
 }
