@@ -32,6 +32,7 @@ use ployz_store::{KeyPrefix, Store, StoreError};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
+use crate::exchanges::Exchanges;
 use crate::route_table::{Fingerprint, InFlight, InFlightCounters, RouteTable, Standing};
 
 #[derive(Default)]
@@ -71,6 +72,8 @@ pub struct RouteController {
     rebuild_failures: Arc<AtomicU64>,
     /// The Machines this Machine observes down (their containers are tried last).
     down_machines: Arc<Mutex<HashSet<MachineId>>>,
+    /// Exchanges in flight with containers on other Machines.
+    exchanges: Arc<Exchanges>,
     /// Rings when `down_machines` changed, or the last request in flight to a drained container
     /// ended: the table is rebuilt and the report written again.
     nudge: Arc<Notify>,
@@ -180,12 +183,27 @@ impl RouteController {
 
     /// Sets the Machines this Machine observes down; a change rebuilds the table (their
     /// containers move to the end of each route, tried only when no other is left).
+    ///
+    /// The exchanges this edge has open with containers on a Machine newly observed down end
+    /// at once ([`Exchanges::cut`]): nothing comes back from a Machine that lost power, and
+    /// they would wait out an I/O timeout.
     pub fn set_machines_down(&self, down: HashSet<MachineId>) {
         let mut current = self.down_machines.lock().expect("down machines poisoned");
         if *current != down {
+            for m in down.difference(&current) {
+                let cut = self.exchanges.cut(m);
+                if cut > 0 {
+                    tracing::info!(machine = %m, exchanges = cut, "Machine observed down: its exchanges in flight were ended");
+                }
+            }
             *current = down;
             self.nudge.notify_one();
         }
+    }
+
+    /// The exchanges this edge has open with containers on other Machines.
+    pub fn exchanges(&self) -> &Arc<Exchanges> {
+        &self.exchanges
     }
 
     /// How many rebuilds failed because the store could not be read (each left the published

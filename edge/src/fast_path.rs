@@ -35,6 +35,7 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -1051,15 +1052,37 @@ impl FastPath {
                     None => continue,
                 },
             };
+            let mut registered = self.edge.register_exchange(attempts, upstream.as_raw_fd());
             let mut result = exchange(conn, &mut upstream, plan, buffers, close).await;
-            if reused && plan.idempotent && matches!(result, Err(ExchangeError::NoResponse(_))) {
+            let no_response =
+                |r: &Result<_, ExchangeError>| matches!(r, Err(ExchangeError::NoResponse(_)));
+            if cut(&registered) && plan.idempotent && no_response(&result) {
+                // Its Machine was observed down: another Serving Container.
+                continue;
+            }
+            if !cut(&registered) && reused && plan.idempotent && no_response(&result) {
                 // A kept connection the upstream had closed meanwhile: once more on a new one.
                 upstream = match self.connect(conn, addr, attempts).await? {
                     Some(s) => s,
                     None => continue,
                 };
+                registered = self.edge.register_exchange(attempts, upstream.as_raw_fd());
                 result = exchange(conn, &mut upstream, plan, buffers, close).await;
+                if cut(&registered) && no_response(&result) {
+                    continue;
+                }
             }
+            if cut(&registered) {
+                // Whatever came back, the connection goes nowhere near the pool.
+                result = match result {
+                    Ok(done) => Ok(Exchanged {
+                        upstream_reusable: false,
+                        ..done
+                    }),
+                    other => other,
+                };
+            }
+            drop(registered);
             return match result {
                 Ok(done) => {
                     if done.upstream_reusable {
@@ -1145,6 +1168,13 @@ impl FastPath {
             }
         }
     }
+}
+
+/// Whether an exchange was cut because its Machine was observed down.
+pub(crate) fn cut(registered: &Option<crate::exchanges::Registered>) -> bool {
+    registered
+        .as_ref()
+        .is_some_and(crate::exchanges::Registered::was_cut)
 }
 
 /// A new upstream connection, or `TimedOut` after `timeout`.

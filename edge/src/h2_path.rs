@@ -20,6 +20,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::ops::Range;
+use std::os::fd::AsRawFd;
 use std::task::Poll;
 use std::time::Instant;
 
@@ -32,9 +33,9 @@ use tokio::net::TcpStream;
 
 use crate::connection::HeaderScan;
 use crate::fast_path::{
-    dropped_request_field, dropped_response_field, field_slots, is, parse_response, plain_target,
-    response_plan, send_request, Buffers, ChunkedScan, ConnectionOptions, ExchangeError, Exchanged,
-    FastPath, Framing, IO_TIMEOUT, MAX_FAST_BODY, MAX_RESPONSE_HEAD,
+    cut, dropped_request_field, dropped_response_field, field_slots, is, parse_response,
+    plain_target, response_plan, send_request, Buffers, ChunkedScan, ConnectionOptions,
+    ExchangeError, Exchanged, FastPath, Framing, IO_TIMEOUT, MAX_FAST_BODY, MAX_RESPONSE_HEAD,
 };
 use crate::proxy::{parse_content_length, push_decimal, write_forwarding, Attempts, Finished};
 
@@ -331,15 +332,37 @@ impl FastPath {
                     None => continue,
                 },
             };
+            let mut registered = self.edge.register_exchange(attempts, upstream.as_raw_fd());
             let mut result = exchange(session, &mut upstream, plan.head, request, resp).await;
-            if reused && plan.idempotent && matches!(result, Err(ExchangeError::NoResponse(_))) {
+            let no_response =
+                |r: &Result<_, ExchangeError>| matches!(r, Err(ExchangeError::NoResponse(_)));
+            if cut(&registered) && plan.idempotent && no_response(&result) {
+                // Its Machine was observed down: another Serving Container.
+                continue;
+            }
+            if !cut(&registered) && reused && plan.idempotent && no_response(&result) {
                 // A kept connection the upstream had closed meanwhile: once more on a new one.
                 upstream = match self.connect_h2(session, addr, attempts).await? {
                     Some(s) => s,
                     None => continue,
                 };
+                registered = self.edge.register_exchange(attempts, upstream.as_raw_fd());
                 result = exchange(session, &mut upstream, plan.head, request, resp).await;
+                if cut(&registered) && no_response(&result) {
+                    continue;
+                }
             }
+            if cut(&registered) {
+                // Whatever came back, the connection goes nowhere near the pool.
+                result = match result {
+                    Ok(done) => Ok(Exchanged {
+                        upstream_reusable: false,
+                        ..done
+                    }),
+                    other => other,
+                };
+            }
+            drop(registered);
             return match result {
                 Ok(done) => {
                     if done.upstream_reusable {

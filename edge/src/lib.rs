@@ -27,6 +27,7 @@ pub mod certificates;
 pub mod challenges;
 pub mod connection;
 pub mod controller;
+pub mod exchanges;
 mod fast_path;
 mod h2_path;
 pub mod metrics;

@@ -11,6 +11,8 @@ use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::*;
 use pingora::proxy::{ProxyHttp, Session};
 
+use ployz_core::MachineId;
+
 use crate::route_table::{Route, RouteGate};
 use crate::RouteController;
 
@@ -189,6 +191,17 @@ impl Default for Attempts {
 
 impl Attempts {
     /// The upstream chosen last, if any.
+    /// The upstream chosen last, when it is on another Machine: that Machine and its address.
+    fn last_remote(&self) -> Option<(&MachineId, std::net::SocketAddr)> {
+        let route = self.route.as_ref()?;
+        let last = *self.tried[..self.tries].last()?;
+        let up = route.upstreams.get(last)?;
+        match &up.machine {
+            Some(m) if !up.local => Some((m, up.addr)),
+            _ => None,
+        }
+    }
+
     pub(crate) fn last_upstream(&self) -> Option<std::net::SocketAddr> {
         let route = self.route.as_ref()?;
         let last = *self.tried[..self.tries].last()?;
@@ -218,6 +231,9 @@ pub struct EdgeCtx {
     /// The upstream to try again: a kept connection to it turned out closed before anything
     /// came back, so the request goes to it once more on another connection.
     again: Option<std::net::SocketAddr>,
+    /// The exchange with an upstream on another Machine, registered to be cut when that
+    /// Machine is observed down.
+    exchange: Option<crate::exchanges::Registered>,
 }
 
 impl EdgeProxy {
@@ -340,6 +356,18 @@ impl EdgeProxy {
             return Some(upstream.addr);
         }
         unreachable!("the last round always returns")
+    }
+
+    /// Registers the exchange on socket `fd` with the upstream chosen last, when it is on
+    /// another Machine, so that the Machine observed down cuts it at once
+    /// ([`crate::exchanges::Exchanges`]); `None` for a local upstream.
+    pub(crate) fn register_exchange(
+        &self,
+        attempts: &Attempts,
+        fd: std::os::fd::RawFd,
+    ) -> Option<crate::exchanges::Registered> {
+        let (machine, addr) = attempts.last_remote()?;
+        Some(self.routes.exchanges().register(machine, fd, addr))
     }
 
     /// Marks the upstream chosen last as failed for a while; whether another may be tried
@@ -631,6 +659,7 @@ impl ProxyHttp for EdgeProxy {
             body_bytes: 0,
             start: Instant::now(),
             again: None,
+            exchange: None,
         }
     }
 
@@ -984,9 +1013,15 @@ impl ProxyHttp for EdgeProxy {
         client_reused: bool,
     ) -> Box<Error> {
         let mut e = e.more_context(format!("Peer: {peer}"));
+        let cut = ctx.exchange.take().is_some_and(|r| r.was_cut());
         if !session.req_header().method.is_idempotent() || session.as_ref().retry_buffer_truncated()
         {
             e.set_retry(false);
+        } else if cut {
+            // Its Machine was observed down: another Serving Container, if nothing of the
+            // answer went to the client yet.
+            e.set_retry(session.response_written().is_none());
+            return e;
         } else {
             e.retry.decide_reuse(client_reused);
         }
@@ -994,6 +1029,21 @@ impl ProxyHttp for EdgeProxy {
             ctx.again = ctx.attempts.last_upstream();
         }
         e
+    }
+
+    /// Registers an exchange with a container on another Machine, to be cut when the mesh
+    /// observes that Machine down.
+    async fn connected_to_upstream(
+        &self,
+        _session: &mut Session,
+        _reused: bool,
+        _peer: &HttpPeer,
+        fd: std::os::unix::io::RawFd,
+        _digest: Option<&pingora::protocols::Digest>,
+        ctx: &mut EdgeCtx,
+    ) -> Result<()> {
+        ctx.exchange = self.register_exchange(&ctx.attempts, fd);
+        Ok(())
     }
 
     /// Answers a request the edge could not get an answer for: Pingora's status (a container

@@ -26,6 +26,8 @@ pub struct Upstream {
     pub container_id: ContainerId,
     /// Whether it runs on this Machine (local upstreams are listed first).
     pub local: bool,
+    /// The Machine it runs on; `None` for a fixed route's upstream.
+    pub machine: Option<MachineId>,
     /// Whether it runs on a Machine this Machine observes down: tried only when no other
     /// upstream is left (never dropped: membership is an observation, and may be wrong).
     pub on_down_machine: bool,
@@ -697,6 +699,7 @@ impl RouteTable {
                     addr: SocketAddr::new(IpAddr::V4(ip), served.container_port),
                     container_id: o.id.clone(),
                     local: &o.machine_id == local,
+                    machine: Some(o.machine_id.clone()),
                     on_down_machine: down.contains(&o.machine_id),
                     in_flight: counters.counter(&o.id),
                 };
@@ -752,6 +755,7 @@ impl RouteTable {
                     addr: *addr,
                     container_id: format!("{i:064x}").parse().expect("hex"),
                     local: true,
+                    machine: None,
                     on_down_machine: false,
                     in_flight: Arc::new(InFlight::new()),
                 })

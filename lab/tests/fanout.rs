@@ -659,3 +659,179 @@ fn a_machine_stopped_under_load_fails_no_request_through_another_machines_edge()
         "Machine 2 still answered after it stopped: {answers:?}"
     );
 }
+
+/// One request through Machine 0's edge from inside its network namespace: (HTTP status, or 0
+/// when curl got none; the body; how long it took).
+fn timed_request(netns: &str, url: &str, host: &str, post: bool) -> (u16, String, Duration) {
+    let started = Instant::now();
+    let mut args = vec![
+        netns.to_owned(),
+        "curl".into(),
+        "-sS".into(),
+        "-m".into(),
+        "60".into(),
+        "-H".into(),
+        format!("Host: {host}"),
+        "-w".into(),
+        "\n%{http_code}".into(),
+    ];
+    if post {
+        args.extend(["-X".into(), "POST".into(), "--data".into(), "x".into()]);
+    }
+    args.push(url.to_owned());
+    let out = std::process::Command::new("nsenter")
+        .args(&args)
+        .output()
+        .expect("nsenter runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        code.trim().parse().unwrap_or(0),
+        body.trim().to_owned(),
+        started.elapsed(),
+    )
+}
+
+/// Requests in flight through Machine 0's edge to containers on all three Machines when
+/// Machine 2 is cut off the network (it sends nothing more, as when it loses power): once the
+/// mesh observes it down, the edge ends the exchanges with it at once. The GETs that were on it
+/// are answered by another Machine's container, the POSTs that were on it get 502 (they may
+/// have been acted on), and the requests on the other Machines run to their end untouched.
+/// Both on the fast path (`fast.*` hostnames) and through Pingora's proxy (`proxy.*`, whose
+/// route has a header rule). Without the cut, the requests on Machine 2 would wait for an
+/// answer that never comes.
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn exchanges_with_a_machine_observed_down_end_at_once_and_gets_go_elsewhere() {
+    /// How long each container takes to answer.
+    const SLOW_SECONDS: u64 = 12;
+    const HOSTS: [(&str, bool); 4] = [
+        ("get.fast.test", false),
+        ("post.fast.test", true),
+        ("get.proxy.test", false),
+        ("post.proxy.test", true),
+    ];
+    let mut lab = cluster(3);
+    let compose = lab.dir().join("slow.yaml");
+    std::fs::write(
+        &compose,
+        format!(
+            r#"
+services:
+  slow:
+    image: {LAB_IMAGE}
+    deploy: {{mode: global}}
+    command: ["sh", "-c", "mkdir -p /www/cgi-bin && printf '#!/bin/sh\\nsleep {SLOW_SECONDS}\\necho Content-Type: text/plain\\necho\\necho slow-on-%s\\n' \"$$PLOYZ_MACHINE_ID\" > /www/cgi-bin/slow && chmod +x /www/cgi-bin/slow && exec httpd -f -p 8080 -h /www"]
+    x-ports: [get.fast.test:8080/http, post.fast.test:8080/http, get.proxy.test:8080/http, post.proxy.test:8080/http]
+    x-routes:
+      - {{hostname: get.proxy.test, response_headers: {{set: {{X-Path: proxy}}}}}}
+      - {{hostname: post.proxy.test, response_headers: {{set: {{X-Path: proxy}}}}}}
+"#
+        ),
+    )
+    .expect("compose file");
+    ok(&lab, 0, &["deploy", "-y", "-f", compose.to_str().unwrap()]);
+    let ids: Vec<String> = (0..3).map(|i| own_id(&lab, i)).collect();
+    let url = format!("http://{}/cgi-bin/slow", lab.underlay_addr(0));
+    let netns = format!("--net=/var/run/netns/{}", lab.netns(0));
+    // Requests in flight to each upstream of a hostname, as Machine 0's edge counts them (per
+    // container, so every hostname shows them all).
+    let in_flight = |lab: &ployz_lab::Lab, host: &str| -> Vec<usize> {
+        let v = lab.json(0, &["routes", "--json"]);
+        v["routes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["hostname"] == host)
+            .flat_map(|r| r["upstreams"].as_array().cloned().unwrap_or_default())
+            .map(|u| u["in_flight"].as_u64().unwrap_or(0) as usize)
+            .collect()
+    };
+    wait_for(
+        &lab,
+        "three upstreams of every hostname on Machine 0's edge",
+        Duration::from_secs(60),
+        || {
+            HOSTS
+                .iter()
+                .all(|(h, _)| in_flight(&lab, h).len() == 3)
+                .then_some(())
+        },
+    );
+
+    let (cut_at, results) = std::thread::scope(|scope| {
+        // Three requests to each hostname, which go round robin: one on each Machine.
+        let requests: Vec<_> = HOSTS
+            .iter()
+            .flat_map(|h| [*h; 3])
+            .map(|(host, post)| {
+                let (netns, url) = (&netns, &url);
+                scope.spawn(move || (host, timed_request(netns, url, host, post)))
+            })
+            .collect();
+        // Every container has its four requests in flight before Machine 2 is cut off.
+        wait_for(
+            &lab,
+            "four requests in flight to every container",
+            Duration::from_secs(SLOW_SECONDS - 4),
+            || (in_flight(&lab, "get.fast.test") == [4, 4, 4]).then_some(()),
+        );
+        let cut_at = Instant::now();
+        lab.partition(&[&[0, 1], &[2]]);
+        let results: Vec<(&str, (u16, String, Duration))> = requests
+            .into_iter()
+            .map(|r| r.join().expect("a request thread"))
+            .collect();
+        (cut_at, results)
+    });
+    let after_cut = cut_at.elapsed();
+    let worst = results.iter().map(|(_, (_, _, t))| *t).max().unwrap();
+    eprintln!(
+        "worst request time: {:.2} s (each container takes {SLOW_SECONDS} s)",
+        worst.as_secs_f64()
+    );
+    for (host, r) in &results {
+        eprintln!("{host} -> {r:?}");
+    }
+    let on = |id: &str| format!("slow-on-{id}");
+    let survivors = [on(&ids[0]), on(&ids[1])];
+    for (host, post) in HOSTS {
+        let answers: Vec<&(u16, String, Duration)> = results
+            .iter()
+            .filter(|(h, _)| *h == host)
+            .map(|(_, r)| r)
+            .collect();
+        let mut served: Vec<&str> = answers
+            .iter()
+            .filter(|(s, _, _)| *s == 200)
+            .map(|(_, b, _)| b.as_str())
+            .collect();
+        served.sort();
+        assert!(
+            served.iter().all(|b| survivors.iter().any(|s| s == b)),
+            "{host}: {results:?}"
+        );
+        if post {
+            // The ones on Machines 0 and 1 untouched; the one on Machine 2 refused with 502
+            // once the Machine was observed down.
+            let mut want = survivors.to_vec();
+            want.sort();
+            assert_eq!(served, want, "{host}: {results:?}\n{}", logs(&lab));
+            let refused = answers.iter().filter(|(s, _, _)| *s == 502).count();
+            assert_eq!(refused, 1, "{host}: {results:?}\n{}", logs(&lab));
+        } else {
+            // All three answered: the one on Machine 2 again by another Machine.
+            assert_eq!(served.len(), 3, "{host}: {results:?}\n{}", logs(&lab));
+        }
+    }
+    // Nothing waited for curl's 60 s: the slowest is a GET started again after the cut.
+    assert!(
+        worst < Duration::from_secs(45),
+        "worst {worst:?} (all ended {after_cut:?} after the cut)"
+    );
+    assert!(
+        lab.log(0).contains("its exchanges in flight were ended"),
+        "{}",
+        logs(&lab)
+    );
+}
