@@ -515,3 +515,115 @@ in_both_positions!(
     #[ignore = "needs dockerd (scripts/test.sh runs it)"]
     route_rules_authenticate_time_out_and_limit_bodies
 );
+
+/// A port nothing on this host listens on now.
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An Ingress Port end to end: the edge listens on it and forwards each connection to the
+/// Service's container; `ployz routes` shows it; another Service taking the port is refused
+/// before anything runs; and a Deploy without it closes it.
+#[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
+fn an_ingress_port_forwards_tcp_connections_to_the_service() {
+    let lab = Lab::new();
+    let m = DockerMachine::with(&lab, "ports1", QUIET_DAEMON, &[]);
+    let port = free_tcp_port();
+    std::fs::write(
+        lab.path("compose.yaml"),
+        format!(
+            "services:\n  raw:\n    image: {TEST_IMAGE}\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo raw-tcp > /www/index.html && exec httpd -f -p 8080 -h /www\"]\n    x-ports: ['{port}:8080/tcp']\n"
+        ),
+    )
+    .unwrap();
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+
+    // Any bytes: here an HTTP request the edge does not read, with a Host it does not know.
+    let ask = || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        s.write_all(b"GET / HTTP/1.0\r\nHost: no.such.host\r\n\r\n")
+            .ok()?;
+        let mut raw = String::new();
+        let _ = s.read_to_string(&mut raw);
+        Some(raw)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let answer = loop {
+        match ask() {
+            Some(raw) if raw.ends_with("raw-tcp\n") => break raw,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "the Ingress Port never forwarded: {other:?}\n{}",
+                m.daemon.log_text()
+            ),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+
+    let routes = json(&run(&lab, &m, &["routes", "--json"]));
+    let ports = routes["ingress_ports"].as_array().unwrap();
+    assert_eq!(ports.len(), 1, "{routes:#}");
+    assert_eq!(ports[0]["port"], port);
+    assert_eq!(ports[0]["protocol"], "tcp");
+    assert_eq!(ports[0]["service"], "raw");
+    assert_eq!(ports[0]["upstreams"].as_array().unwrap().len(), 1);
+    let text = stdout(&run(&lab, &m, &["routes"]));
+    assert!(
+        text.contains(&format!("{port}/tcp")) && text.contains("raw"),
+        "{text}"
+    );
+
+    // Another Service taking the port: refused, naming both, before any container starts.
+    std::fs::write(
+        lab.path("other.yaml"),
+        format!(
+            "services:\n  other:\n    image: {TEST_IMAGE}\n    command: [\"sh\", \"-c\", \"exec httpd -f -p 8080 -h /\"]\n    x-ports: ['{port}:8080/tcp']\n"
+        ),
+    )
+    .unwrap();
+    let out = run(&lab, &m, &["deploy", "-y", "-f", "other.yaml"]);
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "service 'other' takes port {port}/tcp, which Service 'raw' ("
+        )),
+        "{said}"
+    );
+    assert!(
+        !m.docker_containers()
+            .iter()
+            .any(|(n, _)| n.starts_with("other-")),
+        "{:?}",
+        m.docker_containers()
+    );
+
+    // Without the port in the Service, the edge stops listening on it.
+    std::fs::write(
+        lab.path("compose.yaml"),
+        format!(
+            "services:\n  raw:\n    image: {TEST_IMAGE}\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo raw-tcp > /www/index.html && exec httpd -f -p 8080 -h /www\"]\n"
+        ),
+    )
+    .unwrap();
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edge still listens on {port}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

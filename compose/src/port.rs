@@ -2,6 +2,7 @@
 //!
 //! - Ingress: `[hostname:][lb_port:]container_port[/http|https]`. A hostname makes the protocol
 //!   default to `https`; without one the protocol must be written.
+//! - Ingress Port: `[published:]container_port/tcp|udp`, forwarded by every Machine's edge.
 //! - Host: `[host_ip|[ipv6]|cidr:][host_port:]container_port[/tcp|udp]@host`; without a host
 //!   port (`3000/tcp@host`, `127.0.0.1::3000/tcp@host`) Docker picks a free one.
 //!
@@ -103,14 +104,7 @@ fn parse_ingress(t: &str, service: &ServiceName) -> Result<PortSpec, String> {
         Some((body, proto)) => match proto.to_ascii_lowercase().as_str() {
             "http" => (body, Some(IngressProtocol::Http)),
             "https" => (body, Some(IngressProtocol::Https)),
-            "tcp" | "udp" => {
-                return Err(format!(
-                    "ingress ports carry http or https only, not {proto}; write '{}/https', or publish it on the Machine with '{}:{}/{proto}@host'",
-                    port_hint(body),
-                    port_hint(body),
-                    port_hint(body)
-                ))
-            }
+            "tcp" | "udp" => return parse_stream(body, proto),
             "" => return Err("the protocol after '/' is missing; write http or https".into()),
             other => {
                 return Err(format!(
@@ -160,6 +154,45 @@ fn parse_ingress(t: &str, service: &ServiceName) -> Result<PortSpec, String> {
     };
     Ok(PortSpec::Ingress {
         hostname,
+        published,
+        container_port,
+        protocol,
+    })
+}
+
+/// `[published:]container_port/tcp|udp`: an Ingress Port on every Machine's edge.
+fn parse_stream(body: &str, proto: &str) -> Result<PortSpec, String> {
+    let protocol = if proto.eq_ignore_ascii_case("udp") {
+        HostProtocol::Udp
+    } else {
+        HostProtocol::Tcp
+    };
+    let proto = proto.to_ascii_lowercase();
+    let parts = split_parts(body);
+    let (published, container) = match parts.as_slice() {
+        [container] => (None, *container),
+        [published, container] => (Some(*published), *container),
+        _ => {
+            return Err(format!(
+                "a {proto} ingress port is '[published_port:]container_port/{proto}', with no hostname (the edge forwards the port, not a name); to bind one Machine's address use '{}:{}/{proto}@host'",
+                port_hint(body),
+                port_hint(body)
+            ))
+        }
+    };
+    let container_port = parse_port_number(container, "container port")?;
+    let published = match published {
+        None => container_port,
+        Some(p) if p.chars().all(|c| c.is_ascii_digit()) || is_range(p) => {
+            parse_port_number(p, "published port")?
+        }
+        Some(h) => {
+            return Err(format!(
+                "'{h}' is not a port: a {proto} ingress port has no hostname (the edge forwards the port, not a name); write '{container_port}/{proto}' or 'published:{container_port}/{proto}'"
+            ))
+        }
+    };
+    Ok(PortSpec::Stream {
         published,
         container_port,
         protocol,
@@ -562,6 +595,11 @@ mod tests {
             ("fd00::/8:80:80/tcp@host", "fd00::/8:80:80/tcp@host"),
             ("3000@host", "3000/tcp@host"),
             ("3000/udp@host", "3000/udp@host"),
+            ("5432/tcp", "5432/tcp"),
+            ("15432:5432/TCP", "15432:5432/tcp"),
+            ("53/udp", "53/udp"),
+            ("5353:53/udp", "5353:53/udp"),
+            ("5432:5432/tcp", "5432/tcp"),
             ("127.0.0.1::3000/tcp@host", "127.0.0.1::3000/tcp@host"),
             ("[::1]::3000/tcp@host", "[::1]::3000/tcp@host"),
         ];
@@ -576,7 +614,11 @@ mod tests {
     fn broken_ports_say_what_to_write() {
         let cases = [
             ("8000", "write '8000/https'"),
-            ("8000/tcp", "ingress ports carry http or https only"),
+            ("0/tcp", "out of range"),
+            (
+                "db:5432/tcp",
+                "'db' is not a port: a tcp ingress port has no hostname",
+            ),
             ("0/https", "out of range"),
             ("70000/https", "out of range"),
             ("a.b:0", "out of range"),
@@ -596,8 +638,8 @@ mod tests {
             ("-a.com:80", "starts or ends with '-'"),
             ("127.0.0.1:80:80", "looks like an IP address"),
             (
-                "app.example.com:80/tcp",
-                "ingress ports carry http or https only",
+                "app.example.com:80:5432/tcp",
+                "a tcp ingress port is '[published_port:]container_port/tcp', with no hostname",
             ),
             ("app.com:80:80@host", "not an IP address"),
             ("app.com:80@host", "hostname cannot be used with '@host'"),

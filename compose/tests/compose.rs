@@ -453,6 +453,26 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["x-routes[0].allow", "'office'", "is not an IP address or network"],
         ),
         (
+            "an Ingress Port taken by two services",
+            "services:\n  a:\n    image: nginx\n    x-ports: [5432/tcp]\n  b:\n    image: nginx\n    x-ports: ['5432:15432/tcp']\n".into(),
+            vec!["x-ports '5432/tcp'", "port 5432/tcp is taken by services 'a' and 'b'", "held on every Machine's edge"],
+        ),
+        (
+            "an Ingress Port another service binds as a host port",
+            "services:\n  a:\n    image: nginx\n    x-ports: [53/udp]\n  b:\n    image: nginx\n    ports: ['53:53/udp']\n".into(),
+            vec!["port 53/udp is taken by services 'a' and 'b'"],
+        ),
+        (
+            "an Ingress Port published twice",
+            "services:\n  a:\n    image: nginx\n    x-ports: [5432/tcp, '5432:6000/tcp']\n".into(),
+            vec!["Ingress Port 5432/tcp is published twice (to container ports 5432 and 6000)"],
+        ),
+        (
+            "an Ingress Port with a hostname",
+            "services:\n  a:\n    image: nginx\n    x-ports: [db.example.com:5432/tcp]\n".into(),
+            vec!["'db.example.com' is not a port: a tcp ingress port has no hostname"],
+        ),
+        (
             "x-routes empty allow list",
             "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - {path: /admin, allow: []}\n".into(),
             vec!["x-routes[0].allow", "would admit no one"],

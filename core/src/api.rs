@@ -1102,6 +1102,23 @@ pub struct EdgeRoutes {
     pub generation: u64,
     /// By hostname, then path.
     pub routes: Vec<EdgeRouteView>,
+    /// The Ingress Ports, by port and protocol.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ingress_ports: Vec<EdgeIngressPortView>,
+}
+
+/// One Ingress Port of an edge: what it listens on, the Service, and its upstreams.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EdgeIngressPortView {
+    pub port: u16,
+    pub protocol: crate::HostProtocol,
+    /// The Service by name.
+    pub service: String,
+    /// Why this edge is not listening on it, when it is not (the port is taken on the Machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_listening: Option<String>,
+    /// Serving Containers, in the order the edge prefers them.
+    pub upstreams: Vec<EdgeUpstreamView>,
 }
 
 /// One route of an edge: which paths of a hostname, the Service, and its upstreams.

@@ -662,6 +662,15 @@ pub enum PortSpec {
         container_port: u16,
         protocol: HostProtocol,
     },
+    /// `[published:]container_port/tcp|udp` in `x-ports`: an Ingress Port, which every
+    /// Machine's edge listens on and forwards (TCP: each connection, UDP: each flow) to the
+    /// Service's Serving Containers.
+    Stream {
+        /// The port every edge listens on; the container port unless written.
+        published: u16,
+        container_port: u16,
+        protocol: HostProtocol,
+    },
 }
 
 /// Protocol of an ingress port.
@@ -739,6 +748,16 @@ impl std::fmt::Display for PortSpec {
                 }
                 write!(f, "{container_port}/{protocol}@host")
             }
+            PortSpec::Stream {
+                published,
+                container_port,
+                protocol,
+            } => {
+                if published != container_port {
+                    write!(f, "{published}:")?;
+                }
+                write!(f, "{container_port}/{protocol}")
+            }
         }
     }
 }
@@ -803,7 +822,20 @@ impl ServiceSpec {
                 protocol,
                 ..
             } => Some((*port, *protocol)),
-            PortSpec::Host { .. } | PortSpec::Ingress { .. } => None,
+            PortSpec::Host { .. } | PortSpec::Ingress { .. } | PortSpec::Stream { .. } => None,
+        })
+    }
+
+    /// The Ingress Ports this Service publishes on every Machine's edge, as (published port,
+    /// container port, protocol).
+    pub fn ingress_ports(&self) -> impl Iterator<Item = (u16, u16, HostProtocol)> + '_ {
+        self.ports.iter().filter_map(|p| match p {
+            PortSpec::Stream {
+                published,
+                container_port,
+                protocol,
+            } => Some((*published, *container_port, *protocol)),
+            _ => None,
         })
     }
 

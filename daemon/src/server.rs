@@ -188,6 +188,10 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                 challenges,
                 state: edge_state.clone(),
                 mesh: mesh_view.clone(),
+                ingress_ports: ployz_edge::ingress_ports::IngressPorts::new(
+                    routes.clone(),
+                    config.edge.upstream_connect_timeout(),
+                ),
             },
             Stage::Releasing,
             &handover,
@@ -1152,6 +1156,8 @@ struct RouteService {
     state: Arc<EdgeState>,
     /// Which Machines this Machine observes down, for the order of each route's upstreams.
     mesh: Arc<crate::mesh::MeshView>,
+    /// The TCP and UDP ports the edge forwards to Services.
+    ingress_ports: Arc<ployz_edge::ingress_ports::IngressPorts>,
 }
 
 #[async_trait]
@@ -1181,6 +1187,7 @@ impl BackgroundService for RouteService {
         };
         tokio::join!(
             self.routes.run(store.clone(), shutdown.clone()),
+            self.ingress_ports.clone().run(shutdown.clone()),
             follow_membership,
             self.certificates.run(store.clone(), shutdown.clone()),
             self.challenges.run(store, shutdown.clone()),

@@ -17,10 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
-use ployz_core::api::{EdgeRouteView, EdgeRoutes, EdgeUpstreamView};
+use ployz_core::api::{EdgeIngressPortView, EdgeRouteView, EdgeRoutes, EdgeUpstreamView};
 use ployz_core::{
     AppliedDrain, ContainerId, ContainerRuntimeObservation, DrainMark, EdgeReport, GateState,
-    MachineId, PathMatch, ServiceId,
+    HostProtocol, MachineId, PathMatch, ServiceId,
 };
 use ployz_store::drains::{stored_marks, DRAINING_NAMESPACE};
 use ployz_store::edge_reports::put_report;
@@ -36,7 +36,7 @@ use crate::exchanges::Exchanges;
 use crate::route_table::{Fingerprint, InFlight, InFlightCounters, RouteTable, Standing};
 
 #[derive(Default)]
-struct Counters(Mutex<HashMap<ContainerId, Arc<InFlight>>>);
+pub(crate) struct Counters(Mutex<HashMap<ContainerId, Arc<InFlight>>>);
 
 impl Counters {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ContainerId, Arc<InFlight>>> {
@@ -74,6 +74,8 @@ pub struct RouteController {
     down_machines: Arc<Mutex<HashSet<MachineId>>>,
     /// Exchanges in flight with containers on other Machines.
     exchanges: Arc<Exchanges>,
+    /// The Ingress Ports this edge could not listen on, and why.
+    not_listening: Arc<Mutex<HashMap<(u16, HostProtocol), String>>>,
     /// Rings when `down_machines` changed, or the last request in flight to a drained container
     /// ended: the table is rebuilt and the report written again.
     nudge: Arc<Notify>,
@@ -128,8 +130,42 @@ impl RouteController {
     pub fn view(&self) -> EdgeRoutes {
         let table = self.table.load();
         let now = self.now_ms();
+        let upstreams = |r: &crate::Route| -> Vec<EdgeUpstreamView> {
+            r.upstreams
+                .iter()
+                .enumerate()
+                .map(|(i, u)| EdgeUpstreamView {
+                    address: u.addr.to_string(),
+                    container_id: u.container_id.clone(),
+                    local: u.local,
+                    on_down_machine: u.on_down_machine,
+                    failing: r.marked_failed(i, now),
+                    in_flight: u.in_flight.get(),
+                })
+                .collect()
+        };
+        let not_listening = self
+            .not_listening
+            .lock()
+            .expect("not listening poisoned")
+            .clone();
+        let mut ingress_ports: Vec<EdgeIngressPortView> = table
+            .routes()
+            .filter_map(|r| {
+                let (port, protocol) = r.ingress_port?;
+                Some(EdgeIngressPortView {
+                    port,
+                    protocol,
+                    service: r.service.to_string(),
+                    not_listening: not_listening.get(&(port, protocol)).cloned(),
+                    upstreams: upstreams(r),
+                })
+            })
+            .collect();
+        ingress_ports.sort_by_key(|p| (p.port, p.protocol));
         let mut routes: Vec<EdgeRouteView> = table
             .routes()
+            .filter(|r| r.ingress_port.is_none())
             .map(|r| EdgeRouteView {
                 hostname: r.hostname.to_string(),
                 path: r.path.clone(),
@@ -148,26 +184,25 @@ impl RouteController {
                         to: to.to_string(),
                     }),
                 rules: r.rules(),
-                upstreams: r
-                    .upstreams
-                    .iter()
-                    .enumerate()
-                    .map(|(i, u)| EdgeUpstreamView {
-                        address: u.addr.to_string(),
-                        container_id: u.container_id.clone(),
-                        local: u.local,
-                        on_down_machine: u.on_down_machine,
-                        failing: r.marked_failed(i, now),
-                        in_flight: u.in_flight.get(),
-                    })
-                    .collect(),
+                upstreams: upstreams(r),
             })
             .collect();
         routes.sort_by(|a, b| (&a.hostname, &a.path).cmp(&(&b.hostname, &b.path)));
         EdgeRoutes {
             generation: table.generation(),
             routes,
+            ingress_ports,
         }
+    }
+
+    /// Records why this edge is not listening on an Ingress Port (`None`: it is), for `ployz
+    /// routes`.
+    pub fn set_not_listening(&self, port: (u16, HostProtocol), why: Option<String>) {
+        let mut map = self.not_listening.lock().expect("not listening poisoned");
+        match why {
+            Some(why) => map.insert(port, why),
+            None => map.remove(&port),
+        };
     }
 
     /// Completes at the next publish of a table (created before the table is looked at, it
@@ -199,6 +234,12 @@ impl RouteController {
             *current = down;
             self.nudge.notify_one();
         }
+    }
+
+    /// The in-flight counters, for tests that build a table by hand.
+    #[cfg(test)]
+    pub(crate) fn counters_for_tests(&self) -> Arc<Counters> {
+        self.counters.clone()
     }
 
     /// The exchanges this edge has open with containers on other Machines.

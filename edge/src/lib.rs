@@ -30,6 +30,7 @@ pub mod controller;
 pub mod exchanges;
 mod fast_path;
 mod h2_path;
+pub mod ingress_ports;
 pub mod metrics;
 pub mod proxy;
 pub mod route_table;

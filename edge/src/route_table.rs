@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use ployz_core::{
-    ContainerId, ContainerKind, ContainerRuntimeObservation, GateState, HeaderRules,
+    ContainerId, ContainerKind, ContainerRuntimeObservation, GateState, HeaderRules, HostProtocol,
     IngressProtocol, MachineId, PathMatch, RouteSpec, ServiceId,
 };
 
@@ -164,6 +164,9 @@ pub struct Route {
     pub allow: Option<Arc<[ipnet::IpNet]>>,
     /// Basic authentication, timeout, body limit and error pages, when the route has any.
     pub policy: Option<Arc<RoutePolicy>>,
+    /// For an Ingress Port, its port and protocol: the route of every connection (TCP) or
+    /// flow (UDP) to it, with an empty hostname.
+    pub ingress_port: Option<(u16, HostProtocol)>,
     next: AtomicUsize,
     /// Per upstream, until when (ms on the caller's clock) it is marked failed.
     down_until: Box<[AtomicU64]>,
@@ -295,6 +298,7 @@ impl Route {
             headers: None,
             allow: None,
             policy: None,
+            ingress_port: None,
             next: AtomicUsize::new(0),
         }
     }
@@ -491,6 +495,8 @@ pub struct RouteTable {
     generation: u64,
     /// Keyed by lowercase hostname.
     hosts: FastMap<HostRoutes>,
+    /// The Ingress Ports, by port and protocol.
+    streams: HashMap<(u16, HostProtocol), Arc<Route>>,
 }
 
 /// One route's content in a [`Fingerprint`]: hostname, path, Service, bytes stripped, https,
@@ -626,6 +632,11 @@ impl RouteTable {
             users,
         } = standing;
         let mut by_host: HashMap<String, (bool, HashMap<PathMatch, Gathered>)> = HashMap::new();
+        #[allow(clippy::type_complexity)]
+        let mut by_port: HashMap<
+            (u16, HostProtocol),
+            (std::collections::BTreeSet<String>, Vec<Upstream>),
+        > = HashMap::new();
         for o in observations {
             let gate = gates.get(&o.service_id);
             let serving = o.is_serving() && !draining.contains(&o.id);
@@ -707,7 +718,43 @@ impl RouteTable {
                     route.2.push(up);
                 }
             }
+            // Ingress Ports: every Serving Container, by port and protocol.
+            let Some(ip) = o.address.filter(|_| serving) else {
+                continue;
+            };
+            for (published, container_port, protocol) in spec.ingress_ports() {
+                let entry = by_port.entry((published, protocol)).or_default();
+                entry.0.insert(spec.name.to_string());
+                let up = Upstream {
+                    addr: SocketAddr::new(IpAddr::V4(ip), container_port),
+                    container_id: o.id.clone(),
+                    local: &o.machine_id == local,
+                    machine: Some(o.machine_id.clone()),
+                    on_down_machine: down.contains(&o.machine_id),
+                    in_flight: counters.counter(&o.id),
+                };
+                if !entry.1.contains(&up) {
+                    entry.1.push(up);
+                }
+            }
         }
+        let streams = by_port
+            .into_iter()
+            .map(|((port, protocol), (services, mut ups))| {
+                ups.sort_by_key(|u| (u.on_down_machine, !u.local, u.addr));
+                let service = services.into_iter().collect::<Vec<_>>().join(", ");
+                let mut route = Route::new(
+                    "",
+                    PathMatch::root(),
+                    service,
+                    0,
+                    ups.into_boxed_slice(),
+                    false,
+                );
+                route.ingress_port = Some((port, protocol));
+                ((port, protocol), Arc::new(route))
+            })
+            .collect();
         let hosts = by_host
             .into_iter()
             .map(|(host, (https, routes))| {
@@ -735,7 +782,11 @@ impl RouteTable {
                 (host.into_bytes().into_boxed_slice(), entry)
             })
             .collect();
-        RouteTable { generation, hosts }
+        RouteTable {
+            generation,
+            hosts,
+            streams,
+        }
     }
 
     /// A table of fixed routes, `HOST[PATH]` -> upstream addresses (the edge alone, for
@@ -776,6 +827,7 @@ impl RouteTable {
         RouteTable {
             generation: 1,
             hosts,
+            streams: HashMap::new(),
         }
     }
 
@@ -823,7 +875,20 @@ impl RouteTable {
 
     /// Every route, in no order.
     pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
-        self.hosts.values().flat_map(HostRoutes::routes)
+        self.hosts
+            .values()
+            .flat_map(HostRoutes::routes)
+            .chain(self.streams.values())
+    }
+
+    /// The route of Ingress Port `port`/`protocol`.
+    pub fn stream(&self, port: u16, protocol: HostProtocol) -> Option<&Arc<Route>> {
+        self.streams.get(&(port, protocol))
+    }
+
+    /// The Ingress Ports the table routes.
+    pub fn ingress_ports(&self) -> impl Iterator<Item = (u16, HostProtocol)> + '_ {
+        self.streams.keys().copied()
     }
 
     /// Whether any route sends requests to `container`.
@@ -846,7 +911,10 @@ impl RouteTable {
             .routes()
             .map(|r| {
                 (
-                    r.hostname.to_string(),
+                    match r.ingress_port {
+                        Some((port, protocol)) => format!(":{port}/{protocol}"),
+                        None => r.hostname.to_string(),
+                    },
                     r.path.to_string(),
                     r.service.to_string(),
                     r.strip,

@@ -1630,3 +1630,74 @@ mod interrupted {
         assert_eq!(moved, [Part::Containers]);
     }
 }
+
+#[test]
+fn an_ingress_port_is_refused_where_another_service_or_the_daemon_holds_it() {
+    let stream = |published: u16, protocol: HostProtocol| PortSpec::Stream {
+        published,
+        container_port: published,
+        protocol,
+    };
+    let mut a = machine("a");
+    let b = machine("b");
+    default_listeners(&mut a);
+    let mut db = spec("db");
+    db.ports = vec![stream(5432, HostProtocol::Tcp)];
+    add(&mut a, &ServiceId::generate(), &db, ContainerState::Running);
+    let mut cache = spec("cache");
+    cache.ports = vec![PortSpec::Host {
+        host_ip: None,
+        host_port: Some(6379),
+        container_port: 6379,
+        protocol: HostProtocol::Tcp,
+    }];
+    add(
+        &mut a,
+        &ServiceId::generate(),
+        &cache,
+        ContainerState::Running,
+    );
+    let machines = [a, b];
+    let refusal = |ports: Vec<PortSpec>| {
+        let mut s = spec("other");
+        s.ports = ports;
+        plan(
+            &DeployIntent::all(vec![s], vec![]),
+            &machines,
+            &PlanOptions::default(),
+        )
+        .map(|_| ())
+        .map_err(|e| e.iter().next().unwrap().to_string())
+    };
+    // Free ports, and the same port in the other protocol: planned.
+    assert_eq!(refusal(vec![stream(15432, HostProtocol::Tcp)]), Ok(()));
+    assert_eq!(refusal(vec![stream(5432, HostProtocol::Udp)]), Ok(()));
+    // Another Service's Ingress Port, as an Ingress Port or a host port on any Machine.
+    let e = refusal(vec![stream(5432, HostProtocol::Tcp)]).unwrap_err();
+    assert!(
+        e.starts_with("service 'other' takes port 5432/tcp, which Service 'db' (")
+            && e.contains("(as an Ingress Port); an Ingress Port is held on every Machine's edge"),
+        "{e}"
+    );
+    let e = refusal(vec![PortSpec::Host {
+        host_ip: Some("10.0.0.7".into()),
+        host_port: Some(5432),
+        container_port: 5432,
+        protocol: HostProtocol::Tcp,
+    }])
+    .unwrap_err();
+    assert!(e.contains("Service 'db'"), "{e}");
+    // Another Service's host port: an edge would bind it on every Machine.
+    let e = refusal(vec![stream(6379, HostProtocol::Tcp)]).unwrap_err();
+    assert!(
+        e.contains("Service 'cache'") && e.contains("(as a host port)"),
+        "{e}"
+    );
+    // The daemon's own listeners: the edge's HTTP port on Machine a.
+    let e = refusal(vec![stream(80, HostProtocol::Tcp)]).unwrap_err();
+    assert!(
+        e.starts_with("service 'other' publishes Ingress Port 80/tcp, which the daemon's")
+            && e.contains("on Machine a"),
+        "{e}"
+    );
+}

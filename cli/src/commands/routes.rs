@@ -32,12 +32,78 @@ pub async fn run(global: &GlobalArgs, args: RoutesArgs) -> anyhow::Result<()> {
     if args.json {
         return print_json(&routes);
     }
-    if routes.routes.is_empty() {
-        println!("No route: no Serving Container publishes an Ingress Hostname this edge knows.");
+    if routes.routes.is_empty() && routes.ingress_ports.is_empty() {
+        println!("No route: no Serving Container publishes an Ingress Hostname or an Ingress Port this edge knows.");
         return Ok(());
     }
-    print_table(&routes_table(&routes));
+    if !routes.routes.is_empty() {
+        print_table(&routes_table(&routes));
+    }
+    if !routes.ingress_ports.is_empty() {
+        if !routes.routes.is_empty() {
+            println!();
+        }
+        print_table(&ports_table(&routes));
+    }
     Ok(())
+}
+
+/// The states of an upstream, in words.
+fn upstream_state(u: &api::EdgeUpstreamView) -> String {
+    let mut state = vec![if u.local { "local" } else { "remote" }.to_owned()];
+    if u.on_down_machine {
+        state.push("Machine observed down (tried last)".into());
+    }
+    if u.failing {
+        state.push("failing (skipped a few seconds)".into());
+    }
+    if u.in_flight > 0 {
+        state.push(format!("{} in flight", u.in_flight));
+    }
+    state.join(", ")
+}
+
+/// One line per upstream of each Ingress Port; a port this edge cannot listen on says why.
+fn ports_table(routes: &EdgeRoutes) -> comfy_table::Table {
+    let mut t = table(&["PORT", "SERVICE", "UPSTREAM", "CONTAINER", "STATE"]);
+    for p in &routes.ingress_ports {
+        let port = format!("{}/{}", p.port, p.protocol);
+        if let Some(why) = &p.not_listening {
+            t.add_row(vec![
+                port,
+                p.service.clone(),
+                "-".into(),
+                "-".into(),
+                format!("not listening: {why}"),
+            ]);
+            continue;
+        }
+        if p.upstreams.is_empty() {
+            t.add_row(vec![
+                port,
+                p.service.clone(),
+                "-".into(),
+                "-".into(),
+                "no Serving Container".into(),
+            ]);
+            continue;
+        }
+        for (i, u) in p.upstreams.iter().enumerate() {
+            let first = i == 0;
+            t.add_row(vec![
+                if first { port.clone() } else { String::new() },
+                if first {
+                    p.service.clone()
+                } else {
+                    String::new()
+                },
+                u.address.clone(),
+                u.container_id.as_str().chars().take(12).collect(),
+                upstream_state(u),
+            ]);
+        }
+    }
+    t
 }
 
 /// One line per upstream of each route (a route without one shows `-`); a route's hostname,
@@ -86,16 +152,6 @@ fn routes_table(routes: &EdgeRoutes) -> comfy_table::Table {
             continue;
         }
         for (i, u) in r.upstreams.iter().enumerate() {
-            let mut state = vec![if u.local { "local" } else { "remote" }.to_owned()];
-            if u.on_down_machine {
-                state.push("Machine observed down (tried last)".into());
-            }
-            if u.failing {
-                state.push("failing (skipped a few seconds)".into());
-            }
-            if u.in_flight > 0 {
-                state.push(format!("{} in flight", u.in_flight));
-            }
             let first = i == 0;
             t.add_row(vec![
                 if first { host.clone() } else { String::new() },
@@ -107,7 +163,7 @@ fn routes_table(routes: &EdgeRoutes) -> comfy_table::Table {
                 },
                 u.address.clone(),
                 u.container_id.as_str().chars().take(12).collect(),
-                state.join(", "),
+                upstream_state(u),
             ]);
         }
     }
@@ -156,6 +212,7 @@ mod tests {
                     upstreams: vec![],
                 },
             ],
+            ingress_ports: vec![],
         };
         let text = routes_table(&routes).to_string();
         let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
@@ -187,6 +244,7 @@ mod tests {
                 rules: vec!["basic auth 'Staff'".into(), "timeout 90s".into()],
                 upstreams: vec![],
             }],
+            ingress_ports: vec![],
         };
         let text = routes_table(&routes).to_string();
         let lines: Vec<&str> = text.lines().map(str::trim_end).collect();

@@ -75,6 +75,13 @@ fn endpoints(spec: &ServiceSpec) -> Vec<String> {
                 container_port,
                 ..
             } => Some(format!("*->{container_port} (host)")),
+            PortSpec::Stream {
+                published,
+                container_port,
+                protocol,
+            } => Some(format!(
+                "{published}/{protocol}->{container_port} (every edge)"
+            )),
             _ => None,
         })
         .collect()

@@ -266,6 +266,7 @@ impl Project<'_> {
         let done = self.convert_services(&selection, &volumes, home, d);
         volumes::used_volume_warnings(&done.used_volumes, &volumes, d);
         self.check_hostnames(&done.converted, d);
+        self.check_ingress_ports(&done.converted, d);
         let order = self.dependency_order(&done.deps, d)?;
         let builds = done
             .converted
@@ -432,6 +433,49 @@ impl Project<'_> {
                 "Provisioned Volumes (x-volumes) are not supported yet and are ignored; the volumes are plain Docker Volumes",
             ),
             _ => service::keys::top_level_key(d, file, k, v),
+        }
+    }
+
+    /// An Ingress Port is held on every Machine's edge: two Services publishing the same port
+    /// and protocol, as Ingress Ports or one of them as a fixed host port, is an error naming
+    /// both.
+    fn check_ingress_ports(&self, converted: &[Converted], d: &mut Diagnostics) {
+        let mut holders: BTreeMap<(u16, ployz_core::HostProtocol), BTreeSet<String>> =
+            BTreeMap::new();
+        let mut ingress: BTreeSet<(u16, ployz_core::HostProtocol)> = BTreeSet::new();
+        for c in converted {
+            for (port, _, proto) in c.spec.ingress_ports() {
+                ingress.insert((port, proto));
+                holders
+                    .entry((port, proto))
+                    .or_default()
+                    .insert(c.spec.name.to_string());
+            }
+            for (port, proto) in c.spec.host_ports() {
+                holders
+                    .entry((port, proto))
+                    .or_default()
+                    .insert(c.spec.name.to_string());
+            }
+        }
+        for ((port, proto), services) in holders {
+            if services.len() < 2 || !ingress.contains(&(port, proto)) {
+                continue;
+            }
+            let names: Vec<String> = services.iter().map(|s| format!("'{s}'")).collect();
+            let first = services.iter().next().cloned().unwrap_or_default();
+            let idx = self.origins.service_file(&first, "x-ports");
+            d.error(
+                self.files.get(idx).map(String::as_str).unwrap_or(""),
+                None,
+                Some("x-ports"),
+                Some(format!("{port}/{proto}")),
+                format!(
+                    "port {port}/{proto} is taken by services {}, and an Ingress Port is held on every Machine's edge",
+                    names.join(" and ")
+                ),
+                Some("give one of them another port ('OTHER:CONTAINER_PORT/tcp' publishes the container's port as OTHER)".into()),
+            );
         }
     }
 

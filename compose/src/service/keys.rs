@@ -212,7 +212,7 @@ pub const KEY_RULES: &[KeyRule] = &[
     // ---- Ployz extensions ----
     svc("x-caddy", Refused, "publish through the edge with x-ports, e.g. x-ports: [app.example.com:8080/https]; path routing, redirects and headers come as typed extensions"),
     svc("x-machines", Kept, "the Machines the Service may run on"),
-    svc("x-ports", Translated, "Ingress Hostnames through the edge (http/https) and host ports"),
+    svc("x-ports", Translated, "Ingress Hostnames through the edge (http/https), Ingress Ports (tcp/udp on every Machine's edge) and host ports"),
     svc("x-pre_deploy", Kept, "a command run before the Deploy changes the Service"),
     svc("x-revisions", Kept, "how many Service Revisions are kept for ployz rollback (5 by default)"),
     svc("x-routes", Kept, "the paths of its Ingress Hostnames the Service serves (prefix or exact, strip_prefix)"),

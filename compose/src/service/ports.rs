@@ -253,6 +253,36 @@ fn check_host_ports(
             seen.push((ip, *host_port, *protocol, *container_port));
         }
     }
+    // An Ingress Port is held on every Machine: once per port and protocol, and never beside
+    // a host port of the same.
+    let mut streams: Vec<(u16, HostProtocol, u16)> = Vec::new();
+    for p in &ports {
+        if let PortSpec::Stream {
+            published,
+            container_port,
+            protocol,
+        } = p
+        {
+            let twice = streams
+                .iter()
+                .find(|(port, proto, _)| port == published && proto == protocol)
+                .map(|(_, _, other)| format!("Ingress Port {published}/{protocol} is published twice (to container ports {other} and {container_port})"))
+                .or_else(|| {
+                    seen.iter()
+                        .any(|(_, port, proto, _)| port == published && proto == protocol)
+                        .then(|| format!("port {published}/{protocol} is both an Ingress Port and a host port"))
+                });
+            if let Some(message) = twice {
+                ctx.err(
+                    key,
+                    Some(p.to_string()),
+                    message,
+                    Some("publish each port once"),
+                );
+            }
+            streams.push((*published, *protocol, *container_port));
+        }
+    }
     ports
 }
 

@@ -114,6 +114,68 @@ impl<'a> HostPortLedger<'a> {
     }
 }
 
+/// Refuses a port one Service would take on every Machine while another holds it: an Ingress
+/// Port of `spec` another deployed Service publishes as an Ingress Port or a fixed host port
+/// (on any Machine), a fixed host port of `spec` another publishes as an Ingress Port, or an
+/// Ingress Port one of the daemon's listeners holds on a Machine that is up.
+pub(super) fn check_ingress_ports(
+    spec: &ServiceSpec,
+    machines: &[MachineSnapshot],
+) -> Result<(), PlanError> {
+    let mine: Vec<(u16, HostProtocol)> = spec
+        .ingress_ports()
+        .map(|(p, _, proto)| (p, proto))
+        .collect();
+    let my_host: Vec<(u16, HostProtocol)> = spec.host_ports().collect();
+    if mine.is_empty() && my_host.is_empty() {
+        return Ok(());
+    }
+    for c in machines.iter().flat_map(|m| m.containers.iter()) {
+        if c.kind != ContainerKind::Service || c.service_name == spec.name {
+            continue;
+        }
+        let Some(theirs) = &c.spec else { continue };
+        let taken =
+            |port: u16, protocol: HostProtocol, how: &'static str| PlanError::IngressPortTaken {
+                name: spec.name.to_string(),
+                port,
+                protocol,
+                owner: c.service_name.to_string(),
+                owner_id: c.service_id.to_string(),
+                how,
+            };
+        for (port, _, protocol) in theirs.ingress_ports() {
+            if mine.contains(&(port, protocol)) || my_host.contains(&(port, protocol)) {
+                return Err(taken(port, protocol, "as an Ingress Port"));
+            }
+        }
+        for (port, protocol) in theirs.host_ports() {
+            if mine.contains(&(port, protocol)) {
+                return Err(taken(port, protocol, "as a host port"));
+            }
+        }
+    }
+    for m in machines.iter().filter(|m| is_up(m)) {
+        for &(port, protocol) in &mine {
+            if let Some(l) = m
+                .listeners
+                .iter()
+                .find(|l| l.port == port && l.protocol == protocol)
+            {
+                return Err(PlanError::IngressPortHeldByDaemon {
+                    name: spec.name.to_string(),
+                    port,
+                    protocol,
+                    machine: m.machine.info.name.to_string(),
+                    role: l.role,
+                    address: l.socket_text(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The fixed host ports of `spec`.
 fn bindings(spec: &ServiceSpec, already_running: bool) -> Vec<Binding> {
     spec.ports

@@ -145,6 +145,25 @@ pub enum PlanError {
         /// `other` is a Service this Deploy does not attempt, already running there.
         other_running: bool,
     },
+    #[error("service '{name}' takes port {port}/{protocol}, which Service '{owner}' ({owner_id}) already takes ({how}); an Ingress Port is held on every Machine's edge, so give one of them another port")]
+    IngressPortTaken {
+        name: String,
+        port: u16,
+        protocol: HostProtocol,
+        owner: String,
+        owner_id: String,
+        /// How the owner holds it: as an Ingress Port or as a host port.
+        how: &'static str,
+    },
+    #[error("service '{name}' publishes Ingress Port {port}/{protocol}, which the daemon's {role} holds on Machine {machine} ({address}); publish it on another port ('OTHER:{port}/{protocol}' in x-ports)")]
+    IngressPortHeldByDaemon {
+        name: String,
+        port: u16,
+        protocol: HostProtocol,
+        machine: String,
+        role: ListenerRole,
+        address: String,
+    },
     #[error("service '{name}' publishes host port {port}/{protocol} on Machine {machine}, where the daemon's {role} listens ({address}); {fix}")]
     HostPortHeldByDaemon {
         name: String,
@@ -182,6 +201,8 @@ impl PlanError {
             | PlanError::HostPortClash { name, .. }
             | PlanError::HostPortTaken { name, .. }
             | PlanError::HostPortHeldByDaemon { name, .. }
+            | PlanError::IngressPortTaken { name, .. }
+            | PlanError::IngressPortHeldByDaemon { name, .. }
             | PlanError::LeftUnfinished { name, .. }
             | PlanError::ExternalVolumeMissing { name, .. } => Some(name),
         }
@@ -405,6 +426,9 @@ fn plan_service<'a>(
         errors.push(e);
     }
     if let Err(e) = identity::check_dns_label(spec, machines) {
+        errors.push(e);
+    }
+    if let Err(e) = host_ports::check_ingress_ports(spec, machines) {
         errors.push(e);
     }
     let existing = identity::containers_of(spec, machines);

@@ -1,0 +1,652 @@
+//! Ingress Ports: TCP and UDP ports every Machine's edge listens on for one Service
+//! (`x-ports: [5432/tcp, 53/udp]`), forwarded to its Serving Containers.
+//!
+//! - TCP: each connection goes to one Serving Container, round robin, with the HTTP routes'
+//!   rules: containers on Machines observed down last, one that refused a connection (or did
+//!   not take it within the connect timeout) avoided for a while and the next tried (up to 3),
+//!   each connection counted in flight so a drain waits for it, and cut at once when its
+//!   container's Machine is observed down. Bytes pass both ways until either side closes.
+//! - UDP: each flow (client address and port) goes to one Serving Container, from its own
+//!   socket, until it has been idle for [`FLOW_IDLE`]; answers go back from the port the client
+//!   sent to. A flow to a Machine observed down ends, and the client's next datagram starts a
+//!   new one elsewhere.
+//!
+//! The listeners follow the published route table: a port is opened when the table first has
+//! it and closed when it no longer does (connections already made stay until they end). A port
+//! the Machine already uses elsewhere is reported (`ployz routes`) and tried again.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ployz_core::HostProtocol;
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::watch;
+
+use crate::route_table::{InFlight, Route};
+use crate::RouteController;
+
+/// How long a UDP flow lives without a datagram either way.
+pub const FLOW_IDLE: Duration = Duration::from_secs(60);
+
+/// The most UDP flows one port keeps; datagrams of new flows beyond it are dropped.
+const MAX_FLOWS: usize = 16_384;
+
+/// How many containers one connection tries.
+const MAX_TRIES: usize = 3;
+
+/// How long a container that refused a connection is avoided.
+const FAILURE_WINDOW_MS: u64 = 10_000;
+
+/// How often a port that could not be opened is tried again.
+const RETRY_BIND: Duration = Duration::from_secs(5);
+
+/// The largest UDP datagram.
+const MAX_DATAGRAM: usize = 65_535;
+
+/// The Ingress Ports of one edge.
+pub struct IngressPorts {
+    routes: RouteController,
+    /// The address listened on: every address.
+    bind: IpAddr,
+    connect_timeout: Duration,
+    /// The open listeners, each stopped by dropping its sender.
+    open: Mutex<HashMap<(u16, HostProtocol), watch::Sender<()>>>,
+}
+
+impl IngressPorts {
+    /// Ingress Ports on every address (IPv6 and IPv4), trying containers for
+    /// `connect_timeout` each.
+    pub fn new(routes: RouteController, connect_timeout: Duration) -> Arc<IngressPorts> {
+        IngressPorts::on(routes, IpAddr::V6(Ipv6Addr::UNSPECIFIED), connect_timeout)
+    }
+
+    /// Ingress Ports on `bind` alone.
+    pub fn on(
+        routes: RouteController,
+        bind: IpAddr,
+        connect_timeout: Duration,
+    ) -> Arc<IngressPorts> {
+        Arc::new(IngressPorts {
+            routes,
+            bind,
+            connect_timeout,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Keeps the listeners matching the published table until `shutdown` turns true, then
+    /// closes them all.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            // Registered before the table is read: a publish after the read wakes it.
+            let published = self.routes.published();
+            let failed = self.reconcile();
+            tokio::select! {
+                _ = published => {}
+                _ = tokio::time::sleep(RETRY_BIND), if failed => {}
+                _ = shutdown.changed() => break,
+            }
+            if *shutdown.borrow() {
+                break;
+            }
+        }
+        self.open.lock().expect("ingress ports poisoned").clear();
+    }
+
+    /// Opens the ports the table has and this edge does not listen on, closes those it no
+    /// longer has. Answers whether a port could not be opened.
+    pub fn reconcile(self: &Arc<Self>) -> bool {
+        let wanted: Vec<(u16, HostProtocol)> = self.routes.table().load().ingress_ports().collect();
+        let mut open = self.open.lock().expect("ingress ports poisoned");
+        open.retain(|key, _| {
+            let keep = wanted.contains(key);
+            if !keep {
+                tracing::info!(port = key.0, protocol = %key.1, "Ingress Port closed");
+            }
+            keep
+        });
+        let mut failed = false;
+        for key in wanted {
+            if open.contains_key(&key) {
+                continue;
+            }
+            let addr = SocketAddr::new(self.bind, key.0);
+            let (stop, stopped) = watch::channel(());
+            let started = match key.1 {
+                HostProtocol::Tcp => bind_tcp(addr).map(|l| {
+                    tokio::spawn(self.clone().accept(l, key.0, stopped));
+                }),
+                HostProtocol::Udp => bind_udp(addr).map(|s| {
+                    tokio::spawn(self.clone().relay(Arc::new(s), key.0, stopped));
+                }),
+            };
+            match started {
+                Ok(()) => {
+                    tracing::info!(port = key.0, protocol = %key.1, "Ingress Port listening");
+                    self.routes.set_not_listening(key, None);
+                    open.insert(key, stop);
+                }
+                Err(e) => {
+                    let why = format!("cannot listen on {addr}: {e}");
+                    tracing::warn!(port = key.0, protocol = %key.1, error = %e, "Ingress Port not listening; tried again in 5 s");
+                    self.routes.set_not_listening(key, Some(why));
+                    failed = true;
+                }
+            }
+        }
+        failed
+    }
+
+    /// Accepts connections on an Ingress Port until it is closed.
+    async fn accept(
+        self: Arc<Self>,
+        listener: TcpListener,
+        port: u16,
+        mut stopped: watch::Receiver<()>,
+    ) {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = stopped.changed() => return,
+            };
+            match accepted {
+                Ok((client, _)) => {
+                    let _ = client.set_nodelay(true);
+                    tokio::spawn(self.clone().forward(client, port));
+                }
+                Err(e) => {
+                    // Out of descriptors, most likely: a moment for connections to end.
+                    tracing::warn!(port, error = %e, "Ingress Port accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    /// One TCP connection: a container, then bytes both ways until either side closes.
+    async fn forward(self: Arc<Self>, mut client: TcpStream, port: u16) {
+        let Some((route, i, mut upstream)) = self.connect(port).await else {
+            // Nothing to forward to: the client sees its connection closed.
+            return;
+        };
+        let up = &route.upstreams[i];
+        let _counted = Counted::new(&up.in_flight);
+        let registered = match (&up.machine, up.local) {
+            (Some(m), false) => Some(self.routes.exchanges().register(
+                m,
+                upstream.as_raw_fd(),
+                up.addr,
+            )),
+            _ => None,
+        };
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        drop(registered);
+    }
+
+    /// A connection to a Serving Container of Ingress Port `port`: the route, the upstream's
+    /// index and the stream. `None` when there is none or none took the connection.
+    async fn connect(&self, port: u16) -> Option<(Arc<Route>, usize, TcpStream)> {
+        let route = self
+            .routes
+            .table()
+            .load()
+            .stream(port, HostProtocol::Tcp)?
+            .clone();
+        let mut tried: Vec<usize> = Vec::new();
+        while tried.len() < MAX_TRIES.min(route.upstreams.len()) {
+            let i = route.pick(self.routes.now_ms(), &tried)?;
+            tried.push(i);
+            let addr = route.upstreams[i].addr;
+            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
+                Ok(Ok(s)) => {
+                    let _ = s.set_nodelay(true);
+                    return Some((route, i, s));
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(port, %addr, error = %e, "Ingress Port: connect failed; trying the next container");
+                }
+                Err(_) => {
+                    tracing::debug!(port, %addr, "Ingress Port: connect timed out; trying the next container");
+                }
+            }
+            route.mark_failed(i, self.routes.now_ms() + FAILURE_WINDOW_MS);
+        }
+        None
+    }
+
+    /// Relays the datagrams of a UDP Ingress Port until it is closed.
+    async fn relay(
+        self: Arc<Self>,
+        socket: Arc<UdpSocket>,
+        port: u16,
+        mut stopped: watch::Receiver<()>,
+    ) {
+        let flows: Arc<Mutex<HashMap<SocketAddr, Arc<Flow>>>> = Arc::default();
+        let mut buf = vec![0u8; MAX_DATAGRAM];
+        loop {
+            let received = tokio::select! {
+                r = socket.recv_from(&mut buf) => r,
+                _ = stopped.changed() => return,
+            };
+            let Ok((n, client)) = received else {
+                continue;
+            };
+            let existing = flows.lock().expect("flows poisoned").get(&client).cloned();
+            let flow = match existing {
+                Some(f) => f,
+                None => {
+                    if flows.lock().expect("flows poisoned").len() >= MAX_FLOWS {
+                        continue;
+                    }
+                    let Some(flow) = self.open_flow(port).await else {
+                        continue;
+                    };
+                    flows
+                        .lock()
+                        .expect("flows poisoned")
+                        .insert(client, flow.clone());
+                    tokio::spawn(answers(flow.clone(), socket.clone(), client, flows.clone()));
+                    flow
+                }
+            };
+            flow.touch();
+            let _ = flow.upstream.send(&buf[..n]).await;
+        }
+    }
+
+    /// A new flow to a Serving Container of UDP Ingress Port `port`.
+    async fn open_flow(&self, port: u16) -> Option<Arc<Flow>> {
+        let route = self
+            .routes
+            .table()
+            .load()
+            .stream(port, HostProtocol::Udp)?
+            .clone();
+        let i = route.pick(self.routes.now_ms(), &[])?;
+        let up = &route.upstreams[i];
+        let local: SocketAddr = if up.addr.is_ipv4() {
+            "0.0.0.0:0".parse().expect("an address")
+        } else {
+            "[::]:0".parse().expect("an address")
+        };
+        let socket = UdpSocket::bind(local).await.ok()?;
+        socket.connect(up.addr).await.ok()?;
+        let registered = match (&up.machine, up.local) {
+            (Some(m), false) => Some(self.routes.exchanges().register(
+                m,
+                socket.as_raw_fd(),
+                up.addr,
+            )),
+            _ => None,
+        };
+        up.in_flight.acquire();
+        Some(Arc::new(Flow {
+            upstream: socket,
+            in_flight: up.in_flight.clone(),
+            last: AtomicU64::new(now_secs()),
+            _registered: registered,
+        }))
+    }
+}
+
+/// One UDP flow: the socket connected to its container.
+struct Flow {
+    upstream: UdpSocket,
+    /// Its container's in-flight count, held while the flow lives.
+    in_flight: Arc<InFlight>,
+    /// When a datagram last passed, either way (seconds on a monotonic clock).
+    last: AtomicU64,
+    _registered: Option<crate::exchanges::Registered>,
+}
+
+impl Flow {
+    fn touch(&self) {
+        self.last.store(now_secs(), Ordering::Relaxed);
+    }
+}
+
+impl Drop for Flow {
+    fn drop(&mut self) {
+        self.in_flight.release();
+    }
+}
+
+/// Passes a flow's answers back to its client until the flow is idle for [`FLOW_IDLE`] or
+/// its socket is cut, then forgets the flow.
+async fn answers(
+    flow: Arc<Flow>,
+    socket: Arc<UdpSocket>,
+    client: SocketAddr,
+    flows: Arc<Mutex<HashMap<SocketAddr, Arc<Flow>>>>,
+) {
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    loop {
+        let idle_for = now_secs().saturating_sub(flow.last.load(Ordering::Relaxed));
+        let left = FLOW_IDLE.saturating_sub(Duration::from_secs(idle_for));
+        if left.is_zero() {
+            break;
+        }
+        match tokio::time::timeout(left, flow.upstream.recv(&mut buf)).await {
+            // A cut socket reads 0 bytes from then on; an error (an ICMP refusal) ends it too.
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => {
+                flow.touch();
+                let _ = socket.send_to(&buf[..n], client).await;
+            }
+            Err(_) => {}
+        }
+    }
+    let mut map = flows.lock().expect("flows poisoned");
+    if map.get(&client).is_some_and(|f| Arc::ptr_eq(f, &flow)) {
+        map.remove(&client);
+    }
+}
+
+/// Holds one in-flight count of a container while a connection lives.
+struct Counted(Arc<InFlight>);
+
+impl Counted {
+    fn new(in_flight: &Arc<InFlight>) -> Counted {
+        in_flight.acquire();
+        Counted(in_flight.clone())
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// Seconds on a monotonic clock.
+fn now_secs() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs()
+}
+
+/// A TCP listener on `addr` (an IPv6 unspecified address takes IPv4 too), without
+/// `SO_REUSEPORT`: a port another process holds is an error, never shared.
+fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false)?;
+    }
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// A UDP socket on `addr` (an IPv6 unspecified address takes IPv4 too).
+fn bind_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(false)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    UdpSocket::from_std(socket.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route_table::tests::obs;
+    use crate::route_table::RouteTable;
+    use ployz_core::{ContainerState, MachineId, PortSpec};
+    use std::collections::HashSet;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A port nothing listens on now.
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// A container observation at 127.0.0.`n` publishing `ports` as Ingress Ports.
+    fn container(
+        m: &MachineId,
+        n: u8,
+        ports: &[(u16, u16, HostProtocol)],
+    ) -> ployz_core::ContainerRuntimeObservation {
+        let mut o = obs(m, n, &[], ContainerState::Running, None);
+        o.address = Some(std::net::Ipv4Addr::new(127, 0, 0, n));
+        o.spec.as_mut().unwrap().ports = ports
+            .iter()
+            .map(|(published, container_port, protocol)| PortSpec::Stream {
+                published: *published,
+                container_port: *container_port,
+                protocol: *protocol,
+            })
+            .collect();
+        o
+    }
+
+    fn controller(
+        observations: &[ployz_core::ContainerRuntimeObservation],
+        m: &MachineId,
+    ) -> RouteController {
+        let c = RouteController::new();
+        let table = RouteTable::build(
+            observations,
+            &HashSet::new(),
+            (m, &HashSet::new()),
+            &*c.counters_for_tests(),
+            1,
+        );
+        c.table().store(Arc::new(table));
+        c
+    }
+
+    /// A TCP server on 127.0.0.`n`:`port` answering each connection's first read with its
+    /// name and what it read.
+    async fn tcp_echo(n: u8, port: u16) {
+        let l = TcpListener::bind((std::net::Ipv4Addr::new(127, 0, 0, n), port))
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    while let Ok(k) = s.read(&mut buf).await {
+                        if k == 0 {
+                            break;
+                        }
+                        let mut answer = format!("c{n}:").into_bytes();
+                        answer.extend_from_slice(&buf[..k]);
+                        if s.write_all(&answer).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    /// A UDP server on 127.0.0.`n`:`port` answering each datagram with its name and it.
+    async fn udp_echo(n: u8, port: u16) {
+        let s = UdpSocket::bind((std::net::Ipv4Addr::new(127, 0, 0, n), port))
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 64];
+            loop {
+                let (k, from) = s.recv_from(&mut buf).await.unwrap();
+                let mut answer = format!("c{n}:").into_bytes();
+                answer.extend_from_slice(&buf[..k]);
+                s.send_to(&answer, from).await.unwrap();
+            }
+        });
+    }
+
+    async fn tcp_ask(port: u16, what: &str) -> String {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        s.write_all(what.as_bytes()).await.unwrap();
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    #[tokio::test]
+    async fn tcp_connections_go_round_robin_and_skip_a_container_that_refuses() {
+        let m = MachineId::generate();
+        let (published, backend) = (free_port(), free_port());
+        tcp_echo(1, backend).await;
+        tcp_echo(2, backend).await;
+        // Container 3 publishes the port but nothing listens: refused, skipped.
+        let routes = controller(
+            &[
+                container(&m, 1, &[(published, backend, HostProtocol::Tcp)]),
+                container(&m, 2, &[(published, backend, HostProtocol::Tcp)]),
+                container(&m, 3, &[(published, backend, HostProtocol::Tcp)]),
+            ],
+            &m,
+        );
+        let ports = IngressPorts::on(
+            routes.clone(),
+            "127.0.0.1".parse().unwrap(),
+            Duration::from_secs(1),
+        );
+        assert!(!ports.reconcile());
+        let mut seen = std::collections::BTreeSet::new();
+        for i in 0..9 {
+            let answer = tcp_ask(published, &format!("q{i}")).await;
+            assert!(answer.ends_with(&format!(":q{i}")), "{answer}");
+            seen.insert(answer[..2].to_owned());
+        }
+        assert_eq!(seen, ["c1".to_owned(), "c2".to_owned()].into());
+        // A connection holds its container's in-flight count while it lives.
+        let mut held = TcpStream::connect(("127.0.0.1", published)).await.unwrap();
+        held.write_all(b"x").await.unwrap();
+        let mut buf = [0u8; 8];
+        let _ = held.read(&mut buf).await.unwrap();
+        let in_flight: usize = routes.view().ingress_ports[0]
+            .upstreams
+            .iter()
+            .map(|u| u.in_flight)
+            .sum();
+        assert_eq!(in_flight, 1);
+        drop(held);
+
+        // A table without the port closes it.
+        routes.table().store(Arc::new(RouteTable::default()));
+        assert!(!ports.reconcile());
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while TcpStream::connect(("127.0.0.1", published)).await.is_ok() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the port closed");
+    }
+
+    #[tokio::test]
+    async fn udp_flows_stay_with_one_container_and_answers_come_back() {
+        let m = MachineId::generate();
+        let published = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let backend = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        udp_echo(1, backend).await;
+        udp_echo(2, backend).await;
+        let routes = controller(
+            &[
+                container(&m, 1, &[(published, backend, HostProtocol::Udp)]),
+                container(&m, 2, &[(published, backend, HostProtocol::Udp)]),
+            ],
+            &m,
+        );
+        let ports = IngressPorts::on(
+            routes.clone(),
+            "127.0.0.1".parse().unwrap(),
+            Duration::from_secs(1),
+        );
+        assert!(!ports.reconcile());
+        let mut by_client = Vec::new();
+        for client in 0..4 {
+            let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+            s.connect(("127.0.0.1", published)).await.unwrap();
+            let mut first = None;
+            for i in 0..3 {
+                s.send(format!("d{client}-{i}").as_bytes()).await.unwrap();
+                let mut buf = [0u8; 64];
+                let n = tokio::time::timeout(Duration::from_secs(5), s.recv(&mut buf))
+                    .await
+                    .expect("an answer")
+                    .unwrap();
+                let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
+                assert!(answer.ends_with(&format!(":d{client}-{i}")), "{answer}");
+                // Every datagram of one flow reaches the same container.
+                let container = answer[..2].to_owned();
+                assert_eq!(first.get_or_insert(container.clone()), &container);
+            }
+            by_client.push(first.unwrap());
+        }
+        // Flows are spread over the containers, and each holds an in-flight count.
+        assert!(
+            by_client.contains(&"c1".to_owned()) && by_client.contains(&"c2".to_owned()),
+            "{by_client:?}"
+        );
+        let in_flight: usize = routes.view().ingress_ports[0]
+            .upstreams
+            .iter()
+            .map(|u| u.in_flight)
+            .sum();
+        assert_eq!(in_flight, 4);
+    }
+
+    #[tokio::test]
+    async fn a_port_taken_on_the_machine_is_reported_and_tried_again() {
+        let m = MachineId::generate();
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let published = taken.local_addr().unwrap().port();
+        let routes = controller(
+            &[container(&m, 1, &[(published, 9, HostProtocol::Tcp)])],
+            &m,
+        );
+        let ports = IngressPorts::on(
+            routes.clone(),
+            "127.0.0.1".parse().unwrap(),
+            Duration::from_secs(1),
+        );
+        assert!(ports.reconcile());
+        let view = routes.view();
+        let why = view.ingress_ports[0].not_listening.as_deref().unwrap();
+        assert!(
+            why.starts_with(&format!("cannot listen on 127.0.0.1:{published}: ")),
+            "{why}"
+        );
+        drop(taken);
+        assert!(!ports.reconcile());
+        assert_eq!(routes.view().ingress_ports[0].not_listening, None);
+    }
+}
