@@ -230,6 +230,53 @@ mod tests {
     }
 
     #[test]
+    fn ingress_ports_are_a_table_of_their_own_and_one_not_listening_says_why() {
+        let routes = EdgeRoutes {
+            generation: 1,
+            routes: vec![],
+            ingress_ports: vec![
+                api::EdgeIngressPortView {
+                    port: 5432,
+                    protocol: ployz_core::HostProtocol::Tcp,
+                    service: "db".into(),
+                    not_listening: None,
+                    upstreams: vec![EdgeUpstreamView {
+                        address: "10.210.0.2:5432".into(),
+                        container_id: format!("{:064x}", 2).parse().unwrap(),
+                        local: true,
+                        on_down_machine: false,
+                        failing: false,
+                        in_flight: 3,
+                    }],
+                },
+                api::EdgeIngressPortView {
+                    port: 53,
+                    protocol: ployz_core::HostProtocol::Udp,
+                    service: "dns".into(),
+                    not_listening: Some("cannot listen on [::]:53: Address in use".into()),
+                    upstreams: vec![],
+                },
+            ],
+        };
+        let text = ports_table(&routes).to_string();
+        let lines: Vec<&str> = text.lines().map(str::trim_end).collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        for (line, parts) in lines.iter().zip([
+            &["PORT", "SERVICE", "UPSTREAM", "CONTAINER", "STATE"][..],
+            &["5432/tcp", "db", "10.210.0.2:5432", "local, 3 in flight"],
+            &[
+                "53/udp",
+                "dns",
+                "not listening: cannot listen on [::]:53: Address in use",
+            ],
+        ]) {
+            for p in parts {
+                assert!(line.contains(p), "{p} not in {line}\n{text}");
+            }
+        }
+    }
+
+    #[test]
     fn a_routes_rules_are_lines_under_its_path() {
         let routes = EdgeRoutes {
             generation: 1,
