@@ -197,6 +197,20 @@ fn services_share_a_hostname_by_path(position: Position) {
         (403, "this path admits only some client addresses\n")
     );
 
+    // A path another server could read as one of the routes' is refused rather than routed
+    // past that route's rules (here the allow list of /api/admin).
+    for path in [
+        "/%61pi/admin/users",
+        "/x/../api/admin/users",
+        "/api/%2e%2e/api/admin",
+        "//api/admin",
+        "/api/admin;x=1",
+    ] {
+        let (status, body) = http_get(m.daemon.http_port, HOST, path);
+        assert_eq!(status, 400, "{path} on {position:?}: {body}");
+        assert!(body.contains("not in its plain form"), "{body}");
+    }
+
     // Nothing under /api/health/ is the exact path: it goes to the prefix's container, which
     // has no such file.
     assert_eq!(http_get(m.daemon.http_port, HOST, "/api/health/x").0, 404);

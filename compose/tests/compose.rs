@@ -473,6 +473,16 @@ fn broken_files_fail_with_errors_that_name_the_problem() {
             vec!["'db.example.com' is not a port: a tcp ingress port has no hostname"],
         ),
         (
+            "x-routes path with an encoded letter",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - path: /%61dmin\n".into(),
+            vec!["x-routes[0].path", "not percent-encoded"],
+        ),
+        (
+            "x-routes path with a path parameter",
+            "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - path: /admin;v=1\n".into(),
+            vec!["x-routes[0].path", "has no ;"],
+        ),
+        (
             "x-routes empty allow list",
             "services:\n  web:\n    image: nginx\n    x-ports: [a.example.com:80/http]\n    x-routes:\n      - {path: /admin, allow: []}\n".into(),
             vec!["x-routes[0].allow", "would admit no one"],

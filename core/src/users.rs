@@ -18,6 +18,27 @@ pub enum UsersError {
     Duplicate { line: usize, first: usize },
     #[error("line {line} has a hash that is not bcrypt or argon2 (a plain password, {{SHA}}, $apr1$ and crypt hashes are refused)")]
     WeakHash { line: usize },
+    #[error("line {line} has a hash that costs more than an edge checks (bcrypt cost at most 14; argon2 at most m=262144, t=16, p=16)")]
+    TooCostly { line: usize },
+}
+
+/// Whether checking `hash` stays within what an edge does per request: bcrypt cost at most 14
+/// (about a second of CPU), argon2 at most 256 MiB, 16 passes and 16 lanes.
+fn affordable(scheme: HashScheme, hash: &str) -> bool {
+    match scheme {
+        HashScheme::Bcrypt => hash[4..6].parse::<u32>().is_ok_and(|cost| cost <= 14),
+        HashScheme::Argon2 => {
+            let Some(params) = hash.split('$').find(|p| p.starts_with("m=")) else {
+                return false;
+            };
+            params.split(',').all(|kv| match kv.split_once('=') {
+                Some(("m", v)) => v.parse::<u32>().is_ok_and(|m| m <= 262_144),
+                Some(("t", v)) => v.parse::<u32>().is_ok_and(|t| t <= 16),
+                Some(("p", v)) => v.parse::<u32>().is_ok_and(|p| p <= 16),
+                _ => true,
+            })
+        }
+    }
 }
 
 /// The hash schemes a users list may use.
@@ -68,8 +89,11 @@ pub fn parse_users(bytes: &[u8]) -> Result<Vec<(String, String)>, UsersError> {
         if user.is_empty() || user.chars().any(|c| c.is_control() || c.is_whitespace()) {
             return Err(UsersError::NotAUserLine { line: line_no });
         }
-        if hash_scheme(hash).is_none() {
+        let Some(scheme) = hash_scheme(hash) else {
             return Err(UsersError::WeakHash { line: line_no });
+        };
+        if !affordable(scheme, hash) {
+            return Err(UsersError::TooCostly { line: line_no });
         }
         if let Some(first) = out.iter().position(|(u, _)| u == user) {
             return Err(UsersError::Duplicate {
@@ -121,6 +145,21 @@ mod tests {
             assert_eq!(err, UsersError::WeakHash { line: 2 }, "{weak}");
             assert!(!err.to_string().contains(weak) && !err.to_string().contains("bob"));
         }
+    }
+
+    #[test]
+    fn hashes_costlier_than_an_edge_checks_are_refused() {
+        let costly_bcrypt = BCRYPT.replace("$05$", "$15$");
+        let costly_argon2 = ARGON2.replace("m=19456", "m=1048576");
+        for hash in [costly_bcrypt, costly_argon2] {
+            assert_eq!(
+                parse_users(format!("alice:{hash}").as_bytes()),
+                Err(UsersError::TooCostly { line: 1 }),
+                "{hash}"
+            );
+        }
+        let at_most = format!("alice:{}", BCRYPT.replace("$05$", "$14$"));
+        assert!(parse_users(at_most.as_bytes()).is_ok());
     }
 
     #[test]

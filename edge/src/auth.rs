@@ -19,25 +19,17 @@ const CHECKS_AT_ONCE: usize = 2;
 /// Fields remembered as passed; the memory is emptied when it is full.
 const REMEMBERED: usize = 4096;
 
-/// A bcrypt hash of no one's password, checked for a user the list does not name so that an
-/// unknown user takes about as long as a known one with a wrong password.
-static NO_ONE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let password: [u8; 16] = rand_bytes();
-    bcrypt::hash(password, 10).expect("cost 10 is valid")
-});
-
-/// Bytes no one can guess, for [`NO_ONE`]'s password.
-fn rand_bytes() -> [u8; 16] {
-    let mut out = [0u8; 16];
-    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut out)
-        .expect("the system's random source answers");
-    out
-}
+/// How long a request waits for a hash check to start before it is answered 503: guesses
+/// pouring in delay the others, never without end.
+const CHECK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A users list: each user's hash.
 #[derive(Debug)]
 pub struct Users {
     hashes: HashMap<String, (HashScheme, String)>,
+    /// The list's first user's hash, checked for a user the list does not name, so that an
+    /// unknown user costs as long as a known one with a wrong password.
+    stand_in: (HashScheme, String),
 }
 
 impl Users {
@@ -45,30 +37,41 @@ impl Users {
     /// elsewhere that Compose did not check admits no one).
     pub fn parse(bytes: &[u8]) -> Option<Users> {
         let users = parse_users(bytes).ok()?;
+        let hashes: HashMap<String, (HashScheme, String)> = users
+            .iter()
+            .filter_map(|(u, h)| Some((u.clone(), (hash_scheme(h)?, h.clone()))))
+            .collect();
+        let (_, first) = users.first()?;
         Some(Users {
-            hashes: users
-                .into_iter()
-                .filter_map(|(u, h)| Some((u, (hash_scheme(&h)?, h))))
-                .collect(),
+            stand_in: (hash_scheme(first)?, first.clone()),
+            hashes,
         })
     }
 
     /// Whether `user` with `password` is in the list: the hash check itself, slow by design.
     fn check(&self, user: &str, password: &[u8]) -> bool {
         match self.hashes.get(user) {
-            Some((HashScheme::Bcrypt, hash)) => bcrypt::verify(password, hash).unwrap_or(false),
-            Some((HashScheme::Argon2, hash)) => {
-                use argon2::password_hash::{PasswordHash, PasswordVerifier};
-                PasswordHash::new(hash).is_ok_and(|parsed| {
-                    argon2::Argon2::default()
-                        .verify_password(password, &parsed)
-                        .is_ok()
-                })
-            }
+            Some((scheme, hash)) => verify(*scheme, hash, password),
             None => {
-                let _ = bcrypt::verify(password, &NO_ONE);
+                let (scheme, hash) = &self.stand_in;
+                let _ = verify(*scheme, hash, password);
                 false
             }
+        }
+    }
+}
+
+/// Whether `password` matches `hash`.
+fn verify(scheme: HashScheme, hash: &str, password: &[u8]) -> bool {
+    match scheme {
+        HashScheme::Bcrypt => bcrypt::verify(password, hash).unwrap_or(false),
+        HashScheme::Argon2 => {
+            use argon2::password_hash::{PasswordHash, PasswordVerifier};
+            PasswordHash::new(hash).is_ok_and(|parsed| {
+                argon2::Argon2::default()
+                    .verify_password(password, &parsed)
+                    .is_ok()
+            })
         }
     }
 }
@@ -93,19 +96,21 @@ pub enum Verdict {
     Refused,
     /// The list is not known here yet: 503, for a moment.
     ListUnknown,
+    /// Too many checks waiting: 503, for a moment.
+    Busy,
 }
 
 /// Checks credentials against users lists and remembers those that passed.
 pub struct AuthChecker {
     passed: Mutex<std::collections::HashSet<[u8; 32]>>,
-    checks: tokio::sync::Semaphore,
+    checks: Arc<tokio::sync::Semaphore>,
 }
 
 impl Default for AuthChecker {
     fn default() -> AuthChecker {
         AuthChecker {
             passed: Mutex::new(std::collections::HashSet::new()),
-            checks: tokio::sync::Semaphore::new(CHECKS_AT_ONCE),
+            checks: Arc::new(tokio::sync::Semaphore::new(CHECKS_AT_ONCE)),
         }
     }
 }
@@ -123,12 +128,20 @@ impl AuthChecker {
         if self.passed.lock().expect("not poisoned").contains(&key) {
             return Verdict::Admitted;
         }
-        let Ok(_permit) = self.checks.acquire().await else {
-            return Verdict::Refused;
-        };
-        let admitted = tokio::task::spawn_blocking(move || users.check(&user, &password))
-            .await
-            .unwrap_or(false);
+        let permit =
+            match tokio::time::timeout(CHECK_WAIT, self.checks.clone().acquire_owned()).await {
+                Ok(Ok(permit)) => permit,
+                Ok(Err(_)) => return Verdict::Refused,
+                Err(_) => return Verdict::Busy,
+            };
+        // The permit goes with the check: a client that leaves does not free a place while its
+        // check still runs.
+        let admitted = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            users.check(&user, &password)
+        })
+        .await
+        .unwrap_or(false);
         if !admitted {
             return Verdict::Refused;
         }
@@ -247,9 +260,11 @@ mod tests {
     }
 
     #[test]
-    fn the_no_one_hash_is_a_bcrypt_hash() {
-        assert_eq!(hash_scheme(&NO_ONE), Some(HashScheme::Bcrypt));
-        assert!(!bcrypt::verify("", &NO_ONE).unwrap());
+    fn an_unknown_user_is_checked_against_the_lists_own_first_hash() {
+        let (_, users) = list();
+        assert_eq!(users.stand_in.0, HashScheme::Bcrypt);
+        assert_eq!(&users.stand_in.1, &users.hashes["alice"].1);
+        assert!(!users.check("mallory", b"s3cret"));
     }
 
     #[test]

@@ -225,8 +225,7 @@ impl RouteController {
     pub fn set_machines_down(&self, down: HashSet<MachineId>) {
         let mut current = self.down_machines.lock().expect("down machines poisoned");
         if *current != down {
-            for m in down.difference(&current) {
-                let cut = self.exchanges.cut(m);
+            for (m, cut) in self.exchanges.set_down(&down) {
                 if cut > 0 {
                     tracing::info!(machine = %m, exchanges = cut, "Machine observed down: its exchanges in flight were ended");
                 }

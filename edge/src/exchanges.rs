@@ -13,7 +13,7 @@
 //! registration ends can have its descriptor reused; a cut checks the peer (`getpeername`) and
 //! leaves a descriptor alone that no longer talks to the registered container.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,8 +33,17 @@ struct Open {
 #[derive(Default)]
 pub struct Exchanges {
     next: AtomicU64,
-    open: Mutex<HashMap<u64, Open>>,
+    inner: Mutex<Inner>,
     cuts: AtomicU64,
+}
+
+/// The registrations and the Machines observed down, under one lock: an exchange registered
+/// with a Machine already down is cut as it registers, never missed between a cut and the
+/// table that stops choosing the Machine.
+#[derive(Default)]
+struct Inner {
+    open: HashMap<u64, Open>,
+    down: HashSet<MachineId>,
 }
 
 /// An exchange's registration: ends when dropped.
@@ -54,9 +63,10 @@ impl Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         self.exchanges
-            .open
+            .inner
             .lock()
             .expect("exchanges poisoned")
+            .open
             .remove(&self.id);
     }
 }
@@ -69,8 +79,7 @@ impl std::fmt::Debug for Registered {
 
 impl Exchanges {
     /// Registers the socket `fd`, connected to `peer` on `machine`, until the answer is
-    /// dropped. A socket registered while its Machine is already observed down is cut by the
-    /// caller's next look, not here: registering never blocks on a cut.
+    /// dropped. A socket to a Machine already observed down is cut at once.
     pub fn register(
         self: &Arc<Self>,
         machine: &MachineId,
@@ -79,15 +88,17 @@ impl Exchanges {
     ) -> Registered {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let cut = Arc::new(AtomicBool::new(false));
-        self.open.lock().expect("exchanges poisoned").insert(
-            id,
-            Open {
-                machine: machine.clone(),
-                fd,
-                peer,
-                cut: cut.clone(),
-            },
-        );
+        let open = Open {
+            machine: machine.clone(),
+            fd,
+            peer,
+            cut: cut.clone(),
+        };
+        let mut inner = self.inner.lock().expect("exchanges poisoned");
+        if inner.down.contains(machine) && end(&open) {
+            self.cuts.fetch_add(1, Ordering::Relaxed);
+        }
+        inner.open.insert(id, open);
         Registered {
             id,
             exchanges: self.clone(),
@@ -95,36 +106,65 @@ impl Exchanges {
         }
     }
 
-    /// Ends every registered exchange with a container on `machine`: marks it cut and shuts
-    /// its socket down. Answers how many were cut.
-    pub fn cut(&self, machine: &MachineId) -> usize {
-        let open = self.open.lock().expect("exchanges poisoned");
-        let mut n = 0;
-        for o in open.values().filter(|o| &o.machine == machine) {
-            if peer_of(o.fd) != Some(o.peer) {
-                continue;
-            }
-            o.cut.store(true, Ordering::Release);
-            // SAFETY: `fd` is open (its peer was just read back) and shutting a socket down
-            // neither closes nor frees it; its owner still closes it.
-            unsafe {
-                libc::shutdown(o.fd, libc::SHUT_RDWR);
-            }
-            n += 1;
+    /// Sets the Machines observed down and ends every registered exchange with a container on
+    /// one newly down (and every one registered later while it stays down). Answers, per
+    /// Machine newly down, how many were cut.
+    pub fn set_down(&self, down: &HashSet<MachineId>) -> Vec<(MachineId, usize)> {
+        let mut inner = self.inner.lock().expect("exchanges poisoned");
+        let newly: Vec<MachineId> = down.difference(&inner.down).cloned().collect();
+        inner.down = down.clone();
+        let mut out = Vec::new();
+        for machine in newly {
+            let n = inner
+                .open
+                .values()
+                .filter(|o| o.machine == machine)
+                .filter(|o| end(o))
+                .count();
+            self.cuts.fetch_add(n as u64, Ordering::Relaxed);
+            out.push((machine, n));
         }
+        out
+    }
+
+    /// Ends every registered exchange with a container on `machine`, without recording the
+    /// Machine as down. Answers how many were cut.
+    pub fn cut(&self, machine: &MachineId) -> usize {
+        let inner = self.inner.lock().expect("exchanges poisoned");
+        let n = inner
+            .open
+            .values()
+            .filter(|o| &o.machine == machine)
+            .filter(|o| end(o))
+            .count();
         self.cuts.fetch_add(n as u64, Ordering::Relaxed);
         n
     }
 
     /// Exchanges registered now.
     pub fn open(&self) -> usize {
-        self.open.lock().expect("exchanges poisoned").len()
+        self.inner.lock().expect("exchanges poisoned").open.len()
     }
 
     /// Exchanges cut since the edge started.
     pub fn cuts(&self) -> u64 {
         self.cuts.load(Ordering::Relaxed)
     }
+}
+
+/// Marks `o` cut and shuts its socket down, unless its descriptor no longer talks to the
+/// registered container. Whether it did.
+fn end(o: &Open) -> bool {
+    if peer_of(o.fd) != Some(o.peer) {
+        return false;
+    }
+    o.cut.store(true, Ordering::Release);
+    // SAFETY: `fd` is open (its peer was just read back) and shutting a socket down neither
+    // closes nor frees it; its owner still closes it.
+    unsafe {
+        libc::shutdown(o.fd, libc::SHUT_RDWR);
+    }
+    true
 }
 
 /// The peer address of socket `fd`, or `None` when it is no connected IP socket.
@@ -209,6 +249,25 @@ mod tests {
         drop(ra);
         drop(rb);
         assert_eq!(exchanges.open(), 0);
+    }
+
+    #[tokio::test]
+    async fn an_exchange_registered_while_its_machine_is_down_is_cut_at_once() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let exchanges = Arc::new(Exchanges::default());
+        let m = MachineId::generate();
+        assert_eq!(exchanges.set_down(&[m.clone()].into()), [(m.clone(), 0)]);
+        // Down already: nothing newly down.
+        assert!(exchanges.set_down(&[m.clone()].into()).is_empty());
+        let r = exchanges.register(&m, s.as_raw_fd(), addr);
+        assert!(r.was_cut());
+        assert_eq!(exchanges.cuts(), 1);
+        // Up again: a new exchange is left alone.
+        exchanges.set_down(&HashSet::new());
+        let s2 = tokio::net::TcpStream::connect(addr).await.unwrap();
+        assert!(!exchanges.register(&m, s2.as_raw_fd(), addr).was_cut());
     }
 
     #[tokio::test]

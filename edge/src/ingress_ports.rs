@@ -169,12 +169,11 @@ impl IngressPorts {
 
     /// One TCP connection: a container, then bytes both ways until either side closes.
     async fn forward(self: Arc<Self>, mut client: TcpStream, port: u16) {
-        let Some((route, i, mut upstream)) = self.connect(port).await else {
+        let Some((route, i, _counted, mut upstream)) = self.connect(port).await else {
             // Nothing to forward to: the client sees its connection closed.
             return;
         };
         let up = &route.upstreams[i];
-        let _counted = Counted::new(&up.in_flight);
         let registered = match (&up.machine, up.local) {
             (Some(m), false) => Some(self.routes.exchanges().register(
                 m,
@@ -188,23 +187,36 @@ impl IngressPorts {
     }
 
     /// A connection to a Serving Container of Ingress Port `port`: the route, the upstream's
-    /// index and the stream. `None` when there is none or none took the connection.
-    async fn connect(&self, port: u16) -> Option<(Arc<Route>, usize, TcpStream)> {
-        let route = self
-            .routes
-            .table()
-            .load()
-            .stream(port, HostProtocol::Tcp)?
-            .clone();
+    /// index, its in-flight count (held from before the connect) and the stream. `None` when
+    /// there is none or none took the connection.
+    ///
+    /// The count goes up before the pick is confirmed against the table published after it,
+    /// as for HTTP requests: a drain that saw the container unrouted and its count at zero
+    /// never has a connection begin under it.
+    async fn connect(&self, port: u16) -> Option<(Arc<Route>, usize, Counted, TcpStream)> {
         let mut tried: Vec<usize> = Vec::new();
+        let mut table = self.routes.table().load_full();
+        let mut route = table.stream(port, HostProtocol::Tcp)?.clone();
+        let mut rounds = 0;
         while tried.len() < MAX_TRIES.min(route.upstreams.len()) {
             let i = route.pick(self.routes.now_ms(), &tried)?;
+            let counted = Counted::new(&route.upstreams[i].in_flight);
+            let now = self.routes.table().load_full();
+            if !Arc::ptr_eq(&now, &table) && rounds < 2 {
+                // Another table since the pick: pick again from it.
+                rounds += 1;
+                drop(counted);
+                table = now;
+                route = table.stream(port, HostProtocol::Tcp)?.clone();
+                tried.clear();
+                continue;
+            }
             tried.push(i);
             let addr = route.upstreams[i].addr;
             match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
                 Ok(Ok(s)) => {
                     let _ = s.set_nodelay(true);
-                    return Some((route, i, s));
+                    return Some((route, i, counted, s));
                 }
                 Ok(Err(e)) => {
                     tracing::debug!(port, %addr, error = %e, "Ingress Port: connect failed; trying the next container");
@@ -249,7 +261,13 @@ impl IngressPorts {
                         .lock()
                         .expect("flows poisoned")
                         .insert(client, flow.clone());
-                    tokio::spawn(answers(flow.clone(), socket.clone(), client, flows.clone()));
+                    tokio::spawn(answers(
+                        flow.clone(),
+                        socket.clone(),
+                        client,
+                        flows.clone(),
+                        stopped.clone(),
+                    ));
                     flow
                 }
             };
@@ -285,22 +303,24 @@ impl IngressPorts {
         };
         up.in_flight.acquire();
         Some(Arc::new(Flow {
+            registered,
             upstream: socket,
             in_flight: up.in_flight.clone(),
             last: AtomicU64::new(now_secs()),
-            _registered: registered,
         }))
     }
 }
 
 /// One UDP flow: the socket connected to its container.
 struct Flow {
+    /// Dropped first: the registration ends before the socket closes, so its descriptor is
+    /// never registered while another socket may reuse it.
+    registered: Option<crate::exchanges::Registered>,
     upstream: UdpSocket,
     /// Its container's in-flight count, held while the flow lives.
     in_flight: Arc<InFlight>,
     /// When a datagram last passed, either way (seconds on a monotonic clock).
     last: AtomicU64,
-    _registered: Option<crate::exchanges::Registered>,
 }
 
 impl Flow {
@@ -315,29 +335,53 @@ impl Drop for Flow {
     }
 }
 
-/// Passes a flow's answers back to its client until the flow is idle for [`FLOW_IDLE`] or
-/// its socket is cut, then forgets the flow.
+/// Passes a flow's answers back to its client until the flow is idle for [`FLOW_IDLE`], its
+/// socket is cut or the port is closed, then forgets the flow. Each answer is read into the
+/// thread's buffer and sent on without waiting (a datagram the socket cannot take now is
+/// dropped, as the network may drop it), so an idle flow holds no buffer.
 async fn answers(
     flow: Arc<Flow>,
     socket: Arc<UdpSocket>,
     client: SocketAddr,
     flows: Arc<Mutex<HashMap<SocketAddr, Arc<Flow>>>>,
+    mut stopped: watch::Receiver<()>,
 ) {
-    let mut buf = vec![0u8; MAX_DATAGRAM];
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_DATAGRAM]);
+    }
     loop {
         let idle_for = now_secs().saturating_sub(flow.last.load(Ordering::Relaxed));
         let left = FLOW_IDLE.saturating_sub(Duration::from_secs(idle_for));
         if left.is_zero() {
             break;
         }
-        match tokio::time::timeout(left, flow.upstream.recv(&mut buf)).await {
-            // A cut socket reads 0 bytes from then on; an error (an ICMP refusal) ends it too.
-            Ok(Ok(0)) | Ok(Err(_)) => break,
-            Ok(Ok(n)) => {
-                flow.touch();
-                let _ = socket.send_to(&buf[..n], client).await;
+        let ready = tokio::select! {
+            r = tokio::time::timeout(left, flow.upstream.readable()) => r,
+            _ = stopped.changed() => break,
+        };
+        match ready {
+            Ok(Ok(())) => {}
+            // An error on the socket (an ICMP refusal) ends the flow.
+            Ok(Err(_)) => break,
+            Err(_) => continue,
+        }
+        let received = BUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            match flow.upstream.try_recv(&mut buf) {
+                Ok(n) => {
+                    let _ = socket.try_send_to(&buf[..n], client);
+                    Some(Ok(n))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+                Err(e) => Some(Err(e)),
             }
-            Err(_) => {}
+        });
+        match received {
+            None => continue,
+            Some(Err(_)) => break,
+            // A cut socket reads 0 bytes from then on; an empty datagram is passed on.
+            Some(Ok(0)) if flow.registered.as_ref().is_some_and(|r| r.was_cut()) => break,
+            Some(Ok(_)) => flow.touch(),
         }
     }
     let mut map = flows.lock().expect("flows poisoned");

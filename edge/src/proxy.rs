@@ -601,6 +601,11 @@ async fn respond_refused(
             "this path's users list has not reached this Machine yet; try again in a moment\n",
             ("retry-after", "1".to_owned()),
         ),
+        crate::auth::Verdict::Busy => (
+            503,
+            "too many credentials are being checked; try again in a moment\n",
+            ("retry-after", "1".to_owned()),
+        ),
         _ => (
             401,
             "this path needs a user and password\n",
@@ -861,7 +866,15 @@ impl ProxyHttp for EdgeProxy {
             Some(Some(route)) if route.https && !is_tls(session) && self.https_port.is_some() => {
                 // Hostnames served over HTTPS redirect plain HTTP there (the ACME challenge
                 // path excepted, so validation over HTTP keeps working).
-                if path.starts_with("/.well-known/acme-challenge/") {
+                if path
+                    .strip_prefix("/.well-known/acme-challenge/")
+                    .is_some_and(|token| {
+                        !token.is_empty()
+                            && token
+                                .bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                    })
+                {
                     ctx.attempts.route = Some(route.clone());
                     return Ok(false);
                 }
@@ -919,6 +932,16 @@ impl ProxyHttp for EdgeProxy {
                         Ok(false)
                     }
                 }
+            }
+            Some(None) if !crate::route_table::plain_path(path.as_bytes()) => {
+                respond(
+                    session,
+                    400,
+                    "text/plain",
+                    "the request path is not in its plain form (an encoded letter, digit or /, a . or .. segment, //, a backslash or ;), and this host is routed by path\n".into(),
+                )
+                .await?;
+                Ok(true)
             }
             Some(None) => {
                 respond(session, 404, "text/plain", NO_ROUTE_FOR_PATH.into()).await?;

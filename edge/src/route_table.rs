@@ -452,6 +452,11 @@ impl HostRoutes {
 
     /// The route a request target (path and query) takes: its exact path, else its longest
     /// prefix on a segment boundary, else the whole hostname. No allocation.
+    ///
+    /// On a hostname routed by path, a path that is not in its plain form (an encoded letter,
+    /// digit or `/`, a `.` or `..` segment, `//`, a backslash or `;`) takes no route: the
+    /// container behind it could read it as a path another route takes (`/%61dmin`,
+    /// `/x/../admin` and `/admin;x` are `/admin` to many servers), past that route's rules.
     pub fn route_for(&self, target: &[u8]) -> Option<&Arc<Route>> {
         if self.prefixes.is_empty() && self.exact.is_empty() {
             return self.root.as_ref();
@@ -460,6 +465,9 @@ impl HostRoutes {
             Some(i) => &target[..i],
             None => target,
         };
+        if !plain_path(path) {
+            return None;
+        }
         if let Some(r) = self.exact.get(path) {
             return Some(r);
         }
@@ -478,6 +486,11 @@ impl HostRoutes {
             }
         }
         self.root.as_ref()
+    }
+
+    /// Whether the hostname is routed by path (it has `x-routes` prefixes or exact paths).
+    pub fn has_paths(&self) -> bool {
+        !(self.prefixes.is_empty() && self.exact.is_empty())
     }
 
     /// Every route of the hostname: the whole hostname first, then prefixes, then exact paths.
@@ -647,12 +660,17 @@ impl RouteTable {
                 continue;
             };
             let redirects = spec.routes.iter().any(|r| r.redirect.is_some());
-            if !(serving || gate.is_some() || redirects) {
+            // A route with its own 503 page stays with no Serving Container, to answer it.
+            let kept = |r: Option<&RouteSpec>| {
+                r.is_some_and(|r| r.redirect.is_some() || r.error_pages.contains_key(&503))
+            };
+            let pages = spec.routes.iter().any(|r| r.error_pages.contains_key(&503));
+            if !(serving || gate.is_some() || redirects || pages) {
                 continue;
             }
             let ip = o.address.filter(|_| serving);
             for served in spec.served_paths() {
-                if !serving && gate.is_none() && served.redirect.is_none() {
+                if !serving && gate.is_none() && !kept(served.route) {
                     continue;
                 }
                 let host = served.hostname;
@@ -968,6 +986,36 @@ pub fn parse_static_route(spec: &str) -> Option<(String, PathMatch)> {
 
 /// Whether a route's path is one the table can hold: plain bytes, from `/`. Compose refuses
 /// anything else; this keeps a record from elsewhere from routing oddly.
+/// Whether a request path (without its query) is in its plain form: no byte a server would
+/// read as another path. Not plain: a `%XX` that encodes a letter, a digit, `-`, `.`, `_`, `~`
+/// or `/` (or is not two hex digits), a `.` or `..` segment, an empty segment (`//`), a
+/// backslash and `;` (path parameters, dropped by some servers). No allocation.
+pub fn plain_path(path: &[u8]) -> bool {
+    if path.contains(&b'\\') || path.contains(&b';') {
+        return false;
+    }
+    let hex = |b: Option<&u8>| b.and_then(|b| (*b as char).to_digit(16));
+    let mut i = 0;
+    while let Some(off) = path[i..].iter().position(|b| *b == b'%') {
+        let at = i + off;
+        let decoded = match (hex(path.get(at + 1)), hex(path.get(at + 2))) {
+            (Some(h), Some(l)) => (h * 16 + l) as u8,
+            _ => return false,
+        };
+        if decoded.is_ascii_alphanumeric() || b"-._~/".contains(&decoded) {
+            return false;
+        }
+        i = at + 3;
+    }
+    // Segments after the leading `/`: none empty (but the last), none `.` or `..`.
+    let segments = path.strip_prefix(b"/").unwrap_or(path);
+    let count = segments.split(|b| *b == b'/').count();
+    segments
+        .split(|b| *b == b'/')
+        .enumerate()
+        .all(|(n, s)| (n + 1 == count || !s.is_empty()) && s != b"." && s != b"..")
+}
+
 fn valid_route_path(path: &PathMatch) -> bool {
     let p = path.path().as_bytes();
     p.first() == Some(&b'/')
@@ -1304,7 +1352,8 @@ pub(crate) mod tests {
             ("/api/health", "health"),
             ("/api/health?verbose", "health"),
             ("/api/health/", "api"),
-            ("//api", "site"),
+            // Not in its plain form: no route (a server could read it as /api).
+            ("//api", ""),
         ] {
             assert_eq!(to(target), service, "{target}");
         }
@@ -1464,6 +1513,81 @@ pub(crate) mod tests {
         // A route without rules has no policy and stays on the fast paths.
         let plain = build(&[routed(&m, 2, "site", &[])], &m, 2);
         assert!(!plain.match_host(b"app.test").unwrap().needs_proxy());
+    }
+
+    #[test]
+    fn a_path_not_in_its_plain_form_takes_no_route_on_a_host_routed_by_path() {
+        for (path, plain) in [
+            (&b"/admin"[..], true),
+            (b"/admin/", true),
+            (b"/", true),
+            (b"/caf%C3%A9", true),
+            (b"/a%20b", true),
+            (b"/%61dmin", false),
+            (b"/admin%2Fx", false),
+            (b"/x/%2e%2e/admin", false),
+            (b"/x/../admin", false),
+            (b"/./admin", false),
+            (b"/x/..", false),
+            (b"//admin", false),
+            (b"/a//b", false),
+            (b"/admin;x=1", false),
+            (b"/admin\\x", false),
+            (b"/bad%zz", false),
+            (b"/trailing%", false),
+        ] {
+            assert_eq!(plain_path(path), plain, "{}", String::from_utf8_lossy(path));
+        }
+        let m = MachineId::generate();
+        let t = build(
+            &[
+                routed(&m, 1, "site", &[]),
+                routed(&m, 2, "admin", &[(prefix("/admin"), false)]),
+            ],
+            &m,
+            1,
+        );
+        let to = |target: &[u8]| {
+            t.match_request(b"app.test", target)
+                .map(|r| r.service.to_string())
+        };
+        assert_eq!(to(b"/admin/x"), Some("admin".into()));
+        assert_eq!(to(b"/x/y?q=%61"), Some("site".into()));
+        assert_eq!(to(b"/%61dmin/x"), None);
+        assert_eq!(to(b"/x/../admin"), None);
+        // A host served whole has no route to get past: any path goes to it.
+        let whole = build(&[routed(&m, 3, "site", &[])], &m, 2);
+        assert!(whole.match_request(b"app.test", b"/x/../%61").is_some());
+    }
+
+    #[test]
+    fn a_route_with_its_own_503_page_stays_without_a_serving_container() {
+        let m = MachineId::generate();
+        let mut stopped = obs(
+            &m,
+            1,
+            &[("app.test", 8080, IngressProtocol::Http)],
+            ContainerState::Exited,
+            None,
+        );
+        stopped.spec.as_mut().unwrap().routes = vec![RouteSpec {
+            hostname: "app.test".into(),
+            path: prefix("/shop"),
+            error_pages: [(503, "<p>back soon</p>".to_owned())].into(),
+            ..Default::default()
+        }];
+        let t = build(&[stopped.clone()], &m, 1);
+        let r = t.match_request(b"app.test", b"/shop/cart").unwrap();
+        assert!(r.upstreams.is_empty());
+        assert_eq!(
+            r.policy.as_ref().unwrap().error_pages[&503].as_ref(),
+            "<p>back soon</p>"
+        );
+        // A page for 502 alone does not keep it.
+        stopped.spec.as_mut().unwrap().routes[0].error_pages = [(502, "x".to_owned())].into();
+        assert!(build(&[stopped], &m, 2)
+            .match_request(b"app.test", b"/shop")
+            .is_none());
     }
 
     #[test]

@@ -672,6 +672,25 @@ fn redirect_loops(hostname: &str, path: &PathMatch, to: &str) -> bool {
     }
 }
 
+/// Whether `path` has a `%XX` encoding a letter, a digit, `-`, `.`, `_`, `~` or `/`, or a `%`
+/// not followed by two hex digits.
+fn encodes_plain_byte(path: &str) -> bool {
+    let b = path.as_bytes();
+    b.iter()
+        .enumerate()
+        .filter(|(_, c)| **c == b'%')
+        .any(|(i, _)| {
+            let hex = |j: usize| b.get(j).and_then(|c| (*c as char).to_digit(16));
+            match (hex(i + 1), hex(i + 2)) {
+                (Some(h), Some(l)) => {
+                    let d = (h * 16 + l) as u8;
+                    d.is_ascii_alphanumeric() || b"-._~/".contains(&d)
+                }
+                _ => true,
+            }
+        })
+}
+
 /// Checks one route path and answers it as routes keep it: without a trailing `/` (but `/`).
 fn check_path(ctx: &mut ServiceCtx<'_>, field: &str, path: &str) -> Option<String> {
     let shown = || Some(path.chars().take(80).collect::<String>());
@@ -687,11 +706,15 @@ fn check_path(ctx: &mut ServiceCtx<'_>, field: &str, path: &str) -> Option<Strin
         Some("a route path has no empty segment (//)")
     } else if path.split('/').any(|s| s == "." || s == "..") {
         Some("a route path has no . or .. segment")
+    } else if path.contains(';') {
+        Some("a route path has no ; (the edge refuses path parameters on a host routed by path, since servers drop them)")
     } else if !path
         .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"-._~!&'+,;=:@/%".contains(&b))
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~!&'+,=:@/%".contains(&b))
     {
-        Some("a route path holds letters, digits and - . _ ~ ! & ' , ; = : @ / %, with other bytes percent-encoded")
+        Some("a route path holds letters, digits and - . _ ~ ! & ' , = : @ / %, with other bytes percent-encoded")
+    } else if encodes_plain_byte(path) {
+        Some("a route path writes letters, digits, - . _ ~ and / themselves, not percent-encoded (requests with them encoded are refused)")
     } else {
         None
     };
