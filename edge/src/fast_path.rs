@@ -1072,17 +1072,7 @@ impl FastPath {
                     continue;
                 }
             }
-            if cut(&registered) {
-                // Whatever came back, the connection goes nowhere near the pool.
-                result = match result {
-                    Ok(done) => Ok(Exchanged {
-                        upstream_reusable: false,
-                        ..done
-                    }),
-                    other => other,
-                };
-            }
-            drop(registered);
+            let result = unpooled_if_cut(result, registered);
             return match result {
                 Ok(done) => {
                     if done.upstream_reusable {
@@ -1167,6 +1157,21 @@ impl FastPath {
                 self.pool.put(addr, s);
             }
         }
+    }
+}
+
+/// An exchange's result, and the end of its registration: a cut exchange's connection goes
+/// nowhere near the pool, whatever came back.
+pub(crate) fn unpooled_if_cut(
+    result: Result<Exchanged, ExchangeError>,
+    registered: Option<crate::exchanges::Registered>,
+) -> Result<Exchanged, ExchangeError> {
+    match result {
+        Ok(done) if cut(&registered) => Ok(Exchanged {
+            upstream_reusable: false,
+            ..done
+        }),
+        other => other,
     }
 }
 

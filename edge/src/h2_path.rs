@@ -34,8 +34,9 @@ use tokio::net::TcpStream;
 use crate::connection::HeaderScan;
 use crate::fast_path::{
     cut, dropped_request_field, dropped_response_field, field_slots, is, parse_response,
-    plain_target, response_plan, send_request, Buffers, ChunkedScan, ConnectionOptions,
-    ExchangeError, Exchanged, FastPath, Framing, IO_TIMEOUT, MAX_FAST_BODY, MAX_RESPONSE_HEAD,
+    plain_target, response_plan, send_request, unpooled_if_cut, Buffers, ChunkedScan,
+    ConnectionOptions, ExchangeError, Exchanged, FastPath, Framing, IO_TIMEOUT, MAX_FAST_BODY,
+    MAX_RESPONSE_HEAD,
 };
 use crate::proxy::{parse_content_length, push_decimal, write_forwarding, Attempts, Finished};
 
@@ -352,17 +353,7 @@ impl FastPath {
                     continue;
                 }
             }
-            if cut(&registered) {
-                // Whatever came back, the connection goes nowhere near the pool.
-                result = match result {
-                    Ok(done) => Ok(Exchanged {
-                        upstream_reusable: false,
-                        ..done
-                    }),
-                    other => other,
-                };
-            }
-            drop(registered);
+            let result = unpooled_if_cut(result, registered);
             return match result {
                 Ok(done) => {
                     if done.upstream_reusable {

@@ -623,6 +623,14 @@ async fn respond_refused(
         .await
 }
 
+/// Whether a request's Content-Length says more than `limit` bytes.
+fn declares_more_than(req: &RequestHeader, limit: u64) -> bool {
+    req.headers
+        .get("content-length")
+        .and_then(|v| parse_content_length(v.as_bytes()))
+        .is_some_and(|n| n > limit)
+}
+
 /// Whether raw HTTP/1 header bytes carry a header field `name` (lowercase), any case.
 fn has_header(raw: &[u8], name: &[u8]) -> bool {
     raw.split(|b| *b == b'\n').skip(1).any(|line| {
@@ -759,11 +767,7 @@ impl ProxyHttp for EdgeProxy {
         }
         let req = session.req_header();
         if let Some(limit) = self.limits.max_body_bytes {
-            let declared = req
-                .headers
-                .get("content-length")
-                .and_then(|v| parse_content_length(v.as_bytes()));
-            if declared.is_some_and(|n| n > limit) {
+            if declares_more_than(req, limit) {
                 respond(
                     session,
                     413,
@@ -834,12 +838,7 @@ impl ProxyHttp for EdgeProxy {
                 return Ok(true);
             }
             if let Some(limit) = route.policy.as_ref().and_then(|p| p.max_body) {
-                let declared = session
-                    .req_header()
-                    .headers
-                    .get("content-length")
-                    .and_then(|v| parse_content_length(v.as_bytes()));
-                if declared.is_some_and(|n| n > limit) {
+                if declares_more_than(session.req_header(), limit) {
                     respond(
                         session,
                         413,
