@@ -443,16 +443,11 @@ fn route_rules_authenticate_time_out_and_limit_bodies(position: Position) {
         assert!(!answer.contains("-page"), "{answer}");
     }
 
-    // The container took longer than the route's timeout: the edge's 504, with the route's page.
-    let started = std::time::Instant::now();
+    // The container took longer than the route's timeout: the edge's 504, with the route's page
+    // (without the timeout the CGI's late 200 would come back).
     let answer = get("/cgi-bin/slow", "");
     assert_eq!(status_of(&answer), 504, "{answer}");
     assert!(answer.ends_with("<h1>still thinking</h1>\n"), "{answer}");
-    assert!(
-        started.elapsed() < std::time::Duration::from_millis(2900),
-        "{:?}",
-        started.elapsed()
-    );
 
     // A body over the route's limit is refused, declared or chunked; one under it goes through.
     let (status, body) = http_request(

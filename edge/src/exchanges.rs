@@ -34,7 +34,6 @@ struct Open {
 pub struct Exchanges {
     next: AtomicU64,
     inner: Mutex<Inner>,
-    cuts: AtomicU64,
 }
 
 /// The registrations and the Machines observed down, under one lock: an exchange registered
@@ -95,8 +94,8 @@ impl Exchanges {
             cut: cut.clone(),
         };
         let mut inner = self.inner.lock().expect("exchanges poisoned");
-        if inner.down.contains(machine) && end(&open) {
-            self.cuts.fetch_add(1, Ordering::Relaxed);
+        if inner.down.contains(machine) {
+            end(&open);
         }
         inner.open.insert(id, open);
         Registered {
@@ -121,34 +120,15 @@ impl Exchanges {
                 .filter(|o| o.machine == machine)
                 .filter(|o| end(o))
                 .count();
-            self.cuts.fetch_add(n as u64, Ordering::Relaxed);
             out.push((machine, n));
         }
         out
     }
 
-    /// Ends every registered exchange with a container on `machine`, without recording the
-    /// Machine as down. Answers how many were cut.
-    pub fn cut(&self, machine: &MachineId) -> usize {
-        let inner = self.inner.lock().expect("exchanges poisoned");
-        let n = inner
-            .open
-            .values()
-            .filter(|o| &o.machine == machine)
-            .filter(|o| end(o))
-            .count();
-        self.cuts.fetch_add(n as u64, Ordering::Relaxed);
-        n
-    }
-
     /// Exchanges registered now.
-    pub fn open(&self) -> usize {
+    #[cfg(test)]
+    fn open(&self) -> usize {
         self.inner.lock().expect("exchanges poisoned").open.len()
-    }
-
-    /// Exchanges cut since the edge started.
-    pub fn cuts(&self) -> u64 {
-        self.cuts.load(Ordering::Relaxed)
     }
 }
 
@@ -231,7 +211,10 @@ mod tests {
             (n.map_err(|e| e.kind()), a)
         });
         tokio::task::yield_now().await;
-        assert_eq!(exchanges.cut(&down), 1);
+        assert_eq!(
+            exchanges.set_down(&[down.clone()].into()),
+            [(down.clone(), 1)]
+        );
         let (n, _a) = tokio::time::timeout(std::time::Duration::from_secs(5), reading)
             .await
             .expect("the cut read ended at once")
@@ -245,7 +228,7 @@ mod tests {
                 .is_err(),
             "the other Machine's socket is untouched"
         );
-        assert_eq!((exchanges.open(), exchanges.cuts()), (2, 1));
+        assert_eq!(exchanges.open(), 2);
         drop(ra);
         drop(rb);
         assert_eq!(exchanges.open(), 0);
@@ -263,7 +246,6 @@ mod tests {
         assert!(exchanges.set_down(&[m.clone()].into()).is_empty());
         let r = exchanges.register(&m, s.as_raw_fd(), addr);
         assert!(r.was_cut());
-        assert_eq!(exchanges.cuts(), 1);
         // Up again: a new exchange is left alone.
         exchanges.set_down(&HashSet::new());
         let s2 = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -280,7 +262,7 @@ mod tests {
         // Registered with another peer than the socket's: as if the descriptor was reused.
         let other: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let r = exchanges.register(&m, s.as_raw_fd(), other);
-        assert_eq!(exchanges.cut(&m), 0);
+        assert_eq!(exchanges.set_down(&[m.clone()].into()), [(m.clone(), 0)]);
         assert!(!r.was_cut());
         assert_eq!(peer_of(s.as_raw_fd()), Some(addr));
     }

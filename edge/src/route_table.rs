@@ -488,11 +488,6 @@ impl HostRoutes {
         self.root.as_ref()
     }
 
-    /// Whether the hostname is routed by path (it has `x-routes` prefixes or exact paths).
-    pub fn has_paths(&self) -> bool {
-        !(self.prefixes.is_empty() && self.exact.is_empty())
-    }
-
     /// Every route of the hostname: the whole hostname first, then prefixes, then exact paths.
     pub fn routes(&self) -> impl Iterator<Item = &Arc<Route>> {
         self.root
