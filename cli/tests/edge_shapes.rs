@@ -523,9 +523,12 @@ fn sigterm_answers_kept_alive_clients_once_with_close_then_closes_between_reques
         assert!(Instant::now() < deadline, "the listener never closed");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Idle kept-alive connections are closed, between requests.
+    // Idle kept-alive connections are closed, between requests: each still waits up to 2 s
+    // (the edge's IDLE_AT_SHUTDOWN) for a request crossing the close, counted from when the
+    // edge closed its listeners, not from when this test saw it. Bounded well below the 30 s
+    // grace period they would otherwise be held for.
     for c in &mut idle {
-        assert!(c.closed_within(Duration::from_secs(2)));
+        assert!(c.closed_within(Duration::from_secs(6)));
     }
     assert!(
         child.0.try_wait().unwrap().is_none(),
