@@ -157,6 +157,7 @@ mod tests {
             endpoints: Vec::new(),
             version: String::new(),
             wireguard_backend: None,
+            edge_features: Vec::new(),
         };
         store
             .put(

@@ -38,6 +38,7 @@ fn machine_record(id: &MachineId, n: u8) -> Record {
         endpoints: Vec::new(),
         version: String::new(),
         wireguard_backend: None,
+        edge_features: Vec::new(),
     };
     Record {
         key: machine_key(id),

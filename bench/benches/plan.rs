@@ -46,6 +46,7 @@ fn machine() -> MachineSnapshot {
                 endpoints: Vec::new(),
                 version: String::new(),
                 wireguard_backend: None,
+                edge_features: Vec::new(),
             },
             membership: MembershipObservation::Up,
             selected_endpoint: None,

@@ -28,6 +28,9 @@ use crate::client::ApiClient;
 pub struct Reached {
     pub id: Option<MachineId>,
     pub name: String,
+    /// The Edge Features its record publishes (`None`: no record of its own was read); kept
+    /// for when it is left out.
+    pub edge_features: Option<Vec<String>>,
 }
 
 /// The Machines a command asks, and the ones the Machine reached knows of but observes down.
@@ -62,6 +65,7 @@ impl Reach {
                     machine: f.target.parse().ok()?,
                     name: f.target.clone(),
                     reason: format!("its record cannot be read here: {}", f.reason),
+                    edge_features: None,
                 })
             })
             .collect();
@@ -71,11 +75,13 @@ impl Reach {
                     machine: m.info.id.clone(),
                     name: m.info.name.to_string(),
                     reason: "the Machine reached observes it down".into(),
+                    edge_features: m.info.published_edge_features().map(<[String]>::to_vec),
                 });
             } else {
                 machines.push(Reached {
                     id: Some(m.info.id.clone()),
                     name: m.info.name.to_string(),
+                    edge_features: m.info.published_edge_features().map(<[String]>::to_vec),
                 });
             }
         }
@@ -95,6 +101,7 @@ impl Reach {
             machines: vec![Reached {
                 id: None,
                 name: String::new(),
+                edge_features: None,
             }],
             not_included: Vec::new(),
         }
@@ -192,6 +199,7 @@ impl Leases {
                 machine: m.id.expect("checked above"),
                 name: m.name,
                 reason,
+                edge_features: m.edge_features,
             });
         }
         Ok(leases)

@@ -31,6 +31,11 @@ fn init_then_ls_then_restart_keeps_the_machine() {
     assert_eq!(ls["values"][0]["id"], id.as_str());
     assert_eq!(ls["values"][0]["membership"], "up");
     assert_eq!(ls["failures"].as_array().unwrap().len(), 0);
+    // What its edge enforces, which a Deploy checks on every Machine before it relies on it.
+    assert_eq!(
+        ls["values"][0]["edge_features"],
+        serde_json::json!(["routes", "route-auth", "route-limits", "ingress-ports"])
+    );
 
     daemon.restart();
 

@@ -119,6 +119,18 @@ pub struct MachineInfo {
     /// Its WireGuard backend (`kernel` or `userspace`), once its mesh runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wireguard_backend: Option<String>,
+    /// The Edge Features its edge enforces ([`crate::EdgeFeature`] names; a later release may
+    /// publish names this one does not know). Empty from a daemon older than Edge Features.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub edge_features: Vec<String>,
+}
+
+impl MachineInfo {
+    /// The Edge Features it publishes, when this is a record the Machine wrote itself (a roster
+    /// entry standing in for a Machine that has not published yet says nothing of them).
+    pub fn published_edge_features(&self) -> Option<&[String]> {
+        (!self.version.is_empty()).then_some(self.edge_features.as_slice())
+    }
 }
 
 /// One Machine as the answering Machine observes it: what that Machine published plus the

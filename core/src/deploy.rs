@@ -486,6 +486,10 @@ pub struct NotIncluded {
     pub name: String,
     /// Why, in a sentence: observed down, or what its answer (or the lack of one) was.
     pub reason: String,
+    /// The Edge Features its last record published (`None`: no record of its own was read).
+    /// Its edge serves the Cluster's routes again when it comes back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edge_features: Option<Vec<String>>,
 }
 
 /// One operation that ran, and what it produced.

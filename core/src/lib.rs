@@ -11,6 +11,7 @@ pub mod api;
 mod certificate;
 pub mod certificate_policy;
 mod deploy;
+mod edge_feature;
 pub mod gate;
 mod healthcheck;
 mod id;
@@ -37,6 +38,7 @@ pub use deploy::{
     ImageTransfer, LeftUnverified, Listener, ListenerRole, MachineSnapshot, NotIncluded, Operation,
     ServicePlan, TransferOutcome,
 };
+pub use edge_feature::EdgeFeature;
 pub use gate::{GateState, ServiceGate};
 pub use healthcheck::{ConfiguredHealthcheck, Healthcheck};
 pub use id::{ClusterId, ContainerId, IdError, MachineId, ServiceId};

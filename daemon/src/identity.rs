@@ -177,6 +177,7 @@ impl LocalIdentity {
             endpoints: self.advertised.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             wireguard_backend: self.wireguard_backend.clone(),
+            edge_features: ployz_core::EdgeFeature::published(),
         }
     }
 

@@ -576,6 +576,9 @@ pub fn machine_record_drift(
             if found.wireguard_backend != wanted.wireguard_backend {
                 fields.push("wireguard backend");
             }
+            if found.edge_features != wanted.edge_features {
+                fields.push("edge features");
+            }
             Some(format!("the record differs in {}", fields.join(", ")))
         }
     }
@@ -1251,6 +1254,7 @@ mod tests {
             endpoints: vec![],
             version: "1".into(),
             wireguard_backend: None,
+            edge_features: Vec::new(),
         };
         assert_eq!(
             machine_record_drift(&wanted, Some(Ok(wanted.clone()))),
@@ -1266,6 +1270,16 @@ mod tests {
         assert_eq!(
             machine_record_drift(&wanted, Some(Ok(renamed))).as_deref(),
             Some("the record differs in name, endpoints")
+        );
+        // A record written by the release before: the upgraded daemon publishes its edge's
+        // features again.
+        let upgraded = api::MachineInfo {
+            edge_features: ployz_core::EdgeFeature::published(),
+            ..wanted.clone()
+        };
+        assert_eq!(
+            machine_record_drift(&upgraded, Some(Ok(wanted))).as_deref(),
+            Some("the record differs in edge features")
         );
     }
 

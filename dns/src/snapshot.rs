@@ -247,6 +247,7 @@ pub(crate) mod tests {
             endpoints: Vec::new(),
             version: String::new(),
             wireguard_backend: None,
+            edge_features: Vec::new(),
         }
     }
 

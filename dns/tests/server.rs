@@ -48,6 +48,7 @@ fn machine(name: &str, subnet: &str) -> MachineInfo {
         endpoints: Vec::new(),
         version: String::new(),
         wireguard_backend: None,
+        edge_features: Vec::new(),
     }
 }
 

@@ -3,8 +3,8 @@
 use ployz_core::api::{MachineInfo, MachineView};
 use ployz_core::{
     ClusterNetwork, ContainerKind, ContainerRuntimeObservation, ContainerSpec, ContainerState,
-    DeployIntent, DeployPreview, DockerVolume, HostProtocol, IngressProtocol, Listener,
-    ListenerRole, LocalMachinePhase, MachineId, MachineSnapshot, ManagementAddress,
+    DeployIntent, DeployPreview, DockerVolume, EdgeFeature, HostProtocol, IngressProtocol,
+    Listener, ListenerRole, LocalMachinePhase, MachineId, MachineSnapshot, ManagementAddress,
     MembershipObservation, Mount, NotIncluded, Operation, PortSpec, PreDeployHook, PullPolicy,
     ServiceId, ServiceMode, ServiceSpec, UpdateConfig, UpdateOrder, VolumeSpec,
 };
@@ -23,8 +23,9 @@ fn machine(name: &str) -> MachineSnapshot {
                 public_key: String::new(),
                 management_address: ManagementAddress::from_public_key(&[0; 32]),
                 endpoints: Vec::new(),
-                version: String::new(),
+                version: "0.1.0".to_owned(),
                 wireguard_backend: None,
+                edge_features: EdgeFeature::published(),
             },
             membership: MembershipObservation::Up,
             selected_endpoint: None,
@@ -1158,6 +1159,11 @@ fn left_out(m: &MachineSnapshot) -> NotIncluded {
         machine: m.machine.info.id.clone(),
         name: m.machine.info.name.to_string(),
         reason: "it did not answer".into(),
+        edge_features: m
+            .machine
+            .info
+            .published_edge_features()
+            .map(<[String]>::to_vec),
     }
 }
 
@@ -1420,6 +1426,7 @@ mod binding {
             machine: machines[2].machine.info.id.clone(),
             name: "m3".into(),
             reason: "observed down".into(),
+            edge_features: None,
         };
         let moved = reviewed.moved(&PlanBinding::of(&intent, &left, &[gone], &[]).id());
         assert!(moved.contains(&Part::Machines), "{moved:?}");
@@ -1699,5 +1706,127 @@ fn an_ingress_port_is_refused_where_another_service_or_the_daemon_holds_it() {
         e.starts_with("service 'other' publishes Ingress Port 80/tcp, which the daemon's")
             && e.contains("on Machine a"),
         "{e}"
+    );
+}
+
+/// Every Machine's edge serves every Service's hostnames: a Service whose routes need an Edge
+/// Feature is refused while a Machine does not publish it (a daemon from before the feature
+/// would serve a `basic_auth` route openly), left-out Machines included; a Service that needs
+/// none deploys beside such a Machine.
+#[test]
+fn a_service_needing_an_edge_feature_is_refused_while_a_machine_does_not_publish_it() {
+    let route = |path: &str| ployz_core::RouteSpec {
+        hostname: "app.example.com".into(),
+        path: ployz_core::PathMatch::Prefix(path.into()),
+        ..Default::default()
+    };
+    let plain = {
+        let mut s = spec("plain");
+        s.routes = vec![route("/")];
+        s
+    };
+    let by_path = {
+        let mut s = spec("api");
+        s.routes = vec![route("/api")];
+        s
+    };
+    let guarded = {
+        let mut s = spec("admin");
+        let mut r = route("/admin");
+        r.basic_auth = Some(ployz_core::BasicAuth::new(
+            "admins".into(),
+            ployz_core::SecretValue::new(b"ana:$2y$05$abcdefghijklmnopqrstuu".to_vec()),
+        ));
+        s.routes = vec![r];
+        s
+    };
+    let tcp = {
+        let mut s = spec("db");
+        s.ports = vec![PortSpec::Stream {
+            published: 5432,
+            container_port: 5432,
+            protocol: HostProtocol::Tcp,
+        }];
+        s
+    };
+    assert!(plain.edge_features().is_empty());
+    assert_eq!(
+        guarded.edge_features().into_iter().collect::<Vec<_>>(),
+        [EdgeFeature::Routes, EdgeFeature::RouteAuth]
+    );
+    let outcome =
+        |machines: &[MachineSnapshot], not_included: Vec<NotIncluded>, s: &ServiceSpec| {
+            plan(
+                &DeployIntent::all(vec![s.clone()], vec![]),
+                machines,
+                &PlanOptions {
+                    not_included,
+                    ..PlanOptions::default()
+                },
+            )
+            .map(|_| ())
+            .map_err(|e| {
+                e.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+        };
+
+    // Every Machine current: all four planned.
+    let current = [machine("a"), machine("b")];
+    for s in [&plain, &by_path, &guarded, &tcp] {
+        assert_eq!(outcome(&current, vec![], s), Ok(()), "{}", s.name);
+    }
+
+    // Machine b's daemon predates Edge Features: it publishes none.
+    let mut old = machine("b");
+    old.machine.info.edge_features.clear();
+    let mixed = [machine("a"), old];
+    assert_eq!(outcome(&mixed, vec![], &plain), Ok(()));
+    let e = outcome(&mixed, vec![], &guarded).unwrap_err();
+    assert!(
+        e.starts_with(
+            "service 'admin' uses x-routes, which the edge of Machine b does not enforce (its daemon, release '0.1.0', publishes none): every Machine's edge serves the Service's hostnames"
+        ) && e.contains("upgrade Ployz on b first (`ployz machine upgrade`)"),
+        "{e}"
+    );
+    assert!(outcome(&mixed, vec![], &by_path).is_err());
+    let e = outcome(&mixed, vec![], &tcp).unwrap_err();
+    assert!(
+        e.starts_with("service 'db' uses an Ingress Port (a tcp or udp entry in x-ports), which the edge of Machine b"),
+        "{e}"
+    );
+
+    // b knows routes but not basic_auth: the feature it lacks is the one named.
+    let mut older = machine("b");
+    older.machine.info.edge_features = vec!["routes".into(), "some-later-feature".into()];
+    let mixed = [machine("a"), older];
+    assert_eq!(outcome(&mixed, vec![], &by_path), Ok(()));
+    let e = outcome(&mixed, vec![], &guarded).unwrap_err();
+    assert!(
+        e.starts_with("service 'admin' uses basic_auth in x-routes, which the edge of Machine b does not enforce (it publishes routes, some-later-feature)"),
+        "{e}"
+    );
+
+    // A Machine left out of the Deploy counts by its last record; one whose record was not
+    // read says nothing.
+    let a = machine("a");
+    let mut gone = left_out(&machine("c"));
+    gone.edge_features = Some(Vec::new());
+    let e = outcome(std::slice::from_ref(&a), vec![gone.clone()], &guarded).unwrap_err();
+    assert!(
+        e.contains("the edge of Machine c does not enforce (it is left out of this Deploy (it did not answer), and its last record publishes none)"),
+        "{e}"
+    );
+    gone.edge_features = None;
+    assert_eq!(
+        outcome(std::slice::from_ref(&a), vec![gone], &guarded),
+        Ok(())
+    );
+    let current_gone = left_out(&machine("c"));
+    assert_eq!(
+        outcome(std::slice::from_ref(&a), vec![current_gone], &guarded),
+        Ok(())
     );
 }

@@ -46,7 +46,7 @@ use ployz_orchestrator::preview;
 use serde::Serialize;
 
 use crate::client::ApiClient;
-use crate::leases::{Leases, Reach};
+use crate::leases::{Leases, Reach, Reached};
 use crate::output::{
     print_json, print_warnings, ErrorDocument, Problem, ProblemKind, Problems, Warning,
 };
@@ -788,7 +788,7 @@ async fn gather(
     let answered: Vec<MachineId> = answers.iter().map(|(a, _)| a.machine.clone()).collect();
     let mut machines: Vec<MachineSnapshot> = answers.into_iter().map(|(_, s)| s).collect();
     machines.sort_by(|a, b| a.machine.info.id.cmp(&b.machine.info.id));
-    let left_out = unanswered(&asked, &answered, &failures);
+    let left_out = unanswered(&reach.machines, &answered, &failures);
     if machines.is_empty() {
         let first = left_out
             .first()
@@ -808,20 +808,22 @@ async fn gather(
 /// The Machines of `asked` that gave no answer, each with the failure that names it (a fan-out
 /// names a Machine `name (id)`, a single forward by its ID).
 fn unanswered(
-    asked: &[(MachineId, String)],
+    asked: &[Reached],
     answered: &[MachineId],
     failures: &[ployz_core::TargetFailure],
 ) -> Vec<NotIncluded> {
     asked
         .iter()
+        .filter_map(|m| Some((m.id.as_ref()?, m)))
         .filter(|(id, _)| !answered.contains(id))
-        .map(|(id, name)| NotIncluded {
+        .map(|(id, m)| NotIncluded {
             machine: id.clone(),
-            name: name.clone(),
+            name: m.name.clone(),
             reason: failures
                 .iter()
                 .find(|f| f.target.contains(id.as_str()))
                 .map_or_else(|| "it gave no answer".to_owned(), |f| f.reason.clone()),
+            edge_features: m.edge_features.clone(),
         })
         .collect()
 }
@@ -1308,11 +1310,12 @@ mod tests {
             MachineId::generate(),
             MachineId::generate(),
         );
-        let asked = vec![
-            (a.clone(), "m0".to_owned()),
-            (b.clone(), "m1".to_owned()),
-            (c.clone(), "m2".to_owned()),
-        ];
+        let reached = |id: &MachineId, name: &str| Reached {
+            id: Some(id.clone()),
+            name: name.to_owned(),
+            edge_features: Some(vec!["routes".to_owned()]),
+        };
+        let asked = vec![reached(&a, "m0"), reached(&b, "m1"), reached(&c, "m2")];
         let failures = vec![
             ployz_core::TargetFailure {
                 target: format!("m1 ({b})"),
@@ -1335,6 +1338,10 @@ mod tests {
                 ("m2", "Docker does not answer")
             ]
         );
+        // What their records published goes with them: their edges serve again later.
+        assert!(left
+            .iter()
+            .all(|n| n.edge_features == Some(vec!["routes".to_owned()])));
         assert!(unanswered(&asked, &[a, b, c], &failures).is_empty());
     }
 

@@ -557,6 +557,7 @@ impl LocalMachine {
                     endpoints: member.endpoints.clone(),
                     version: String::new(),
                     wireguard_backend: None,
+                    edge_features: Vec::new(),
                 },
             };
             let seen = observed.get(&member.id).copied().unwrap_or_default();

@@ -33,6 +33,7 @@
 //!   Service and the daemon's own listeners (the edge, metrics, DNS).
 
 pub mod binding;
+mod edge_features;
 mod host_ports;
 mod identity;
 mod interrupted;
@@ -183,6 +184,14 @@ pub enum PlanError {
     },
     #[error("service '{name}': external volume '{volume}' does not exist on any Machine; create it with `ployz volume create {volume}`")]
     ExternalVolumeMissing { name: String, volume: String },
+    #[error("service '{name}' uses {}, which the edge of Machine {machine} does not enforce ({why}): every Machine's edge serves the Service's hostnames, and that one would serve them without it; upgrade Ployz on {machine} first (`ployz machine upgrade`), or remove it from the Cluster if it is gone for good (`ployz machine rm {machine}`)", feature.written_as())]
+    EdgeFeatureMissing {
+        name: String,
+        feature: ployz_core::EdgeFeature,
+        machine: String,
+        /// What the Machine publishes, or why it was not asked.
+        why: String,
+    },
 }
 
 impl PlanError {
@@ -204,7 +213,8 @@ impl PlanError {
             | PlanError::IngressPortTaken { name, .. }
             | PlanError::IngressPortHeldByDaemon { name, .. }
             | PlanError::LeftUnfinished { name, .. }
-            | PlanError::ExternalVolumeMissing { name, .. } => Some(name),
+            | PlanError::ExternalVolumeMissing { name, .. }
+            | PlanError::EdgeFeatureMissing { name, .. } => Some(name),
         }
     }
 
@@ -429,6 +439,9 @@ fn plan_service<'a>(
         errors.push(e);
     }
     if let Err(e) = host_ports::check_ingress_ports(spec, machines) {
+        errors.push(e);
+    }
+    if let Err(e) = edge_features::check_edge_features(spec, machines, not_included) {
         errors.push(e);
     }
     let existing = identity::containers_of(spec, machines);
