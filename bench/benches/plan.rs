@@ -46,7 +46,7 @@ fn machine() -> MachineSnapshot {
                 endpoints: Vec::new(),
                 version: String::new(),
                 wireguard_backend: None,
-                edge_features: Vec::new(),
+                edge_features: ployz_core::EdgeFeature::published(),
             },
             membership: MembershipObservation::Up,
             selected_endpoint: None,

@@ -121,7 +121,7 @@ fn empty_machine() -> MachineSnapshot {
             endpoints: Vec::new(),
             version: String::new(),
             wireguard_backend: None,
-            edge_features: Vec::new(),
+            edge_features: ployz_core::EdgeFeature::published(),
         },
         membership: MembershipObservation::Up,
         selected_endpoint: None,

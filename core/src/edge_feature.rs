@@ -7,7 +7,6 @@
 //! Services need one is refused while a Machine of the Cluster does not publish it.
 
 use std::collections::BTreeSet;
-use std::fmt;
 
 use crate::{PathMatch, ServiceSpec};
 
@@ -59,12 +58,6 @@ impl EdgeFeature {
             .iter()
             .map(|f| f.name().to_owned())
             .collect()
-    }
-}
-
-impl fmt::Display for EdgeFeature {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 

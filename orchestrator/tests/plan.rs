@@ -1779,9 +1779,17 @@ fn a_service_needing_an_edge_feature_is_refused_while_a_machine_does_not_publish
         assert_eq!(outcome(&current, vec![], s), Ok(()), "{}", s.name);
     }
 
-    // Machine b's daemon predates Edge Features: it publishes none.
-    let mut old = machine("b");
-    old.machine.info.edge_features.clear();
+    // Machine b's daemon predates Edge Features: its snapshot, as that release sends it, has
+    // no such field.
+    let old: MachineSnapshot = {
+        let mut v = serde_json::to_value(machine("b")).unwrap();
+        assert!(v["machine"]
+            .as_object_mut()
+            .unwrap()
+            .remove("edge_features")
+            .is_some());
+        serde_json::from_value(v).unwrap()
+    };
     let mixed = [machine("a"), old];
     assert_eq!(outcome(&mixed, vec![], &plain), Ok(()));
     let e = outcome(&mixed, vec![], &guarded).unwrap_err();
@@ -1805,7 +1813,7 @@ fn a_service_needing_an_edge_feature_is_refused_while_a_machine_does_not_publish
     assert_eq!(outcome(&mixed, vec![], &by_path), Ok(()));
     let e = outcome(&mixed, vec![], &guarded).unwrap_err();
     assert!(
-        e.starts_with("service 'admin' uses basic_auth in x-routes, which the edge of Machine b does not enforce (it publishes routes, some-later-feature)"),
+        e.starts_with("service 'admin' uses basic_auth in x-routes, which the edge of Machine b does not enforce (its daemon, release '0.1.0', publishes routes, some-later-feature)"),
         "{e}"
     );
 
@@ -1816,7 +1824,7 @@ fn a_service_needing_an_edge_feature_is_refused_while_a_machine_does_not_publish
     gone.edge_features = Some(Vec::new());
     let e = outcome(std::slice::from_ref(&a), vec![gone.clone()], &guarded).unwrap_err();
     assert!(
-        e.contains("the edge of Machine c does not enforce (it is left out of this Deploy (it did not answer), and its last record publishes none)"),
+        e.contains("the edge of Machine c does not enforce (it is left out of this Deploy, and its last record publishes none)"),
         "{e}"
     );
     gone.edge_features = None;

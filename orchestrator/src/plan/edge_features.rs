@@ -19,41 +19,34 @@ pub(super) fn check_edge_features(
     if needed.is_empty() {
         return Ok(());
     }
+    // Each Machine: its name, what it publishes, and how this Deploy knows it.
     let answering = machines.iter().map(|m| {
         let info = &m.machine.info;
-        let why = if info.edge_features.is_empty() {
-            format!("its daemon, release '{}', publishes none", info.version)
-        } else {
-            format!("it publishes {}", info.edge_features.join(", "))
-        };
-        (info.name.to_string(), info.edge_features.as_slice(), why)
+        let how = format!("its daemon, release '{}',", info.version);
+        (info.name.to_string(), &info.edge_features[..], how)
     });
     // A Machine whose own record was not read says nothing either way.
     let left_out = not_included.iter().filter_map(|n| {
-        let published = n.edge_features.as_deref()?;
-        let why = format!(
-            "it is left out of this Deploy ({}), and its last record publishes {}",
-            n.reason,
-            if published.is_empty() {
-                "none".to_owned()
-            } else {
-                published.join(", ")
-            }
-        );
-        Some((n.name.clone(), published, why))
+        let how = "it is left out of this Deploy, and its last record".to_owned();
+        Some((n.name.clone(), n.edge_features.as_deref()?, how))
     });
-    for (machine, published, why) in answering.chain(left_out) {
-        if let Some(feature) = needed
+    for (machine, published, how) in answering.chain(left_out) {
+        let Some(feature) = needed
             .iter()
             .find(|f| !published.iter().any(|p| p == f.name()))
-        {
-            return Err(PlanError::EdgeFeatureMissing {
-                name: spec.name.to_string(),
-                feature: *feature,
-                machine,
-                why,
-            });
-        }
+        else {
+            continue;
+        };
+        let published = match published {
+            [] => "none".to_owned(),
+            names => names.join(", "),
+        };
+        return Err(PlanError::EdgeFeatureMissing {
+            name: spec.name.to_string(),
+            feature: *feature,
+            machine,
+            why: format!("{how} publishes {published}"),
+        });
     }
     Ok(())
 }
