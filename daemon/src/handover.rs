@@ -6,7 +6,9 @@
 //! started with `--take-over` connects and asks; the old one then:
 //!
 //! 1. **releases** what only one process may hold: its modules that act on the Machine stop
-//!    (the mesh lets go of its interface and ports, the certificate issuer, the drain-mark
+//!    (the mesh lets go of its interface and ports, its membership without leaving the Cluster:
+//!    peers would observe the Machine down, and end their exchanges with its containers; the
+//!    certificate issuer, the drain-mark
 //!    sweeper, the Docker observer, the route controller), then the store hands its files over
 //!    ([`ployz_store::Store::hand_over`]); the edge goes on serving with the routes it has;
 //! 2. sends copies of the edge's listening sockets (`SCM_RIGHTS`), which from then on both

@@ -49,6 +49,9 @@ pub(crate) struct MeshService {
     /// This Machine's reconciliation: it records the passes of peers and routes, and checks the
     /// interface and firewall handed to it.
     pub reconcile: Arc<Reconciler>,
+    /// The daemon's handover stage: a mesh stopping because a next process takes the Machine
+    /// over does not leave the Cluster.
+    pub handover: tokio::sync::watch::Receiver<crate::handover::Stage>,
 }
 
 /// Everything the mesh runs once it is up.
@@ -210,7 +213,14 @@ impl pingora::services::background::BackgroundService for MeshService {
             }
         }
         self.reconcile.detach_mesh();
-        running.membership.shutdown().await;
+        if *self.handover.borrow() >= crate::handover::Stage::Releasing {
+            // The Machine is not leaving: the next process's membership replaces this one at
+            // its peers (a newer start wins). Leaving would have them observe it down for the
+            // moment in between, and end every exchange their edges have with its containers.
+            running.membership.abort().await;
+        } else {
+            running.membership.shutdown().await;
+        }
         running.stop.send_replace(true);
         let _ = running.listener.await;
     }

@@ -233,6 +233,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                     header_timeout: config.limits.header_timeout(),
                     api: api_app.clone(),
                     reconcile: reconciler.clone(),
+                    handover: handover.stage.subscribe(),
                 },
                 Stage::Releasing,
                 &handover,

@@ -447,3 +447,43 @@ async fn a_healed_partition_finds_itself_again() {
         m.shutdown().await;
     }
 }
+
+/// A daemon handing its Machine to a next process stops its membership without leaving, and the
+/// next start (a newer bump at the same address) replaces it: its peers never observe the
+/// Machine down in between (a leave would: see the test above), so their edges keep their
+/// exchanges with its containers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_started_again_without_leaving_is_never_observed_down() {
+    let seats = seats::<3>();
+    let [a, b, c] = seats.clone();
+    let ma = start(&a, &seats, None);
+    let mb = start(&b, &seats, None);
+    let mc = start(&c, &seats, None);
+    wait_all_up(&[&ma, &mb, &mc], &seats, Duration::from_secs(10)).await;
+    let first_bump = ma.observations()[&c.id].bump.unwrap();
+
+    mc.abort().await;
+    let mc = start(&c, &seats, None);
+    for observer in [&ma, &mb] {
+        let mut seen = Vec::new();
+        wait_until(
+            observer,
+            Duration::from_secs(10),
+            "the next start up",
+            |obs| {
+                let o = &obs[&c.id];
+                seen.push(o.state);
+                o.state == Up && o.bump.unwrap() > first_bump
+            },
+        )
+        .await;
+        assert!(
+            !seen.contains(&Down),
+            "{} observed the Machine down while it was started again: {seen:?}",
+            observer.machine_id()
+        );
+    }
+    for m in [ma, mb, mc] {
+        m.shutdown().await;
+    }
+}
