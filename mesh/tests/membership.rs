@@ -1,7 +1,8 @@
 //! SWIM membership over real UDP sockets on 127.0.0.1: Machines find each other from a list,
 //! a stopped Machine is suspected then observed down, a restarted one is accepted back, a
 //! graceful leave is observed at once, removed Machines stop being reported, garbled datagrams
-//! are refused, a lossy and slow link causes no false down, and a healed partition finds itself.
+//! are refused, a lossy and slow link causes no false down, a healed partition finds itself, and
+//! so does a short cut both ways.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -485,5 +486,75 @@ async fn a_machine_started_again_without_leaving_is_never_observed_down() {
     }
     for m in [ma, mb, mc] {
         m.shutdown().await;
+    }
+}
+
+/// A link between two Machines that can be cut both ways, and whose one side can be made slow.
+#[derive(Debug)]
+struct CutOrSlow {
+    cut: Arc<AtomicBool>,
+    slow: Arc<AtomicBool>,
+}
+
+impl LinkFilter for CutOrSlow {
+    fn verdict(&self, _to: SocketAddr, _datagram: &[u8]) -> LinkVerdict {
+        if self.cut.load(Ordering::SeqCst) {
+            LinkVerdict::Drop
+        } else if self.slow.load(Ordering::SeqCst) {
+            LinkVerdict::Delay(Duration::from_millis(250))
+        } else {
+            LinkVerdict::Deliver
+        }
+    }
+}
+
+/// A cut both ways, healed after both sides suspect each other but before either suspicion ends,
+/// is observed whole again soon after. The side whose suspicion ends first declares the other
+/// down, and the other renews its identity (it cannot refute: the suspicion was sent out while
+/// it could not hear). Its own suspicion, started just before, then outlives foca's timer, which
+/// a renewal cancels: without `down_stale_suspects` it stayed suspect for good.
+///
+/// One side joins 250 ms after the other (its first datagrams are slow), so their probes, and
+/// then their suspicions, run 250 ms apart and one always ends first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_cut_both_ways_is_healed_whichever_suspicion_ends_first() {
+    for cut_for in [2400u64, 2700, 3000] {
+        let seats = seats::<2>();
+        let [a, b] = seats.clone();
+        let cut = Arc::new(AtomicBool::new(false));
+        let slow = Arc::new(AtomicBool::new(true));
+        let link = |slow: &Arc<AtomicBool>| -> Option<Arc<dyn LinkFilter>> {
+            Some(Arc::new(CutOrSlow {
+                cut: Arc::clone(&cut),
+                slow: Arc::clone(slow),
+            }))
+        };
+        let ma = start(&a, &seats, link(&slow));
+        let mb = start(&b, &seats, link(&Arc::new(AtomicBool::new(false))));
+        wait_all_up(&[&ma, &mb], &seats, Duration::from_secs(10)).await;
+        slow.store(false, Ordering::SeqCst);
+
+        cut.store(true, Ordering::SeqCst);
+        for (observer, peer) in [(&ma, &b.id), (&mb, &a.id)] {
+            wait_until(
+                observer,
+                Duration::from_secs(3),
+                "the peer suspect across the cut",
+                |obs| state_of(obs, peer) == Some(Suspect),
+            )
+            .await;
+        }
+        // Both suspect; the cut has lasted about a second. Heal it before either suspicion ends.
+        tokio::time::sleep(Duration::from_millis(cut_for - 1000)).await;
+        cut.store(false, Ordering::SeqCst);
+        let healed = Instant::now();
+        wait_all_up(&[&ma, &mb], &seats, Duration::from_secs(12)).await;
+        eprintln!(
+            "a cut of about {cut_for} ms: whole again {} ms after it healed",
+            healed.elapsed().as_millis()
+        );
+        for m in [ma, mb] {
+            m.shutdown().await;
+        }
     }
 }

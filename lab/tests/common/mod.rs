@@ -75,8 +75,11 @@ pub fn machines(lab: &Lab, i: usize) -> Option<Vec<Value>> {
     v["values"].as_array().cloned()
 }
 
-/// Per Machine ID, what Machine `i` observes of it: (phase, membership).
-pub fn observed(lab: &Lab, i: usize) -> Option<BTreeMap<String, (String, String)>> {
+/// Per Machine ID, what a Machine observes of it: (phase, membership).
+pub type Observed = BTreeMap<String, (String, String)>;
+
+/// What Machine `i` observes of each Machine.
+pub fn observed(lab: &Lab, i: usize) -> Option<Observed> {
     Some(
         machines(lab, i)?
             .into_iter()
@@ -171,25 +174,35 @@ pub fn cluster_with(options: LabOptions) -> Lab {
     lab
 }
 
-/// Waits until every Machine observes `n` Machines, all `participating` and `up`.
+/// Waits until every Machine observes `n` Machines, all `participating` and `up`; a failure
+/// says what each Machine observed last.
 pub fn wait_until_whole(lab: &Lab, n: usize, within: Duration) {
-    wait_for(
-        lab,
-        "every Machine observes every other participating and up",
-        within,
-        || {
-            (0..lab.len())
-                .filter(|&i| lab.daemon_pid(i).is_some())
-                .all(|i| {
-                    observed(lab, i).is_some_and(|o| {
-                        o.len() == n
-                            && o.values()
-                                .all(|(phase, m)| phase == "participating" && m == "up")
-                    })
-                })
-                .then_some(())
-        },
-    );
+    let deadline = Instant::now() + within;
+    loop {
+        let seen: Vec<(usize, Option<Observed>)> = (0..lab.len())
+            .filter(|&i| lab.daemon_pid(i).is_some())
+            .map(|i| (i, observed(lab, i)))
+            .collect();
+        let whole = seen.iter().all(|(_, o)| {
+            o.as_ref().is_some_and(|o| {
+                o.len() == n
+                    && o.values()
+                        .all(|(phase, m)| phase == "participating" && m == "up")
+            })
+        });
+        if whole {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "every Machine observes every other participating and up: not within {} s; \
+                 last observed (Machine ID: phase, membership): {seen:#?}\n{}",
+                within.as_secs(),
+                logs(lab)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 pub fn options(n: usize) -> LabOptions {

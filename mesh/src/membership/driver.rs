@@ -7,7 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use foca::{Foca, NoCustomBroadcast, Notification, PostcardCodec, Runtime, State, Timer};
+use foca::{
+    Foca, Incarnation, Member, NoCustomBroadcast, Notification, PostcardCodec, Runtime, State,
+    Timer,
+};
 use foca_rand::rngs::SmallRng;
 use foca_rand::SeedableRng;
 use ployz_core::{MachineId, MembershipObservation};
@@ -129,6 +132,11 @@ pub(super) struct Driver {
     observed: BTreeMap<MachineId, PeerObservation>,
     observations: watch::Sender<BTreeMap<MachineId, PeerObservation>>,
     counters: Arc<Counters>,
+    /// How long foca's suspicion lasts at the Cluster's current size.
+    suspicion: Duration,
+    /// Members foca holds as suspect, with the incarnation and when this task first saw them so
+    /// (after the foca call that made them so): see [`Driver::down_stale_suspects`].
+    suspected: HashMap<MemberIdentity, (Incarnation, Instant)>,
 }
 
 impl Driver {
@@ -141,6 +149,7 @@ impl Driver {
     ) -> Self {
         // Sized for this Machine alone until `set_peers` says how many there are.
         let foca_config = config.profile.foca_config(NonZeroU32::MIN);
+        let suspicion = foca_config.suspect_to_down_after;
         let rng = SmallRng::seed_from_u64(rand::random());
         Self {
             foca: Foca::new(identity.clone(), foca_config, rng, PostcardCodec),
@@ -156,6 +165,8 @@ impl Driver {
             observed: BTreeMap::new(),
             observations,
             counters,
+            suspicion,
+            suspected: HashMap::new(),
         }
     }
 
@@ -181,7 +192,10 @@ impl Driver {
                     }
                 },
                 () = sleep_until(next_timer) => self.fire_due_timers().await,
-                _ = announce.tick() => self.announce_to_missing().await,
+                _ = announce.tick() => {
+                    self.down_stale_suspects().await;
+                    self.announce_to_missing().await;
+                }
             }
         }
         self.leave().await;
@@ -253,7 +267,9 @@ impl Driver {
         // foca scales retransmissions and the suspicion's length with the Cluster's size.
         let size = u32::try_from(self.peers.len().saturating_add(1)).unwrap_or(u32::MAX);
         let size = NonZeroU32::new(size).unwrap_or(NonZeroU32::MIN);
-        if let Err(e) = self.foca.set_config(self.profile.foca_config(size)) {
+        let config = self.profile.foca_config(size);
+        self.suspicion = config.suspect_to_down_after;
+        if let Err(e) = self.foca.set_config(config) {
             self.protocol_error(e);
         }
         let now = (Instant::now(), SystemTime::now());
@@ -285,6 +301,62 @@ impl Driver {
         }
         self.refresh_observations(changed);
         self.announce_to_missing().await;
+    }
+
+    /// Declares down every member foca has held as suspect, at the same incarnation, for half as
+    /// long again as a suspicion lasts: what its lost suspicion timer would have done. (Timers
+    /// fire on this task, on time; checked on the announce tick.)
+    ///
+    /// foca ends a suspicion with a timer bound to its timer token, and changes the token when
+    /// this Machine renews its identity. A member this Machine suspected just before the Cluster
+    /// declared this Machine down (both sides of a short cut suspect each other, and the side
+    /// declared down first renews) then stays suspect here for good: its timer is ignored, and
+    /// the member never refutes, because the suspicion was sent out while it could not hear and
+    /// is not sent again. Its answered probes do not clear a suspicion either. Once declared down
+    /// here, the member is told so on its next message (foca's `notify_down_members`) and
+    /// renews, and is observed up again.
+    async fn down_stale_suspects(&mut self) {
+        let now = Instant::now();
+        let stale_after = self.suspicion * 3 / 2;
+        let stale: Vec<Member<MemberIdentity>> = self
+            .suspected
+            .iter()
+            .filter(|(_, (_, since))| now.duration_since(*since) >= stale_after)
+            .map(|(id, (incarnation, _))| Member::new(id.clone(), *incarnation, State::Down))
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        for member in &stale {
+            tracing::info!(
+                member = ?member.id(),
+                "membership: a suspicion outlived its timer; the member is declared down so that it renews"
+            );
+            self.suspected.remove(member.id());
+        }
+        let mut effects = Effects::default();
+        if let Err(e) = self.foca.apply_many(stale.into_iter(), true, &mut effects) {
+            self.protocol_error(e);
+        }
+        self.carry_out(effects).await;
+    }
+
+    /// Keeps [`Driver::suspected`] to what foca holds as suspect now.
+    fn follow_suspects(&mut self) {
+        let now = Instant::now();
+        let suspects: HashMap<&MemberIdentity, Incarnation> = self
+            .foca
+            .iter_membership_state()
+            .filter(|m| m.state() == State::Suspect)
+            .map(|m| (m.id(), m.incarnation()))
+            .collect();
+        self.suspected
+            .retain(|id, (incarnation, _)| suspects.get(id) == Some(incarnation));
+        for (id, incarnation) in suspects {
+            self.suspected
+                .entry(id.clone())
+                .or_insert((incarnation, now));
+        }
     }
 
     /// Announces to every Machine of the set that foca does not hold as active.
@@ -393,6 +465,7 @@ impl Driver {
     /// Rebuilds every reported observation from foca's view, and publishes it when it changed
     /// (or when `changed` says the set itself changed).
     fn refresh_observations(&mut self, mut changed: bool) {
+        self.follow_suspects();
         // foca holds one member per Machine ID (its `Identity::addr`): the freshest identity.
         let members: HashMap<&MachineId, (MembershipObservation, u64)> = self
             .foca
