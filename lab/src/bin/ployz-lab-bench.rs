@@ -652,33 +652,82 @@ fn load(
     Ok(total as f64 / secs as f64)
 }
 
+/// The CPU time all of the machine's cores spent busy so far (`/proc/stat`'s first line: user,
+/// nice, system, irq, softirq and steal).
+fn cpu_busy() -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let line = stat.lines().next().context("an empty /proc/stat")?;
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse())
+        .collect::<Result<_, _>>()?;
+    let busy: u64 = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .filter_map(|&i| fields.get(i))
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(Duration::from_secs_f64(busy as f64 / hz))
+}
+
+/// A keep-alive HTTP/1.1 responder in busybox alone: `nc -ll` hands each connection to awk,
+/// which reads the request buffered (a few reads per request) and answers `ok` at the end of
+/// every request head, and keeps the connection.
+const KEEP_ALIVE_RESPONDER: &str = r#"cat > /respond.awk <<'END'
+/^\r?$/ { printf "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Type: text/plain\r\n\r\nok\n"; fflush() }
+END
+echo 'exec awk -f /respond.awk' > /respond.sh
+exec nc -ll -p 8080 -e sh /respond.sh"#;
+
 /// Machine 0's edge serving a container on Machine 0 against one on Machine 1 (over the mesh),
-/// the same image and page (busybox httpd, a new upstream connection per request); 4 keep-alive
-/// client connections from Machine 0's namespace, 3 s each, five interleaved runs. Short runs:
+/// with two kinds of upstream, the same on both Machines:
+///
+/// - busybox httpd, which closes its connection after each answer: every request opens a new
+///   upstream connection, whose handshake and close cross the mesh too (about ten small
+///   packets each way);
+/// - a responder that keeps its connections ([`KEEP_ALIVE_RESPONDER`]), as most application
+///   servers do: the edge reuses them, and a request and its answer are about two packets
+///   each way.
+///
+/// 4 keep-alive client connections from Machine 0's namespace, 3 s each, five interleaved
+/// rounds. Besides requests per second, each run's CPU time per request (every core, from
+/// `/proc/stat`, so both Machines, the load and the containers alike): the mesh's cost per
+/// request is the difference, whether or not the machine is saturated. Short runs: with httpd
 /// every request leaves an upstream connection in TIME_WAIT, and at about 2,000 requests/s ten
 /// seconds to one container would use up the namespace's ephemeral ports within a minute.
 fn edge_mesh() -> anyhow::Result<()> {
     let lab = cluster(2, vec![])?;
-    for (i, host) in [(0, "local.bench.test"), (1, "remote.bench.test")] {
-        let publish = format!("{host}:8080/http");
-        run(
-            &lab,
-            0,
-            &[
-                "run",
-                "-y",
-                "--name",
-                &format!("page{i}"),
-                "-m",
-                &format!("m{i}"),
-                "-p",
-                &publish,
-                ployz_lab::LAB_IMAGE,
-                "sh",
-                "-c",
-                "echo ok > /index.html && exec httpd -f -p 8080 -h /",
-            ],
-        )?;
+    let kinds = [
+        (
+            "page",
+            "echo ok > /index.html && exec httpd -f -p 8080 -h /",
+        ),
+        ("kept", KEEP_ALIVE_RESPONDER),
+    ];
+    let host = |kind: &str, i: usize| format!("{kind}{i}.bench.test");
+    for (kind, command) in kinds {
+        for i in 0..2 {
+            let publish = format!("{}:8080/http", host(kind, i));
+            run(
+                &lab,
+                0,
+                &[
+                    "run",
+                    "-y",
+                    "--name",
+                    &format!("{kind}{i}"),
+                    "-m",
+                    &format!("m{i}"),
+                    "-p",
+                    &publish,
+                    ployz_lab::LAB_IMAGE,
+                    "sh",
+                    "-c",
+                    command,
+                ],
+            )?;
+        }
     }
     let edge = SocketAddr::new(lab.underlay_addr(0).into(), 80);
     let ns = netns_file(&lab, 0);
@@ -699,27 +748,57 @@ fn edge_mesh() -> anyhow::Result<()> {
     if !sysctl.success() {
         bail!("sysctl net.ipv4.tcp_tw_reuse=1 in m0's namespace failed");
     }
-    for host in ["local.bench.test", "remote.bench.test"] {
-        let (ns, host) = (ns.clone(), host.to_owned());
-        std::thread::spawn(move || -> anyhow::Result<()> {
-            enter(&ns)?;
-            wait(&host, Duration::from_secs(60), || {
-                get_status(edge, &host) == Some(200)
+    for (kind, _) in kinds {
+        for i in 0..2 {
+            let (ns, host) = (ns.clone(), host(kind, i));
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                enter(&ns)?;
+                wait(&host, Duration::from_secs(60), || {
+                    get_status(edge, &host) == Some(200)
+                })
             })
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("the waiter panicked"))??;
+            .join()
+            .map_err(|_| anyhow::anyhow!("the waiter panicked"))??;
+        }
     }
-    let (mut local, mut remote) = (Vec::new(), Vec::new());
+    const SECS: u64 = 3;
+    // Per kind, per Machine of the container: (requests/s, CPU µs per request) of each round.
+    let mut figures: BTreeMap<(&str, usize), Vec<(f64, f64)>> = BTreeMap::new();
     for _ in 0..5 {
-        local.push(load(&lab, 0, edge, "local.bench.test", 4, 3)?);
-        remote.push(load(&lab, 0, edge, "remote.bench.test", 4, 3)?);
+        for (kind, _) in kinds {
+            for i in 0..2 {
+                let before = cpu_busy()?;
+                let rate = load(&lab, 0, edge, &host(kind, i), 4, SECS)?;
+                let busy = cpu_busy()? - before;
+                let per_request = busy.as_secs_f64() * 1e6 / (rate * SECS as f64);
+                figures
+                    .entry((kind, i))
+                    .or_default()
+                    .push((rate, per_request));
+            }
+        }
     }
-    let (l, r) = (median(local.clone()), median(remote.clone()));
-    println!(
-        "m0's edge, 4 connections: to a container on m0 {l:.0} req/s, on m1 over the mesh {r:.0} req/s ({:.2}x; runs local {local:.0?}, mesh {remote:.0?})",
-        r / l
-    );
+    for (kind, what) in [
+        (
+            "page",
+            "a new upstream connection per request (busybox httpd)",
+        ),
+        ("kept", "upstream connections kept alive"),
+    ] {
+        let rates = |i: usize| -> Vec<f64> { figures[&(kind, i)].iter().map(|f| f.0).collect() };
+        let cpu = |i: usize| -> Vec<f64> { figures[&(kind, i)].iter().map(|f| f.1).collect() };
+        let (l, r) = (median(rates(0)), median(rates(1)));
+        let (lc, rc) = (median(cpu(0)), median(cpu(1)));
+        println!(
+            "m0's edge, 4 connections, {what}: to a container on m0 {l:.0} req/s, on m1 over the mesh {r:.0} req/s ({:.2}x; runs local {:.0?}, mesh {:.0?}); CPU per request {lc:.0} µs and {rc:.0} µs, the mesh adds {:.0} µs (runs {:.0?} and {:.0?})",
+            r / l,
+            rates(0),
+            rates(1),
+            rc - lc,
+            cpu(0),
+            cpu(1),
+        );
+    }
     Ok(())
 }
 
