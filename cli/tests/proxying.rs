@@ -540,7 +540,13 @@ fn a_broken_upstream_gets_502_and_dropped_kept_connections_are_handled(position:
 
     let mut client = Client::new(edge);
     let garbage = client.get("/garbage");
-    assert_eq!(garbage.status, 502);
+    // Either path says what failed, in the same words.
+    assert_eq!(
+        (garbage.status, garbage.text().as_str()),
+        (502, "upstream failed\n"),
+        "{garbage:?}"
+    );
+    assert_eq!(garbage.header("content-type"), Some("text/plain"));
     assert!(
         client.closed(),
         "a 502 from the edge closes the client's connection"
@@ -573,6 +579,28 @@ fn a_broken_upstream_gets_502_and_dropped_kept_connections_are_handled(position:
     let post = client.send("POST", "/echo", "", b"once");
     assert_eq!((post.status, post.text().as_str()), (200, "once"));
     assert_eq!(accepted.load(Ordering::SeqCst), before + 2);
+}
+
+fn an_upstream_nobody_listens_on_gets_502_saying_it_is_unreachable(position: Position) {
+    // A port just freed: nothing listens on it.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (edge, _child) = edge_alone_in(position, &format!("p.test=127.0.0.1:{closed}"), &[]);
+    let mut client = Client::new(edge);
+    let answer = client.get("/");
+    assert_eq!(
+        (answer.status, answer.text().as_str()),
+        (502, "upstream unreachable\n"),
+        "{answer:?}"
+    );
+    let mut client = Client::new(edge);
+    let head = client.send("HEAD", "/", "", b"");
+    assert_eq!(head.status, 502, "{head:?}");
+    // Nothing follows a HEAD answer's head but the close.
+    assert!(client.closed(), "a HEAD answer has no body and closes");
 }
 
 fn a_client_that_goes_away_frees_its_upstream_connection(position: Position) {
@@ -636,5 +664,6 @@ crate::in_both_positions!(
     pipelined_requests_are_answered_in_order,
     request_bodies_of_every_size_and_framing_arrive_whole,
     a_broken_upstream_gets_502_and_dropped_kept_connections_are_handled,
+    an_upstream_nobody_listens_on_gets_502_saying_it_is_unreachable,
     a_client_that_goes_away_frees_its_upstream_connection,
 );

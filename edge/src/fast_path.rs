@@ -1039,6 +1039,7 @@ impl FastPath {
                     &mut conn.stream,
                     503,
                     "no Serving Container for this host\n",
+                    plan.head,
                 )
                 .await;
                 return Err((status, "no Serving Container for this host".into()));
@@ -1047,7 +1048,7 @@ impl FastPath {
             let reused = kept.is_some();
             let mut upstream = match kept {
                 Some(s) => s,
-                None => match self.connect(conn, addr, attempts).await? {
+                None => match self.connect(conn, addr, attempts, plan.head).await? {
                     Some(s) => s,
                     None => continue,
                 },
@@ -1062,7 +1063,7 @@ impl FastPath {
             }
             if !cut(&registered) && reused && plan.idempotent && no_response(&result) {
                 // A kept connection the upstream had closed meanwhile: once more on a new one.
-                upstream = match self.connect(conn, addr, attempts).await? {
+                upstream = match self.connect(conn, addr, attempts, plan.head).await? {
                     Some(s) => s,
                     None => continue,
                 };
@@ -1083,15 +1084,18 @@ impl FastPath {
                     Ok((done.status, done.client_continues))
                 }
                 Err(ExchangeError::NoResponse(e)) => {
-                    let status = answer(&mut conn.stream, 502, "upstream failed\n").await;
+                    let status =
+                        answer(&mut conn.stream, 502, "upstream failed\n", plan.head).await;
                     Err((status, format!("{addr}: {e}")))
                 }
                 Err(ExchangeError::BadResponse(why)) => {
-                    let status = answer(&mut conn.stream, 502, "upstream failed\n").await;
+                    let status =
+                        answer(&mut conn.stream, 502, "upstream failed\n", plan.head).await;
                     Err((status, format!("{addr}: {why}")))
                 }
                 Err(ExchangeError::Refused(status, why)) => {
-                    let status = answer(&mut conn.stream, status, &format!("{why}\n")).await;
+                    let status =
+                        answer(&mut conn.stream, status, &format!("{why}\n"), plan.head).await;
                     Err((status, why.into()))
                 }
                 Err(ExchangeError::Broken(why)) => Err((0, format!("{addr}: {why}"))),
@@ -1106,11 +1110,18 @@ impl FastPath {
         conn: &mut Downstream,
         addr: SocketAddr,
         attempts: &Attempts,
+        head_request: bool,
     ) -> Result<Option<TcpStream>, (u16, String)> {
         match self.dial(addr, attempts).await {
             Ok(s) => Ok(s),
             Err(e) => {
-                let status = answer(&mut conn.stream, 502, "upstream unreachable\n").await;
+                let status = answer(
+                    &mut conn.stream,
+                    502,
+                    "upstream unreachable\n",
+                    head_request,
+                )
+                .await;
                 Err((status, format!("connecting to {addr}: {e}")))
             }
         }
@@ -1228,7 +1239,9 @@ async fn write_client(stream: &mut Stream, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// A short plain-text answer from the edge itself; the status, or 0 if it could not be written.
-async fn answer(stream: &mut Stream, status: u16, body: &str) -> u16 {
+/// Answers `status` with `body` in text and closes; the answer to a HEAD request (`head_request`)
+/// gives the body's length and leaves the body out.
+async fn answer(stream: &mut Stream, status: u16, body: &str, head_request: bool) -> u16 {
     let reason = match status {
         400 => "Bad Request",
         413 => "Content Too Large",
@@ -1237,8 +1250,9 @@ async fn answer(stream: &mut Stream, status: u16, body: &str) -> u16 {
         _ => "",
     };
     let head = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n{body}",
-        body.len()
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n{}",
+        body.len(),
+        if head_request { "" } else { body }
     );
     match write_client(stream, head.as_bytes()).await {
         Ok(()) => status,

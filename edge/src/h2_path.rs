@@ -432,7 +432,10 @@ async fn read_body(session: &mut HttpSession, out: &mut Vec<u8>, length: u64) ->
 }
 
 /// A short plain-text answer from the edge itself; the status, or 0 if it could not be written.
+/// Answers `status` with `body` in text; the answer to a HEAD request gives the body's length
+/// and ends the stream with its head.
 async fn answer(session: &mut HttpSession, status: u16, body: &'static str) -> u16 {
+    let head_request = session.req_header().method == Method::HEAD;
     let Ok(mut head) = ResponseHeader::build_no_case(status, Some(3)) else {
         return 0;
     };
@@ -444,10 +447,13 @@ async fn answer(session: &mut HttpSession, status: u16, body: &'static str) -> u
         .and_then(|()| head.insert_header(http::header::CACHE_CONTROL, "no-store"));
     if built.is_err()
         || session
-            .write_response_header(Box::new(head), false)
+            .write_response_header(Box::new(head), head_request)
             .is_err()
     {
         return 0;
+    }
+    if head_request {
+        return status;
     }
     match write_body(session, Bytes::from_static(body.as_bytes()), true).await {
         Ok(()) => status,

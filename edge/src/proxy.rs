@@ -588,6 +588,49 @@ async fn respond(
         .await
 }
 
+/// What the edge answers, in text, when it could not get a container's answer: the same words
+/// as the fast paths (`fast_path.rs`, `h2_path.rs`), so a client sees one edge whichever path
+/// its request took.
+fn failure_text(code: u16, e: &Error) -> String {
+    match e.etype() {
+        // The edge's own refusals carry their reason ("no Serving Container for this host",
+        // "request body too large").
+        ErrorType::HTTPStatus(_) => match e.context.as_ref() {
+            Some(why) => format!("{}\n", why.as_str()),
+            None => "upstream failed\n".to_owned(),
+        },
+        ErrorType::ConnectTimedout
+        | ErrorType::ConnectRefused
+        | ErrorType::ConnectNoRoute
+        | ErrorType::ConnectError
+        | ErrorType::BindError
+        | ErrorType::SocketError => "upstream unreachable\n".to_owned(),
+        _ => match code {
+            400 => "bad request\n",
+            502 => "upstream failed\n",
+            504 => "the container took longer than the route allows\n",
+            _ => "the edge could not answer this request\n",
+        }
+        .to_owned(),
+    }
+}
+
+/// Answers `code` with [`failure_text`] (no body to a HEAD request), and closes the connection
+/// after it as Pingora's own error answers do.
+async fn respond_failure(session: &mut Session, code: u16, e: &Error) -> Result<()> {
+    let body = failure_text(code, e);
+    let mut resp = pingora::protocols::http::ServerSession::generate_error(code);
+    resp.insert_header("content-type", "text/plain")?;
+    resp.set_content_length(body.len())?;
+    // Pingora's HTTP/2 session would send it as DATA, which a HEAD answer must not carry.
+    let body = if session.req_header().method == http::Method::HEAD {
+        Bytes::new()
+    } else {
+        Bytes::from(body)
+    };
+    session.write_error_response(resp, body).await
+}
+
 /// Answers a request basic authentication did not admit: 401 with the realm's challenge, or
 /// 503 for a moment while the route's users list has not reached this Machine.
 async fn respond_refused(
@@ -1100,6 +1143,10 @@ impl ProxyHttp for EdgeProxy {
                 // Nothing of the answer may have been sent yet for a page to replace it.
                 Some(page) if session.response_written().is_none() => {
                     respond(session, code, "text/html; charset=utf-8", page.to_string()).await
+                }
+                // As the fast paths answer: a short text saying what failed.
+                None if session.response_written().is_none() => {
+                    respond_failure(session, code, e).await
                 }
                 _ => session.respond_error(code).await,
             };
