@@ -361,6 +361,101 @@ services:
     }
 }
 
+/// The Ingress Ports are handed over too: a client connecting to one throughout a handover is
+/// never refused, and every connection is answered by the Service's container, by the old
+/// process and then the new one, which serves the sockets the old one kept open.
+#[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
+fn ingress_ports_are_handed_over_and_no_connection_is_refused() {
+    let lab = Lab::new();
+    let mut m = DockerMachine::new(&lab, "handports");
+    let port = std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        lab.path("compose.yaml"),
+        format!(
+            "services:\n  raw:\n    image: {TEST_IMAGE}\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo raw-tcp > /www/index.html && exec httpd -f -p 8080 -h /www\"]\n    x-ports: ['{port}:8080/tcp']\n"
+        ),
+    )
+    .unwrap();
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    // One connection through the Ingress Port: its answer, or what went wrong.
+    let ask = move || -> Result<(), String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))
+            .map_err(|e| format!("connect: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(b"GET / HTTP/1.0\r\n\r\n")
+            .map_err(|e| format!("write: {e}"))?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw)
+            .map_err(|e| format!("read: {e}"))?;
+        if raw.ends_with("raw-tcp\n") {
+            Ok(())
+        } else {
+            Err(format!("answered {raw:?}"))
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = ask() {
+        assert!(
+            Instant::now() < deadline,
+            "the Ingress Port never forwarded: {e}\n{}",
+            m.daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop_on_panic = StopOnDrop(stop.clone());
+    let answered = Arc::new(AtomicUsize::new(0));
+    let load = {
+        let (stop, answered) = (stop.clone(), answered.clone());
+        std::thread::spawn(move || {
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = ask() {
+                    failures.push(e);
+                }
+                answered.fetch_add(1, Ordering::Relaxed);
+            }
+            failures
+        })
+    };
+    wait_for_answers(&answered, 20);
+    let old_pid = m.daemon.pid();
+    let (new_pid, _new) = handover(&lab, &m);
+    assert!(new_pid.is_some_and(|p| p != old_pid));
+    let exited = m.daemon.wait_exited(Duration::from_secs(30));
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "the old process did not retire by itself: {exited:?}\n{}",
+        m.daemon.log_text()
+    );
+    let after = answered.load(Ordering::Relaxed);
+    wait_for_answers(&answered, after + 50);
+    stop.store(true, Ordering::Relaxed);
+    let failures = load.join().unwrap();
+    let total = answered.load(Ordering::Relaxed);
+    eprintln!("Ingress Port handover: {total} connections");
+    assert!(
+        failures.is_empty(),
+        "{} of {total} connections failed: {:?}\n{}",
+        failures.len(),
+        &failures[..failures.len().min(5)],
+        m.daemon.log_text()
+    );
+    let log = m.daemon.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("Ingress Port listening") && l.contains("handed over")),
+        "the new process did not serve the handed-over socket:\n{log}"
+    );
+}
+
 #[test]
 fn a_handover_with_no_daemon_running_says_so_and_starts_nothing() {
     let lab = Lab::new();

@@ -12,13 +12,17 @@
 //!    sweeper, the Docker observer, the route controller), then the store hands its files over
 //!    ([`ployz_store::Store::hand_over`]); the edge goes on serving with the routes it has;
 //! 2. sends copies of the edge's listening sockets (`SCM_RIGHTS`), which from then on both
-//!    processes accept on: no connection is refused, none waits for a process to start;
+//!    processes accept on: no connection is refused, none waits for a process to start; and
+//!    copies of the Ingress Ports' sockets, which both processes serve from then on too, when
+//!    the new process says it takes them (`ingress-ports` after its ID: an older one does not,
+//!    and binds the ports once this process has closed them);
 //! 3. waits for the new process to say `READY` (it is serving: store open, modules started,
 //!    the management API renamed into the socket's path, the service manager told `MAINPID=`
 //!    and `READY=1`);
 //! 4. **retires**: the management API, the internal DNS and the metrics listener stop (the new
 //!    process binds them again: a bounded gap, which DNS clients retry through), the edge's
-//!    listeners close in this process at once (the new one accepts on the same sockets), every
+//!    listeners and the Ingress Ports close in this process at once (the new one serves the same
+//!    sockets; TCP connections through an Ingress Port go on until this process exits), every
 //!    response says `Connection: close`, a connection here whose next request is only on its
 //!    way is still answered (the edge's idle window at shutdown), and the requests in flight
 //!    finish (within the shutdown grace) before it exits.
@@ -57,8 +61,10 @@ pub(crate) const SOCKET: &str = "handover.sock";
 const RELEASE_WITHIN: Duration = Duration::from_secs(15);
 /// How long the new process may take from the listeners to `READY`.
 const READY_WITHIN: Duration = Duration::from_secs(120);
-/// The first line a process taking over sends.
+/// The first line a process taking over sends, before its process ID and what it takes.
 const ASK: &str = "PLOYZ-TAKE-OVER 1";
+/// Said after the process ID by a process that takes the Ingress Ports' sockets.
+const TAKES_INGRESS_PORTS: &str = "ingress-ports";
 
 /// One listening socket handed over.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -67,20 +73,31 @@ struct Handed {
     tls: bool,
 }
 
+/// One Ingress Port's socket handed over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct HandedPort {
+    port: u16,
+    protocol: ployz_core::HostProtocol,
+}
+
 /// What the old process sends, beside the descriptors.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Handing {
     /// One per descriptor, in order.
     listeners: Vec<Handed>,
+    /// One per descriptor after the listeners', in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    ingress_ports: Vec<HandedPort>,
     /// The service manager's watchdog period the old process kept (`$WATCHDOG_USEC`, which
     /// only the unit's first process is given), microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     watchdog_usec: Option<u64>,
 }
 
-/// What a process taking over received: the edge's listening sockets.
+/// What a process taking over received: the edge's listening sockets and the Ingress Ports'.
 pub(crate) struct TakenOver {
     pub edge: Vec<(SocketAddr, bool, std::net::TcpListener)>,
+    pub ingress_ports: Vec<(u16, ployz_core::HostProtocol, OwnedFd)>,
     /// Half the watchdog period the old process kept, for this one to keep.
     pub watchdog: Option<Duration>,
     /// Where `READY` goes.
@@ -120,10 +137,11 @@ pub(crate) fn take_over(runtime_dir: &Path) -> anyhow::Result<TakenOver> {
         )
     })?;
     conn.set_read_timeout(Some(RELEASE_WITHIN + Duration::from_secs(15)))?;
-    writeln!(conn, "{ASK} {}", std::process::id())?;
-    let (payload, fds) = receive(&conn).context("the running daemon did not hand over")?;
+    writeln!(conn, "{ASK} {} {TAKES_INGRESS_PORTS}", std::process::id())?;
+    let (payload, mut fds) = receive(&conn).context("the running daemon did not hand over")?;
     let Handing {
         listeners: handed,
+        ingress_ports,
         watchdog_usec,
     } = serde_json::from_slice(&payload).with_context(|| {
         format!(
@@ -131,13 +149,19 @@ pub(crate) fn take_over(runtime_dir: &Path) -> anyhow::Result<TakenOver> {
             String::from_utf8_lossy(&payload)
         )
     })?;
-    if handed.len() != fds.len() {
+    if handed.len() + ingress_ports.len() != fds.len() {
         bail!(
             "the running daemon named {} sockets and sent {}",
-            handed.len(),
+            handed.len() + ingress_ports.len(),
             fds.len()
         );
     }
+    let ingress_fds = fds.split_off(handed.len());
+    let ingress_ports = ingress_ports
+        .into_iter()
+        .zip(ingress_fds)
+        .map(|(h, fd)| (h.port, h.protocol, fd))
+        .collect();
     let edge = handed
         .into_iter()
         .zip(fds)
@@ -146,6 +170,7 @@ pub(crate) fn take_over(runtime_dir: &Path) -> anyhow::Result<TakenOver> {
     conn.set_read_timeout(None)?;
     Ok(TakenOver {
         edge,
+        ingress_ports,
         watchdog: watchdog_usec
             .filter(|u| *u > 0)
             .map(|u| Duration::from_micros(u / 2)),
@@ -298,6 +323,8 @@ pub(crate) struct HandoverService {
     pub releasing: Arc<Running>,
     /// Copies of the edge's listening sockets.
     pub edge: std::sync::Mutex<Vec<(SocketAddr, bool, std::net::TcpListener)>>,
+    /// The Ingress Ports, whose sockets the new process is sent copies of.
+    pub ingress_ports: Arc<ployz_edge::ingress_ports::IngressPorts>,
     pub machine: Arc<crate::local_machine::LocalMachine>,
     pub edge_state: Arc<ployz_edge::EdgeState>,
     /// Tells the shutdown watch to retire the edge (`Ok`) or to stop at once (`Err`: the new
@@ -324,17 +351,21 @@ impl HandoverService {
         Ok(listener)
     }
 
-    /// Reads a handover request on `conn`: the asking process's ID, or `None` when it is not
-    /// one.
-    async fn request(conn: &mut tokio::io::BufReader<tokio::net::UnixStream>) -> Option<String> {
+    /// Reads a handover request on `conn`: the asking process's ID and whether it takes the
+    /// Ingress Ports' sockets, or `None` when it is not one.
+    async fn request(
+        conn: &mut tokio::io::BufReader<tokio::net::UnixStream>,
+    ) -> Option<(String, bool)> {
         use tokio::io::AsyncBufReadExt as _;
         let mut first = String::new();
         match tokio::time::timeout(Duration::from_secs(5), conn.read_line(&mut first)).await {
             Ok(Ok(_)) => {}
             _ => return None,
         }
-        let pid = first.trim().strip_prefix(ASK)?.trim().to_owned();
-        Some(pid)
+        let mut words = first.trim().strip_prefix(ASK)?.split_whitespace();
+        let pid = words.next()?.to_owned();
+        let takes_ingress_ports = words.any(|w| w == TAKES_INGRESS_PORTS);
+        Some((pid, takes_ingress_ports))
     }
 
     /// Runs the handover asked for on `conn`: release, send the sockets, wait for READY.
@@ -342,6 +373,7 @@ impl HandoverService {
         &self,
         conn: tokio::io::BufReader<tokio::net::UnixStream>,
         pid: &str,
+        takes_ingress_ports: bool,
     ) -> anyhow::Result<()> {
         tracing::info!(
             new_pid = pid,
@@ -360,6 +392,13 @@ impl HandoverService {
             store.hand_over().context("cannot hand the store over")?;
         }
         let edge = std::mem::take(&mut *self.edge.lock().expect("handover lock"));
+        let ports = if takes_ingress_ports {
+            self.ingress_ports
+                .copies()
+                .context("cannot copy the Ingress Ports' sockets")?
+        } else {
+            Vec::new()
+        };
         let payload = serde_json::to_vec(&Handing {
             listeners: edge
                 .iter()
@@ -368,14 +407,26 @@ impl HandoverService {
                     tls: *tls,
                 })
                 .collect(),
+            ingress_ports: ports
+                .iter()
+                .map(|(port, protocol, _)| HandedPort {
+                    port: *port,
+                    protocol: *protocol,
+                })
+                .collect(),
             watchdog_usec: crate::notify::watchdog_interval()
                 .map(|half| half.as_micros() as u64 * 2),
         })?;
-        let fds: Vec<RawFd> = edge.iter().map(|(_, _, l)| l.as_raw_fd()).collect();
+        let fds: Vec<RawFd> = edge
+            .iter()
+            .map(|(_, _, l)| l.as_raw_fd())
+            .chain(ports.iter().map(|(_, _, fd)| fd.as_raw_fd()))
+            .collect();
         let std_conn = conn.into_inner().into_std()?;
         std_conn.set_nonblocking(false)?;
         send(&std_conn, &payload, &fds).context("cannot send the listening sockets")?;
         drop(edge);
+        drop(ports);
         tracing::info!(
             sockets = fds.len(),
             "listening sockets handed over; waiting for the new process to serve"
@@ -417,7 +468,7 @@ impl BackgroundService for HandoverService {
                 return;
             }
         };
-        let (conn, pid) = loop {
+        let (conn, (pid, takes_ingress_ports)) = loop {
             let conn = tokio::select! {
                 _ = shutdown.changed() => return,
                 accepted = listener.accept() => match accepted {
@@ -430,7 +481,7 @@ impl BackgroundService for HandoverService {
             };
             let mut conn = tokio::io::BufReader::new(conn);
             match Self::request(&mut conn).await {
-                Some(pid) => break (conn, pid),
+                Some(asked) => break (conn, asked),
                 None => tracing::warn!(
                     "the handover socket got something that is not a handover request"
                 ),
@@ -439,7 +490,7 @@ impl BackgroundService for HandoverService {
         // One handover per process: a second asker finds no socket.
         drop(listener);
         let _ = std::fs::remove_file(&self.path);
-        match self.hand_over(conn, &pid).await {
+        match self.hand_over(conn, &pid, takes_ingress_ports).await {
             Ok(()) => {
                 tracing::info!("the new process serves: retiring");
                 self.stage.send_replace(Stage::Retiring);
@@ -453,5 +504,44 @@ impl BackgroundService for HandoverService {
                 let _ = self.retire.send(crate::server::Stop::Failed);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt as _;
+
+    /// An older process taking over asks without `ingress-ports`, and is sent only the edge's
+    /// listeners (it counts the descriptors against them).
+    #[tokio::test]
+    async fn a_request_says_whether_the_asker_takes_the_ingress_ports() {
+        for (line, expected) in [
+            ("PLOYZ-TAKE-OVER 1 42\n", Some(("42", false))),
+            ("PLOYZ-TAKE-OVER 1 42 ingress-ports\n", Some(("42", true))),
+            ("PLOYZ-TAKE-OVER 1\n", None),
+            ("GET / HTTP/1.1\n", None),
+        ] {
+            let (ours, mut theirs) = tokio::net::UnixStream::pair().unwrap();
+            theirs.write_all(line.as_bytes()).await.unwrap();
+            let mut conn = tokio::io::BufReader::new(ours);
+            let asked = HandoverService::request(&mut conn).await;
+            assert_eq!(
+                asked,
+                expected.map(|(pid, takes)| (pid.to_owned(), takes)),
+                "{line:?}"
+            );
+        }
+    }
+
+    /// What an older release sends reads with no Ingress Ports; with none, none is written.
+    #[test]
+    fn a_handing_without_ingress_ports_reads_and_writes_as_before() {
+        let older = r#"{"listeners":[{"addr":"127.0.0.1:80","tls":false}]}"#;
+        let handing: Handing = serde_json::from_str(older).unwrap();
+        assert!(handing.ingress_ports.is_empty());
+        assert_eq!(handing.listeners.len(), 1);
+        let written = serde_json::to_string(&handing).unwrap();
+        assert_eq!(written, older);
     }
 }

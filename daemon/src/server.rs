@@ -178,6 +178,21 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
     let mesh_view = Arc::new(crate::mesh::MeshView::new(config.mesh.clone()));
     use crate::handover::{Stage, UntilStage};
     let reconciler = crate::reconcile::Reconciler::new(machine.clone(), &config);
+    let ingress_ports = ployz_edge::ingress_ports::IngressPorts::new(
+        routes.clone(),
+        config.edge.upstream_connect_timeout(),
+    );
+    if let Some(taken) = taken.as_mut() {
+        ingress_ports.adopt(std::mem::take(&mut taken.ingress_ports));
+    }
+    server.add_service(background_service(
+        "ingress ports",
+        UntilStage::new(
+            IngressPortsService(ingress_ports.clone()),
+            Stage::Retiring,
+            &handover,
+        ),
+    ));
     server.add_service(background_service(
         "route controller",
         UntilStage::new(
@@ -188,10 +203,6 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                 challenges,
                 state: edge_state.clone(),
                 mesh: mesh_view.clone(),
-                ingress_ports: ployz_edge::ingress_ports::IngressPorts::new(
-                    routes.clone(),
-                    config.edge.upstream_connect_timeout(),
-                ),
             },
             Stage::Releasing,
             &handover,
@@ -345,6 +356,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
             releasing: handover.releasing(),
             stage: handover.stage.clone(),
             edge: Mutex::new(edge_sockets),
+            ingress_ports,
             machine: machine.clone(),
             edge_state: edge_state.clone(),
             retire: stops,
@@ -1157,8 +1169,18 @@ struct RouteService {
     state: Arc<EdgeState>,
     /// Which Machines this Machine observes down, for the order of each route's upstreams.
     mesh: Arc<crate::mesh::MeshView>,
-    /// The TCP and UDP ports the edge forwards to Services.
-    ingress_ports: Arc<ployz_edge::ingress_ports::IngressPorts>,
+}
+
+/// The TCP and UDP ports the edge forwards to Services, following the published table. Apart
+/// from the route controller: handing over, they are served with the last table until this
+/// process retires, as the edge's listeners are.
+struct IngressPortsService(Arc<ployz_edge::ingress_ports::IngressPorts>);
+
+#[async_trait]
+impl BackgroundService for IngressPortsService {
+    async fn start(&self, shutdown: ShutdownWatch) {
+        self.0.clone().run(shutdown).await;
+    }
 }
 
 #[async_trait]
@@ -1188,7 +1210,6 @@ impl BackgroundService for RouteService {
         };
         tokio::join!(
             self.routes.run(store.clone(), shutdown.clone()),
-            self.ingress_ports.clone().run(shutdown.clone()),
             follow_membership,
             self.certificates.run(store.clone(), shutdown.clone()),
             self.challenges.run(store, shutdown.clone()),

@@ -14,10 +14,15 @@
 //! The listeners follow the published route table: a port is opened when the table first has
 //! it and closed when it no longer does (connections already made stay until they end). A port
 //! the Machine already uses elsewhere is reported (`ployz routes`) and tried again.
+//!
+//! A daemon handing over to a next process sends it copies of its sockets
+//! ([`IngressPorts::copies`]); the next process serves them ([`IngressPorts::adopt`]) instead of
+//! binding the ports again, both serve them until the old one retires, and no client is
+//! refused in between.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd as _, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,8 +58,17 @@ pub struct IngressPorts {
     /// The address listened on: every address.
     bind: IpAddr,
     connect_timeout: Duration,
-    /// The open listeners, each stopped by dropping its sender.
-    open: Mutex<HashMap<(u16, HostProtocol), watch::Sender<()>>>,
+    /// The open listeners.
+    open: Mutex<HashMap<(u16, HostProtocol), Open>>,
+    /// Sockets a previous process handed over, used when the table has their port.
+    inherited: Mutex<HashMap<(u16, HostProtocol), OwnedFd>>,
+}
+
+/// One open Ingress Port: its task stops when `_stop` is dropped; `socket` is a copy of its
+/// socket, for a handover.
+struct Open {
+    _stop: watch::Sender<()>,
+    socket: OwnedFd,
 }
 
 impl IngressPorts {
@@ -75,7 +89,25 @@ impl IngressPorts {
             bind,
             connect_timeout,
             open: Mutex::new(HashMap::new()),
+            inherited: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Sockets a previous process listened on, to use for their ports instead of binding them.
+    /// Those whose port the first published table does not have are closed then.
+    pub fn adopt(&self, sockets: Vec<(u16, HostProtocol, OwnedFd)>) {
+        let mut inherited = self.inherited.lock().expect("ingress ports poisoned");
+        for (port, protocol, socket) in sockets {
+            inherited.insert((port, protocol), socket);
+        }
+    }
+
+    /// Copies of the sockets of the ports open now, for a next process to serve too.
+    pub fn copies(&self) -> std::io::Result<Vec<(u16, HostProtocol, OwnedFd)>> {
+        let open = self.open.lock().expect("ingress ports poisoned");
+        open.iter()
+            .map(|(&(port, protocol), o)| Ok((port, protocol, o.socket.try_clone()?)))
+            .collect()
     }
 
     /// Keeps the listeners matching the published table until `shutdown` turns true, then
@@ -100,7 +132,9 @@ impl IngressPorts {
     /// Opens the ports the table has and this edge does not listen on, closes those it no
     /// longer has. Answers whether a port could not be opened.
     pub fn reconcile(self: &Arc<Self>) -> bool {
-        let wanted: Vec<(u16, HostProtocol)> = self.routes.table().load().ingress_ports().collect();
+        let table = self.routes.table().load();
+        let wanted: Vec<(u16, HostProtocol)> = table.ingress_ports().collect();
+        let mut inherited = self.inherited.lock().expect("ingress ports poisoned");
         let mut open = self.open.lock().expect("ingress ports poisoned");
         open.retain(|key, _| {
             let keep = wanted.contains(key);
@@ -116,19 +150,43 @@ impl IngressPorts {
             }
             let addr = SocketAddr::new(self.bind, key.0);
             let (stop, stopped) = watch::channel(());
+            let handed = inherited.remove(&key);
+            let from = if handed.is_some() {
+                "handed over"
+            } else {
+                "bound"
+            };
             let started = match key.1 {
-                HostProtocol::Tcp => bind_tcp(addr).map(|l| {
-                    tokio::spawn(self.clone().accept(l, key.0, stopped));
-                }),
-                HostProtocol::Udp => bind_udp(addr).map(|s| {
-                    tokio::spawn(self.clone().relay(Arc::new(s), key.0, stopped));
-                }),
+                HostProtocol::Tcp => {
+                    handed
+                        .map_or_else(|| bind_tcp(addr), adopt_tcp)
+                        .and_then(|l| {
+                            let copy = l.as_fd().try_clone_to_owned()?;
+                            tokio::spawn(self.clone().accept(l, key.0, stopped));
+                            Ok(copy)
+                        })
+                }
+                HostProtocol::Udp => {
+                    handed
+                        .map_or_else(|| bind_udp(addr), adopt_udp)
+                        .and_then(|s| {
+                            let copy = s.as_fd().try_clone_to_owned()?;
+                            tokio::spawn(self.clone().relay(Arc::new(s), key.0, stopped));
+                            Ok(copy)
+                        })
+                }
             };
             match started {
-                Ok(()) => {
-                    tracing::info!(port = key.0, protocol = %key.1, "Ingress Port listening");
+                Ok(socket) => {
+                    tracing::info!(port = key.0, protocol = %key.1, socket = from, "Ingress Port listening");
                     self.routes.set_not_listening(key, None);
-                    open.insert(key, stop);
+                    open.insert(
+                        key,
+                        Open {
+                            _stop: stop,
+                            socket,
+                        },
+                    );
                 }
                 Err(e) => {
                     let why = format!("cannot listen on {addr}: {e}");
@@ -136,6 +194,13 @@ impl IngressPorts {
                     self.routes.set_not_listening(key, Some(why));
                     failed = true;
                 }
+            }
+        }
+        // Handed-over sockets for ports the published table does not have close (the empty
+        // table of a start says nothing yet).
+        if table.generation() > 0 {
+            for ((port, protocol), _) in inherited.drain() {
+                tracing::info!(port, %protocol, "a handed-over Ingress Port is not routed here; closed");
             }
         }
         failed
@@ -433,6 +498,20 @@ fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
+/// The TCP listener a previous process handed over.
+fn adopt_tcp(socket: OwnedFd) -> std::io::Result<TcpListener> {
+    let listener = std::net::TcpListener::from(socket);
+    listener.set_nonblocking(true)?;
+    TcpListener::from_std(listener)
+}
+
+/// The UDP socket a previous process handed over.
+fn adopt_udp(socket: OwnedFd) -> std::io::Result<UdpSocket> {
+    let socket = std::net::UdpSocket::from(socket);
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket)
+}
+
 /// A UDP socket on `addr` (an IPv6 unspecified address takes IPv4 too).
 fn bind_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     let socket = socket2::Socket::new(
@@ -692,5 +771,103 @@ mod tests {
         drop(taken);
         assert!(!ports.reconcile());
         assert_eq!(routes.view().ingress_ports[0].not_listening, None);
+    }
+
+    fn free_udp_port() -> u16 {
+        std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    /// Runs `ports` until the returned sender says stop.
+    fn run(ports: &Arc<IngressPorts>) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+        let (stop, stopped) = watch::channel(false);
+        (stop, tokio::spawn(ports.clone().run(stopped)))
+    }
+
+    /// A next edge given copies of an edge's sockets serves them (binding the ports afresh
+    /// would fail while the first holds them), both serve until the first stops, and the
+    /// next goes on alone: no connection is refused, no datagram left unanswered.
+    #[tokio::test]
+    async fn copies_of_the_sockets_are_served_by_the_next_edge() {
+        let m = MachineId::generate();
+        let (tcp, tcp_backend) = (free_port(), free_port());
+        let (udp, udp_backend) = (free_udp_port(), free_udp_port());
+        tcp_echo(1, tcp_backend).await;
+        udp_echo(1, udp_backend).await;
+        let observed = [container(
+            &m,
+            1,
+            &[
+                (tcp, tcp_backend, HostProtocol::Tcp),
+                (udp, udp_backend, HostProtocol::Udp),
+            ],
+        )];
+        let edge = || {
+            IngressPorts::on(
+                controller(&observed, &m),
+                "127.0.0.1".parse().unwrap(),
+                Duration::from_secs(1),
+            )
+        };
+        let udp_client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        udp_client.connect(("127.0.0.1", udp)).await.unwrap();
+        let udp_ask = |what: &'static str| {
+            let client = &udp_client;
+            async move {
+                client.send(what.as_bytes()).await.unwrap();
+                let mut buf = [0u8; 64];
+                let n = tokio::time::timeout(Duration::from_secs(5), client.recv(&mut buf))
+                    .await
+                    .expect("an answer")
+                    .unwrap();
+                String::from_utf8_lossy(&buf[..n]).into_owned()
+            }
+        };
+
+        let old = edge();
+        let (stop, running) = run(&old);
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while TcpStream::connect(("127.0.0.1", tcp)).await.is_err() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the port opened");
+        assert_eq!(udp_ask("before").await, "c1:before");
+        let copies = old.copies().unwrap();
+        assert_eq!(copies.len(), 2);
+
+        let next = edge();
+        next.adopt(copies);
+        assert!(!next.reconcile(), "{:?}", next.routes.view().ingress_ports);
+        for i in 0..10 {
+            let what = format!("both{i}");
+            assert_eq!(tcp_ask(tcp, &what).await, format!("c1:{what}"));
+        }
+        assert_eq!(udp_ask("both").await, "c1:both");
+
+        stop.send_replace(true);
+        running.await.unwrap();
+        for i in 0..10 {
+            let what = format!("after{i}");
+            assert_eq!(tcp_ask(tcp, &what).await, format!("c1:{what}"));
+        }
+        assert_eq!(udp_ask("after").await, "c1:after");
+        // The next edge stopping closes them: no copy lingers.
+        let (stop, running) = run(&next);
+        stop.send_replace(true);
+        running.await.unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while TcpStream::connect(("127.0.0.1", tcp)).await.is_ok()
+                || std::net::UdpSocket::bind(("127.0.0.1", udp)).is_err()
+            {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("both ports closed");
     }
 }
