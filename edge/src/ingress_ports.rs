@@ -7,9 +7,10 @@
 //!   each connection counted in flight so a drain waits for it, and cut at once when its
 //!   container's Machine is observed down. Bytes pass both ways until either side closes.
 //! - UDP: each flow (client address and port) goes to one Serving Container, from its own
-//!   socket, until it has been idle for [`FLOW_IDLE`]; answers go back from the port the client
-//!   sent to. A flow to a Machine observed down ends, and the client's next datagram starts a
-//!   new one elsewhere.
+//!   socket, until it has been idle for [`FLOW_IDLE`]; answers go back from the address and port
+//!   the client sent to (the kernel says which address each datagram came to: `IP_PKTINFO`,
+//!   `IPV6_RECVPKTINFO`), whichever address the Machine's routing would pick. A flow to a
+//!   Machine observed down ends, and the client's next datagram starts a new one elsewhere.
 //!
 //! The listeners follow the published route table: a port is opened when the table first has
 //! it and closed when it no longer does (connections already made stay until they end). A port
@@ -21,13 +22,14 @@
 //! refused in between.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd as _, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ployz_core::HostProtocol;
+use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::watch;
 
@@ -306,10 +308,10 @@ impl IngressPorts {
         let mut buf = vec![0u8; MAX_DATAGRAM];
         loop {
             let received = tokio::select! {
-                r = socket.recv_from(&mut buf) => r,
+                r = socket.async_io(Interest::READABLE, || recv_from_to(&socket, &mut buf)) => r,
                 _ = stopped.changed() => return,
             };
-            let Ok((n, client)) = received else {
+            let Ok((n, client, to)) = received else {
                 continue;
             };
             let existing = flows.lock().expect("flows poisoned").get(&client).cloned();
@@ -329,7 +331,7 @@ impl IngressPorts {
                     tokio::spawn(answers(
                         flow.clone(),
                         socket.clone(),
-                        client,
+                        (client, to),
                         flows.clone(),
                         stopped.clone(),
                     ));
@@ -407,7 +409,7 @@ impl Drop for Flow {
 async fn answers(
     flow: Arc<Flow>,
     socket: Arc<UdpSocket>,
-    client: SocketAddr,
+    (client, from): (SocketAddr, Option<Destination>),
     flows: Arc<Mutex<HashMap<SocketAddr, Arc<Flow>>>>,
     mut stopped: watch::Receiver<()>,
 ) {
@@ -434,7 +436,9 @@ async fn answers(
             let mut buf = buf.borrow_mut();
             match flow.upstream.try_recv(&mut buf) {
                 Ok(n) => {
-                    let _ = socket.try_send_to(&buf[..n], client);
+                    let _ = socket.try_io(Interest::WRITABLE, || {
+                        send_to_from(&socket, &buf[..n], client, from)
+                    });
                     Some(Ok(n))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
@@ -498,6 +502,120 @@ fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
+/// The local address a datagram came to, as the kernel reported it (with the interface, for
+/// IPv6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Destination {
+    V4(Ipv4Addr),
+    V6(Ipv6Addr, u32),
+}
+
+/// Receives one datagram on `socket`: its length, sender, and the local address it came to.
+fn recv_from_to(
+    socket: &UdpSocket,
+    buf: &mut [u8],
+) -> std::io::Result<(usize, SocketAddr, Option<Destination>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrLike, SockaddrStorage};
+    let mut iov = [std::io::IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!(libc::in6_pktinfo, libc::in_pktinfo);
+    let msg = recvmsg::<SockaddrStorage>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_DONTWAIT,
+    )
+    .map_err(std::io::Error::from)?;
+    let mut to = None;
+    if let Ok(cmsgs) = msg.cmsgs() {
+        for cmsg in cmsgs {
+            match cmsg {
+                ControlMessageOwned::Ipv4PacketInfo(info) => {
+                    to = Some(Destination::V4(Ipv4Addr::from(u32::from_be(
+                        info.ipi_addr.s_addr,
+                    ))));
+                }
+                ControlMessageOwned::Ipv6PacketInfo(info) => {
+                    let addr = Ipv6Addr::from(info.ipi6_addr.s6_addr);
+                    to = Some(match addr.to_ipv4_mapped() {
+                        Some(v4) => Destination::V4(v4),
+                        None => Destination::V6(addr, info.ipi6_ifindex),
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+    let from = msg
+        .address
+        .and_then(|a| match a.family() {
+            Some(nix::sys::socket::AddressFamily::Inet) => a
+                .as_sockaddr_in()
+                .map(|a| SocketAddr::V4(std::net::SocketAddrV4::from(*a))),
+            Some(nix::sys::socket::AddressFamily::Inet6) => a
+                .as_sockaddr_in6()
+                .map(|a| SocketAddr::V6(std::net::SocketAddrV6::from(*a))),
+            _ => None,
+        })
+        .ok_or_else(|| std::io::Error::other("a datagram without a sender's address"))?;
+    Ok((msg.bytes, from, to))
+}
+
+/// Sends `data` to `to` from the local address `from` (where the client sent its datagram),
+/// or from what routing picks when that is not known.
+fn send_to_from(
+    socket: &UdpSocket,
+    data: &[u8],
+    to: SocketAddr,
+    from: Option<Destination>,
+) -> std::io::Result<usize> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrStorage};
+    let iov = [std::io::IoSlice::new(data)];
+    let addr = SockaddrStorage::from(to);
+    let v4;
+    let v6;
+    let cmsgs: &[ControlMessage] = match from {
+        Some(Destination::V4(a)) => {
+            v4 = [libc::in_pktinfo {
+                ipi_ifindex: 0,
+                ipi_spec_dst: libc::in_addr {
+                    s_addr: u32::from(a).to_be(),
+                },
+                ipi_addr: libc::in_addr { s_addr: 0 },
+            }];
+            &[ControlMessage::Ipv4PacketInfo(&v4[0])]
+        }
+        Some(Destination::V6(a, ifindex)) => {
+            v6 = [libc::in6_pktinfo {
+                ipi6_addr: libc::in6_addr {
+                    s6_addr: a.octets(),
+                },
+                ipi6_ifindex: ifindex,
+            }];
+            &[ControlMessage::Ipv6PacketInfo(&v6[0])]
+        }
+        None => &[],
+    };
+    sendmsg(
+        socket.as_raw_fd(),
+        &iov,
+        cmsgs,
+        MsgFlags::MSG_DONTWAIT,
+        Some(&addr),
+    )
+    .map_err(std::io::Error::from)
+}
+
+/// Asks the kernel to say which local address each datagram came to: `IP_PKTINFO` (IPv4, and
+/// IPv4 on a dual-stack IPv6 socket) and `IPV6_RECVPKTINFO`.
+fn report_destinations(socket: &impl std::os::fd::AsFd, v6: bool) -> std::io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    setsockopt(socket, sockopt::Ipv4PacketInfo, &true).map_err(std::io::Error::from)?;
+    if v6 {
+        setsockopt(socket, sockopt::Ipv6RecvPacketInfo, &true).map_err(std::io::Error::from)?;
+    }
+    Ok(())
+}
+
 /// The TCP listener a previous process handed over.
 fn adopt_tcp(socket: OwnedFd) -> std::io::Result<TcpListener> {
     let listener = std::net::TcpListener::from(socket);
@@ -508,6 +626,8 @@ fn adopt_tcp(socket: OwnedFd) -> std::io::Result<TcpListener> {
 /// The UDP socket a previous process handed over.
 fn adopt_udp(socket: OwnedFd) -> std::io::Result<UdpSocket> {
     let socket = std::net::UdpSocket::from(socket);
+    // An older release's socket: the options are set again (they are the same on ours).
+    report_destinations(&socket, socket.local_addr()?.is_ipv6())?;
     socket.set_nonblocking(true)?;
     UdpSocket::from_std(socket)
 }
@@ -522,6 +642,7 @@ fn bind_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
     if addr.is_ipv6() {
         socket.set_only_v6(false)?;
     }
+    report_destinations(&socket, addr.is_ipv6())?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     UdpSocket::from_std(socket.into())
@@ -869,5 +990,46 @@ mod tests {
         })
         .await
         .expect("both ports closed");
+    }
+
+    /// A UDP client that sent to one of the Machine's addresses gets its answers from that
+    /// address, not from the one routing would pick (a floating address beside the primary
+    /// one): here 127.0.0.2 and 127.0.0.3, where routing answers 127.0.0.1 from 127.0.0.1, on
+    /// a dual-stack socket as the daemon binds; and over IPv6.
+    #[tokio::test]
+    async fn udp_answers_leave_from_the_address_the_client_sent_to() {
+        let m = MachineId::generate();
+        let (published, backend) = (free_udp_port(), free_udp_port());
+        udp_echo(1, backend).await;
+        let routes = controller(
+            &[container(&m, 1, &[(published, backend, HostProtocol::Udp)])],
+            &m,
+        );
+        let ports = IngressPorts::on(
+            routes,
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            Duration::from_secs(1),
+        );
+        assert!(!ports.reconcile());
+        for (from, to) in [
+            ("127.0.0.1:0", "127.0.0.2"),
+            ("127.0.0.1:0", "127.0.0.3"),
+            ("[::1]:0", "::1"),
+        ] {
+            let client = UdpSocket::bind(from).await.unwrap();
+            // Connected: the kernel passes on only datagrams from exactly there.
+            let to: IpAddr = to.parse().unwrap();
+            client.connect((to, published)).await.unwrap();
+            for i in 0..2 {
+                let what = format!("{to}-{i}");
+                client.send(what.as_bytes()).await.unwrap();
+                let mut buf = [0u8; 64];
+                let n = tokio::time::timeout(Duration::from_secs(5), client.recv(&mut buf))
+                    .await
+                    .unwrap_or_else(|_| panic!("no answer from {to}:{published}"))
+                    .unwrap();
+                assert_eq!(String::from_utf8_lossy(&buf[..n]), format!("c1:{what}"));
+            }
+        }
     }
 }
