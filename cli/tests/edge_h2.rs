@@ -437,7 +437,11 @@ fn upstream_failures_are_502_and_the_connection_goes_on(position: Position) {
         (garbage.status, garbage.text().as_str()),
         (502, "upstream failed\n")
     );
-    assert_eq!(h2.get("/switch").status, 502);
+    let switch = h2.get("/switch");
+    assert_eq!(
+        (switch.status, switch.text().as_str()),
+        (502, "upstream failed\n")
+    );
     let unreachable = h2.send(request(Method::GET, "down.test", "/", &[]), None);
     assert_eq!(
         (unreachable.status, unreachable.text().as_str()),
@@ -452,6 +456,13 @@ fn upstream_failures_are_502_and_the_connection_goes_on(position: Position) {
     );
     let unknown = h2.send(request(Method::GET, "nobody.test", "/", &[]), None);
     assert_eq!(unknown.status, 404);
+    // The edge's own answers to HEAD carry no DATA (a protocol error on a HEAD stream).
+    let unknown = h2.send(request(Method::HEAD, "nobody.test", "/", &[]), None);
+    assert_eq!(
+        (unknown.status, unknown.body.len()),
+        (404, 0),
+        "{unknown:?}"
+    );
     assert_eq!(h2.get("/after").text(), "GET /after");
 }
 

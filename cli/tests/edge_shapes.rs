@@ -860,6 +860,8 @@ fn a_chunked_body_over_the_limit_is_refused(position: Position) {
     c.send(&request);
     let answer = c.answer();
     assert_eq!(answer.status, 413, "{answer:?}");
+    // The same words on either path, and nothing of where the container is.
+    assert_eq!(answer.text(), "request body too large\n", "{answer:?}");
     assert!(c.closed_within(Duration::from_secs(2)));
     // Within the limit, the same shape goes through.
     let mut c = Client::open(edge);

@@ -65,6 +65,8 @@ const READY_WITHIN: Duration = Duration::from_secs(120);
 const ASK: &str = "PLOYZ-TAKE-OVER 1";
 /// Said after the process ID by a process that takes the Ingress Ports' sockets.
 const TAKES_INGRESS_PORTS: &str = "ingress-ports";
+/// The most descriptors one message carries (Linux's `SCM_MAX_FD`).
+const MAX_DESCRIPTORS: usize = 253;
 
 /// One listening socket handed over.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -182,7 +184,7 @@ pub(crate) fn take_over(runtime_dir: &Path) -> anyhow::Result<TakenOver> {
 fn receive(conn: &UnixStream) -> anyhow::Result<(Vec<u8>, Vec<OwnedFd>)> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut buf = vec![0u8; 64 * 1024];
-    let mut space = nix::cmsg_space!([RawFd; 32]);
+    let mut space = nix::cmsg_space!([RawFd; MAX_DESCRIPTORS]);
     let mut iov = [std::io::IoSliceMut::new(&mut buf)];
     let msg = recvmsg::<()>(
         conn.as_raw_fd(),
@@ -201,6 +203,9 @@ fn receive(conn: &UnixStream) -> anyhow::Result<(Vec<u8>, Vec<OwnedFd>)> {
                     .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
             );
         }
+    }
+    if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
+        bail!("the running daemon sent more sockets than one message carries");
     }
     let n = msg.bytes;
     if n == 0 {
@@ -392,12 +397,25 @@ impl HandoverService {
             store.hand_over().context("cannot hand the store over")?;
         }
         let edge = std::mem::take(&mut *self.edge.lock().expect("handover lock"));
-        let ports = if takes_ingress_ports {
-            self.ingress_ports
-                .copies()
-                .context("cannot copy the Ingress Ports' sockets")?
-        } else {
-            Vec::new()
+        let ports = match takes_ingress_ports.then(|| self.ingress_ports.copies()) {
+            Some(Ok(ports)) if edge.len() + ports.len() <= MAX_DESCRIPTORS => ports,
+            not_handed => {
+                match not_handed {
+                    None => tracing::info!(
+                        "the new process binds the Ingress Ports itself (an older release): closing them"
+                    ),
+                    Some(Ok(ports)) => tracing::warn!(
+                        ports = ports.len(),
+                        "more Ingress Ports than one message carries: closing them for the new process to bind"
+                    ),
+                    Some(Err(e)) => tracing::warn!(
+                        error = %e,
+                        "cannot copy the Ingress Ports' sockets: closing them for the new process to bind"
+                    ),
+                }
+                self.ingress_ports.stop_serving();
+                Vec::new()
+            }
         };
         let payload = serde_json::to_vec(&Handing {
             listeners: edge

@@ -309,7 +309,9 @@ impl RouteController {
                 .retain(|id, c| live.contains(id) || c.get() > 0);
         }
         let fp = table.fingerprint();
-        let published = if &fp == last {
+        // The first rebuild publishes even an empty table: generation 1 says the store has
+        // been read (a handed-over Ingress Port it does not route then closes).
+        let published = if &fp == last && generation > 1 {
             None
         } else {
             *last = fp;

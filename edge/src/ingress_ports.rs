@@ -64,6 +64,8 @@ pub struct IngressPorts {
     open: Mutex<HashMap<(u16, HostProtocol), Open>>,
     /// Sockets a previous process handed over, used when the table has their port.
     inherited: Mutex<HashMap<(u16, HostProtocol), OwnedFd>>,
+    /// Set by [`IngressPorts::stop_serving`]: no port opens again.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// One open Ingress Port: its task stops when `_stop` is dropped; `socket` is a copy of its
@@ -92,6 +94,7 @@ impl IngressPorts {
             connect_timeout,
             open: Mutex::new(HashMap::new()),
             inherited: Mutex::new(HashMap::new()),
+            stopped: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -102,6 +105,13 @@ impl IngressPorts {
         for (port, protocol, socket) in sockets {
             inherited.insert((port, protocol), socket);
         }
+    }
+
+    /// Closes every port now and opens none again: a handover whose new process binds the ports
+    /// itself (an older release, or more ports than one message carries).
+    pub fn stop_serving(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.open.lock().expect("ingress ports poisoned").clear();
     }
 
     /// Copies of the sockets of the ports open now, for a next process to serve too.
@@ -129,11 +139,18 @@ impl IngressPorts {
             }
         }
         self.open.lock().expect("ingress ports poisoned").clear();
+        self.inherited
+            .lock()
+            .expect("ingress ports poisoned")
+            .clear();
     }
 
     /// Opens the ports the table has and this edge does not listen on, closes those it no
     /// longer has. Answers whether a port could not be opened.
     pub fn reconcile(self: &Arc<Self>) -> bool {
+        if self.stopped.load(Ordering::SeqCst) {
+            return false;
+        }
         let table = self.routes.table().load();
         let wanted: Vec<(u16, HostProtocol)> = table.ingress_ports().collect();
         let mut inherited = self.inherited.lock().expect("ingress ports poisoned");
@@ -1031,5 +1048,34 @@ mod tests {
                 assert_eq!(String::from_utf8_lossy(&buf[..n]), format!("c1:{what}"));
             }
         }
+    }
+
+    /// A handover whose new process binds the ports itself: they close at once and stay
+    /// closed, whatever the table says.
+    #[tokio::test]
+    async fn ports_stopped_for_a_next_process_stay_closed() {
+        let m = MachineId::generate();
+        let (tcp, backend) = (free_port(), free_port());
+        tcp_echo(1, backend).await;
+        let ports = IngressPorts::on(
+            controller(
+                &[container(&m, 1, &[(tcp, backend, HostProtocol::Tcp)])],
+                &m,
+            ),
+            "127.0.0.1".parse().unwrap(),
+            Duration::from_secs(1),
+        );
+        assert!(!ports.reconcile());
+        assert_eq!(tcp_ask(tcp, "open").await, "c1:open");
+        ports.stop_serving();
+        assert!(!ports.reconcile());
+        assert!(ports.copies().unwrap().is_empty());
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while TcpStream::connect(("127.0.0.1", tcp)).await.is_ok() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the port closed");
     }
 }

@@ -572,6 +572,9 @@ pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
 /// The answer for a hostname the edge routes, at a path none of its routes takes.
 const NO_ROUTE_FOR_PATH: &str = "no Service routes this path of this host\n";
 
+/// Answers `status` with `body`; the answer to a HEAD request gives the length and ends with
+/// the head (Pingora's HTTP/2 session would send the body as DATA, which a HEAD stream must not
+/// carry).
 async fn respond(
     session: &mut Session,
     status: u16,
@@ -582,7 +585,13 @@ async fn respond(
     resp.insert_header("content-type", content_type)?;
     resp.insert_header("content-length", body.len().to_string())?;
     resp.insert_header("cache-control", "no-store")?;
-    session.write_response_header(Box::new(resp), false).await?;
+    let head_request = session.req_header().method == http::Method::HEAD;
+    session
+        .write_response_header(Box::new(resp), head_request)
+        .await?;
+    if head_request {
+        return Ok(());
+    }
     session
         .write_response_body(Some(Bytes::from(body)), true)
         .await
@@ -591,27 +600,27 @@ async fn respond(
 /// What the edge answers, in text, when it could not get a container's answer: the same words
 /// as the fast paths (`fast_path.rs`, `h2_path.rs`), so a client sees one edge whichever path
 /// its request took.
-fn failure_text(code: u16, e: &Error) -> String {
-    match e.etype() {
-        // The edge's own refusals carry their reason ("no Serving Container for this host",
-        // "request body too large").
-        ErrorType::HTTPStatus(_) => match e.context.as_ref() {
-            Some(why) => format!("{}\n", why.as_str()),
-            None => "upstream failed\n".to_owned(),
-        },
+///
+/// Chosen by the status and the kind of failure alone: an error's context may name the
+/// container's address (Pingora adds the peer), which is not the client's to see.
+fn failure_text(code: u16, e: &Error) -> &'static str {
+    let unreachable = matches!(
+        e.etype(),
         ErrorType::ConnectTimedout
-        | ErrorType::ConnectRefused
-        | ErrorType::ConnectNoRoute
-        | ErrorType::ConnectError
-        | ErrorType::BindError
-        | ErrorType::SocketError => "upstream unreachable\n".to_owned(),
-        _ => match code {
-            400 => "bad request\n",
-            502 => "upstream failed\n",
-            504 => "the container took longer than the route allows\n",
-            _ => "the edge could not answer this request\n",
-        }
-        .to_owned(),
+            | ErrorType::ConnectRefused
+            | ErrorType::ConnectNoRoute
+            | ErrorType::ConnectError
+            | ErrorType::BindError
+            | ErrorType::SocketError
+    );
+    match code {
+        502 if unreachable => "upstream unreachable\n",
+        502 => "upstream failed\n",
+        503 => "no Serving Container for this host\n",
+        413 => "request body too large\n",
+        504 => "the container took longer than the route allows\n",
+        400 => "bad request\n",
+        _ => "the edge could not answer this request\n",
     }
 }
 
@@ -626,7 +635,7 @@ async fn respond_failure(session: &mut Session, code: u16, e: &Error) -> Result<
     let body = if session.req_header().method == http::Method::HEAD {
         Bytes::new()
     } else {
-        Bytes::from(body)
+        Bytes::from_static(body.as_bytes())
     };
     session.write_error_response(resp, body).await
 }
@@ -660,7 +669,13 @@ async fn respond_refused(
     resp.insert_header("content-type", "text/plain")?;
     resp.insert_header("content-length", body.len().to_string())?;
     resp.insert_header("cache-control", "no-store")?;
-    session.write_response_header(Box::new(resp), false).await?;
+    let head_request = session.req_header().method == http::Method::HEAD;
+    session
+        .write_response_header(Box::new(resp), head_request)
+        .await?;
+    if head_request {
+        return Ok(());
+    }
     session
         .write_response_body(Some(Bytes::from_static(body.as_bytes())), true)
         .await

@@ -134,9 +134,10 @@ pub(super) struct Driver {
     counters: Arc<Counters>,
     /// How long foca's suspicion lasts at the Cluster's current size.
     suspicion: Duration,
-    /// Members foca holds as suspect, with the incarnation and when this task first saw them so
-    /// (after the foca call that made them so): see [`Driver::down_stale_suspects`].
-    suspected: HashMap<MemberIdentity, (Incarnation, Instant)>,
+    /// Members foca holds as suspect, with the incarnation, when this task first saw them so
+    /// (after the foca call that made them so) and how long a suspicion lasted then: see
+    /// [`Driver::down_stale_suspects`].
+    suspected: HashMap<MemberIdentity, (Incarnation, Instant, Duration)>,
 }
 
 impl Driver {
@@ -304,8 +305,10 @@ impl Driver {
     }
 
     /// Declares down every member foca has held as suspect, at the same incarnation, for half as
-    /// long again as a suspicion lasts: what its lost suspicion timer would have done. (Timers
-    /// fire on this task, on time; checked on the announce tick.)
+    /// long again as a suspicion lasts (the longer of its length then and now, as the Cluster's
+    /// size changes it): what its lost suspicion timer would have done, or, for a suspicion
+    /// this Machine only heard of, what its author's timer did. Timers fire on this task, on
+    /// time; this runs on the announce tick, so up to one interval later.
     ///
     /// foca ends a suspicion with a timer bound to its timer token, and changes the token when
     /// this Machine renews its identity. A member this Machine suspected just before the Cluster
@@ -317,12 +320,14 @@ impl Driver {
     /// renews, and is observed up again.
     async fn down_stale_suspects(&mut self) {
         let now = Instant::now();
-        let stale_after = self.suspicion * 3 / 2;
+        let current = self.suspicion;
         let stale: Vec<Member<MemberIdentity>> = self
             .suspected
             .iter()
-            .filter(|(_, (_, since))| now.duration_since(*since) >= stale_after)
-            .map(|(id, (incarnation, _))| Member::new(id.clone(), *incarnation, State::Down))
+            .filter(|(_, (_, since, then))| {
+                now.duration_since(*since) >= (*then).max(current) * 3 / 2
+            })
+            .map(|(id, (incarnation, _, _))| Member::new(id.clone(), *incarnation, State::Down))
             .collect();
         if stale.is_empty() {
             return;
@@ -351,11 +356,11 @@ impl Driver {
             .map(|m| (m.id(), m.incarnation()))
             .collect();
         self.suspected
-            .retain(|id, (incarnation, _)| suspects.get(id) == Some(incarnation));
+            .retain(|id, (incarnation, _, _)| suspects.get(id) == Some(incarnation));
         for (id, incarnation) in suspects {
             self.suspected
                 .entry(id.clone())
-                .or_insert((incarnation, now));
+                .or_insert((incarnation, now, self.suspicion));
         }
     }
 
