@@ -311,12 +311,7 @@ services:
     );
     assert!(body.contains("slow-done"), "the long request: {body:?}");
     assert!(slow_took >= Duration::from_secs(15), "{slow_took:?}");
-    let exited = m.daemon.wait_exited(Duration::from_secs(30));
-    assert!(
-        exited.is_some_and(|s| s.success()),
-        "the old process did not retire by itself: {exited:?}\n{}",
-        m.daemon.log_text()
-    );
+    retired_by_itself(&mut m);
     let after = answered.load(Ordering::Relaxed);
     wait_for_answers(&answered, after + 50);
     stop.store(true, Ordering::Relaxed);
@@ -369,18 +364,8 @@ services:
 fn ingress_ports_are_handed_over_and_no_connection_is_refused() {
     let lab = Lab::new();
     let mut m = DockerMachine::new(&lab, "handports");
-    let port = std::net::TcpListener::bind("0.0.0.0:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    std::fs::write(
-        lab.path("compose.yaml"),
-        format!(
-            "services:\n  raw:\n    image: {TEST_IMAGE}\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo raw-tcp > /www/index.html && exec httpd -f -p 8080 -h /www\"]\n    x-ports: ['{port}:8080/tcp']\n"
-        ),
-    )
-    .unwrap();
+    let port = free_tcp_port();
+    std::fs::write(lab.path("compose.yaml"), raw_tcp_compose(port)).unwrap();
     let out = run(&lab, &m, &["deploy", "-y"]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     // One connection through the Ingress Port: its answer, or what went wrong.
@@ -429,12 +414,7 @@ fn ingress_ports_are_handed_over_and_no_connection_is_refused() {
     let old_pid = m.daemon.pid();
     let (new_pid, _new) = handover(&lab, &m);
     assert!(new_pid.is_some_and(|p| p != old_pid));
-    let exited = m.daemon.wait_exited(Duration::from_secs(30));
-    assert!(
-        exited.is_some_and(|s| s.success()),
-        "the old process did not retire by itself: {exited:?}\n{}",
-        m.daemon.log_text()
-    );
+    retired_by_itself(&mut m);
     let after = answered.load(Ordering::Relaxed);
     wait_for_answers(&answered, after + 50);
     stop.store(true, Ordering::Relaxed);
@@ -480,6 +460,16 @@ fn a_handover_with_no_daemon_running_says_so_and_starts_nothing() {
     assert!(!data.join("run/daemon.pid").exists());
     // Nothing listens on the ports it was given.
     assert!(std::net::TcpStream::connect(("127.0.0.1", http)).is_err());
+}
+
+/// Waits for `m`'s daemon, the old process, to exit by itself after a handover, successfully.
+fn retired_by_itself(m: &mut DockerMachine) {
+    let exited = m.daemon.wait_exited(Duration::from_secs(30));
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "the old process did not retire by itself: {exited:?}\n{}",
+        m.daemon.log_text()
+    );
 }
 
 /// Runs `ployz daemon handover` for `m`'s daemon (its output appended to the daemon's log),

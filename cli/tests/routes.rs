@@ -525,15 +525,6 @@ in_both_positions!(
     route_rules_authenticate_time_out_and_limit_bodies
 );
 
-/// A port nothing on this host listens on now.
-fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("0.0.0.0:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// An Ingress Port end to end: the edge listens on it and forwards each connection to the
 /// Service's container; `ployz routes` shows it; another Service taking the port is refused
 /// before anything runs; and a Deploy without it closes it.
@@ -543,13 +534,7 @@ fn an_ingress_port_forwards_tcp_connections_to_the_service() {
     let lab = Lab::new();
     let m = DockerMachine::with(&lab, "ports1", QUIET_DAEMON, &[]);
     let port = free_tcp_port();
-    std::fs::write(
-        lab.path("compose.yaml"),
-        format!(
-            "services:\n  raw:\n    image: {TEST_IMAGE}\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo raw-tcp > /www/index.html && exec httpd -f -p 8080 -h /www\"]\n    x-ports: ['{port}:8080/tcp']\n"
-        ),
-    )
-    .unwrap();
+    std::fs::write(lab.path("compose.yaml"), raw_tcp_compose(port)).unwrap();
     let out = run(&lab, &m, &["deploy", "-y"]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
 

@@ -572,9 +572,7 @@ pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
 /// The answer for a hostname the edge routes, at a path none of its routes takes.
 const NO_ROUTE_FOR_PATH: &str = "no Service routes this path of this host\n";
 
-/// Answers `status` with `body`; the answer to a HEAD request gives the length and ends with
-/// the head (Pingora's HTTP/2 session would send the body as DATA, which a HEAD stream must not
-/// carry).
+/// Answers `status` with `body` ([`write_own_answer`]).
 async fn respond(
     session: &mut Session,
     status: u16,
@@ -585,6 +583,13 @@ async fn respond(
     resp.insert_header("content-type", content_type)?;
     resp.insert_header("content-length", body.len().to_string())?;
     resp.insert_header("cache-control", "no-store")?;
+    write_own_answer(session, resp, Bytes::from(body)).await
+}
+
+/// Writes an answer of the edge's own: its head, then `body` unless the request was HEAD (the
+/// head then ends it: Pingora's HTTP/2 session would send the body as DATA, which a HEAD stream
+/// must not carry).
+async fn write_own_answer(session: &mut Session, resp: ResponseHeader, body: Bytes) -> Result<()> {
     let head_request = session.req_header().method == http::Method::HEAD;
     session
         .write_response_header(Box::new(resp), head_request)
@@ -592,9 +597,7 @@ async fn respond(
     if head_request {
         return Ok(());
     }
-    session
-        .write_response_body(Some(Bytes::from(body)), true)
-        .await
+    session.write_response_body(Some(body), true).await
 }
 
 /// What the edge answers, in text, when it could not get a container's answer: the same words
@@ -669,16 +672,7 @@ async fn respond_refused(
     resp.insert_header("content-type", "text/plain")?;
     resp.insert_header("content-length", body.len().to_string())?;
     resp.insert_header("cache-control", "no-store")?;
-    let head_request = session.req_header().method == http::Method::HEAD;
-    session
-        .write_response_header(Box::new(resp), head_request)
-        .await?;
-    if head_request {
-        return Ok(());
-    }
-    session
-        .write_response_body(Some(Bytes::from_static(body.as_bytes())), true)
-        .await
+    write_own_answer(session, resp, Bytes::from_static(body.as_bytes())).await
 }
 
 /// Whether a request's Content-Length says more than `limit` bytes.

@@ -798,3 +798,20 @@ pub fn verify_answer(s: &mut std::net::TcpStream, id: &str) -> Option<String> {
     assert_eq!(String::from_utf8_lossy(&body), id, "{head}");
     Some(head)
 }
+
+/// A TCP port free on every address now.
+pub fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("0.0.0.0:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A Service `raw` whose container answers any HTTP request on 8080 with `raw-tcp`, published as
+/// the Ingress Port `port`/tcp.
+pub fn raw_tcp_compose(port: u16) -> String {
+    format!(
+        "services:\n  raw:\n    image: {TEST_IMAGE}\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo raw-tcp > /www/index.html && exec httpd -f -p 8080 -h /www\"]\n    x-ports: ['{port}:8080/tcp']\n"
+    )
+}
