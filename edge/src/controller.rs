@@ -554,6 +554,19 @@ mod tests {
         (store, routes, fp, a, b)
     }
 
+    /// The first rebuild publishes even when the store routes nothing: generation 1 says the
+    /// store was read (a handed-over Ingress Port it does not route closes on it).
+    #[test]
+    fn the_first_rebuild_publishes_an_empty_table_and_the_next_only_a_change() {
+        let store = Store::temporary(MachineId::generate()).unwrap();
+        let routes = RouteController::new();
+        let mut fp = Fingerprint::new();
+        assert_eq!(routes.table().load().generation(), 0);
+        assert_eq!(routes.rebuild(&store, &mut fp).unwrap(), Some(1));
+        assert_eq!(routes.table().load().generation(), 1);
+        assert_eq!(routes.rebuild(&store, &mut fp).unwrap(), None);
+    }
+
     #[test]
     fn a_store_that_cannot_be_read_leaves_the_published_table() {
         let (store, routes, mut fp, a, b) = two_upstreams();

@@ -1038,7 +1038,7 @@ impl FastPath {
                 let status = answer(
                     &mut conn.stream,
                     503,
-                    "no Serving Container for this host\n",
+                    crate::proxy::NO_SERVING_CONTAINER,
                     plan.head,
                 )
                 .await;
@@ -1084,13 +1084,23 @@ impl FastPath {
                     Ok((done.status, done.client_continues))
                 }
                 Err(ExchangeError::NoResponse(e)) => {
-                    let status =
-                        answer(&mut conn.stream, 502, "upstream failed\n", plan.head).await;
+                    let status = answer(
+                        &mut conn.stream,
+                        502,
+                        crate::proxy::UPSTREAM_FAILED,
+                        plan.head,
+                    )
+                    .await;
                     Err((status, format!("{addr}: {e}")))
                 }
                 Err(ExchangeError::BadResponse(why)) => {
-                    let status =
-                        answer(&mut conn.stream, 502, "upstream failed\n", plan.head).await;
+                    let status = answer(
+                        &mut conn.stream,
+                        502,
+                        crate::proxy::UPSTREAM_FAILED,
+                        plan.head,
+                    )
+                    .await;
                     Err((status, format!("{addr}: {why}")))
                 }
                 Err(ExchangeError::Refused(status, why)) => {
@@ -1118,7 +1128,7 @@ impl FastPath {
                 let status = answer(
                     &mut conn.stream,
                     502,
-                    "upstream unreachable\n",
+                    crate::proxy::UPSTREAM_UNREACHABLE,
                     head_request,
                 )
                 .await;
@@ -1238,9 +1248,9 @@ async fn write_client(stream: &mut Stream, bytes: &[u8]) -> io::Result<()> {
         .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
 }
 
-/// A short plain-text answer from the edge itself; the status, or 0 if it could not be written.
-/// Answers `status` with `body` in text and closes; the answer to a HEAD request (`head_request`)
-/// gives the body's length and leaves the body out.
+/// A short plain-text answer from the edge itself, after which it closes; the status, or 0 if it
+/// could not be written. The answer to a HEAD request (`head_request`) gives the body's length
+/// and leaves the body out.
 async fn answer(stream: &mut Stream, status: u16, body: &str, head_request: bool) -> u16 {
     let reason = match status {
         400 => "Bad Request",

@@ -321,7 +321,7 @@ impl FastPath {
         loop {
             let Some(addr) = self.edge.choose_upstream(host, target, attempts) else {
                 let why = "no Serving Container for this host";
-                let status = answer(session, 503, "no Serving Container for this host\n").await;
+                let status = answer(session, 503, crate::proxy::NO_SERVING_CONTAINER).await;
                 return Err((status, why.into()));
             };
             let kept = self.pool.take(addr);
@@ -362,11 +362,11 @@ impl FastPath {
                     Ok(done.status)
                 }
                 Err(ExchangeError::NoResponse(e)) => {
-                    let status = answer(session, 502, "upstream failed\n").await;
+                    let status = answer(session, 502, crate::proxy::UPSTREAM_FAILED).await;
                     Err((status, format!("{addr}: {e}")))
                 }
                 Err(ExchangeError::BadResponse(why)) => {
-                    let status = answer(session, 502, "upstream failed\n").await;
+                    let status = answer(session, 502, crate::proxy::UPSTREAM_FAILED).await;
                     Err((status, format!("{addr}: {why}")))
                 }
                 // Refusals come from streamed HTTP/1 bodies; answered alike if one ever comes.
@@ -395,7 +395,7 @@ impl FastPath {
         match self.dial(addr, attempts).await {
             Ok(s) => Ok(s),
             Err(e) => {
-                let status = answer(session, 502, "upstream unreachable\n").await;
+                let status = answer(session, 502, crate::proxy::UPSTREAM_UNREACHABLE).await;
                 Err((status, format!("connecting to {addr}: {e}")))
             }
         }
@@ -432,8 +432,7 @@ async fn read_body(session: &mut HttpSession, out: &mut Vec<u8>, length: u64) ->
 }
 
 /// A short plain-text answer from the edge itself; the status, or 0 if it could not be written.
-/// Answers `status` with `body` in text; the answer to a HEAD request gives the body's length
-/// and ends the stream with its head.
+/// The answer to a HEAD request gives the body's length and ends the stream with its head.
 async fn answer(session: &mut HttpSession, status: u16, body: &'static str) -> u16 {
     let head_request = session.req_header().method == Method::HEAD;
     let Ok(mut head) = ResponseHeader::build_no_case(status, Some(3)) else {

@@ -1078,4 +1078,36 @@ mod tests {
         .await
         .expect("the port closed");
     }
+
+    /// A handed-over socket waits while the table is the empty one of a start, and closes once
+    /// a published table does not route its port.
+    #[tokio::test]
+    async fn a_handed_over_socket_the_table_does_not_route_closes() {
+        let port = free_port();
+        let handed = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let routes = RouteController::new();
+        let ports = IngressPorts::on(
+            routes.clone(),
+            "127.0.0.1".parse().unwrap(),
+            Duration::from_secs(1),
+        );
+        ports.adopt(vec![(port, HostProtocol::Tcp, handed.into())]);
+        assert!(!ports.reconcile());
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).await.is_ok(),
+            "kept before the store was read"
+        );
+        routes.table().store(Arc::new(RouteTable::build(
+            &[],
+            &HashSet::new(),
+            (&MachineId::generate(), &HashSet::new()),
+            &*routes.counters_for_tests(),
+            1,
+        )));
+        assert!(!ports.reconcile());
+        assert!(
+            TcpStream::connect(("127.0.0.1", port)).await.is_err(),
+            "closed once a table without it was published"
+        );
+    }
 }

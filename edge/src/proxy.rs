@@ -572,6 +572,14 @@ pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
 /// The answer for a hostname the edge routes, at a path none of its routes takes.
 const NO_ROUTE_FOR_PATH: &str = "no Service routes this path of this host\n";
 
+/// The edge's own failure answers, the same words on every path (Pingora's proxy, the fast path,
+/// HTTP/2): the container broke the exchange or answered nonsense.
+pub(crate) const UPSTREAM_FAILED: &str = "upstream failed\n";
+/// No connection to the container could be made.
+pub(crate) const UPSTREAM_UNREACHABLE: &str = "upstream unreachable\n";
+/// The host is routed, but to no Serving Container now.
+pub(crate) const NO_SERVING_CONTAINER: &str = "no Serving Container for this host\n";
+
 /// Answers `status` with `body` ([`write_own_answer`]).
 async fn respond(
     session: &mut Session,
@@ -601,8 +609,8 @@ async fn write_own_answer(session: &mut Session, resp: ResponseHeader, body: Byt
 }
 
 /// What the edge answers, in text, when it could not get a container's answer: the same words
-/// as the fast paths (`fast_path.rs`, `h2_path.rs`), so a client sees one edge whichever path
-/// its request took.
+/// as the fast paths ([`UPSTREAM_FAILED`] and the others), so a client sees one edge whichever
+/// path its request took.
 ///
 /// Chosen by the status and the kind of failure alone: an error's context may name the
 /// container's address (Pingora adds the peer), which is not the client's to see.
@@ -617,9 +625,9 @@ fn failure_text(code: u16, e: &Error) -> &'static str {
             | ErrorType::SocketError
     );
     match code {
-        502 if unreachable => "upstream unreachable\n",
-        502 => "upstream failed\n",
-        503 => "no Serving Container for this host\n",
+        502 if unreachable => UPSTREAM_UNREACHABLE,
+        502 => UPSTREAM_FAILED,
+        503 => NO_SERVING_CONTAINER,
         413 => "request body too large\n",
         504 => "the container took longer than the route allows\n",
         400 => "bad request\n",
