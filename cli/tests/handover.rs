@@ -358,7 +358,8 @@ services:
 
 /// The Ingress Ports are handed over too: a client connecting to one throughout a handover is
 /// never refused, and every connection is answered by the Service's container, by the old
-/// process and then the new one, which serves the sockets the old one kept open.
+/// process and then the new one, which serves the sockets the old one kept open. A connection
+/// the old process took goes on after the handover: the old process waits for it.
 #[test]
 #[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn ingress_ports_are_handed_over_and_no_connection_is_refused() {
@@ -412,8 +413,31 @@ fn ingress_ports_are_handed_over_and_no_connection_is_refused() {
     };
     wait_for_answers(&answered, 20);
     let old_pid = m.daemon.pid();
+    // A connection the old process took, whose request comes only after the handover.
+    let mut held = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    wait_accepted_by(old_pid, port, held.local_addr().unwrap().port());
     let (new_pid, _new) = handover(&lab, &m);
     assert!(new_pid.is_some_and(|p| p != old_pid));
+    let retiring = wait_log(&m, "handed over: the edge's listeners are closed here");
+    let counted: usize = retiring
+        .split_once("connections=")
+        .and_then(|(_, n)| n.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        counted >= 1,
+        "the old process does not count the connection it took through the Ingress Port: {retiring}"
+    );
+    held.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    let read = held.read_to_string(&mut raw);
+    assert!(
+        read.is_ok() && raw.ends_with("raw-tcp\n"),
+        "the connection the old process took was cut: {read:?} {raw:?}\n{}",
+        m.daemon.log_text()
+    );
+    drop(held);
     retired_by_itself(&mut m);
     let after = answered.load(Ordering::Relaxed);
     wait_for_answers(&answered, after + 50);
@@ -510,6 +534,22 @@ fn wait_for_answers(answered: &AtomicUsize, n: usize) {
             Instant::now() < deadline,
             "the load had only {} of {n} answers",
             answered.load(Ordering::Relaxed)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until `m`'s daemon log has a line containing `what`, and answers it.
+fn wait_log(m: &DockerMachine, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(line) = m.daemon.log_text().lines().find(|l| l.contains(what)) {
+            return line.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon never logged {what:?}:\n{}",
+            m.daemon.log_text()
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -621,3 +621,69 @@ fn an_ingress_port_forwards_tcp_connections_to_the_service() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// SIGTERM closes the Ingress Ports with the edge's listeners, and a TCP connection under way
+/// through one goes on to its end within the grace period rather than being cut.
+#[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
+fn at_sigterm_an_ingress_port_closes_and_its_connection_goes_on() {
+    use std::io::{Read, Write};
+    let lab = Lab::new();
+    let mut m = DockerMachine::with(&lab, "ports2", QUIET_DAEMON, &[]);
+    let port = free_tcp_port();
+    std::fs::write(lab.path("compose.yaml"), raw_tcp_compose(port)).unwrap();
+    let out = run(&lab, &m, &["deploy", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let ask = || -> Option<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        s.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).ok()?;
+        raw.ends_with("raw-tcp\n").then_some(raw)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while ask().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Ingress Port never forwarded\n{}",
+            m.daemon.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // A connection whose request comes only after SIGTERM; one answered after it was made
+    // proves the edge took it (one acceptor, connections taken in order).
+    let mut held = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    held.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    assert!(ask().is_some(), "a connection after it was not answered");
+    // SAFETY: a signal to the daemon this test started.
+    unsafe {
+        libc::kill(m.daemon.pid() as i32, libc::SIGTERM);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the Ingress Port still takes connections after SIGTERM\n{}",
+            m.daemon.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    held.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    let read = held.read_to_string(&mut raw);
+    assert!(
+        read.is_ok() && raw.ends_with("raw-tcp\n"),
+        "the connection under way was cut: {read:?} {raw:?}\n{}",
+        m.daemon.log_text()
+    );
+    drop(held);
+    let exited = m.daemon.wait_exited(std::time::Duration::from_secs(30));
+    assert!(
+        exited.is_some_and(|s| s.success()),
+        "the daemon did not stop once the connection ended: {exited:?}\n{}",
+        m.daemon.log_text()
+    );
+}

@@ -180,6 +180,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
     let reconciler = crate::reconcile::Reconciler::new(machine.clone(), &config);
     let ingress_ports = ployz_edge::ingress_ports::IngressPorts::new(
         routes.clone(),
+        edge_closing.clone(),
         config.edge.upstream_connect_timeout(),
     );
     if let Some(taken) = taken.as_mut() {
@@ -715,7 +716,7 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
                 self.edge.close();
                 tracing::info!(
                     connections = self.edge.open(),
-                    grace_s = self.grace.as_secs(),
+                    grace_s = self.handover_grace.as_secs(),
                     "handed over: the edge's listeners are closed here; answering the requests in flight"
                 );
                 match unless_interrupted(self.edge.closed(self.handover_grace), &mut signals).await

@@ -20,6 +20,11 @@
 //! ([`IngressPorts::copies`]); the next process serves them ([`IngressPorts::adopt`]) instead of
 //! binding the ports again, both serve them until the old one retires, and no client is
 //! refused in between.
+//!
+//! The ports belong to the edge: its [`EdgeClosing`] closes them with the HTTP listeners
+//! (SIGTERM after the drain delay, or retiring after a handover), and counts each TCP connection
+//! as open until it ends, so the process waits for connections under way (up to the grace
+//! period) as it does for HTTP requests instead of cutting them.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -34,7 +39,8 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::watch;
 
 use crate::route_table::{InFlight, Route};
-use crate::RouteController;
+use crate::service::{Accepting, OpenConnection};
+use crate::{EdgeClosing, RouteController};
 
 /// How long a UDP flow lives without a datagram either way.
 pub const FLOW_IDLE: Duration = Duration::from_secs(60);
@@ -57,6 +63,8 @@ const MAX_DATAGRAM: usize = 65_535;
 /// The Ingress Ports of one edge.
 pub struct IngressPorts {
     routes: RouteController,
+    /// The edge's: closes the ports with its listeners and counts their TCP connections.
+    closing: EdgeClosing,
     /// The address listened on: every address.
     bind: IpAddr,
     connect_timeout: Duration,
@@ -76,20 +84,31 @@ struct Open {
 }
 
 impl IngressPorts {
-    /// Ingress Ports on every address (IPv6 and IPv4), trying containers for
-    /// `connect_timeout` each.
-    pub fn new(routes: RouteController, connect_timeout: Duration) -> Arc<IngressPorts> {
-        IngressPorts::on(routes, IpAddr::V6(Ipv6Addr::UNSPECIFIED), connect_timeout)
+    /// Ingress Ports on every address (IPv6 and IPv4), closed with the edge of `closing`,
+    /// trying containers for `connect_timeout` each.
+    pub fn new(
+        routes: RouteController,
+        closing: EdgeClosing,
+        connect_timeout: Duration,
+    ) -> Arc<IngressPorts> {
+        IngressPorts::on(
+            routes,
+            closing,
+            IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            connect_timeout,
+        )
     }
 
     /// Ingress Ports on `bind` alone.
     pub fn on(
         routes: RouteController,
+        closing: EdgeClosing,
         bind: IpAddr,
         connect_timeout: Duration,
     ) -> Arc<IngressPorts> {
         Arc::new(IngressPorts {
             routes,
+            closing,
             bind,
             connect_timeout,
             open: Mutex::new(HashMap::new()),
@@ -122,9 +141,10 @@ impl IngressPorts {
             .collect()
     }
 
-    /// Keeps the listeners matching the published table until `shutdown` turns true, then
-    /// closes them all.
+    /// Keeps the listeners matching the published table until `shutdown` turns true or the
+    /// edge closes, then closes them all (TCP connections under way go on).
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut edge_closed = self.closing.subscribe();
         loop {
             // Registered before the table is read: a publish after the read wakes it.
             let published = self.routes.published();
@@ -133,6 +153,7 @@ impl IngressPorts {
                 _ = published => {}
                 _ = tokio::time::sleep(RETRY_BIND), if failed => {}
                 _ = shutdown.changed() => break,
+                _ = edge_closed.wait_for(|closed| *closed) => break,
             }
             if *shutdown.borrow() {
                 break;
@@ -148,7 +169,7 @@ impl IngressPorts {
     /// Opens the ports the table has and this edge does not listen on, closes those it no
     /// longer has. Answers whether a port could not be opened.
     pub fn reconcile(self: &Arc<Self>) -> bool {
-        if self.stopped.load(Ordering::SeqCst) {
+        if self.stopped.load(Ordering::SeqCst) || self.closing.is_closed() {
             return false;
         }
         let table = self.routes.table().load();
@@ -181,7 +202,9 @@ impl IngressPorts {
                         .map_or_else(|| bind_tcp(addr), adopt_tcp)
                         .and_then(|l| {
                             let copy = l.as_fd().try_clone_to_owned()?;
-                            tokio::spawn(self.clone().accept(l, key.0, stopped));
+                            // Counted from now: the edge's close waits for it to stop.
+                            let accepting = self.closing.accepting();
+                            tokio::spawn(self.clone().accept(l, key.0, stopped, accepting));
                             Ok(copy)
                         })
                 }
@@ -225,22 +248,28 @@ impl IngressPorts {
         failed
     }
 
-    /// Accepts connections on an Ingress Port until it is closed.
+    /// Accepts connections on an Ingress Port until it is closed or the edge closes, each
+    /// counted as open from its accept on.
     async fn accept(
         self: Arc<Self>,
         listener: TcpListener,
         port: u16,
         mut stopped: watch::Receiver<()>,
+        _accepting: Accepting,
     ) {
+        let mut edge_closed = self.closing.subscribe();
         loop {
             let accepted = tokio::select! {
-                a = listener.accept() => a,
+                biased;
+                _ = edge_closed.wait_for(|closed| *closed) => return,
                 _ = stopped.changed() => return,
+                a = listener.accept() => a,
             };
             match accepted {
                 Ok((client, _)) => {
                     let _ = client.set_nodelay(true);
-                    tokio::spawn(self.clone().forward(client, port));
+                    let open = self.closing.opened();
+                    tokio::spawn(self.clone().forward(client, port, open));
                 }
                 Err(e) => {
                     // Out of descriptors, most likely: a moment for connections to end.
@@ -252,7 +281,7 @@ impl IngressPorts {
     }
 
     /// One TCP connection: a container, then bytes both ways until either side closes.
-    async fn forward(self: Arc<Self>, mut client: TcpStream, port: u16) {
+    async fn forward(self: Arc<Self>, mut client: TcpStream, port: u16, _open: OpenConnection) {
         let Some((route, i, _counted, mut upstream)) = self.connect(port).await else {
             // Nothing to forward to: the client sees its connection closed.
             return;
@@ -788,6 +817,7 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes.clone(),
+            EdgeClosing::default(),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -848,6 +878,7 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes.clone(),
+            EdgeClosing::default(),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -896,6 +927,7 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes.clone(),
+            EdgeClosing::default(),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -946,6 +978,7 @@ mod tests {
         let edge = || {
             IngressPorts::on(
                 controller(&observed, &m),
+                EdgeClosing::default(),
                 "127.0.0.1".parse().unwrap(),
                 Duration::from_secs(1),
             )
@@ -1024,6 +1057,7 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes,
+            EdgeClosing::default(),
             IpAddr::V6(Ipv6Addr::UNSPECIFIED),
             Duration::from_secs(1),
         );
@@ -1062,6 +1096,7 @@ mod tests {
                 &[container(&m, 1, &[(tcp, backend, HostProtocol::Tcp)])],
                 &m,
             ),
+            EdgeClosing::default(),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -1088,6 +1123,7 @@ mod tests {
         let routes = RouteController::new();
         let ports = IngressPorts::on(
             routes.clone(),
+            EdgeClosing::default(),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -1109,5 +1145,75 @@ mod tests {
             TcpStream::connect(("127.0.0.1", port)).await.is_err(),
             "closed once a table without it was published"
         );
+    }
+
+    /// Closing the edge closes its Ingress Ports with its listeners, and a TCP connection under
+    /// way is counted open until it ends: the process waits for it instead of cutting it.
+    #[tokio::test]
+    async fn closing_the_edge_closes_the_ports_and_waits_for_their_connections() {
+        let m = MachineId::generate();
+        let (published, backend) = (free_port(), free_port());
+        // A container that answers only once told to.
+        let (accepted_tx, mut accepted) = tokio::sync::mpsc::unbounded_channel();
+        let release = Arc::new(tokio::sync::Notify::new());
+        let l = TcpListener::bind(("127.0.0.1", backend)).await.unwrap();
+        let held = release.clone();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 64];
+            let n = s.read(&mut buf).await.unwrap();
+            accepted_tx.send(()).unwrap();
+            held.notified().await;
+            s.write_all(&buf[..n]).await.unwrap();
+        });
+        let closing = EdgeClosing::default();
+        let ports = IngressPorts::on(
+            controller(
+                &[container(&m, 1, &[(published, backend, HostProtocol::Tcp)])],
+                &m,
+            ),
+            closing.clone(),
+            "127.0.0.1".parse().unwrap(),
+            Duration::from_secs(1),
+        );
+        let (_stop, running) = run(&ports);
+        let mut client = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match TcpStream::connect(("127.0.0.1", published)).await {
+                    Ok(c) => return c,
+                    Err(_) => tokio::task::yield_now().await,
+                }
+            }
+        })
+        .await
+        .expect("the port opened");
+        client.write_all(b"under way").await.unwrap();
+        accepted.recv().await.expect("the container got the bytes");
+
+        closing.close();
+        assert_eq!(
+            closing.closed(Duration::from_millis(200)).await,
+            1,
+            "the connection under way is counted open"
+        );
+        tokio::time::timeout(Duration::from_secs(5), running)
+            .await
+            .expect("the ports stop with the edge")
+            .unwrap();
+        assert!(
+            TcpStream::connect(("127.0.0.1", published)).await.is_err(),
+            "no connection is taken once the edge closed"
+        );
+        release.notify_one();
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf[..n], b"under way", "the connection went on to its end");
+        drop(client);
+        assert_eq!(closing.closed(Duration::from_secs(5)).await, 0);
+        assert!(!ports.reconcile(), "nothing opens again");
+        assert!(ports.copies().unwrap().is_empty());
     }
 }

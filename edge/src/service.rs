@@ -14,7 +14,8 @@
 //! Shutdown: after SIGTERM's drain delay [`EdgeClosing::close`] closes the listeners while the
 //! rest of the daemon still runs, idle connections close between requests, and
 //! [`EdgeClosing::closed`] waits for the acceptors to stop and for the last connection, counted
-//! from its accept (or a bound). The server's own shutdown closes them the same way. Workers
+//! from its accept (or a bound); the Ingress Ports ([`crate::ingress_ports`]) close and count
+//! their TCP connections with them. The server's own shutdown closes them the same way. Workers
 //! run until the process ends: what a connection leaves behind (a lingering close, an upstream
 //! connection in Pingora's pool that another worker may be using) stays served.
 
@@ -85,13 +86,14 @@ impl fmt::Debug for EdgeClosing {
 }
 
 impl EdgeClosing {
-    /// Closes the edge's listeners: no connection is accepted any more, idle ones close
-    /// between requests, and requests in flight are answered (with `Connection: close`).
+    /// Closes the edge's listeners and its Ingress Ports: no connection is accepted any more,
+    /// idle ones close between requests, requests in flight are answered (with
+    /// `Connection: close`), and TCP connections through an Ingress Port go on to their end.
     pub fn close(&self) {
         self.inner.close.send_replace(true);
     }
 
-    /// Connections open now (HTTP/1 and HTTP/2, plain and TLS).
+    /// Connections open now (HTTP/1 and HTTP/2, plain and TLS, and TCP through Ingress Ports).
     pub fn open(&self) -> usize {
         self.inner.open.load(Ordering::SeqCst)
     }
@@ -124,12 +126,17 @@ impl EdgeClosing {
         }
     }
 
-    fn subscribe(&self) -> watch::Receiver<bool> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
         self.inner.close.subscribe()
     }
 
+    /// Whether [`EdgeClosing::close`] was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        *self.inner.close.borrow()
+    }
+
     /// Counts one running acceptor until the guard drops.
-    fn accepting(&self) -> Accepting {
+    pub(crate) fn accepting(&self) -> Accepting {
         self.inner.accepting.fetch_add(1, Ordering::SeqCst);
         Accepting {
             inner: self.inner.clone(),
@@ -138,7 +145,7 @@ impl EdgeClosing {
 }
 
 /// One running acceptor, counted by [`EdgeClosing`].
-struct Accepting {
+pub(crate) struct Accepting {
     inner: Arc<Closing>,
 }
 
