@@ -437,6 +437,10 @@ fn ingress_ports_are_handed_over_and_no_connection_is_refused() {
         "the connection the old process took was cut: {read:?} {raw:?}\n{}",
         m.daemon.log_text()
     );
+    assert!(
+        m.daemon.wait_exited(Duration::ZERO).is_none(),
+        "the old process exited with the connection it took still open"
+    );
     drop(held);
     retired_by_itself(&mut m);
     let after = answered.load(Ordering::Relaxed);

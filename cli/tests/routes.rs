@@ -623,7 +623,9 @@ fn an_ingress_port_forwards_tcp_connections_to_the_service() {
 }
 
 /// SIGTERM closes the Ingress Ports with the edge's listeners, and a TCP connection under way
-/// through one goes on to its end within the grace period rather than being cut.
+/// through one goes on to its end within the grace period rather than being cut. Meanwhile
+/// both the Ingress Port and the edge's HTTP port refuse connections, rather than take them
+/// for no one to answer.
 #[test]
 #[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn at_sigterm_an_ingress_port_closes_and_its_connection_goes_on() {
@@ -667,6 +669,15 @@ fn at_sigterm_an_ingress_port_closes_and_its_connection_goes_on() {
         assert!(
             std::time::Instant::now() < deadline,
             "the Ingress Port still takes connections after SIGTERM\n{}",
+            m.daemon.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let http = m.daemon.http_port;
+    while std::net::TcpStream::connect(("127.0.0.1", http)).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the edge's HTTP port still takes connections after SIGTERM\n{}",
             m.daemon.log_text()
         );
         std::thread::sleep(std::time::Duration::from_millis(20));

@@ -328,6 +328,8 @@ pub(crate) struct HandoverService {
     pub releasing: Arc<Running>,
     /// Copies of the edge's listening sockets.
     pub edge: std::sync::Mutex<Vec<(SocketAddr, bool, std::net::TcpListener)>>,
+    /// Closes the edge: a stop under way, after which no handover is taken and the copies go.
+    pub edge_closing: ployz_edge::EdgeClosing,
     /// The Ingress Ports, whose sockets the new process is sent copies of.
     pub ingress_ports: Arc<ployz_edge::ingress_ports::IngressPorts>,
     pub machine: Arc<crate::local_machine::LocalMachine>,
@@ -489,6 +491,16 @@ impl BackgroundService for HandoverService {
         let (conn, (pid, takes_ingress_ports)) = loop {
             let conn = tokio::select! {
                 _ = shutdown.changed() => return,
+                () = self.edge_closing.close_called() => {
+                    // A stop: the copies of the edge's listening sockets go with the edge's
+                    // own, or the kernel would go on completing handshakes on them into a
+                    // queue no one accepts from, and clients would wait instead of being
+                    // refused and trying elsewhere.
+                    self.edge.lock().expect("handover lock").clear();
+                    drop(listener);
+                    let _ = std::fs::remove_file(&self.path);
+                    return;
+                }
                 accepted = listener.accept() => match accepted {
                     Ok((conn, _)) => conn,
                     Err(e) => {

@@ -181,6 +181,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
     let ingress_ports = ployz_edge::ingress_ports::IngressPorts::new(
         routes.clone(),
         edge_closing.clone(),
+        config.shutdown.grace(),
         config.edge.upstream_connect_timeout(),
     );
     if let Some(taken) = taken.as_mut() {
@@ -357,6 +358,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
             releasing: handover.releasing(),
             stage: handover.stage.clone(),
             edge: Mutex::new(edge_sockets),
+            edge_closing: edge_closing.clone(),
             ingress_ports,
             machine: machine.clone(),
             edge_state: edge_state.clone(),

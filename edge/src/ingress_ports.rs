@@ -22,9 +22,12 @@
 //! refused in between.
 //!
 //! The ports belong to the edge: its [`EdgeClosing`] closes them with the HTTP listeners
-//! (SIGTERM after the drain delay, or retiring after a handover), and counts each TCP connection
-//! as open until it ends, so the process waits for connections under way (up to the grace
-//! period) as it does for HTTP requests instead of cutting them.
+//! (SIGTERM after the drain delay, or retiring after a handover; UDP flows end then), and counts
+//! each TCP connection as open until it ends, so the process waits for connections under way as
+//! it does for HTTP requests instead of cutting them. A TCP connection has no request to finish
+//! (a pooled database connection may never close), so one still open the stop's grace period
+//! after the close is cut: a process that handed over does not forward for minutes with a view
+//! of the Cluster no longer kept up.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -68,6 +71,8 @@ pub struct IngressPorts {
     /// The address listened on: every address.
     bind: IpAddr,
     connect_timeout: Duration,
+    /// How long a TCP connection may go on once the edge closed.
+    close_grace: Duration,
     /// The open listeners.
     open: Mutex<HashMap<(u16, HostProtocol), Open>>,
     /// Sockets a previous process handed over, used when the table has their port.
@@ -84,16 +89,17 @@ struct Open {
 }
 
 impl IngressPorts {
-    /// Ingress Ports on every address (IPv6 and IPv4), closed with the edge of `closing`,
-    /// trying containers for `connect_timeout` each.
+    /// Ingress Ports on every address (IPv6 and IPv4), closed with the edge of `closing` (TCP
+    /// connections cut `close_grace` after), trying containers for `connect_timeout` each.
     pub fn new(
         routes: RouteController,
         closing: EdgeClosing,
+        close_grace: Duration,
         connect_timeout: Duration,
     ) -> Arc<IngressPorts> {
         IngressPorts::on(
             routes,
-            closing,
+            (closing, close_grace),
             IpAddr::V6(Ipv6Addr::UNSPECIFIED),
             connect_timeout,
         )
@@ -102,7 +108,7 @@ impl IngressPorts {
     /// Ingress Ports on `bind` alone.
     pub fn on(
         routes: RouteController,
-        closing: EdgeClosing,
+        (closing, close_grace): (EdgeClosing, Duration),
         bind: IpAddr,
         connect_timeout: Duration,
     ) -> Arc<IngressPorts> {
@@ -111,6 +117,7 @@ impl IngressPorts {
             closing,
             bind,
             connect_timeout,
+            close_grace,
             open: Mutex::new(HashMap::new()),
             inherited: Mutex::new(HashMap::new()),
             stopped: std::sync::atomic::AtomicBool::new(false),
@@ -295,8 +302,19 @@ impl IngressPorts {
             )),
             _ => None,
         };
-        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+            () = self.grace_over() => {
+                tracing::debug!(port, grace_s = self.close_grace.as_secs(), "an Ingress Port's connection still open after the edge's grace period: cut");
+            }
+        }
         drop(registered);
+    }
+
+    /// Ends [`IngressPorts::close_grace`] after the edge closed.
+    async fn grace_over(&self) {
+        self.closing.close_called().await;
+        tokio::time::sleep(self.close_grace).await;
     }
 
     /// A connection to a Serving Container of Ingress Port `port`: the route, the upstream's
@@ -703,6 +721,9 @@ mod tests {
     use std::collections::HashSet;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// How long the tests' TCP connections may go on once the edge closed.
+    const GRACE: Duration = Duration::from_secs(30);
+
     /// A port nothing listens on now.
     fn free_port() -> u16 {
         std::net::TcpListener::bind("127.0.0.1:0")
@@ -817,7 +838,7 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes.clone(),
-            EdgeClosing::default(),
+            (EdgeClosing::default(), GRACE),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -878,7 +899,7 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes.clone(),
-            EdgeClosing::default(),
+            (EdgeClosing::default(), GRACE),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -927,7 +948,7 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes.clone(),
-            EdgeClosing::default(),
+            (EdgeClosing::default(), GRACE),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -978,7 +999,7 @@ mod tests {
         let edge = || {
             IngressPorts::on(
                 controller(&observed, &m),
-                EdgeClosing::default(),
+                (EdgeClosing::default(), GRACE),
                 "127.0.0.1".parse().unwrap(),
                 Duration::from_secs(1),
             )
@@ -1057,7 +1078,7 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes,
-            EdgeClosing::default(),
+            (EdgeClosing::default(), GRACE),
             IpAddr::V6(Ipv6Addr::UNSPECIFIED),
             Duration::from_secs(1),
         );
@@ -1096,7 +1117,7 @@ mod tests {
                 &[container(&m, 1, &[(tcp, backend, HostProtocol::Tcp)])],
                 &m,
             ),
-            EdgeClosing::default(),
+            (EdgeClosing::default(), GRACE),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -1123,7 +1144,7 @@ mod tests {
         let routes = RouteController::new();
         let ports = IngressPorts::on(
             routes.clone(),
-            EdgeClosing::default(),
+            (EdgeClosing::default(), GRACE),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -1172,7 +1193,7 @@ mod tests {
                 &[container(&m, 1, &[(published, backend, HostProtocol::Tcp)])],
                 &m,
             ),
-            closing.clone(),
+            (closing.clone(), GRACE),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -1215,5 +1236,44 @@ mod tests {
         assert_eq!(closing.closed(Duration::from_secs(5)).await, 0);
         assert!(!ports.reconcile(), "nothing opens again");
         assert!(ports.copies().unwrap().is_empty());
+    }
+
+    /// A connection still open the grace period after the edge closed is cut, and counted open
+    /// no longer: a pooled connection that never ends does not hold the process.
+    #[tokio::test]
+    async fn a_connection_still_open_the_grace_after_the_close_is_cut() {
+        let m = MachineId::generate();
+        let (published, backend) = (free_port(), free_port());
+        // A container that reads and never answers.
+        let (accepted_tx, mut accepted) = tokio::sync::mpsc::unbounded_channel();
+        let l = TcpListener::bind(("127.0.0.1", backend)).await.unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf).await;
+            accepted_tx.send(()).unwrap();
+            let _ = s.read(&mut buf).await;
+        });
+        let closing = EdgeClosing::default();
+        let ports = IngressPorts::on(
+            controller(
+                &[container(&m, 1, &[(published, backend, HostProtocol::Tcp)])],
+                &m,
+            ),
+            (closing.clone(), Duration::from_millis(300)),
+            "127.0.0.1".parse().unwrap(),
+            Duration::from_secs(1),
+        );
+        assert!(!ports.reconcile());
+        let mut client = TcpStream::connect(("127.0.0.1", published)).await.unwrap();
+        client.write_all(b"pooled").await.unwrap();
+        accepted.recv().await.expect("the container got the bytes");
+        closing.close();
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(10), client.read(&mut buf))
+            .await
+            .expect("the connection was cut after the grace period");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+        assert_eq!(closing.closed(Duration::from_secs(5)).await, 0);
     }
 }

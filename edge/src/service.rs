@@ -88,7 +88,8 @@ impl fmt::Debug for EdgeClosing {
 impl EdgeClosing {
     /// Closes the edge's listeners and its Ingress Ports: no connection is accepted any more,
     /// idle ones close between requests, requests in flight are answered (with
-    /// `Connection: close`), and TCP connections through an Ingress Port go on to their end.
+    /// `Connection: close`), and TCP connections through an Ingress Port go on for the Ingress
+    /// Ports' grace period.
     pub fn close(&self) {
         self.inner.close.send_replace(true);
     }
@@ -133,6 +134,12 @@ impl EdgeClosing {
     /// Whether [`EdgeClosing::close`] was called.
     pub(crate) fn is_closed(&self) -> bool {
         *self.inner.close.borrow()
+    }
+
+    /// Waits until [`EdgeClosing::close`] is called.
+    pub async fn close_called(&self) {
+        let mut closed = self.subscribe();
+        let _ = closed.wait_for(|closed| *closed).await;
     }
 
     /// Counts one running acceptor until the guard drops.
