@@ -248,6 +248,8 @@ pub struct MachineDocker {
     /// packets for container addresses arriving from other interfaces unless the network names
     /// the interface in `trusted_host_interfaces`.
     mesh_interface: Option<std::sync::Arc<str>>,
+    /// Held by a resync from its look at Docker to its write ([`crate::observer::resync`]).
+    pub(crate) resyncs: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The `ployz` network as Docker shows it ([`MachineDocker::observe_network`]).
@@ -327,6 +329,7 @@ impl MachineDocker {
             machine_id,
             subnet,
             mesh_interface: None,
+            resyncs: Default::default(),
         })
     }
 

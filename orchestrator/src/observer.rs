@@ -22,8 +22,25 @@ const DEBOUNCE: Duration = Duration::from_millis(100);
 const RESYNC: Duration = Duration::from_secs(30);
 
 /// Writes what Docker shows now into the store. Returns how many records changed.
+///
+/// One resync of a Machine at a time, each from its look at Docker to its write: the
+/// observer's pass and a removal's (`ployz rm`) may run at once, and the one that looked first
+/// could otherwise write last, bringing a removed container back into the store until the
+/// next pass.
 pub async fn resync(docker: &MachineDocker, store: &Arc<Store>) -> Result<usize, String> {
-    let observed = docker.observe().await.map_err(|e| e.to_string())?;
+    resync_from(&docker.resyncs, docker.observe(), store).await
+}
+
+/// [`resync`] with the look at Docker given.
+async fn resync_from(
+    one_at_a_time: &tokio::sync::Mutex<()>,
+    look: impl std::future::Future<
+        Output = Result<Vec<ployz_core::ContainerRuntimeObservation>, crate::docker::DockerError>,
+    >,
+    store: &Arc<Store>,
+) -> Result<usize, String> {
+    let _one = one_at_a_time.lock().await;
+    let observed = look.await.map_err(|e| e.to_string())?;
     let store = store.clone();
     tokio::task::spawn_blocking(move || {
         let mine = KeyPrefix::machine_namespace_of(CONTAINERS_NAMESPACE, store.local());
@@ -129,5 +146,89 @@ pub async fn run(docker: MachineDocker, store: Arc<Store>, mut shutdown: watch::
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ployz_core::{
+        ContainerKind, ContainerRuntimeObservation, ContainerState, MachineId, ServiceId,
+    };
+
+    fn observation(machine: &MachineId) -> ContainerRuntimeObservation {
+        ContainerRuntimeObservation {
+            id: format!("{:064x}", 7).parse().unwrap(),
+            name: "patient-aes0".into(),
+            machine_id: machine.clone(),
+            service_id: ServiceId::generate(),
+            service_name: "patient".parse().unwrap(),
+            kind: ContainerKind::Service,
+            state: ContainerState::Running,
+            health: None,
+            restart_count: 0,
+            address: None,
+            image: "app".into(),
+            created_at: 0,
+            spec: None,
+            plan_id: None,
+            lease_token: None,
+        }
+    }
+
+    /// A resync that looked at Docker before a container was removed, and one that looked
+    /// after: however their writes would interleave, the store ends with the later look (the
+    /// container gone), not the earlier one.
+    #[tokio::test]
+    async fn a_resync_that_looked_earlier_never_writes_after_one_that_looked_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let machine = MachineId::generate();
+        let store = Arc::new(Store::open(dir.path().join("store"), machine.clone()).unwrap());
+        let lock = Arc::new(tokio::sync::Mutex::new(()));
+        let before = observation(&machine);
+        resync_from(&lock, async { Ok(vec![before.clone()]) }, &store)
+            .await
+            .unwrap();
+
+        // The earlier look: taken, its write held back until told.
+        let (looked_tx, looked) = tokio::sync::oneshot::channel();
+        let (write_tx, write) = tokio::sync::oneshot::channel::<()>();
+        let earlier = tokio::spawn({
+            let (lock, store, before) = (lock.clone(), store.clone(), before.clone());
+            async move {
+                let look = async move {
+                    looked_tx.send(()).unwrap();
+                    write.await.unwrap();
+                    Ok(vec![before])
+                };
+                resync_from(&lock, look, &store).await
+            }
+        });
+        looked.await.unwrap();
+        // The later look: the container removed. Given a moment, it would finish first were
+        // nothing keeping the order.
+        let mut later = tokio::spawn({
+            let (lock, store) = (lock.clone(), store.clone());
+            async move { resync_from(&lock, async { Ok(Vec::new()) }, &store).await }
+        });
+        let finished_first = tokio::time::timeout(Duration::from_millis(200), &mut later)
+            .await
+            .is_ok();
+        write_tx.send(()).unwrap();
+        earlier.await.unwrap().unwrap();
+        if !finished_first {
+            later.await.unwrap().unwrap();
+        }
+        let mine = KeyPrefix::machine_namespace_of(CONTAINERS_NAMESPACE, &machine);
+        let held: Vec<String> = store
+            .scan_live(&mine)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.key.name().to_owned())
+            .collect();
+        assert!(
+            held.is_empty(),
+            "the earlier look was written last: {held:?} (the later finished first: {finished_first})"
+        );
     }
 }
