@@ -151,6 +151,13 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
         .with_challenges(challenges.clone()),
     );
     let edge_closing = edge.closing();
+    // Taking over, this edge takes connections from the shared listening sockets once it can
+    // route them (its first route and certificate tables); until then the running process
+    // answers them all. A fresh start takes them at once: the health endpoint answers then.
+    let (routing, routing_gate) = tokio::sync::watch::channel(false);
+    if take_over {
+        edge.accept_once(routing_gate.clone());
+    }
     match http_handed {
         Some(socket) => edge.add_tcp_listening(socket),
         None => edge.add_tcp(config.http_listen),
@@ -205,6 +212,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                 challenges,
                 state: edge_state.clone(),
                 mesh: mesh_view.clone(),
+                routing,
             },
             Stage::Releasing,
             &handover,
@@ -343,6 +351,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                 socket: config.socket.clone(),
                 probe_socket: api_path.clone(),
                 edge: vec![config.http_listen, config.https_listen],
+                routing: take_over.then_some(routing_gate),
                 pid_file: runtime_dir.join(PID_FILE),
                 taken: Mutex::new(taken),
             },
@@ -782,6 +791,8 @@ struct Readiness {
     /// Where it is bound now: the path, or (taking over) beside it until ready.
     probe_socket: std::path::PathBuf,
     edge: Vec<std::net::SocketAddr>,
+    /// Taking over: true once the edge can route (its first route and certificate tables).
+    routing: Option<tokio::sync::watch::Receiver<bool>>,
     /// Written with this process's ID once ready.
     pid_file: std::path::PathBuf,
     /// Taking over: the running daemon, told once this one serves.
@@ -804,6 +815,11 @@ impl Readiness {
             if !accepts(*addr).await {
                 return Some(format!("waiting for the edge's listener on {addr}"));
             }
+        }
+        if self.routing.as_ref().is_some_and(|r| !*r.borrow()) {
+            return Some(
+                "waiting for the first route and certificate tables from the store".into(),
+            );
         }
         None
     }
@@ -1172,6 +1188,8 @@ struct RouteService {
     state: Arc<EdgeState>,
     /// Which Machines this Machine observes down, for the order of each route's upstreams.
     mesh: Arc<crate::mesh::MeshView>,
+    /// Turned true once the first route and certificate tables from the store are published.
+    routing: tokio::sync::watch::Sender<bool>,
 }
 
 /// The TCP and UDP ports the edge forwards to Services, following the published table. Apart
@@ -1211,7 +1229,21 @@ impl BackgroundService for RouteService {
                 }
             }
         };
+        let mut stop_routing = shutdown.clone();
+        let routing = async {
+            let first_tables = async {
+                self.routes.first_published().await;
+                self.certificates.first_built().await;
+            };
+            tokio::select! {
+                () = first_tables => {
+                    self.routing.send_replace(true);
+                }
+                _ = stop_routing.changed() => {}
+            }
+        };
         tokio::join!(
+            routing,
             self.routes.run(store.clone(), shutdown.clone()),
             follow_membership,
             self.certificates.run(store.clone(), shutdown.clone()),

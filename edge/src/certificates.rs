@@ -69,6 +69,8 @@ fn certified_key(m: &CertificateMaterial) -> Result<CertifiedKey, String> {
 #[derive(Clone, Default)]
 pub struct CertificateResolver {
     table: Arc<ArcSwap<CertificateTable>>,
+    /// Turns true with the first table read from the store.
+    built: Arc<watch::Sender<bool>>,
 }
 
 impl std::fmt::Debug for CertificateResolver {
@@ -118,6 +120,13 @@ impl CertificateResolver {
         let table = CertificateTable::build(&materials);
         tracing::info!(hostnames = table.len(), "certificate table published");
         self.table.store(Arc::new(table));
+        self.built.send_replace(true);
+    }
+
+    /// Completes once a table read from the store is published.
+    pub async fn first_built(&self) {
+        let mut built = self.built.subscribe();
+        let _ = built.wait_for(|built| *built).await;
     }
 
     /// Keeps the table current until shutdown: new material is served without a restart.

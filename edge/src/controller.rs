@@ -120,6 +120,18 @@ impl RouteController {
         &self.table
     }
 
+    /// Completes once a table built from the store is published (generation 1 on).
+    pub async fn first_published(&self) {
+        loop {
+            // Created before the look: a publish after it wakes it.
+            let published = self.published();
+            if self.table.load().generation() > 0 {
+                return;
+            }
+            published.await;
+        }
+    }
+
     /// Milliseconds since the controller was made: the clock of upstream failure marks
     /// ([`crate::Route::mark_failed`]).
     pub fn now_ms(&self) -> u64 {

@@ -182,6 +182,8 @@ pub struct EdgeService {
     listeners: Vec<Listener>,
     /// Worker threads to start.
     workers: usize,
+    /// Set: the acceptors take no connection until it turns true (or its sender goes).
+    gate: Option<watch::Receiver<bool>>,
 }
 
 /// A bound listener and the edge that serves its connections (with a TLS acceptor on an
@@ -199,6 +201,7 @@ impl EdgeService {
             app,
             listeners: Vec::new(),
             workers: workers.max(1),
+            gate: None,
         }
     }
 
@@ -266,6 +269,13 @@ impl EdgeService {
     /// Closes this service's listeners ahead of the server and waits for its connections.
     pub fn closing(&self) -> EdgeClosing {
         self.app.closing()
+    }
+
+    /// Takes no connection until `gate` turns true (or its sender is dropped): a process
+    /// taking over listening sockets the running one still accepts on leaves its connections
+    /// to it until this one can route them.
+    pub fn accept_once(&mut self, gate: watch::Receiver<bool>) {
+        self.gate = Some(gate);
     }
 }
 
@@ -396,9 +406,17 @@ async fn run_acceptor(
     workers: Arc<[Worker]>,
     closing: EdgeClosing,
     mut shutdown: ShutdownWatch,
+    gate: Option<watch::Receiver<bool>>,
 ) {
     let _accepting = closing.accepting();
     let Listener { addr, socket, app } = listener;
+    if let Some(mut gate) = gate {
+        tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|down| *down) => return,
+            _ = gate.wait_for(|open| *open) => {}
+        }
+    }
     // SAFETY: the listener owns its file descriptor, and the `AsyncFd` owns the listener until
     // it drops: the descriptor is neither closed nor replaced while it is registered.
     let socket = match unsafe { AsyncFd::register(socket) } {
@@ -536,7 +554,15 @@ impl pingora::services::Service for EdgeService {
         let accepting: Vec<_> = self
             .listeners
             .drain(..)
-            .map(|listener| run_acceptor(listener, workers.clone(), self.app.closing(), rx.clone()))
+            .map(|listener| {
+                run_acceptor(
+                    listener,
+                    workers.clone(),
+                    self.app.closing(),
+                    rx.clone(),
+                    self.gate.clone(),
+                )
+            })
             .collect();
         // The workers' queues close with the last acceptor.
         drop(workers);
@@ -715,6 +741,57 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// An edge taking over a listening socket another process accepts on takes no connection
+    /// before its gate opens (the other process answers them), and takes them once it opens.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gated_edge_leaves_connections_to_the_running_process_until_its_gate_opens() {
+        let (upstream, _) = numbering_upstream().await;
+        let mut service = app(upstream, 1);
+        let shared = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let edge = shared.local_addr().unwrap();
+        let running_process = shared.try_clone().unwrap();
+        service.add_tcp_listening(shared).unwrap();
+        let closing = service.closing();
+        let (open_gate, gate) = watch::channel(false);
+        service.accept_once(gate);
+        let (shutdown, watch) = watch::channel(false);
+        let running = tokio::spawn(async move {
+            pingora::services::Service::start_service(&mut service, None, watch, 1).await;
+        });
+
+        // Once the edge's acceptor runs, a client connects; the edge is given half a second to
+        // take it (an ungated one does at once), and then the running process accepts it.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while closing.inner.accepting.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the edge's acceptor started");
+        let _early = tokio::net::TcpStream::connect(edge).await.unwrap();
+        let took = tokio::time::timeout(Duration::from_millis(500), async {
+            while closing.open() == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(took.is_err(), "the gated edge took a connection");
+        let running_process = tokio::net::TcpListener::from_std(running_process).unwrap();
+        let taken = tokio::time::timeout(Duration::from_secs(5), running_process.accept()).await;
+        assert!(
+            matches!(taken, Ok(Ok(_))),
+            "the gated edge took a connection: {taken:?}"
+        );
+        assert_eq!(closing.open(), 0);
+
+        open_gate.send_replace(true);
+        let mut later = tokio::net::TcpStream::connect(edge).await.unwrap();
+        assert_eq!(get(&mut later).await, "0", "the edge serves once its gate opened");
+        shutdown.send_replace(true);
+        drop(later);
+        running.await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
