@@ -429,6 +429,10 @@ fn ingress_ports_are_handed_over_and_no_connection_is_refused() {
         counted >= 1,
         "the old process does not count the connection it took through the Ingress Port: {retiring}"
     );
+    assert!(
+        m.daemon.wait_exited(Duration::ZERO).is_none(),
+        "the old process exited with the connection it took still open"
+    );
     held.write_all(b"GET / HTTP/1.0\r\n\r\n").unwrap();
     let mut raw = String::new();
     let read = held.read_to_string(&mut raw);
@@ -436,10 +440,6 @@ fn ingress_ports_are_handed_over_and_no_connection_is_refused() {
         read.is_ok() && raw.ends_with("raw-tcp\n"),
         "the connection the old process took was cut: {read:?} {raw:?}\n{}",
         m.daemon.log_text()
-    );
-    assert!(
-        m.daemon.wait_exited(Duration::ZERO).is_none(),
-        "the old process exited with the connection it took still open"
     );
     drop(held);
     retired_by_itself(&mut m);

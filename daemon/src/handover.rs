@@ -17,12 +17,13 @@
 //!    the new process says it takes them (`ingress-ports` after its ID: an older one does not,
 //!    and binds the ports once this process has closed them);
 //! 3. waits for the new process to say `READY` (it is serving: store open, modules started,
-//!    the management API renamed into the socket's path, the service manager told `MAINPID=`
-//!    and `READY=1`);
+//!    its first route and certificate tables published, before which its edge takes no
+//!    connection from the shared sockets, the management API renamed into the socket's path,
+//!    the service manager told `MAINPID=` and `READY=1`);
 //! 4. **retires**: the management API, the internal DNS and the metrics listener stop (the new
 //!    process binds them again: a bounded gap, which DNS clients retry through), the edge's
 //!    listeners and the Ingress Ports close in this process at once (the new one serves the same
-//!    sockets; TCP connections through an Ingress Port go on until this process exits), every
+//!    sockets; TCP connections through an Ingress Port go on for the shutdown grace at most), every
 //!    response says `Connection: close`, a connection here whose next request is only on its
 //!    way is still answered (the edge's idle window at shutdown), and the requests in flight
 //!    finish (within the shutdown grace) before it exits.

@@ -154,8 +154,10 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
     // Taking over, this edge takes connections from the shared listening sockets once it can
     // route them (its first route and certificate tables); until then the running process
     // answers them all. A fresh start takes them at once: the health endpoint answers then.
+    // (An uninitialised Machine has no tables to wait for.)
     let (routing, routing_gate) = tokio::sync::watch::channel(false);
-    if take_over {
+    let gated = take_over && machine.store().is_some();
+    if gated {
         edge.accept_once(routing_gate.clone());
     }
     match http_handed {
@@ -351,7 +353,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                 socket: config.socket.clone(),
                 probe_socket: api_path.clone(),
                 edge: vec![config.http_listen, config.https_listen],
-                routing: take_over.then_some(routing_gate),
+                routing: gated.then_some(routing_gate),
                 pid_file: runtime_dir.join(PID_FILE),
                 taken: Mutex::new(taken),
             },
@@ -816,7 +818,12 @@ impl Readiness {
                 return Some(format!("waiting for the edge's listener on {addr}"));
             }
         }
-        if self.routing.as_ref().is_some_and(|r| !*r.borrow()) {
+        // A gate whose sender went is open, as the edge's acceptors read it.
+        if self
+            .routing
+            .as_ref()
+            .is_some_and(|r| !*r.borrow() && r.has_changed().is_ok())
+        {
             return Some(
                 "waiting for the first route and certificate tables from the store".into(),
             );
@@ -1192,6 +1199,10 @@ struct RouteService {
     routing: tokio::sync::watch::Sender<bool>,
 }
 
+/// How long a process taking over waits for its first route and certificate tables before its
+/// edge takes connections regardless (well within the running process's wait for `READY`).
+const FIRST_TABLES_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The TCP and UDP ports the edge forwards to Services, following the published table. Apart
 /// from the route controller: handing over, they are served with the last table until this
 /// process retires, as the edge's listeners are.
@@ -1236,7 +1247,13 @@ impl BackgroundService for RouteService {
                 self.certificates.first_built().await;
             };
             tokio::select! {
-                () = first_tables => {
+                built = tokio::time::timeout(FIRST_TABLES_WITHIN, first_tables) => {
+                    if built.is_err() {
+                        tracing::warn!(
+                            within_s = FIRST_TABLES_WITHIN.as_secs(),
+                            "the first route and certificate tables are not built yet; the edge takes connections regardless"
+                        );
+                    }
                     self.routing.send_replace(true);
                 }
                 _ = stop_routing.changed() => {}

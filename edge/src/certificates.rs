@@ -109,11 +109,17 @@ impl CertificateResolver {
         resolver
     }
 
-    /// Reads every Certificate Material from the store and publishes the table.
-    pub fn rebuild(&self, store: &Store) {
-        let materials: Vec<CertificateMaterial> = store
-            .scan_live(&KeyPrefix::cluster_namespace(CERTIFICATES_NAMESPACE))
-            .unwrap_or_default()
+    /// Reads every Certificate Material from the store and publishes the table; a store that
+    /// cannot be read leaves the last table served (`false`).
+    pub fn rebuild(&self, store: &Store) -> bool {
+        let records = match store.scan_live(&KeyPrefix::cluster_namespace(CERTIFICATES_NAMESPACE)) {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the certificates from the store; the last table is served, and the read tried again in 1 s");
+                return false;
+            }
+        };
+        let materials: Vec<CertificateMaterial> = records
             .into_iter()
             .filter_map(|r| serde_json::from_slice(&r.value).ok())
             .collect();
@@ -121,6 +127,7 @@ impl CertificateResolver {
         tracing::info!(hostnames = table.len(), "certificate table published");
         self.table.store(Arc::new(table));
         self.built.send_replace(true);
+        true
     }
 
     /// Completes once a table read from the store is published.
@@ -135,10 +142,13 @@ impl CertificateResolver {
         loop {
             let s = store.clone();
             let this = self.clone();
-            let _ = tokio::task::spawn_blocking(move || this.rebuild(&s)).await;
+            let read = tokio::task::spawn_blocking(move || this.rebuild(&s))
+                .await
+                .unwrap_or(false);
             tokio::select! {
                 _ = shutdown.changed() => return,
                 event = changes.next() => if event.is_none() { return },
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)), if !read => {}
             }
         }
     }

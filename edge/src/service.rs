@@ -788,7 +788,11 @@ mod tests {
 
         open_gate.send_replace(true);
         let mut later = tokio::net::TcpStream::connect(edge).await.unwrap();
-        assert_eq!(get(&mut later).await, "0", "the edge serves once its gate opened");
+        assert_eq!(
+            get(&mut later).await,
+            "0",
+            "the edge serves once its gate opened"
+        );
         shutdown.send_replace(true);
         drop(later);
         running.await.unwrap();

@@ -28,21 +28,23 @@ const RESYNC: Duration = Duration::from_secs(30);
 /// could otherwise write last, bringing a removed container back into the store until the
 /// next pass.
 pub async fn resync(docker: &MachineDocker, store: &Arc<Store>) -> Result<usize, String> {
-    resync_from(&docker.resyncs, docker.observe(), store).await
+    resync_from(docker.resyncs.clone(), docker.observe(), store).await
 }
 
 /// [`resync`] with the look at Docker given.
 async fn resync_from(
-    one_at_a_time: &tokio::sync::Mutex<()>,
+    one_at_a_time: Arc<tokio::sync::Mutex<()>>,
     look: impl std::future::Future<
         Output = Result<Vec<ployz_core::ContainerRuntimeObservation>, crate::docker::DockerError>,
     >,
     store: &Arc<Store>,
 ) -> Result<usize, String> {
-    let _one = one_at_a_time.lock().await;
+    let one = one_at_a_time.lock_owned().await;
     let observed = look.await.map_err(|e| e.to_string())?;
     let store = store.clone();
+    // The write holds the lock to its end, even if the caller stops waiting for it.
     tokio::task::spawn_blocking(move || {
+        let _one = one;
         let mine = KeyPrefix::machine_namespace_of(CONTAINERS_NAMESPACE, store.local());
         let held: BTreeMap<String, Vec<u8>> = store
             .scan_live(&mine)
@@ -186,7 +188,7 @@ mod tests {
         let store = Arc::new(Store::open(dir.path().join("store"), machine.clone()).unwrap());
         let lock = Arc::new(tokio::sync::Mutex::new(()));
         let before = observation(&machine);
-        resync_from(&lock, async { Ok(vec![before.clone()]) }, &store)
+        resync_from(lock.clone(), async { Ok(vec![before.clone()]) }, &store)
             .await
             .unwrap();
 
@@ -201,7 +203,7 @@ mod tests {
                     write.await.unwrap();
                     Ok(vec![before])
                 };
-                resync_from(&lock, look, &store).await
+                resync_from(lock.clone(), look, &store).await
             }
         });
         looked.await.unwrap();
@@ -209,7 +211,7 @@ mod tests {
         // nothing keeping the order.
         let mut later = tokio::spawn({
             let (lock, store) = (lock.clone(), store.clone());
-            async move { resync_from(&lock, async { Ok(Vec::new()) }, &store).await }
+            async move { resync_from(lock.clone(), async { Ok(Vec::new()) }, &store).await }
         });
         let finished_first = tokio::time::timeout(Duration::from_millis(200), &mut later)
             .await
