@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use ployz_core::CertificateMaterial;
-use ployz_store::{KeyPrefix, Store};
+use ployz_store::follow::{follow, View};
+use ployz_store::{KeyPrefix, Store, StoreError};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -110,24 +111,17 @@ impl CertificateResolver {
     }
 
     /// Reads every Certificate Material from the store and publishes the table; a store that
-    /// cannot be read leaves the last table served (`false`).
-    pub fn rebuild(&self, store: &Store) -> bool {
-        let records = match store.scan_live(&KeyPrefix::cluster_namespace(CERTIFICATES_NAMESPACE)) {
-            Ok(records) => records,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the certificates from the store; the last table is served, and the read tried again in 1 s");
-                return false;
-            }
-        };
-        let materials: Vec<CertificateMaterial> = records
+    /// cannot be read publishes nothing (the last table is served).
+    pub fn rebuild(&self, store: &Store) -> Result<(), StoreError> {
+        let materials: Vec<CertificateMaterial> = store
+            .scan_live(&KeyPrefix::cluster_namespace(CERTIFICATES_NAMESPACE))?
             .into_iter()
             .filter_map(|r| serde_json::from_slice(&r.value).ok())
             .collect();
-        let table = CertificateTable::build(&materials);
-        tracing::info!(hostnames = table.len(), "certificate table published");
-        self.table.store(Arc::new(table));
+        self.table
+            .store(Arc::new(CertificateTable::build(&materials)));
         self.built.send_replace(true);
-        true
+        Ok(())
     }
 
     /// Completes once a table read from the store is published.
@@ -136,20 +130,37 @@ impl CertificateResolver {
         let _ = built.wait_for(|built| *built).await;
     }
 
-    /// Keeps the table current until shutdown: new material is served without a restart.
-    pub async fn run(&self, store: Arc<Store>, mut shutdown: watch::Receiver<bool>) {
-        let mut changes = store.watch(KeyPrefix::cluster_namespace(CERTIFICATES_NAMESPACE));
-        loop {
-            let s = store.clone();
-            let this = self.clone();
-            let read = tokio::task::spawn_blocking(move || this.rebuild(&s))
-                .await
-                .unwrap_or(false);
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                event = changes.next() => if event.is_none() { return },
-                _ = tokio::time::sleep(std::time::Duration::from_secs(1)), if !read => {}
-            }
-        }
+    /// Keeps the table current until shutdown ([`follow`]): new material is served without a
+    /// restart, and a store that cannot be read is read again, the last table served meanwhile.
+    pub async fn run(&self, store: Arc<Store>, shutdown: watch::Receiver<bool>) {
+        let view = PublishedCertificates {
+            resolver: self.clone(),
+            generation: 0,
+        };
+        let prefixes = vec![KeyPrefix::cluster_namespace(CERTIFICATES_NAMESPACE)];
+        follow(store, prefixes, view, shutdown).await;
+    }
+}
+
+/// The certificate table as a view of the store ([`follow`] keeps it current).
+struct PublishedCertificates {
+    resolver: CertificateResolver,
+    /// Tables published so far.
+    generation: u64,
+}
+
+impl View for PublishedCertificates {
+    fn what(&self) -> &'static str {
+        "certificate table"
+    }
+
+    fn rebuild(&mut self, store: &Store) -> Result<Option<u64>, StoreError> {
+        self.resolver.rebuild(store)?;
+        self.generation += 1;
+        Ok(Some(self.generation))
+    }
+
+    fn size(&self) -> String {
+        format!("{} hostnames", self.resolver.table.load().len())
     }
 }

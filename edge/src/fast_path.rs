@@ -1042,7 +1042,7 @@ impl FastPath {
                     plan.head,
                 )
                 .await;
-                return Err((status, "no Serving Container for this host".into()));
+                return Err((status, crate::proxy::NO_SERVING_CONTAINER.trim_end().into()));
             };
             let kept = self.checkout(conn, addr);
             let reused = kept.is_some();

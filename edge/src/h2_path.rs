@@ -320,9 +320,8 @@ impl FastPath {
         let target = uri.path_and_query().map_or("/", |p| p.as_str()).as_bytes();
         loop {
             let Some(addr) = self.edge.choose_upstream(host, target, attempts) else {
-                let why = "no Serving Container for this host";
                 let status = answer(session, 503, crate::proxy::NO_SERVING_CONTAINER).await;
-                return Err((status, why.into()));
+                return Err((status, crate::proxy::NO_SERVING_CONTAINER.trim_end().into()));
             };
             let kept = self.pool.take(addr);
             let reused = kept.is_some();

@@ -99,7 +99,8 @@ impl IngressPorts {
     ) -> Arc<IngressPorts> {
         IngressPorts::on(
             routes,
-            (closing, close_grace),
+            closing,
+            close_grace,
             IpAddr::V6(Ipv6Addr::UNSPECIFIED),
             connect_timeout,
         )
@@ -108,7 +109,8 @@ impl IngressPorts {
     /// Ingress Ports on `bind` alone.
     pub fn on(
         routes: RouteController,
-        (closing, close_grace): (EdgeClosing, Duration),
+        closing: EdgeClosing,
+        close_grace: Duration,
         bind: IpAddr,
         connect_timeout: Duration,
     ) -> Arc<IngressPorts> {
@@ -151,7 +153,6 @@ impl IngressPorts {
     /// Keeps the listeners matching the published table until `shutdown` turns true or the
     /// edge closes, then closes them all (TCP connections under way go on).
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
-        let mut edge_closed = self.closing.subscribe();
         loop {
             // Registered before the table is read: a publish after the read wakes it.
             let published = self.routes.published();
@@ -160,7 +161,7 @@ impl IngressPorts {
                 _ = published => {}
                 _ = tokio::time::sleep(RETRY_BIND), if failed => {}
                 _ = shutdown.changed() => break,
-                _ = edge_closed.wait_for(|closed| *closed) => break,
+                () = self.closing.close_called() => break,
             }
             if *shutdown.borrow() {
                 break;
@@ -264,11 +265,10 @@ impl IngressPorts {
         mut stopped: watch::Receiver<()>,
         _accepting: Accepting,
     ) {
-        let mut edge_closed = self.closing.subscribe();
         loop {
             let accepted = tokio::select! {
                 biased;
-                _ = edge_closed.wait_for(|closed| *closed) => return,
+                () = self.closing.close_called() => return,
                 _ = stopped.changed() => return,
                 a = listener.accept() => a,
             };
@@ -838,7 +838,8 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes.clone(),
-            (EdgeClosing::default(), GRACE),
+            EdgeClosing::default(),
+            GRACE,
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -899,7 +900,8 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes.clone(),
-            (EdgeClosing::default(), GRACE),
+            EdgeClosing::default(),
+            GRACE,
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -948,7 +950,8 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes.clone(),
-            (EdgeClosing::default(), GRACE),
+            EdgeClosing::default(),
+            GRACE,
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -999,7 +1002,8 @@ mod tests {
         let edge = || {
             IngressPorts::on(
                 controller(&observed, &m),
-                (EdgeClosing::default(), GRACE),
+                EdgeClosing::default(),
+                GRACE,
                 "127.0.0.1".parse().unwrap(),
                 Duration::from_secs(1),
             )
@@ -1078,7 +1082,8 @@ mod tests {
         );
         let ports = IngressPorts::on(
             routes,
-            (EdgeClosing::default(), GRACE),
+            EdgeClosing::default(),
+            GRACE,
             IpAddr::V6(Ipv6Addr::UNSPECIFIED),
             Duration::from_secs(1),
         );
@@ -1117,7 +1122,8 @@ mod tests {
                 &[container(&m, 1, &[(tcp, backend, HostProtocol::Tcp)])],
                 &m,
             ),
-            (EdgeClosing::default(), GRACE),
+            EdgeClosing::default(),
+            GRACE,
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -1144,7 +1150,8 @@ mod tests {
         let routes = RouteController::new();
         let ports = IngressPorts::on(
             routes.clone(),
-            (EdgeClosing::default(), GRACE),
+            EdgeClosing::default(),
+            GRACE,
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -1193,7 +1200,8 @@ mod tests {
                 &[container(&m, 1, &[(published, backend, HostProtocol::Tcp)])],
                 &m,
             ),
-            (closing.clone(), GRACE),
+            closing.clone(),
+            GRACE,
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );
@@ -1260,7 +1268,8 @@ mod tests {
                 &[container(&m, 1, &[(published, backend, HostProtocol::Tcp)])],
                 &m,
             ),
-            (closing.clone(), Duration::from_millis(300)),
+            closing.clone(),
+            Duration::from_millis(300),
             "127.0.0.1".parse().unwrap(),
             Duration::from_secs(1),
         );

@@ -1079,7 +1079,7 @@ impl ProxyHttp for EdgeProxy {
             }
             None => Err(Error::explain(
                 ErrorType::HTTPStatus(503),
-                "no Serving Container for this host",
+                NO_SERVING_CONTAINER.trim_end(),
             )),
         }
     }

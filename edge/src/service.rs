@@ -127,7 +127,7 @@ impl EdgeClosing {
         }
     }
 
-    pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
+    fn subscribe(&self) -> watch::Receiver<bool> {
         self.inner.close.subscribe()
     }
 

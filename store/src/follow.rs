@@ -1,5 +1,6 @@
 //! Keeping a view of the store published: the loop every module shares that answers from
-//! something built off the store (the edge's route table, the internal DNS snapshot).
+//! something built off the store (the edge's route table and certificate table, the internal
+//! DNS snapshot).
 //!
 //! The view is rebuilt at start, after every change under the prefixes it is built from (a
 //! burst of changes coalesced into one rebuild), when the view's own nudge fires, and, while the store cannot be read, again
