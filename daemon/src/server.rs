@@ -153,10 +153,13 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
     let edge_closing = edge.closing();
     // Taking over, this edge takes connections from the shared listening sockets once it can
     // route them (its first route and certificate tables); until then the running process
-    // answers them all. A fresh start takes them at once: the health endpoint answers then.
-    // (An uninitialised Machine has no tables to wait for.)
+    // answers them all. A fresh start takes them at once: its health answers 503 "starting",
+    // and any host 503 with Retry-After, until the first route table. Either way the daemon
+    // says it is ready only once the tables are built. (An uninitialised Machine has no tables
+    // to wait for.)
     let (routing, routing_gate) = tokio::sync::watch::channel(false);
-    let gated = take_over && machine.store().is_some();
+    let initialised = machine.store().is_some();
+    let gated = take_over && initialised;
     if gated {
         edge.accept_once(routing_gate.clone());
     }
@@ -353,7 +356,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                 socket: config.socket.clone(),
                 probe_socket: api_path.clone(),
                 edge: vec![config.http_listen, config.https_listen],
-                routing: gated.then_some(routing_gate),
+                routing: initialised.then_some(routing_gate),
                 pid_file: runtime_dir.join(PID_FILE),
                 taken: Mutex::new(taken),
             },
@@ -793,7 +796,8 @@ struct Readiness {
     /// Where it is bound now: the path, or (taking over) beside it until ready.
     probe_socket: std::path::PathBuf,
     edge: Vec<std::net::SocketAddr>,
-    /// Taking over: true once the edge can route (its first route and certificate tables).
+    /// On an initialised Machine: true once the edge can route (its first route and certificate
+    /// tables).
     routing: Option<tokio::sync::watch::Receiver<bool>>,
     /// Written with this process's ID once ready.
     pid_file: std::path::PathBuf,

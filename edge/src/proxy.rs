@@ -63,8 +63,9 @@ impl EdgeState {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = reason;
     }
 
-    /// (HTTP status, JSON body) of the health endpoint.
-    pub fn health(&self) -> (u16, String) {
+    /// (HTTP status, JSON body) of the health endpoint; `routes_loaded`: the edge has its first
+    /// route table from the store (before it, every host would be answered as unknown).
+    pub fn health(&self, routes_loaded: bool) -> (u16, String) {
         if let (Some(id), true) = (
             self.machine_id.get(),
             self.handing_over.load(Ordering::Relaxed),
@@ -85,6 +86,12 @@ impl EdgeState {
                 503,
                 format!(
                     r#"{{"status":"draining","reason":"the daemon is shutting down","machine_id":"{id}"}}"#
+                ),
+            ),
+            (Some(id), false) if !routes_loaded => (
+                503,
+                format!(
+                    r#"{{"status":"starting","reason":"the route table is not loaded from the store yet","machine_id":"{id}"}}"#
                 ),
             ),
             (Some(id), false) => {
@@ -569,6 +576,11 @@ pub(crate) fn push_decimal(out: &mut Vec<u8>, mut n: u64) {
     out.extend_from_slice(&digits[i..]);
 }
 
+/// The answer, with 503 and `Retry-After`, for any host while a participating Machine's edge has
+/// no route table from the store yet (just started): it cannot tell which hosts it routes.
+pub(crate) const ROUTES_NOT_LOADED: &str =
+    "this Machine is starting: its routes are not loaded yet\n";
+
 /// The answer for a hostname the edge routes, at a path none of its routes takes.
 const NO_ROUTE_FOR_PATH: &str = "no Service routes this path of this host\n";
 
@@ -840,7 +852,8 @@ impl ProxyHttp for EdgeProxy {
         }
         let path = session.req_header().uri.path();
         if path == "/.ployz/health" {
-            let (status, body) = self.state.health();
+            let loaded = self.routes.table().load().generation() > 0;
+            let (status, body) = self.state.health(loaded);
             respond(session, status, "application/json", body).await?;
             return Ok(true);
         }
@@ -881,6 +894,9 @@ impl ProxyHttp for EdgeProxy {
         let found = table
             .match_hostname(host_of(session.req_header()))
             .map(|h| h.route_for(target.as_bytes()).cloned());
+        // A participating Machine's edge before its first table from the store: the host is
+        // not known to be unknown yet.
+        let starting = table.generation() == 0 && self.state.machine_id.get().is_some();
         drop(table);
         if let Some(Some(route)) = &found {
             let client = session
@@ -1004,6 +1020,20 @@ impl ProxyHttp for EdgeProxy {
             }
             Some(None) => {
                 respond(session, 404, "text/plain", NO_ROUTE_FOR_PATH.into()).await?;
+                Ok(true)
+            }
+            None if starting => {
+                let mut resp = ResponseHeader::build(503, Some(4))?;
+                resp.insert_header("content-type", "text/plain")?;
+                resp.insert_header("content-length", ROUTES_NOT_LOADED.len().to_string())?;
+                resp.insert_header("cache-control", "no-store")?;
+                resp.insert_header("retry-after", "1")?;
+                write_own_answer(
+                    session,
+                    resp,
+                    Bytes::from_static(ROUTES_NOT_LOADED.as_bytes()),
+                )
+                .await?;
                 Ok(true)
             }
             None => {

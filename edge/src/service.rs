@@ -610,17 +610,22 @@ mod tests {
     }
 
     fn app(upstream: SocketAddr, workers: usize) -> EdgeService {
+        let routes = crate::RouteTable::from_static(&[("app.test".to_owned(), vec![upstream])]);
+        app_with(crate::controller::RouteController::fixed(routes), workers)
+    }
+
+    /// An edge of a participating Machine whose routes are `routes`'.
+    fn app_with(routes: crate::controller::RouteController, workers: usize) -> EdgeService {
         let conf = Arc::new(pingora::server::configuration::ServerConf {
             threads: workers,
             ..Default::default()
         });
         let state = Arc::new(crate::EdgeState::default());
         state.set_participating("service-test");
-        let routes = crate::RouteTable::from_static(&[("app.test".to_owned(), vec![upstream])]);
         crate::edge_service(
             &conf,
             crate::EdgeProxy::new(
-                crate::controller::RouteController::fixed(routes),
+                routes,
                 state,
                 Arc::new(crate::EdgeMetrics::default()),
                 None,
@@ -839,6 +844,73 @@ mod tests {
         }
         running.await.unwrap();
         assert!(tokio::net::TcpStream::connect(edge).await.is_err());
+    }
+
+    /// One request on a connection of its own, `Connection: close`; the whole response.
+    async fn exchange(edge: SocketAddr, host: &str, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut client = tokio::net::TcpStream::connect(edge).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        client.write_all(request.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut response))
+            .await
+            .expect("the edge answered within 10 s")
+            .unwrap();
+        String::from_utf8_lossy(&response).into_owned()
+    }
+
+    /// Just started, before its first route table from the store, a participating Machine's
+    /// edge cannot tell an unknown host from one it routes: it answers 503 with Retry-After,
+    /// and its health says so, rather than 404 and serving. Once the table comes, unknown is
+    /// unknown.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn before_its_first_route_table_the_edge_answers_starting_not_unknown() {
+        let (upstream, _) = numbering_upstream().await;
+        let routes = crate::controller::RouteController::new();
+        let mut service = app_with(routes.clone(), 1);
+        service.add_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let edge = service.listeners[0].addr;
+        let (shutdown, watch) = watch::channel(false);
+        let running = tokio::spawn(async move {
+            pingora::services::Service::start_service(&mut service, None, watch, 1).await;
+        });
+
+        let before = exchange(edge, "app.test", "/").await;
+        assert!(before.starts_with("HTTP/1.1 503"), "{before}");
+        assert!(
+            before
+                .to_ascii_lowercase()
+                .contains("\r\nretry-after: 1\r\n"),
+            "{before}"
+        );
+        assert!(
+            before.ends_with(crate::proxy::ROUTES_NOT_LOADED),
+            "{before}"
+        );
+        let health = exchange(edge, "app.test", "/.ployz/health").await;
+        assert!(health.starts_with("HTTP/1.1 503"), "{health}");
+        assert!(health.contains(r#""status":"starting""#), "{health}");
+
+        routes
+            .table()
+            .store(Arc::new(crate::RouteTable::from_static(&[(
+                "app.test".to_owned(),
+                vec![upstream],
+            )])));
+        let routed = exchange(edge, "app.test", "/").await;
+        assert!(routed.starts_with("HTTP/1.1 200"), "{routed}");
+        let unknown = exchange(edge, "nobody.test", "/").await;
+        assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
+        assert!(
+            unknown.ends_with("no Service publishes this host\n"),
+            "{unknown}"
+        );
+        let health = exchange(edge, "app.test", "/.ployz/health").await;
+        assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+        assert!(health.contains(r#""status":"serving""#), "{health}");
+        shutdown.send_replace(true);
+        running.await.unwrap();
     }
 
     #[tokio::test]
