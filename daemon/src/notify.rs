@@ -1,6 +1,7 @@
 //! The service manager's readiness protocol (`sd_notify`): when the daemon runs under systemd
 //! (`Type=notify`, `$NOTIFY_SOCKET` set), it says `STATUS=` while it starts, `READY=1` once the
-//! management API answers on its socket and the edge's listeners accept, `WATCHDOG=1` while the
+//! management API answers on its socket, the edge's listeners accept and (on an initialised
+//! Machine) the edge's first route and certificate tables are built, `WATCHDOG=1` while the
 //! API keeps answering, and `STOPPING=1` when it begins to stop. Without `$NOTIFY_SOCKET` every
 //! call is a no-op: the daemon never depends on a service manager, it only tells one.
 //!

@@ -787,8 +787,9 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
 }
 
 /// Tells the service manager the daemon is ready once it is, observed from outside: the
-/// management API answers `GET /v1/version` on its socket and every edge listener accepts a
-/// connection (the store is open before any of it starts). Then, with a watchdog, keeps it alive
+/// management API answers `GET /v1/version` on its socket, every edge listener accepts a
+/// connection (the store is open before any of it starts) and, on an initialised Machine, the
+/// edge's first route and certificate tables are built (or [`FIRST_TABLES_WITHIN`] passed). Then, with a watchdog, keeps it alive
 /// for as long as the API keeps answering.
 struct Readiness {
     /// The management API's path.
@@ -1203,8 +1204,9 @@ struct RouteService {
     routing: tokio::sync::watch::Sender<bool>,
 }
 
-/// How long a process taking over waits for its first route and certificate tables before its
-/// edge takes connections regardless (well within the running process's wait for `READY`).
+/// How long the tables are waited for: a process taking over, before its edge takes connections
+/// regardless (well within the running process's wait for `READY`); any start of an
+/// initialised Machine, before it says `READY`.
 const FIRST_TABLES_WITHIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The TCP and UDP ports the edge forwards to Services, following the published table. Apart

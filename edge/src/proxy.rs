@@ -88,12 +88,6 @@ impl EdgeState {
                     r#"{{"status":"draining","reason":"the daemon is shutting down","machine_id":"{id}"}}"#
                 ),
             ),
-            (Some(id), false) if !routes_loaded => (
-                503,
-                format!(
-                    r#"{{"status":"starting","reason":"the route table is not loaded from the store yet","machine_id":"{id}"}}"#
-                ),
-            ),
             (Some(id), false) => {
                 let unwritable = self
                     .store_unwritable
@@ -109,6 +103,12 @@ impl EdgeState {
                             "machine_id": id,
                         })
                         .to_string(),
+                    ),
+                    None if !routes_loaded => (
+                        503,
+                        format!(
+                            r#"{{"status":"starting","reason":"the route table is not loaded from the store yet","machine_id":"{id}"}}"#
+                        ),
                     ),
                     None => (
                         200,

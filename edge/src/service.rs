@@ -611,17 +611,27 @@ mod tests {
 
     fn app(upstream: SocketAddr, workers: usize) -> EdgeService {
         let routes = crate::RouteTable::from_static(&[("app.test".to_owned(), vec![upstream])]);
-        app_with(crate::controller::RouteController::fixed(routes), workers)
+        app_with(
+            crate::controller::RouteController::fixed(routes),
+            workers,
+            true,
+        )
     }
 
-    /// An edge of a participating Machine whose routes are `routes`'.
-    fn app_with(routes: crate::controller::RouteController, workers: usize) -> EdgeService {
+    /// An edge whose routes are `routes`', of an initialised Machine if `participating`.
+    fn app_with(
+        routes: crate::controller::RouteController,
+        workers: usize,
+        participating: bool,
+    ) -> EdgeService {
         let conf = Arc::new(pingora::server::configuration::ServerConf {
             threads: workers,
             ..Default::default()
         });
         let state = Arc::new(crate::EdgeState::default());
-        state.set_participating("service-test");
+        if participating {
+            state.set_participating("service-test");
+        }
         crate::edge_service(
             &conf,
             crate::EdgeProxy::new(
@@ -860,21 +870,40 @@ mod tests {
         String::from_utf8_lossy(&response).into_owned()
     }
 
-    /// Just started, before its first route table from the store, a participating Machine's
-    /// edge cannot tell an unknown host from one it routes: it answers 503 with Retry-After,
-    /// and its health says so, rather than 404 and serving. Once the table comes, unknown is
-    /// unknown.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn before_its_first_route_table_the_edge_answers_starting_not_unknown() {
-        let (upstream, _) = numbering_upstream().await;
-        let routes = crate::controller::RouteController::new();
-        let mut service = app_with(routes.clone(), 1);
+    /// Runs `service` on a loopback port: its address, the shutdown sender and the task.
+    fn serve_on_loopback(
+        mut service: EdgeService,
+    ) -> (SocketAddr, watch::Sender<bool>, tokio::task::JoinHandle<()>) {
         service.add_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
         let edge = service.listeners[0].addr;
         let (shutdown, watch) = watch::channel(false);
         let running = tokio::spawn(async move {
             pingora::services::Service::start_service(&mut service, None, watch, 1).await;
         });
+        (edge, shutdown, running)
+    }
+
+    /// Just started, before its first route table from the store, a participating Machine's
+    /// edge cannot tell an unknown host from one it routes: it answers 503 with Retry-After,
+    /// and its health says so, rather than 404 and serving. Once the table comes, unknown is
+    /// unknown. An uninitialised Machine's edge (no table will come) answers 404.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn before_its_first_route_table_the_edge_answers_starting_not_unknown() {
+        let uninitialised = crate::controller::RouteController::new();
+        let (edge, shutdown, running) = serve_on_loopback(app_with(uninitialised, 1, false));
+        let unknown = exchange(edge, "app.test", "/").await;
+        assert!(unknown.starts_with("HTTP/1.1 404"), "{unknown}");
+        let health = exchange(edge, "app.test", "/.ployz/health").await;
+        assert!(
+            health.contains("this Machine is not initialised"),
+            "{health}"
+        );
+        shutdown.send_replace(true);
+        running.await.unwrap();
+
+        let (upstream, _) = numbering_upstream().await;
+        let routes = crate::controller::RouteController::new();
+        let (edge, shutdown, running) = serve_on_loopback(app_with(routes.clone(), 1, true));
 
         let before = exchange(edge, "app.test", "/").await;
         assert!(before.starts_with("HTTP/1.1 503"), "{before}");
