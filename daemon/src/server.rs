@@ -161,7 +161,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
     let initialised = machine.store().is_some();
     let gated = take_over && initialised;
     if gated {
-        edge.accept_once(routing_gate.clone());
+        edge.accept_after(routing_gate.clone());
     }
     match http_handed {
         Some(socket) => edge.add_tcp_listening(socket),
@@ -789,8 +789,8 @@ impl pingora::server::ShutdownSignalWatch for DrainFirst {
 /// Tells the service manager the daemon is ready once it is, observed from outside: the
 /// management API answers `GET /v1/version` on its socket, every edge listener accepts a
 /// connection (the store is open before any of it starts) and, on an initialised Machine, the
-/// edge's first route and certificate tables are built (or [`FIRST_TABLES_WITHIN`] passed). Then, with a watchdog, keeps it alive
-/// for as long as the API keeps answering.
+/// edge's first route and certificate tables are built (or [`FIRST_TABLES_WITHIN`] passed).
+/// Then, with a watchdog, keeps it alive for as long as the API keeps answering.
 struct Readiness {
     /// The management API's path.
     socket: std::path::PathBuf,
@@ -1257,7 +1257,7 @@ impl BackgroundService for RouteService {
                     if built.is_err() {
                         tracing::warn!(
                             within_s = FIRST_TABLES_WITHIN.as_secs(),
-                            "the first route and certificate tables are not built yet; the edge takes connections regardless"
+                            "the first route and certificate tables are not built yet; the edge takes connections and the daemon says it is ready regardless"
                         );
                     }
                     self.routing.send_replace(true);

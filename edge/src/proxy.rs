@@ -599,11 +599,17 @@ async fn respond(
     content_type: &str,
     body: String,
 ) -> Result<()> {
-    let mut resp = ResponseHeader::build(status, Some(3))?;
-    resp.insert_header("content-type", content_type)?;
-    resp.insert_header("content-length", body.len().to_string())?;
-    resp.insert_header("cache-control", "no-store")?;
+    let resp = own_head(status, content_type, body.len())?;
     write_own_answer(session, resp, Bytes::from(body)).await
+}
+
+/// The head of an answer of the edge's own, never cached.
+fn own_head(status: u16, content_type: &str, length: usize) -> Result<ResponseHeader> {
+    let mut resp = ResponseHeader::build(status, Some(4))?;
+    resp.insert_header("content-type", content_type)?;
+    resp.insert_header("content-length", length.to_string())?;
+    resp.insert_header("cache-control", "no-store")?;
+    Ok(resp)
 }
 
 /// Writes an answer of the edge's own: its head, then `body` unless the request was HEAD (the
@@ -1023,10 +1029,7 @@ impl ProxyHttp for EdgeProxy {
                 Ok(true)
             }
             None if starting => {
-                let mut resp = ResponseHeader::build(503, Some(4))?;
-                resp.insert_header("content-type", "text/plain")?;
-                resp.insert_header("content-length", ROUTES_NOT_LOADED.len().to_string())?;
-                resp.insert_header("cache-control", "no-store")?;
+                let mut resp = own_head(503, "text/plain", ROUTES_NOT_LOADED.len())?;
                 resp.insert_header("retry-after", "1")?;
                 write_own_answer(
                     session,

@@ -274,7 +274,7 @@ impl EdgeService {
     /// Takes no connection until `gate` turns true (or its sender is dropped): a process
     /// taking over listening sockets the running one still accepts on leaves its connections
     /// to it until this one can route them.
-    pub fn accept_once(&mut self, gate: watch::Receiver<bool>) {
+    pub fn accept_after(&mut self, gate: watch::Receiver<bool>) {
         self.gate = Some(gate);
     }
 }
@@ -770,7 +770,7 @@ mod tests {
         service.add_tcp_listening(shared).unwrap();
         let closing = service.closing();
         let (open_gate, gate) = watch::channel(false);
-        service.accept_once(gate);
+        service.accept_after(gate);
         let (shutdown, watch) = watch::channel(false);
         let running = tokio::spawn(async move {
             pingora::services::Service::start_service(&mut service, None, watch, 1).await;
@@ -816,14 +816,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn workers_take_connections_in_turn_and_reuse_only_their_own_upstream_connections() {
         let (upstream, upstream_connections) = numbering_upstream().await;
-        let mut service = app(upstream, 2);
-        service.add_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
-        let edge = service.listeners[0].addr;
+        let service = app(upstream, 2);
         let closing = service.closing();
-        let (shutdown, watch) = watch::channel(false);
-        let running = tokio::spawn(async move {
-            pingora::services::Service::start_service(&mut service, None, watch, 1).await;
-        });
+        let (edge, shutdown, running) = serve_on_loopback(service);
 
         // The first connection goes to worker 0, which opens upstream connection 0 and keeps
         // it in its pool once the client is gone.
