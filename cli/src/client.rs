@@ -24,6 +24,10 @@ use crate::connection::{Connection, SshTarget};
 /// `StrictHostKeyChecking=accept-new` on the command line, which a config file cannot weaken.
 const SSH_COMMAND_ENV: &str = "PLOYZ_SSH_COMMAND";
 
+/// How long [`ApiClient::answers`] waits: ssh's own connect timeout (5 s), its handshake and
+/// the daemon's answer.
+const ANSWER_WITHIN: Duration = Duration::from_secs(15);
+
 /// A request body: a small JSON document, or a stream (an image sent to a Machine).
 type ApiBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
 
@@ -195,6 +199,24 @@ impl ApiClient {
             idle_limit: None,
             idle_since: Instant::now(),
         })
+    }
+
+    /// Whether the daemon answers through this connection at all: one `GET /v1/version`,
+    /// bounded by [`ANSWER_WITHIN`]. Any answer counts, an error included; only a connection
+    /// that carries none (ssh failed, nothing at the far end, no answer in time) does not.
+    pub async fn answers(&mut self) -> anyhow::Result<()> {
+        let asked = self.get::<serde_json::Value>(ployz_core::api::paths::VERSION);
+        match tokio::time::timeout(ANSWER_WITHIN, asked).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) if e.downcast_ref::<ApiError>().is_some() => Ok(()),
+            Ok(Err(e)) if e.downcast_ref::<Unexpected>().is_some() => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Err(_) => bail!(
+                "the daemon at {} did not answer within {} s",
+                self.connection,
+                ANSWER_WITHIN.as_secs()
+            ),
+        }
     }
 
     /// Opens a new connection when the daemon closed this one, or may close it before a
@@ -481,12 +503,25 @@ pub fn check_plan_bodies(plan: &ployz_core::DeployPlan) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An answer that is not the API's: a status with a body the CLI cannot read as an error.
+#[derive(Debug)]
+struct Unexpected(String);
+
+impl std::fmt::Display for Unexpected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unexpected {}
+
 fn unexpected(status: StatusCode, body: &[u8]) -> anyhow::Error {
     let text = String::from_utf8_lossy(body);
-    anyhow!(
+    Unexpected(format!(
         "the daemon answered {status}: {}",
         text.chars().take(200).collect::<String>()
-    )
+    ))
+    .into()
 }
 
 #[cfg(test)]

@@ -133,6 +133,48 @@ fn the_api_travels_over_ssh_and_a_changed_host_key_is_refused() {
     assert!(known.contains("ssh-ed25519"), "{known}");
     // A second call reuses the recorded key.
     assert!(over_ssh(&["machine", "ls"]).status.success());
+
+    // A context whose first host is down: ssh starts either way, so only an answer tells the
+    // connections apart; the command goes to the next one.
+    let dead = format!("ssh://{}@127.0.0.1:{}", user(), free_port());
+    let in_context = |args: &[&str]| {
+        lab.cli()
+            .env(
+                "PLOYZ_SSH_COMMAND",
+                format!("ssh -F {}", ssh_config.display()),
+            )
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let add = in_context(&["ctx", "add", "fleet", &dead, &url]);
+    assert!(add.status.success(), "{}", stderr(&add));
+    let ls = in_context(&["machine", "ls", "--json"]);
+    assert!(
+        ls.status.success(),
+        "the dead first host was not passed over: {}",
+        stderr(&ls)
+    );
+    assert_eq!(json(&ls)["values"][0]["name"], "over-ssh");
+    // None answers: the error names each connection and what became of it.
+    let add = in_context(&[
+        "ctx",
+        "add",
+        "down",
+        &dead,
+        &dead.replace("127.0.0.1", "127.0.0.2"),
+    ]);
+    assert!(add.status.success(), "{}", stderr(&add));
+    let out = in_context(&["-c", "down", "machine", "ls"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.starts_with("error: no connection answered: "), "{err}");
+    assert!(
+        err.contains("127.0.0.1")
+            && err.contains("127.0.0.2")
+            && err.contains("Connection refused"),
+        "{err}"
+    );
     drop(sshd);
 
     // Same address, new host key: the CLI must refuse, not re-accept.

@@ -62,12 +62,20 @@ pub fn connections(global: &GlobalArgs) -> anyhow::Result<Vec<Connection>> {
         .collect()
 }
 
-/// Connects to the first connection that answers.
+/// Connects to the first connection that answers. With more than one to choose from, a
+/// connection counts as answering once the daemon has answered through it: over SSH, starting
+/// `ssh` succeeds whether or not the host is up, so a dead first host would otherwise fail the
+/// command instead of being passed over.
 pub async fn connect(global: &GlobalArgs) -> anyhow::Result<ApiClient> {
     let candidates = connections(global)?;
+    let choosing = candidates.len() > 1;
     let mut failures = Vec::new();
     for candidate in &candidates {
-        match ApiClient::connect(candidate).await {
+        let reached = match ApiClient::connect(candidate).await {
+            Ok(mut client) if choosing => client.answers().await.map(|()| client),
+            reached => reached,
+        };
+        match reached {
             Ok(client) => return Ok(client),
             Err(e) => failures.push(e),
         }
