@@ -674,10 +674,13 @@ fn install_options(args: &InstallArgs, json: bool) -> crate::host::InstallOption
     }
 }
 
-/// Saves `host` among the connections of the context in use, so that later commands (and
-/// `machine upgrade`) reach it: the one `-c` names, else the current one; with none, a new
-/// context `default` (made current) when `create`. Nothing is saved when `--connect` was
-/// given to reach the Cluster. Returns the line saying what was done.
+/// Saves `host` among the connections of a context, so that later commands (and `machine
+/// upgrade`) reach it. A server joining a Cluster (`add`) goes into the context in use: the one
+/// `-c` names, else the current one. A new Cluster's first server (`create`, `init`) goes into a
+/// context of its own, made current: `-c NAME` or `default`, suffixed `-1`, `-2`, … when that
+/// one already reaches other servers (another Cluster's, which its connections would otherwise
+/// stand in for when this one is down). Nothing is saved when `--connect` was given to reach
+/// the Cluster. Returns the line saying what was done.
 fn remember(global: &GlobalArgs, host: &Connection, create: bool) -> anyhow::Result<String> {
     use crate::config::CliConfig;
     use crate::connection::ConnectionConfig;
@@ -688,30 +691,64 @@ fn remember(global: &GlobalArgs, host: &Connection, create: bool) -> anyhow::Res
     }
     let path = super::config_path(global);
     let mut cfg = CliConfig::load(&path)?;
-    let name = match global.context.clone().or(cfg.current_context.clone()) {
-        Some(n) => n,
-        None if create => "default".to_owned(),
-        None => {
-            return Ok(format!(
-                "(no context in use: {host} is not saved; `ployz ctx add NAME --connect {host}` saves it)"
-            ))
+    let entry = ConnectionConfig::from_connection(host);
+    let name = if create {
+        context_for_new_cluster(&cfg, global.context.as_deref().unwrap_or("default"), &entry)
+    } else {
+        match global.context.clone().or(cfg.current_context.clone()) {
+            Some(n) => n,
+            None => {
+                return Ok(format!(
+                    "(no context in use: {host} is not saved; `ployz ctx add NAME --connect {host}` saves it)"
+                ))
+            }
         }
     };
-    let entry = ConnectionConfig::from_connection(host);
     let context = cfg.contexts.entry(name.clone()).or_default();
     let new = !context.connections.contains(&entry);
     if new {
         context.connections.push(entry);
     }
-    if cfg.current_context.is_none() {
+    let made_current = (create || cfg.current_context.is_none())
+        && cfg.current_context.as_deref() != Some(name.as_str());
+    if made_current {
         cfg.current_context = Some(name.clone());
     }
     cfg.save(&path)?;
-    Ok(if new {
-        format!("context '{name}' now reaches {host} ({})", path.display())
+    let current = if made_current {
+        ", now the current context"
     } else {
-        format!("context '{name}' already reaches {host}")
+        ""
+    };
+    Ok(if new {
+        format!(
+            "context '{name}' now reaches {host} ({}{current})",
+            path.display()
+        )
+    } else {
+        format!("context '{name}' already reaches {host}{current}")
     })
+}
+
+/// The context a new Cluster's first server is saved in: `base`, unless it reaches other
+/// servers already; then the first of `base-1`, `base-2`, … that reaches none but this one.
+fn context_for_new_cluster(
+    cfg: &crate::config::CliConfig,
+    base: &str,
+    entry: &crate::connection::ConnectionConfig,
+) -> String {
+    let fits = |name: &str| {
+        cfg.contexts
+            .get(name)
+            .is_none_or(|c| c.connections.iter().all(|c| c == entry))
+    };
+    if fits(base) {
+        return base.to_owned();
+    }
+    (1..)
+        .map(|n| format!("{base}-{n}"))
+        .find(|name| fits(name))
+        .expect("some suffix is free")
 }
 
 /// One Machine of `machine upgrade`: the Machine and how the CLI reaches its host.
@@ -1096,4 +1133,61 @@ async fn ls(global: &GlobalArgs, args: LsArgs) -> anyhow::Result<()> {
         eprintln!("warning: Machine {}: {}", f.target, f.reason);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{CliConfig, ContextConfig};
+    use crate::connection::ConnectionConfig;
+
+    fn entry(url: &str) -> ConnectionConfig {
+        ConnectionConfig::from_connection(&url.parse::<Connection>().unwrap())
+    }
+
+    fn with(contexts: &[(&str, &[&str])]) -> CliConfig {
+        let mut cfg = CliConfig::default();
+        for (name, urls) in contexts {
+            cfg.contexts.insert(
+                (*name).to_owned(),
+                ContextConfig {
+                    connections: urls.iter().map(|u| entry(u)).collect(),
+                },
+            );
+        }
+        cfg
+    }
+
+    #[test]
+    fn a_new_cluster_gets_a_context_no_other_cluster_uses() {
+        let m1 = entry("ssh://root@m1.example.com");
+        // Nothing yet, or a context that reaches only this server: that one.
+        assert_eq!(
+            context_for_new_cluster(&with(&[]), "default", &m1),
+            "default"
+        );
+        assert_eq!(
+            context_for_new_cluster(
+                &with(&[("default", &["ssh://root@m1.example.com"])]),
+                "default",
+                &m1
+            ),
+            "default"
+        );
+        assert_eq!(
+            context_for_new_cluster(&with(&[("default", &[])]), "default", &m1),
+            "default"
+        );
+        // Taken by another Cluster's servers: the first free suffix.
+        let taken = with(&[
+            ("default", &["ssh://root@a.example.com"]),
+            (
+                "default-1",
+                &["ssh://root@b.example.com", "ssh://root@m1.example.com"],
+            ),
+        ]);
+        assert_eq!(context_for_new_cluster(&taken, "default", &m1), "default-2");
+        // A name given with -c is the base.
+        assert_eq!(context_for_new_cluster(&taken, "prod", &m1), "prod");
+    }
 }
