@@ -7,8 +7,9 @@
 //!
 //! A forwarded call carries no new authority: the Machine that receives it serves it like a call
 //! on its own socket (the Machine lease included), and takes calls on its mesh listener only
-//! from the Management Addresses of members of its roster ([`only_members`]); a call that names
-//! yet another Machine there is refused, never forwarded twice ([`no_second_hop`]).
+//! from the Management Addresses of members of its roster ([`only_members`]), never from its own
+//! ([`from_another_machine`]); a call that names yet another Machine there is refused, never
+//! forwarded twice ([`no_second_hop`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -495,6 +496,35 @@ fn decode_answer(status: StatusCode, bytes: &[u8]) -> Result<serde_json::Value, 
                 .collect::<String>()
         )),
     }
+}
+
+/// The layer on the whole mesh listener: a connection from this Machine's own Management
+/// Address is refused. Only this host can make one (over loopback, which the firewall lets
+/// through), the daemon never calls itself there (its share of a fan-out is served in process),
+/// and this Machine is a member of its own roster: any local user would otherwise reach what
+/// the unix socket keeps to root and the `ployz` group.
+pub(crate) async fn from_another_machine(
+    State(machine): State<Arc<LocalMachine>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let from = request
+        .extensions()
+        .get::<ConnectedFrom<SocketAddr>>()
+        .map(|c| c.0.ip());
+    let own = machine
+        .identity()
+        .map(|i| IpAddr::V6(i.management_address().addr()));
+    if from.is_none() || from == own {
+        return failure(
+            StatusCode::FORBIDDEN,
+            ErrorCode::FailedPrecondition,
+            "the mesh listener serves other Machines, not this one's own address".to_owned(),
+            Some("on this Machine, use the daemon's unix socket (root or the 'ployz' group)"),
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// The layer on the mesh listener: only members of this Machine's roster are served, by the

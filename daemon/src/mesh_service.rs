@@ -473,31 +473,38 @@ impl MeshService {
         // The replication routes keep their own body limit (batches of about 1 MiB, one large
         // record alone up to 16 MiB): not the management API's 2 MiB.
         let (stop, stopping) = tokio::sync::watch::channel(false);
-        // Forwarded management calls are for members only, and for this Machine only; the
-        // peer routes keep their own checks (a Machine that is being admitted asks for its
-        // grant before it is anything else).
-        let api = self
-            .api
-            .clone()
-            .layer(axum::middleware::from_fn_with_state(
-                self.machine.clone(),
-                crate::forward::no_second_hop,
-            ))
-            .layer(axum::middleware::from_fn_with_state(
-                self.machine.clone(),
-                crate::forward::only_members,
-            ));
+        // Forwarded management calls are for this Machine only; they, replication and a reset
+        // are for members only; the grant is for the Machine being admitted, which asks for it
+        // before it is anything else (grant_for_peer finds it by its address). Nothing is for a
+        // caller on this host (its own Management Address, over loopback).
+        let peer_routes = PeerRoutes {
+            machine: self.machine.clone(),
+            view: self.view.clone(),
+        };
+        let api = self.api.clone().layer(axum::middleware::from_fn_with_state(
+            self.machine.clone(),
+            crate::forward::no_second_hop,
+        ));
         let app = crate::replication::routes(initialised.store.clone())
             .merge(
                 Router::new()
                     .route(PEER_RESET, post(peer_reset))
-                    .route(PEER_GRANT, get(peer_grant))
-                    .with_state(PeerRoutes {
-                        machine: self.machine.clone(),
-                        view: self.view.clone(),
-                    }),
+                    .with_state(peer_routes.clone()),
             )
-            .merge(api);
+            .merge(api)
+            .layer(axum::middleware::from_fn_with_state(
+                self.machine.clone(),
+                crate::forward::only_members,
+            ))
+            .merge(
+                Router::new()
+                    .route(PEER_GRANT, get(peer_grant))
+                    .with_state(peer_routes),
+            )
+            .layer(axum::middleware::from_fn_with_state(
+                self.machine.clone(),
+                crate::forward::from_another_machine,
+            ));
         let header_timeout = self.header_timeout;
         let listener = tokio::spawn(crate::api::serve(
             tcp,

@@ -298,6 +298,35 @@ fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() 
         text(&hop)
     );
     assert!(text(&hop).contains("421"), "{}", text(&hop));
+    // A member reads a peer's replication digest; m1 itself, over loopback to its own address,
+    // gets nothing on its mesh listener (any local user could make that call): not the API,
+    // not replication, not a reset.
+    let digest_on = |name: &str| format!("http://[{}]:51000/v1/peer/sync/digest", addr_of(name));
+    let member = lab.exec_in(0, &["/bin/busybox", "wget", "-q", "-O-", &digest_on("m1")]);
+    assert!(member.status.success(), "{}", text(&member));
+    for (what, extra) in [
+        (url.clone(), None),
+        (digest_on("m1"), None),
+        (
+            format!("http://[{}]:51000/v1/peer/reset", addr_of("m1")),
+            Some("--post-data={}"),
+        ),
+    ] {
+        let mut args = vec!["/bin/busybox", "wget", "-q", "-O-"];
+        args.extend(extra);
+        args.push(&what);
+        let own = lab.exec_in(1, &args);
+        assert!(
+            !own.status.success() && text(&own).contains("403"),
+            "m1's own address served {what}: {}",
+            text(&own)
+        );
+    }
+    assert_eq!(
+        machines(&lab, 1).expect("machine ls on m1").len(),
+        3,
+        "m1 was reset"
+    );
 
     // Machine 2 stopped: the others answer, Machine 2 is a failure, the exit code says so.
     lab.stop_machine(2);

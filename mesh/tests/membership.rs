@@ -300,6 +300,60 @@ async fn garbled_datagrams_are_counted_and_ignored() {
     mb.shutdown().await;
 }
 
+/// A link that delivers everything and keeps a copy of what went to one address.
+#[derive(Debug)]
+struct Recorder {
+    to: SocketAddr,
+    sent: Mutex<Vec<Vec<u8>>>,
+}
+
+impl LinkFilter for Recorder {
+    fn verdict(&self, to: SocketAddr, datagram: &[u8]) -> LinkVerdict {
+        if to == self.to {
+            self.sent.lock().unwrap().push(datagram.to_vec());
+        }
+        LinkVerdict::Deliver
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peers_datagram_from_another_address_is_refused() {
+    let seats = seats::<2>();
+    let [a, b] = seats.clone();
+    let recorder = Arc::new(Recorder {
+        to: a.addr,
+        sent: Mutex::new(Vec::new()),
+    });
+    let ma = start(&a, &seats, None);
+    let mb = start(&b, &seats, Some(recorder.clone()));
+    wait_all_up(&[&ma, &mb], &seats, Duration::from_secs(10)).await;
+
+    // b's own datagrams to a, sent again from an address that is no peer's (as a local process
+    // could, over loopback, from the Machine's own address): not taken as b's word.
+    let replayed: Vec<Vec<u8>> = recorder.sent.lock().unwrap().clone();
+    assert!(!replayed.is_empty(), "b sent a nothing");
+    let before = ma.counters();
+    let sender = UdpSocket::bind((Ipv4Addr::new(127, 0, 0, 2), 0)).unwrap();
+    for datagram in &replayed {
+        sender.send_to(datagram, a.addr).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ma.counters().datagrams_rejected < before.datagrams_rejected + replayed.len() as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "{} datagrams from 127.0.0.2 not all refused: before {before:?}, now {:?}",
+            replayed.len(),
+            ma.counters()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The same datagrams from b's address are still heard: b stays up.
+    assert_eq!(state_of(&ma.observations(), &b.id), Some(Up));
+
+    ma.shutdown().await;
+    mb.shutdown().await;
+}
+
 /// A link losing `loss` of the datagrams and delaying the others by `delay`.
 #[derive(Debug)]
 struct Lossy {

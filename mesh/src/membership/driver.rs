@@ -205,6 +205,14 @@ impl Driver {
     async fn handle_datagram(&mut self, data: &[u8], from: SocketAddr) {
         add(&self.counters.datagrams_received, 1);
         add(&self.counters.bytes_received, data.len() as u64);
+        // Only a peer's own address speaks for a peer: over the mesh WireGuard vouches for the
+        // source, and anything else that reaches the socket (a local process over loopback,
+        // from this Machine's own address) could otherwise claim any member's identity.
+        if !self.peers.values().any(|peer| peer.ip() == from.ip()) {
+            add(&self.counters.datagrams_rejected, 1);
+            tracing::debug!(%from, len = data.len(), "membership: datagram from no peer's address refused");
+            return;
+        }
         let mut effects = Effects::default();
         if let Err(e) = self.foca.handle_data(data, &mut effects) {
             match e {
