@@ -452,6 +452,18 @@ fn idle_bounded(
     axum::extract::Request::from_parts(parts, axum::body::Body::from_stream(stream))
 }
 
+/// The most a request's body may hold: the API's [`api::MAX_BODY_BYTES`], and the replication
+/// routes' own [`crate::replication::MAX_BODY_BYTES`] (a batch of about 1 MiB, one larger record
+/// alone; served on the mesh listener, to members only).
+fn body_limit(path: &str) -> usize {
+    use crate::replication::paths;
+    if path == paths::PUSH || path == paths::PULL {
+        crate::replication::MAX_BODY_BYTES
+    } else {
+        api::MAX_BODY_BYTES
+    }
+}
+
 /// Reads a request's whole body within `deadline` before the route sees it (every body the API
 /// takes is a small JSON document): a client that sends a head and then trickles or withholds
 /// its body gets 408 and its connection closed instead of holding a connection slot.
@@ -464,14 +476,24 @@ async fn body_within(
         return next.run(idle_bounded(request, deadline)).await;
     }
     let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+    let limit = body_limit(&path);
     let too_large = || {
-        rejection(
+        let mut refused = rejection(
             StatusCode::PAYLOAD_TOO_LARGE,
             method.as_str(),
             &path,
             None,
             "",
-        )
+        );
+        if limit != api::MAX_BODY_BYTES {
+            refused = failure(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::InvalidArgument,
+                format!("the request body is over {path}'s limit of {limit} bytes"),
+                None,
+            );
+        }
+        refused
     };
     let declared = request
         .headers()
@@ -479,13 +501,13 @@ async fn body_within(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let (parts, body) = request.into_parts();
-    let refused = if declared.is_some_and(|n| n > api::MAX_BODY_BYTES as u64) {
+    let refused = if declared.is_some_and(|n| n > limit as u64) {
         too_large()
     } else {
         // One byte over the limit is enough to know it is over (a body without a length).
-        let read = axum::body::to_bytes(body, api::MAX_BODY_BYTES + 1);
+        let read = axum::body::to_bytes(body, limit + 1);
         match tokio::time::timeout(deadline, read).await {
-            Ok(Ok(bytes)) if bytes.len() <= api::MAX_BODY_BYTES => {
+            Ok(Ok(bytes)) if bytes.len() <= limit => {
                 return next
                     .run(axum::extract::Request::from_parts(
                         parts,

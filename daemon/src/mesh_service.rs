@@ -471,7 +471,7 @@ impl MeshService {
             profile(settings.profile),
         ))?;
         // The replication routes keep their own body limit (batches of about 1 MiB, one large
-        // record alone up to 16 MiB): not the management API's 2 MiB.
+        // record alone up to 16 MiB): not the management API's 2 MiB (`api::body_limit`).
         let (stop, stopping) = tokio::sync::watch::channel(false);
         // Forwarded management calls are for this Machine only; they, replication and a reset
         // are for members only; the grant is for the Machine being admitted, which asks for it

@@ -715,6 +715,9 @@ async fn push_worker(shared: Arc<Shared>, peer: Arc<PeerState>) {
             }
             Err(e) => {
                 shared.failed(&peer, Exchange::Push, &e);
+                // Where the peer stands is learnt again (its digest) before the next push:
+                // anti-entropy may carry the records meanwhile.
+                peer.set_position(None);
                 backoff = Some(match backoff {
                     None => shared.settings.anti_entropy_interval,
                     Some(d) => (d * 2).min(MAX_BACKOFF),
@@ -763,6 +766,61 @@ mod tests {
         (0..peers.len())
             .filter(|&i| peers[i].push.notified().now_or_never().is_some())
             .collect()
+    }
+
+    /// The daemon's own listener (`api::serve`, its body limits included) in front of the
+    /// routes, as on the mesh.
+    async fn served(store: Arc<Store>) -> (SocketAddr, watch::Sender<bool>) {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopping) = watch::channel(false);
+        tokio::spawn(crate::api::serve(
+            listener,
+            super::super::routes(store),
+            Duration::from_secs(15),
+            16,
+            stopping,
+        ));
+        (addr, stop)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_over_the_apis_body_limit_is_pushed_through_the_daemons_listener() {
+        let receiver = Arc::new(Store::temporary(MachineId::generate()).unwrap());
+        let (addr, stop_serving) = served(receiver.clone()).await;
+        let sender = Arc::new(Store::temporary(MachineId::generate()).unwrap());
+        // Over 2 MiB as a push body (base64), well under the routes' own 16 MiB.
+        let key = ployz_store::Key::cluster("t", "large");
+        let value: Vec<u8> = (0..1_700_000u32).map(|i| (i % 251) as u8).collect();
+        sender.put(&key, value.clone()).unwrap();
+        // Only pushes: anti-entropy would carry it in a pull answer, which no limit refuses.
+        let settings = ReplicationSettings {
+            anti_entropy_interval: Duration::from_secs(3600),
+            ..ReplicationSettings::default()
+        };
+        let (stop, stopping) = watch::channel(false);
+        let (_peers, peers_rx) = watch::channel(vec![SyncPeer {
+            id: receiver.local().clone(),
+            addr,
+        }]);
+        let replicator = Replicator::spawn(sender.clone(), peers_rx, settings, stopping);
+        sender
+            .put(&ployz_store::Key::cluster("t", "wake"), b"v".to_vec())
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while receiver.get(&key).unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the large record did not arrive: {:?}",
+                replicator.peers()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(receiver.get(&key).unwrap().unwrap().value, value);
+        stop.send(true).unwrap();
+        stop_serving.send(true).unwrap();
     }
 
     #[test]
