@@ -41,6 +41,10 @@ pub struct InstallOptions {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Probe {
     pub root: bool,
+    /// The SSH user's name on the host.
+    pub user: Option<String>,
+    /// The SSH user is in the group `ployz` (the daemon's socket is for root and that group).
+    pub ployz_group: bool,
     pub sudo: bool,
     pub systemd: bool,
     pub docker: bool,
@@ -77,6 +81,8 @@ pub fn parse_probe(out: &str) -> Probe {
         let v = v.trim();
         match k {
             "uid" => p.root = v == "0",
+            "user" => p.user = Some(v.to_owned()).filter(|s| !s.is_empty()),
+            "ployz_group" => p.ployz_group = v == "yes",
             "sudo" => p.sudo = v == "yes",
             "systemd" => p.systemd = v == "yes",
             "docker" => p.docker = v == "yes",
@@ -100,6 +106,8 @@ pub fn parse_probe(out: &str) -> Probe {
 
 /// What the host has, in lines [`parse_probe`] reads. POSIX sh; reads only.
 const PROBE: &str = r#"echo "uid=$(id -u)"
+echo "user=$(id -un)"
+if id -nG 2>/dev/null | tr ' ' '\n' | grep -qx ployz; then echo ployz_group=yes; fi
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then echo sudo=yes; fi
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then echo systemd=yes; fi
 if command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || [ -x /usr/bin/dockerd ]; then echo docker=yes; fi
@@ -330,6 +338,7 @@ pub async fn ensure_installed(host: &Host, options: InstallOptions) -> anyhow::R
     // tarball, by hand under another service manager).
     if probe.ployz.is_none() && probe.ployz_path.is_some() {
         if let Some(v) = host.running_daemon().await {
+            // It answered through `ployz dial-stdio`: this user reaches its socket already.
             same_release(host, &v.version)?;
             progress(
                 &options,
@@ -345,6 +354,7 @@ pub async fn ensure_installed(host: &Host, options: InstallOptions) -> anyhow::R
                 &options,
                 &format!("Ployz {theirs} is installed and running on {}", host.url()),
             );
+            reach_the_socket(host, &probe, options).await?;
             return Ok(Installed::Current);
         }
         if options.no_install {
@@ -382,6 +392,41 @@ pub async fn ensure_installed(host: &Host, options: InstallOptions) -> anyhow::R
     };
     install(host, &probe, sudo, options).await?;
     Ok(Installed::Fresh { docker })
+}
+
+/// Puts the SSH user in the group `ployz` when it is neither root nor a member, so that `ployz
+/// dial-stdio` reaches the daemon's socket: a host where Ployz came from the package or the
+/// tarball, or from an install cut short before its last step, has the daemon but not the user
+/// in its group. With sudo it is done; without, the error says how.
+async fn reach_the_socket(
+    host: &Host,
+    probe: &Probe,
+    options: InstallOptions,
+) -> anyhow::Result<()> {
+    if probe.root || probe.ployz_group {
+        return Ok(());
+    }
+    let user = probe.user.as_deref().unwrap_or("USER");
+    if !probe.sudo {
+        bail!(
+            "{} logs in as '{user}', which is neither root nor in the group ployz that the daemon's socket is for, and cannot use sudo without a password to join it; on the host run `sudo usermod -a -G ployz {user}`, or connect as root",
+            host.url()
+        );
+    }
+    progress(
+        &options,
+        &format!(
+            "adding {user} to the group ployz on {} (the daemon's socket is for root and that group) ...",
+            host.url()
+        ),
+    );
+    host.sh_ok(
+        "adding the SSH user to the group ployz",
+        r#"sudo -n usermod -a -G ployz "$(id -un)""#,
+        None,
+    )
+    .await?;
+    Ok(())
 }
 
 /// Fails, naming the way forward, unless `theirs` (the host's release) is this CLI's.
@@ -630,10 +675,12 @@ mod tests {
     #[test]
     fn the_probe_reads_what_the_script_prints() {
         let p = parse_probe(
-            "uid=1000\nsudo=yes\nsystemd=yes\nployz_path=/usr/bin/ployz\nployz=ployz 0.1.0\nployz_sha256=ab12\nactive=inactive\nos=debian \n",
+            "uid=1000\nuser=deployer\nsudo=yes\nsystemd=yes\nployz_path=/usr/bin/ployz\nployz=ployz 0.1.0\nployz_sha256=ab12\nactive=inactive\nos=debian \n",
         );
         assert_eq!(p.ployz_path.as_deref(), Some("/usr/bin/ployz"));
-        assert!(!p.root && p.sudo && p.systemd && !p.docker);
+        assert!(!p.root && p.sudo && p.systemd && !p.docker && !p.ployz_group);
+        assert_eq!(p.user.as_deref(), Some("deployer"));
+        assert!(parse_probe("uid=1000\nployz_group=yes\n").ployz_group);
         assert_eq!(p.ployz.as_deref(), Some("0.1.0"));
         assert_eq!(p.ployz_sha256.as_deref(), Some("ab12"));
         assert_eq!(p.active.as_deref(), Some("inactive"));

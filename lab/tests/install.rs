@@ -719,9 +719,22 @@ fn the_tarball_and_the_package_install_upgrade_and_remove_on_a_host_cut_off_from
     );
     // `machine upgrade` leaves a package's files to the package: refused, nothing changed.
     let sha = host_sh(&lab, 0, "sha256sum /usr/bin/ployz | cut -d ' ' -f 1");
-    cli_ok(
+    // Initialised as a user with passwordless sudo whom the package did not put in the group
+    // ployz: the CLI adds it, and reaches the daemon's socket.
+    host_sh(
         &lab,
-        &["machine", "init", "--name", "pkg", "--yes", &lab.ssh_url(0)],
+        0,
+        "useradd -m -p '*' -s /bin/sh deployer && echo 'deployer ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/deployer && chmod 0440 /etc/sudoers.d/deployer",
+    );
+    let as_user = format!("ssh://deployer@{}", lab.underlay_addr(0));
+    let init = cli_ok(
+        &lab,
+        &["machine", "init", "--name", "pkg", "--yes", &as_user],
+    );
+    assert!(
+        stderr(&init).contains("adding deployer to the group ployz"),
+        "{}",
+        text(&init)
     );
     let out = lab
         .cli_program(&next)
