@@ -192,9 +192,48 @@ fn bounded(s: &str, max: usize) -> String {
 pub(crate) struct Diagnostics {
     pub errors: Vec<ComposeError>,
     pub warnings: Vec<ComposeWarning>,
+    /// The variables interpolation put into the files, with their values: an error shows a
+    /// value as the file had it after interpolation, so these are taken back out of it
+    /// ([`Diagnostics::into_errors`]).
+    pub substituted: std::collections::BTreeMap<String, String>,
 }
 
+/// A substituted value shorter than this stays in messages: no secret is that short, and
+/// replacing every `80` or `on` would garble them.
+const REDACTED_FROM: usize = 3;
+
 impl Diagnostics {
+    /// The errors, with every value interpolation put into the files shown as the reference
+    /// that brought it (`${NAME}`): it may come from an env file or the environment, where
+    /// secrets live, and a message names where a value came from, never the value.
+    pub(crate) fn into_errors(self) -> Vec<ComposeError> {
+        let mut values: Vec<(&String, &String)> = self
+            .substituted
+            .iter()
+            .filter(|(_, v)| v.chars().count() >= REDACTED_FROM)
+            .collect();
+        // The longest first, so a value inside another is not replaced within it.
+        values.sort_by_key(|(_, v)| std::cmp::Reverse(v.len()));
+        let redact = |text: &mut String| {
+            for (name, value) in &values {
+                if text.contains(value.as_str()) {
+                    *text = text.replace(value.as_str(), &format!("${{{name}}}"));
+                }
+            }
+        };
+        let mut errors = self.errors;
+        for e in &mut errors {
+            if let Some(v) = &mut e.value {
+                redact(v);
+            }
+            redact(&mut e.message);
+            if let Some(fix) = &mut e.fix {
+                redact(fix);
+            }
+        }
+        errors
+    }
+
     pub(crate) fn error(
         &mut self,
         file: &str,

@@ -105,3 +105,18 @@ fn the_projects_dot_env_is_named_by_path_and_line_too() {
         "{text}"
     );
 }
+
+#[test]
+fn a_value_interpolated_from_the_env_file_is_shown_as_its_reference_in_errors() {
+    // A command that cannot be split (the value's quote), a healthcheck test of the wrong
+    // shape: both errors show the field, and the password as the reference that brought it.
+    let compose = "services:\n  cache:\n    image: redis\n    command: redis-server --requirepass ${REDIS_PASSWORD}\n    healthcheck:\n      test: [\"redis-cli\", \"-a\", \"${REDIS_PASSWORD}\", \"ping\"]\n";
+    let dir = project(&[
+        ("compose.yaml", compose.into()),
+        (".env", format!("REDIS_PASSWORD=it's-{SECRET}\n")),
+    ]);
+    let text = said(dir.path());
+    assert!(text.contains("command"), "{text}");
+    assert!(text.contains("${REDIS_PASSWORD}"), "{text}");
+    assert!(!text.contains(SECRET), "{text}");
+}

@@ -87,8 +87,16 @@ pub(super) fn read_file(
     let mut node = parse_top(&text, name, d)?;
     report_duplicates(&mut node, name, d);
     report_merge_errors(&mut node, name, d);
-    let lookup = |n: &str| vars.get(n).cloned();
+    let used = std::cell::RefCell::new(Vec::new());
+    let lookup = |n: &str| {
+        let value = vars.get(n).cloned();
+        if let Some(v) = &value {
+            used.borrow_mut().push((n.to_owned(), v.clone()));
+        }
+        value
+    };
     interpolate_node(&mut node, &mut Vec::new(), name, &lookup, d);
+    d.substituted.extend(used.into_inner());
     crate::service::report_list_duplicates(&node, name, d);
     normalise_kv(&mut node);
     Some(node)

@@ -68,15 +68,15 @@ pub(crate) struct VolumeDecl {
 /// project as a whole could not be converted), with every error and warning found.
 pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeError>) {
     let mut d = Diagnostics::default();
-    let empty = |d: Diagnostics| {
+    let empty = |mut d: Diagnostics| {
         (
             LoadedProject {
                 services: Vec::new(),
                 volumes: Vec::new(),
                 builds: Vec::new(),
-                warnings: d.warnings,
+                warnings: std::mem::take(&mut d.warnings),
             },
-            d.errors,
+            d.into_errors(),
         )
     };
     let Some(first) = input.files.first() else {
@@ -152,9 +152,9 @@ pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeE
             services,
             volumes,
             builds,
-            warnings: d.warnings,
+            warnings: std::mem::take(&mut d.warnings),
         },
-        d.errors,
+        d.into_errors(),
     )
 }
 
