@@ -370,8 +370,9 @@ fn bare_name(line: &str, line_no: usize) -> Result<EnvLine, EnvFileError> {
     })
 }
 
-/// The value after `=`, and whether it is to be interpolated: single-quoted (literal),
-/// double-quoted (unescaped; it may go on over the next lines, which `i` then skips) or bare
+/// The value after `=`, and whether it is to be interpolated: single-quoted (literal) or
+/// double-quoted (unescaped), either of which may go on over the next lines (which `i` then
+/// skips), or bare
 /// (up to a ` #` comment).
 fn raw_value(
     raw: &str,
@@ -381,14 +382,25 @@ fn raw_value(
     line_no: usize,
 ) -> Result<(String, bool), EnvFileError> {
     if let Some(body) = raw.strip_prefix('\'') {
-        return match body.find('\'') {
-            Some(end) => Ok((body[..end].to_owned(), false)),
-            None => Err(EnvFileError {
-                line: line_no,
-                message: format!("the value of {shown} opens a ' quote that is not closed"),
-                fix: None,
-            }),
-        };
+        // Literal, and like a double-quoted value it may go on over the next lines (a key in
+        // PEM form).
+        let mut buf = body.to_owned();
+        loop {
+            if let Some(end) = buf.find('\'') {
+                buf.truncate(end);
+                return Ok((buf, false));
+            }
+            if *i >= lines.len() {
+                return Err(EnvFileError {
+                    line: line_no,
+                    message: format!("the value of {shown} opens a ' quote that is not closed"),
+                    fix: None,
+                });
+            }
+            buf.push('\n');
+            buf.push_str(lines[*i]);
+            *i += 1;
+        }
     }
     if let Some(body) = raw.strip_prefix('"') {
         let mut buf = body.to_owned();
@@ -577,6 +589,24 @@ mod tests {
         let err = parse_env_file("OK=1\nBAD KEY=2\n", &env).unwrap_err();
         assert_eq!(err.line, 2);
         assert!(parse_env_file("X=\"open\n", &env).is_err());
+        assert!(parse_env_file("X='open\nstill open\n", &env).is_err());
+        // A single-quoted value over several lines, kept as written, $ included.
+        let pem = parse_env_file(
+            "KEY='-----BEGIN KEY-----\nab$cd\n-----END KEY-----'\nB=2\n",
+            &env,
+        )
+        .unwrap();
+        assert_eq!(
+            pem.entries().cloned().collect::<Vec<_>>(),
+            vec![
+                (
+                    "KEY".into(),
+                    Some("-----BEGIN KEY-----\nab$cd\n-----END KEY-----".into())
+                ),
+                ("B".into(), Some("2".into())),
+            ]
+        );
+        assert_eq!(pem.lines.iter().map(|l| l.line).collect::<Vec<_>>(), [1, 4]);
         assert_eq!(
             parse_env_file("A=1\n\nB=2\n", &env)
                 .unwrap()
