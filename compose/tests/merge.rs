@@ -133,3 +133,44 @@ fn an_override_file_moves_a_service_and_replaces_its_hook_command() {
         ["./manage.py", "migrate", "--noinput"]
     );
 }
+
+#[test]
+fn keys_written_short_in_one_file_and_long_in_the_other_merge_as_compose_merges_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = [
+        (
+            "compose.yaml",
+            "services:\n  web:\n    image: app\n    env_file: base.env\n    build: ./api\n    depends_on: [redis]\n  redis:\n    image: redis\n  db:\n    image: postgres\n",
+        ),
+        (
+            "compose.override.yaml",
+            "services:\n  web:\n    env_file: prod.env\n    build: {target: prod}\n    depends_on: {db: {condition: service_healthy}}\n",
+        ),
+        ("base.env", "A=1\nB=base\n"),
+        ("prod.env", "B=prod\n"),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    std::fs::create_dir(dir.path().join("api")).unwrap();
+    std::fs::write(dir.path().join("api/Dockerfile"), "FROM scratch\n").unwrap();
+    let p = load(&input(dir.path())).unwrap_or_else(|e| panic!("the files load: {e}"));
+
+    // Both env files, the base file's first; the later file wins a name set in both
+    // (docker-compose 1.29's `config` gives the same).
+    let env = &web(&p).container.env;
+    assert_eq!(env.get("A").map(String::as_str), Some("1"), "{env:?}");
+    assert_eq!(env.get("B").map(String::as_str), Some("prod"), "{env:?}");
+    // The base's context with the override's target.
+    let (_, build) = p
+        .builds
+        .iter()
+        .find(|(name, _)| name.as_str() == "web")
+        .expect("web is built");
+    assert!(build.context.ends_with("api"), "{:?}", build.context);
+    assert_eq!(build.target.as_deref(), Some("prod"));
+    // Both dependencies.
+    let mut deps: Vec<&str> = web(&p).depends_on.iter().map(|d| d.as_str()).collect();
+    deps.sort();
+    assert_eq!(deps, ["db", "redis"]);
+}

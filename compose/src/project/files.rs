@@ -343,8 +343,67 @@ pub(super) fn merge_value(base: &mut Node, over: Node) {
     merge_at(base, over, &mut Vec::new());
 }
 
+/// The service key at `path` when it is one Compose writes in a short and a long form.
+fn two_forms(path: &[String]) -> Option<&'static str> {
+    match path {
+        [top, _service, key] if top == "services" => [
+            "build",
+            "env_file",
+            "depends_on",
+            "dns",
+            "dns_search",
+            "tmpfs",
+        ]
+        .into_iter()
+        .find(|k| key == k),
+        _ => None,
+    }
+}
+
+/// `node` (the value of service key `key`) in its long form, when it is in the short one:
+/// `build: DIR` is `{context: DIR}`, `depends_on: [a]` is `{a: null}` (required, started), a
+/// single text of `env_file`, `dns`, `dns_search` or `tmpfs` a list of one. Anything else is
+/// left for the service's converter to judge.
+fn long_form(node: &mut Node, key: &str) {
+    match (key, &*node) {
+        ("build", Node::Str(dir)) => {
+            *node = Node::Map(vec![("context".to_owned(), Node::Str(dir.clone()))]);
+        }
+        ("depends_on", Node::Seq(items)) => {
+            let names: Option<Vec<String>> = items
+                .iter()
+                .map(|i| match i {
+                    Node::Str(name) => Some(name.clone()),
+                    _ => None,
+                })
+                .collect();
+            if let Some(names) = names {
+                let mut map: Vec<(String, Node)> = Vec::new();
+                for name in names {
+                    if !map.iter().any(|(n, _)| *n == name) {
+                        map.push((name, Node::Null));
+                    }
+                }
+                *node = Node::Map(map);
+            }
+        }
+        ("env_file" | "dns" | "dns_search" | "tmpfs", Node::Str(one)) => {
+            *node = Node::Seq(vec![Node::Str(one.clone())]);
+        }
+        _ => {}
+    }
+}
+
 /// [`merge_value`] at `path` (the keys from the root), which decides how sequences merge.
 fn merge_at(base: &mut Node, over: Node, path: &mut Vec<String>) {
+    // A key written in its short form in one file and its long form in the other merges as
+    // the long form, as Compose merges them: `env_file: a.env` and `env_file: [b.env]` are both
+    // read, `build: ./api` keeps its context beside another file's `target:`.
+    let mut over = over;
+    if let Some(key) = two_forms(path) {
+        long_form(base, key);
+        long_form(&mut over, key);
+    }
     match (base, over) {
         (Node::Map(b), Node::Map(o)) => {
             for (k, v) in o {
