@@ -67,7 +67,7 @@ impl From<DockerError> for Failure {
 }
 
 /// A container that could not be created: an image missing here is named with this Machine and
-/// how to get it here (Ployz does not copy images between Machines).
+/// how to get it here (a peer that had it was asked first, when the plan named one).
 fn creation_failure(machine: &LocalMachine, e: DockerError) -> Failure {
     let DockerError::ImageUnavailable { image, reason } = &e else {
         return e.into();
@@ -81,7 +81,7 @@ fn creation_failure(machine: &LocalMachine, e: DockerError) -> Failure {
         ErrorCode::FailedPrecondition,
         format!("image '{image}' is not on Machine {name} and could not be pulled there: {reason}"),
         Some(&format!(
-            "put it on {name}: push it to a registry {name} reaches, or copy it (`docker save {image} | ssh {name} docker load`), then deploy again"
+            "put it on {name}: `ployz image push {image} -m {name}` where the image is, or push it to a registry {name} reaches, then deploy again"
         )),
     )
 }

@@ -197,7 +197,7 @@ fn one_deploy_through_one_machine_places_services_on_all_three() {
     let said = text(&out);
     assert!(
         said.contains("image '127.0.0.1:9/ployz-nowhere:1' is not on Machine m2")
-            && said.contains("docker save 127.0.0.1:9/ployz-nowhere:1 | ssh m2 docker load"),
+            && said.contains("ployz image push 127.0.0.1:9/ployz-nowhere:1 -m m2"),
         "{said}"
     );
 

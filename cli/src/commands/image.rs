@@ -36,7 +36,8 @@ pub enum ImageCommand {
 
 #[derive(Debug, Args)]
 pub struct PushArgs {
-    /// Images of the local Docker: `app:1.2`, `app` (`app:latest`) or an image ID.
+    /// Images of the local Docker: `app:1.2`, `app` (`app:latest`) or an image ID (not a
+    /// registry digest, `app@sha256:...`: a Machine can be given no digest).
     #[arg(required = true, value_name = "IMAGE")]
     images: Vec<String>,
     /// Print JSON: per image, `values` (each Machine's outcome) and `failures`.
@@ -510,7 +511,22 @@ fn short(id: &str) -> &str {
     &hex[..hex.len().min(12)]
 }
 
+/// Refuses a reference by digest (`name@sha256:...`): Docker records a digest only for an image
+/// it pulled from a registry, and what `docker load` brings in has none, so a Machine given the
+/// image this way still could not find it by that reference (and would pull it).
+fn check_pushable(reference: &str) -> anyhow::Result<()> {
+    if let Some((name, _digest)) = reference.split_once('@') {
+        bail!(
+            "'{reference}' names the image by its registry digest, which a Machine cannot be given (Docker keeps a digest only for an image it pulled); push a tag or the image ID instead (`docker tag {reference} {name}:TAG`, then `ployz image push {name}:TAG`), and use that tag in the Compose file, or let each Machine pull it by digest"
+        );
+    }
+    Ok(())
+}
+
 async fn push(global: &GlobalArgs, args: PushArgs) -> anyhow::Result<()> {
+    for reference in &args.images {
+        check_pushable(reference)?;
+    }
     // Every image is found locally before any Machine is asked anything.
     let (local, shown) = local_docker().await?;
     let mut offers = Vec::new();
@@ -680,6 +696,25 @@ async fn rm(global: &GlobalArgs, args: RmArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_digest_reference_is_refused_and_tags_and_ids_are_not() {
+        let digest = format!("nginx@sha256:{}", "a".repeat(64));
+        let e = super::check_pushable(&digest).unwrap_err().to_string();
+        assert!(
+            e.contains(&digest) && e.contains("docker tag") && e.contains("nginx:TAG"),
+            "{e}"
+        );
+        for fine in [
+            "nginx",
+            "nginx:1.27",
+            "registry:5000/app:2",
+            "sha256:0123abcd",
+            "0123abcd",
+        ] {
+            assert!(super::check_pushable(fine).is_ok(), "{fine}");
+        }
+    }
+
     use super::*;
 
     fn image(id_hex: &str, tags: &[&str]) -> ImageSummary {
