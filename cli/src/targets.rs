@@ -162,10 +162,32 @@ pub fn report_failures(failures: &[ployz_core::TargetFailure], asked: usize) -> 
     if failures.is_empty() {
         Ok(())
     } else {
-        Err(PartialFailure {
-            failed: failures.len(),
-            asked,
-        }
-        .into())
+        // A Machine may fail more than once (a command over several images): counted once.
+        let failed = failures
+            .iter()
+            .map(|f| f.target.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+        Err(PartialFailure { failed, asked }.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ployz_core::TargetFailure;
+
+    #[test]
+    fn a_machine_that_failed_twice_is_one_machine_that_did_not_answer() {
+        let failure = |target: &str| TargetFailure {
+            target: target.to_owned(),
+            reason: "it did not answer".to_owned(),
+        };
+        let err = report_failures(&[failure("m2"), failure("m2"), failure("m3")], 4).unwrap_err();
+        let partial = err
+            .downcast_ref::<PartialFailure>()
+            .expect("a Partial Result");
+        assert_eq!((partial.failed, partial.asked), (2, 4));
+        assert!(report_failures(&[], 4).is_ok());
     }
 }

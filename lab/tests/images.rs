@@ -208,7 +208,15 @@ fn a_push_sends_only_what_each_machine_lacks_and_a_machine_that_has_it_costs_one
         .collect();
     on.sort();
     assert_eq!(on, ["m1", "m2"], "{v}");
-    ok(&lab, 0, &["image", "rm", &tag_two]);
+    // An image no Machine has, named first: reported, after the other is removed.
+    let out = lab.ployz(0, &["image", "rm", "ployz-nowhere:1", &tag_two]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("no image 'ployz-nowhere:1' on the Machines asked"),
+        "{}",
+        text(&out)
+    );
     for i in 0..3 {
         assert_eq!(image_id_on(&lab, i, &tag_two), None, "Machine {i}");
     }

@@ -659,14 +659,18 @@ async fn rm(global: &GlobalArgs, args: RmArgs) -> anyhow::Result<()> {
     )
     .await?;
     let asked = answers.len() + failures.len();
+    let answered = failures.is_empty();
+    // An image no Machine has is reported after the others are removed, not instead.
+    let mut missing = Vec::new();
     for wanted in &args.images {
         let holders: Vec<(&MachineId, &str)> = answers
             .iter()
             .filter(|(_, images)| images.iter().any(|i| names(i, wanted)))
             .map(|(m, _)| (&m.machine, m.name.as_str()))
             .collect();
-        if holders.is_empty() && failures.is_empty() {
-            bail!("no image '{wanted}' on the Machines asked; `ployz image ls` lists them");
+        if holders.is_empty() {
+            missing.push(format!("'{wanted}'"));
+            continue;
         }
         for (id, name) in holders {
             client.set_machine_target(Some(id.to_string()));
@@ -691,7 +695,15 @@ async fn rm(global: &GlobalArgs, args: RmArgs) -> anyhow::Result<()> {
             }
         }
     }
-    crate::targets::report_failures(&failures, asked)
+    let partial = crate::targets::report_failures(&failures, asked);
+    if !missing.is_empty() {
+        bail!(
+            "no image {} on the Machines {}; `ployz image ls` lists them",
+            missing.join(", "),
+            if answered { "asked" } else { "that answered" }
+        );
+    }
+    partial
 }
 
 #[cfg(test)]
