@@ -32,6 +32,9 @@ use crate::mesh::MeshView;
 
 /// How long one Machine of a fan-out, or a forwarded call's connect and answer head, may take.
 pub const PER_MACHINE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most one Machine's share of a fan-out may hold: a listing of thousands of containers
+/// fits many times over; what is longer (a log, a stream) is asked of one Machine alone.
+const MAX_SHARE_BYTES: usize = 16 * 1024 * 1024;
 /// The most a forwarded request's body may hold (the API's own limit).
 const MAX_FORWARDED_BODY: usize = ployz_core::api::MAX_BODY_BYTES;
 
@@ -388,7 +391,7 @@ async fn fan_out(
         let own = own.clone();
         asks.spawn(async move {
             let result = if Some(&id) == own.as_ref() {
-                ask_here(&f, &path, &headers, body).await
+                ask_here(&f.local, &path, &headers, body, PER_MACHINE_TIMEOUT).await
             } else {
                 ask_there(&f, &id, &path, &headers, body).await
             };
@@ -425,25 +428,49 @@ async fn fan_out(
     Ok(answer)
 }
 
-/// This Machine's own share of a fan-out, through its own routes.
+/// This Machine's own share of a fan-out, through its own routes (`local`), bounded as another
+/// Machine's is: in time (`within`) and in size ([`MAX_SHARE_BYTES`]).
 async fn ask_here(
-    f: &Forwarding,
+    local: &Router,
     path: &str,
     headers: &HeaderMap,
     body: Bytes,
+    within: Duration,
 ) -> Result<serde_json::Value, String> {
     let mut request = Request::new(Body::from(body));
     *request.uri_mut() = path.parse().map_err(|e| format!("{e}"))?;
     *request.headers_mut() = headers.clone();
     request.headers_mut().remove(MACHINE_TARGET_HEADER);
-    let response = tower::ServiceExt::oneshot(f.local.clone(), request)
+    let exchange = async {
+        let response = tower::ServiceExt::oneshot(local.clone(), request)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = response.status();
+        let bytes = http_body_util::BodyExt::collect(http_body_util::Limited::new(
+            response.into_body(),
+            MAX_SHARE_BYTES,
+        ))
         .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .map_err(|e| e.to_string())?;
-    decode_answer(status, &bytes)
+        .map_err(share_error)?
+        .to_bytes();
+        decode_answer(status, &bytes)
+    };
+    match tokio::time::timeout(within, exchange).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("no answer within {} s", within.as_secs_f32())),
+    }
+}
+
+/// Why a share's answer could not be read: over [`MAX_SHARE_BYTES`], or broken off.
+fn share_error(e: Box<dyn std::error::Error + Send + Sync>) -> String {
+    if e.is::<http_body_util::LengthLimitError>() {
+        format!(
+            "its answer is over {} MiB, more than a fan-out takes from one Machine; ask it alone (`-m MACHINE`)",
+            MAX_SHARE_BYTES >> 20
+        )
+    } else {
+        e.to_string()
+    }
 }
 
 /// Another Machine's share of a fan-out, over the mesh.
@@ -467,10 +494,13 @@ async fn ask_there(
         )
         .await?;
         let status = response.status();
-        let bytes = http_body_util::BodyExt::collect(response.into_body())
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
+        let bytes = http_body_util::BodyExt::collect(http_body_util::Limited::new(
+            response.into_body(),
+            MAX_SHARE_BYTES,
+        ))
+        .await
+        .map_err(share_error)?
+        .to_bytes();
         decode_answer(status, &bytes)
     };
     match tokio::time::timeout(PER_MACHINE_TIMEOUT, exchange).await {
@@ -595,6 +625,37 @@ mod tests {
 
     fn parsed(value: &str) -> Result<Targets, String> {
         parse_targets(&HeaderValue::from_str(value).unwrap()).map_err(|e| e.to_string())
+    }
+
+    #[tokio::test]
+    async fn this_machines_share_of_a_fan_out_is_bounded_in_time_and_size() {
+        use axum::routing::get;
+        let local = Router::new()
+            .route(
+                "/ok",
+                get(|| async { axum::Json(serde_json::json!({"a": 1})) }),
+            )
+            .route("/silent", get(|| std::future::pending::<&'static str>()))
+            .route(
+                "/endless",
+                get(|| async {
+                    Body::from_stream(futures_util::stream::repeat_with(|| {
+                        Ok::<_, std::io::Error>(Bytes::from_static(&[b' '; 64 * 1024]))
+                    }))
+                }),
+            );
+        let within = Duration::from_millis(300);
+        let ask = |path: &'static str| {
+            let local = local.clone();
+            async move { ask_here(&local, path, &HeaderMap::new(), Bytes::new(), within).await }
+        };
+        assert_eq!(ask("/ok").await, Ok(serde_json::json!({"a": 1})));
+        let started = std::time::Instant::now();
+        let silent = ask("/silent").await.unwrap_err();
+        assert!(silent.contains("no answer within 0.3 s"), "{silent}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let endless = ask("/endless").await.unwrap_err();
+        assert!(endless.contains("over 16 MiB"), "{endless}");
     }
 
     #[test]
