@@ -635,7 +635,7 @@ mod tests {
                 "/ok",
                 get(|| async { axum::Json(serde_json::json!({"a": 1})) }),
             )
-            .route("/silent", get(|| std::future::pending::<&'static str>()))
+            .route("/silent", get(std::future::pending::<&'static str>))
             .route(
                 "/endless",
                 get(|| async {
