@@ -407,3 +407,55 @@ services:
     );
     assert!(m.docker_containers().is_empty(), "Docker was touched");
 }
+
+#[test]
+fn compose_file_and_compose_profiles_from_env_are_read_and_a_named_service_is_included() {
+    let lab = Lab::new();
+    // The files COMPOSE_FILE lists in .env (not compose.yaml): the second one's error shows it
+    // was read. A Service in a profile is included when COMPOSE_PROFILES enables it, or when it
+    // is named on the command line.
+    std::fs::write(
+        lab.path("base.yaml"),
+        format!("services:\n  web:\n    image: {TEST_IMAGE}\n  tools:\n    image: {TEST_IMAGE}\n    profiles: [debug]\n    mem_limit: lots\n  batch:\n    image: {TEST_IMAGE}\n    profiles: [jobs]\n    mem_limit: heaps\n"),
+    )
+    .unwrap();
+    std::fs::write(lab.path("prod.yaml"), "services:\n  web:\n    cpus: many\n").unwrap();
+    std::fs::write(
+        lab.path(".env"),
+        "COMPOSE_FILE=base.yaml:prod.yaml\nCOMPOSE_PROFILES=debug\n",
+    )
+    .unwrap();
+    let keys = |out: &Output| -> Vec<String> {
+        error_lines(out)
+            .into_iter()
+            .filter(|l| !l.contains("planning problems were not checked"))
+            .collect()
+    };
+    let out = without_daemon(&lab, &["deploy", "--dry-run"]);
+    let errors = keys(&out);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("prod.yaml: service 'web': cpus 'many'")),
+        "{errors:?}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("service 'tools': mem_limit 'lots'")),
+        "COMPOSE_PROFILES=debug did not include tools: {errors:?}"
+    );
+    assert!(
+        !errors.iter().any(|e| e.contains("'batch'")),
+        "batch's profile is not in effect: {errors:?}"
+    );
+    // Named, batch is included though its profile is not in effect.
+    let out = without_daemon(&lab, &["deploy", "--dry-run", "batch"]);
+    let errors = keys(&out);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("service 'batch': mem_limit 'heaps'")),
+        "the named batch was left out: {errors:?}"
+    );
+}

@@ -37,6 +37,7 @@ pub struct ComposeInput {
     /// Compose files, merged in order: a later file overrides an earlier one.
     pub files: Vec<PathBuf>,
     /// Services with `profiles:` are included only if one of them is listed here (`*`: all).
+    /// Empty: the profiles `COMPOSE_PROFILES` lists, as Compose reads it.
     pub profiles: Vec<String>,
     /// The process environment (`std::env::vars()`); it wins over the project's `.env`.
     pub env: BTreeMap<String, String>,
@@ -54,6 +55,11 @@ pub struct LoadedProject {
     /// spec's image is the repository to tag it in).
     pub builds: Vec<(ployz_core::ServiceName, BuildSpec)>,
     pub warnings: Vec<ComposeWarning>,
+    /// The profiles in effect: [`ComposeInput::profiles`], else those `COMPOSE_PROFILES` lists
+    /// (from the environment, else the project's `.env`).
+    pub profiles: Vec<String>,
+    /// The services left out because none of their profiles is in effect, with those profiles.
+    pub left_out: BTreeMap<String, Vec<String>>,
 }
 
 /// Something in a Compose file that Ployz accepts but ignores, or that deserves a second look.
@@ -153,6 +159,17 @@ pub struct PartialProject {
     pub project: LoadedProject,
     /// Every error found, in file order; empty when [`load`] would succeed.
     pub errors: Vec<ComposeError>,
+}
+
+/// A `COMPOSE_*` setting (`COMPOSE_FILE`, `COMPOSE_PATH_SEPARATOR`, ...) as Compose reads it:
+/// the process environment's (`env`), else the one in the `.env` of `dir`. An `.env` that cannot
+/// be read gives none here; loading the project reports it.
+pub fn compose_setting(
+    dir: &std::path::Path,
+    name: &str,
+    env: &BTreeMap<String, String>,
+) -> Option<String> {
+    project::setting(dir, name, env)
 }
 
 /// Loads a Compose project and keeps what converted even when something did not: the CLI plans

@@ -22,7 +22,8 @@ pub struct BuildCommandArgs {
     /// Compose files, merged in order [default: compose.yaml ... in the current directory].
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     files: Vec<PathBuf>,
-    /// Profiles to enable.
+    /// Profiles to enable [default: those COMPOSE_PROFILES lists, from the environment or
+    /// .env]. A Service named here is included whatever its profiles.
     #[arg(short = 'p', long = "profile", value_name = "PROFILE")]
     profiles: Vec<String>,
     #[command(flatten)]
@@ -54,12 +55,18 @@ pub async fn run(global: &GlobalArgs, args: BuildCommandArgs) -> anyhow::Result<
     } else {
         args.files.clone()
     };
-    let loaded = compose::load(&ComposeInput {
-        files,
-        profiles: args.profiles.clone(),
-        env: std::env::vars().collect(),
-    })
-    .map_err(|e| anyhow!("{e}"))?;
+    let loaded = super::deploy::load_naming(
+        ComposeInput {
+            files,
+            profiles: args.profiles.clone(),
+            env: std::env::vars().collect(),
+        },
+        &args.services,
+    );
+    if !loaded.errors.is_empty() {
+        bail!("{}", compose::ComposeErrors(loaded.errors));
+    }
+    let loaded = loaded.project;
     let with_build: Vec<ServiceName> = loaded.builds.iter().map(|(n, _)| n.clone()).collect();
     let attempts: Vec<ServiceName> = if args.services.is_empty() {
         with_build.clone()

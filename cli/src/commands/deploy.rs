@@ -59,11 +59,13 @@ pub struct DeployArgs {
     /// Services to deploy (Service Attempts); default: every Service in the file. Others are
     /// left untouched.
     services: Vec<String>,
-    /// Compose files, merged in order [default: compose.yaml, compose.yml, docker-compose.yaml
-    /// or docker-compose.yml in the current directory].
+    /// Compose files, merged in order [default: those COMPOSE_FILE lists, from the environment
+    /// or .env; else compose.yaml, compose.yml, docker-compose.yaml or docker-compose.yml in the
+    /// current directory].
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     files: Vec<PathBuf>,
-    /// Profiles to enable.
+    /// Profiles to enable [default: those COMPOSE_PROFILES lists, from the environment or
+    /// .env]. A Service named here is included whatever its profiles.
     #[arg(short = 'p', long = "profile", value_name = "PROFILE")]
     profiles: Vec<String>,
     /// Deploy without asking for confirmation.
@@ -250,7 +252,25 @@ fn check_secret_values(plan: &DeployPlan) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The Compose files when no -f names one: those `COMPOSE_FILE` lists (the environment's, else
+/// the `.env` here; separated by `COMPOSE_PATH_SEPARATOR`, `:` by default), else the first of
+/// the usual names here.
 pub(crate) fn default_files() -> anyhow::Result<Vec<PathBuf>> {
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let here = std::path::Path::new(".");
+    if let Some(list) =
+        compose::compose_setting(here, "COMPOSE_FILE", &env).filter(|v| !v.trim().is_empty())
+    {
+        let separator = compose::compose_setting(here, "COMPOSE_PATH_SEPARATOR", &env)
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| ":".to_owned());
+        return Ok(list
+            .split(separator.as_str())
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+            .map(PathBuf::from)
+            .collect());
+    }
     for name in [
         "compose.yaml",
         "compose.yml",
@@ -263,6 +283,25 @@ pub(crate) fn default_files() -> anyhow::Result<Vec<PathBuf>> {
         }
     }
     bail!("no Compose file here (compose.yaml, compose.yml, docker-compose.yaml, docker-compose.yml); name one with -f FILE")
+}
+
+/// Loads the files. A Service named on the command line that a profile not in effect left out
+/// is loaded too, its profiles enabled: Compose runs a service it is asked for by name whatever
+/// its profiles.
+pub(crate) fn load_naming(input: ComposeInput, named: &[String]) -> compose::PartialProject {
+    let loaded = compose::load_partial(&input);
+    let mut profiles = loaded.project.profiles.clone();
+    for name in named {
+        for p in loaded.project.left_out.get(name).into_iter().flatten() {
+            if !profiles.contains(p) {
+                profiles.push(p.clone());
+            }
+        }
+    }
+    if profiles == loaded.project.profiles {
+        return loaded;
+    }
+    compose::load_partial(&ComposeInput { profiles, ..input })
 }
 
 pub async fn run(global: &GlobalArgs, args: DeployArgs) -> anyhow::Result<()> {
@@ -289,11 +328,14 @@ async fn deploy_files(global: &GlobalArgs, args: DeployArgs) -> Result<(), Stop>
         args.files.clone()
     };
     let env: BTreeMap<String, String> = std::env::vars().collect();
-    let loaded = compose::load_partial(&ComposeInput {
-        files,
-        profiles: args.profiles.clone(),
-        env,
-    });
+    let loaded = load_naming(
+        ComposeInput {
+            files,
+            profiles: args.profiles.clone(),
+            env,
+        },
+        &args.services,
+    );
     let project = loaded.project;
     let warnings: Vec<Warning> = project.warnings.iter().map(compose_warning).collect();
     if !args.json {

@@ -68,13 +68,15 @@ pub(crate) struct VolumeDecl {
 /// project as a whole could not be converted), with every error and warning found.
 pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeError>) {
     let mut d = Diagnostics::default();
-    let empty = |mut d: Diagnostics| {
+    let empty = |mut d: Diagnostics, profiles: Vec<String>, left_out| {
         (
             LoadedProject {
                 services: Vec::new(),
                 volumes: Vec::new(),
                 builds: Vec::new(),
                 warnings: std::mem::take(&mut d.warnings),
+                profiles,
+                left_out,
             },
             d.into_errors(),
         )
@@ -88,7 +90,7 @@ pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeE
             message: "no Compose file was given".into(),
             fix: Some("pass one with -f, e.g. -f compose.yaml".into()),
         });
-        return empty(d);
+        return empty(d, input.profiles.clone(), BTreeMap::new());
     };
     let dir: PathBuf = match first.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -114,7 +116,7 @@ pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeE
         }
     }
     if fatal {
-        return empty(d);
+        return empty(d, input.profiles.clone(), BTreeMap::new());
     }
 
     // Merge in order.
@@ -126,14 +128,18 @@ pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeE
     }
     report_tags(&mut root, &mut Vec::new(), &files, &origins, &mut d);
 
+    let profiles = profiles_in_effect(input, &vars);
     let project = Project {
         root: &root,
         files: &files,
         origins: &origins,
         dir: &dir,
         vars: &vars,
+        profiles: &profiles,
     };
-    let Some((services, volumes, builds)) = project.convert(input, &mut d) else {
+    let mut left_out = BTreeMap::new();
+    let converted = project.convert(input, &mut left_out, &mut d);
+    let Some((services, volumes, builds)) = converted else {
         if d.errors.is_empty() {
             // Every path that gives up records why; this one keeps a refusal from being silent.
             d.errors.push(ComposeError {
@@ -145,7 +151,7 @@ pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeE
                 fix: None,
             });
         }
-        return empty(d);
+        return empty(d, profiles, left_out);
     };
     (
         LoadedProject {
@@ -153,9 +159,16 @@ pub(crate) fn load_partial(input: &ComposeInput) -> (LoadedProject, Vec<ComposeE
             volumes,
             builds,
             warnings: std::mem::take(&mut d.warnings),
+            profiles,
+            left_out,
         },
         d.into_errors(),
     )
+}
+
+/// A variable of the project's `.env`, or of `env` (which wins), without interpolating anything.
+pub(crate) fn setting(dir: &Path, name: &str, env: &BTreeMap<String, String>) -> Option<String> {
+    project_vars(dir, env, &mut Diagnostics::default()).remove(name)
 }
 
 /// Loads a project: either every included service converts, or every error found is returned.
@@ -183,6 +196,25 @@ struct Project<'a> {
     origins: &'a Origins,
     dir: &'a Path,
     vars: &'a BTreeMap<String, String>,
+    /// The profiles in effect (see [`profiles_in_effect`]).
+    profiles: &'a [String],
+}
+
+/// The profiles in effect: `-p`'s, else those `COMPOSE_PROFILES` lists (comma-separated), from
+/// the environment or the project's `.env`, as Compose reads it.
+fn profiles_in_effect(input: &ComposeInput, vars: &BTreeMap<String, String>) -> Vec<String> {
+    if !input.profiles.is_empty() {
+        return input.profiles.clone();
+    }
+    vars.get("COMPOSE_PROFILES")
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Refuses a Service Name whose Service DNS Label an earlier service of the project already has
@@ -251,7 +283,12 @@ impl Project<'_> {
 
     /// The specs of the included services in dependency order, and the Docker Volumes they
     /// use. `None` when the project cannot be converted (errors are recorded).
-    fn convert(&self, input: &ComposeInput, d: &mut Diagnostics) -> Option<ConvertedProject> {
+    fn convert(
+        &self,
+        input: &ComposeInput,
+        left_out: &mut BTreeMap<String, Vec<String>>,
+        d: &mut Diagnostics,
+    ) -> Option<ConvertedProject> {
         let Node::Map(top) = self.root else {
             return None;
         };
@@ -261,7 +298,7 @@ impl Project<'_> {
         let volumes = self.volumes(d);
         self.check_secrets(d);
         let services = self.services(d)?;
-        let selection = self.select(services, input, d)?;
+        let selection = self.select(services, left_out, d)?;
         let home = input.env.get("HOME").map(String::as_str);
         let done = self.convert_services(&selection, &volumes, home, d);
         volumes::used_volume_warnings(&done.used_volumes, &volumes, d);
@@ -312,7 +349,7 @@ impl Project<'_> {
     fn select<'n>(
         &self,
         services: &'n [(String, Node)],
-        input: &ComposeInput,
+        left_out: &mut BTreeMap<String, Vec<String>>,
         d: &mut Diagnostics,
     ) -> Option<Selection<'n>> {
         let mut s = Selection {
@@ -348,7 +385,7 @@ impl Project<'_> {
                 }
             };
             let on = profiles.is_empty()
-                || input
+                || self
                     .profiles
                     .iter()
                     .any(|p| p == "*" || profiles.contains(p));
@@ -360,6 +397,7 @@ impl Project<'_> {
                 s.enabled.push((n, node));
             }
         }
+        left_out.clone_from(&s.disabled);
         if s.enabled.is_empty() && !s.disabled.is_empty() && d.errors.is_empty() {
             self.all_profiles_off(&s.disabled, d);
             return None;
