@@ -101,6 +101,49 @@ fn a_base_of_another_file_brings_its_paths_resolved_against_its_own_folder() {
 }
 
 #[test]
+fn a_read_only_file_bound_by_a_base_of_another_file_travels_as_the_files_own_would() {
+    // Written in compose.yaml, `./common/nginx.conf:...:ro` becomes a file copied into the
+    // containers, and a folder a bind the Service is warned about; through extends the same.
+    let (_dir, loaded) = load_files(&[
+        (
+            "compose.yaml",
+            "services:\n  web:\n    extends: { file: common/base.yaml, service: proxy }\n",
+        ),
+        (
+            "common/base.yaml",
+            "services:\n  proxy:\n    image: nginx:1.27\n    volumes: [\"./nginx.conf:/etc/nginx/nginx.conf:ro\", \"./html:/usr/share/nginx/html\"]\n",
+        ),
+        ("common/nginx.conf", "events {}\n"),
+        ("common/html/index.html", "hello\n"),
+    ]);
+    let p = loaded.unwrap_or_else(|e| panic!("{e:#?}"));
+    let web = service(&p, "web");
+    assert!(
+        web.container
+            .secrets
+            .iter()
+            .any(|f| f.target == "/etc/nginx/nginx.conf"),
+        "nginx.conf is not copied in: {:#?}",
+        web.container
+    );
+    assert!(
+        !web.container.mounts.iter().any(|m| matches!(
+            m,
+            ployz_core::Mount::Bind { target, .. } if target == "/etc/nginx/nginx.conf"
+        )),
+        "nginx.conf is bound from the Machine: {:#?}",
+        web.container.mounts
+    );
+    assert!(
+        p.warnings
+            .iter()
+            .any(|w| w.service.as_deref() == Some("web") && w.message.contains("html")),
+        "no warning for the folder bound from the project: {:#?}",
+        p.warnings
+    );
+}
+
+#[test]
 fn a_cycle_is_refused_once_naming_every_link() {
     let e = only_error(&[
         (

@@ -7,7 +7,8 @@
 //! ([`merge_value`]: mappings key by key, `command` and `entrypoint` replaced, `volumes` by
 //! target, `ports` without repeats, other lists appended). A base from another file brings its
 //! relative paths resolved against that file's own folder (`build`, `env_file`, bind mounts'
-//! sources), and may not carry what ties it to its own file's other services: `depends_on`,
+//! sources, the last kept relative so that they stay paths of the computer that deploys), and
+//! may not carry what ties it to its own file's other services: `depends_on`,
 //! `links` and `volumes_from` are refused there, as Compose refuses them.
 
 use std::collections::BTreeMap;
@@ -277,7 +278,8 @@ impl Resolver<'_> {
                 }
             }
             let from = self.sources[&base_file].dir.clone();
-            rebase(&mut base, &from);
+            let to = self.sources[file].dir.clone();
+            rebase(&mut base, &from, &to);
         }
         // The extending service's keys over its base's, by the `-f` merge's rules.
         let wrap = |body: Node| {
@@ -384,8 +386,37 @@ fn moved(p: &str, from: &Path) -> String {
     normalise(&absolute).display().to_string()
 }
 
-/// Resolves the relative paths of a base taken from another file against that file's folder.
-fn rebase(base: &mut Node, from: &Path) {
+/// `p` (relative to `from`) relative to `to` instead (`./x`, `../x`), so that it stays a path
+/// of the computer that deploys, relative as the file had it: a bind mount's source is read
+/// that way, where an absolute one names a path on the Machine. Absolute when the two folders
+/// share no root.
+fn moved_relative(p: &str, from: &Path, to: &Path) -> String {
+    let absolute = |d: &Path| normalise(&std::path::absolute(normalise(d)).unwrap_or(d.into()));
+    let target = absolute(&from.join(p));
+    let base = absolute(to);
+    let (t, b): (Vec<Component>, Vec<Component>) =
+        (target.components().collect(), base.components().collect());
+    if t.first() != b.first() {
+        return moved(p, from);
+    }
+    let shared = t.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let mut out: Vec<String> = Vec::new();
+    if shared == b.len() {
+        out.push(".".to_owned());
+    }
+    out.extend(b[shared..].iter().map(|_| "..".to_owned()));
+    out.extend(
+        t[shared..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    out.join("/")
+}
+
+/// Resolves the relative paths of a base taken from another file against that file's folder
+/// (`from`): `build` and `env_file` as absolute paths, bind mounts' sources relative to the
+/// extending file's folder (`to`), so that they stay the project's (see [`moved_relative`]).
+fn rebase(base: &mut Node, from: &Path, to: &Path) {
     let Node::Map(entries) = base else { return };
     for (key, value) in entries.iter_mut() {
         match key.as_str() {
@@ -434,7 +465,7 @@ fn rebase(base: &mut Node, from: &Path) {
                         Node::Str(s) => {
                             if let Some((source, rest)) = s.split_once(':') {
                                 if source.starts_with('.') {
-                                    *s = format!("{}:{rest}", moved(source, from));
+                                    *s = format!("{}:{rest}", moved_relative(source, from, to));
                                 }
                             }
                         }
@@ -445,7 +476,7 @@ fn rebase(base: &mut Node, from: &Path) {
                             for (k, v) in m.iter_mut() {
                                 if let (true, Node::Str(s)) = (k == "source", v) {
                                     if s.starts_with('.') || (bind && relative(s)) {
-                                        *s = moved(s, from);
+                                        *s = moved_relative(s, from, to);
                                     }
                                 }
                             }
@@ -481,5 +512,21 @@ mod tests {
         assert!(!relative("git@example.com:repo.git"));
         assert_eq!(moved("./app", Path::new("/p/common")), "/p/common/app");
         assert_eq!(moved("../app", Path::new("/p/common")), "/p/app");
+    }
+
+    #[test]
+    fn a_path_moved_between_folders_stays_relative() {
+        let root = Path::new("/p");
+        assert_eq!(
+            moved_relative("./conf/a", &root.join("common"), root),
+            "./common/conf/a"
+        );
+        assert_eq!(moved_relative("../x", &root.join("common"), root), "./x");
+        assert_eq!(moved_relative("./y", Path::new("/q"), root), "../q/y");
+        assert_eq!(
+            moved_relative("../../z", &root.join("a/b"), &root.join("c")),
+            "../z"
+        );
+        assert_eq!(moved_relative(".", &root.join("d"), root), "./d");
     }
 }
