@@ -32,6 +32,12 @@ use crate::mesh::MeshView;
 
 /// How long one Machine of a fan-out, or a forwarded call's connect and answer head, may take.
 pub const PER_MACHINE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long this Machine's own share of a fan-out may take: its calls to Docker have their own
+/// bound ([`CALL_TIMEOUT`](ployz_orchestrator::docker::CALL_TIMEOUT)), whose error names the
+/// engine that did not answer; this one ends what has none (a followed log asked of every
+/// Machine).
+const LOCAL_SHARE_TIMEOUT: Duration =
+    Duration::from_secs(ployz_orchestrator::docker::CALL_TIMEOUT.as_secs() + 5);
 /// The most one Machine's share of a fan-out may hold: a listing of thousands of containers
 /// fits many times over; what is longer (a log, a stream) is asked of one Machine alone.
 const MAX_SHARE_BYTES: usize = 16 * 1024 * 1024;
@@ -391,7 +397,7 @@ async fn fan_out(
         let own = own.clone();
         asks.spawn(async move {
             let result = if Some(&id) == own.as_ref() {
-                ask_here(&f.local, &path, &headers, body, PER_MACHINE_TIMEOUT).await
+                ask_here(&f.local, &path, &headers, body, LOCAL_SHARE_TIMEOUT).await
             } else {
                 ask_there(&f, &id, &path, &headers, body).await
             };
