@@ -50,7 +50,9 @@ impl From<DockerError> for Failure {
                 message,
                 None,
             ),
-            DockerError::ImageUnavailable { .. } | DockerError::NetworkConflict { .. } => failure(
+            DockerError::ImageUnavailable { .. }
+            | DockerError::ImageNotLoaded { .. }
+            | DockerError::NetworkConflict { .. } => failure(
                 StatusCode::CONFLICT,
                 ErrorCode::FailedPrecondition,
                 message,

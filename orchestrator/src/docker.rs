@@ -111,6 +111,10 @@ pub enum DockerError {
     },
     #[error("image '{image}' is not on this Machine and could not be pulled: {reason}")]
     ImageUnavailable { image: String, reason: String },
+    /// An image sent to this Machine (an Image Transfer) that Docker did not load: the sender's
+    /// stream broke off, stalled or was not an archive, or Docker refused it.
+    #[error("image '{image}' did not load here: {reason}")]
+    ImageNotLoaded { image: String, reason: String },
     #[error("the Docker network '{NETWORK}' exists with subnet {found}, but this Machine's subnet is {wanted}; remove that network (`docker network rm {NETWORK}`) or reset this Machine")]
     NetworkConflict { found: String, wanted: String },
     #[error("cannot build the configs archive for container '{container}': {reason}")]

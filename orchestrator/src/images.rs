@@ -728,10 +728,20 @@ pub fn skipped(offer: &ImageOffer, missing: &[String]) -> HashSet<String> {
 }
 
 /// Decompresses a zstd stream on a blocking thread, chunk by chunk.
-fn decompress<S>(body: S, received: Arc<AtomicU64>) -> impl Stream<Item = io::Result<Bytes>>
+fn decompress<S>(
+    body: S,
+    received: Arc<AtomicU64>,
+    broke: Arc<std::sync::Mutex<Option<String>>>,
+) -> impl Stream<Item = io::Result<Bytes>>
 where
     S: Stream<Item = io::Result<Bytes>> + Send + Unpin + 'static,
 {
+    // Docker's client reports a body that failed as a failed request and no more: why it
+    // failed is kept here for the error `load` gives.
+    let note = move |e: &io::Error| {
+        let mut first = broke.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert_with(|| e.to_string());
+    };
     let counted = body.inspect_ok(move |chunk| {
         received.fetch_add(chunk.len() as u64, Ordering::Relaxed);
     });
@@ -742,6 +752,7 @@ where
         let mut decoder = match zstd::stream::read::Decoder::new(bridge) {
             Ok(d) => d,
             Err(e) => {
+                note(&e);
                 let _ = tx.blocking_send(Err(e));
                 return;
             }
@@ -758,6 +769,7 @@ where
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
+                    note(&e);
                     let _ = tx.blocking_send(Err(e));
                     return;
                 }
@@ -767,6 +779,21 @@ where
     futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     })
+}
+
+/// An error with what caused it (bollard's own text leaves out why hyper failed).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// Loads an archive [`export`] made into `docker`, checks the image `id` is there after, and
@@ -793,7 +820,8 @@ where
         check_tag(tag)?;
     }
     let received = Arc::new(AtomicU64::new(0));
-    let archive = decompress(body, received.clone());
+    let broke = Arc::new(std::sync::Mutex::new(None));
+    let archive = decompress(body, received.clone(), broke.clone());
     let mut answers = docker.import_image_stream(
         ImportImageOptions {
             quiet: true,
@@ -811,10 +839,18 @@ where
                 }
             }
             Err(e) => {
-                return Err(DockerError::ImageUnavailable {
+                let why = broke.lock().unwrap_or_else(|p| p.into_inner()).take();
+                let reason = match why {
+                    Some(why) => format!(
+                        "the image stopped arriving after {} bytes: {why}; send it again (a Machine is sent only the layers it lacks)",
+                        received.load(Ordering::Relaxed)
+                    ),
+                    None => format!("docker load refused what arrived: {}", with_causes(&e)),
+                };
+                return Err(DockerError::ImageNotLoaded {
                     image: id.to_owned(),
-                    reason: format!("docker load refused what arrived: {e}"),
-                })
+                    reason,
+                });
             }
         }
     }
@@ -834,7 +870,7 @@ where
                 received: received.load(Ordering::Relaxed),
             })
         }
-        Err(e) if not_found(&e) => Err(DockerError::ImageUnavailable {
+        Err(e) if not_found(&e) => Err(DockerError::ImageNotLoaded {
             image: id.to_owned(),
             reason: format!(
                 "what arrived loaded as another image ({}); send it again",
@@ -848,6 +884,48 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Docker that takes a request's head and body and never answers.
+    fn silent_docker(dir: &std::path::Path) -> Docker {
+        let path = dir.join("docker.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        std::thread::spawn(move || {
+            for mut stream in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut sink = [0u8; 8192];
+                    while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+                });
+            }
+        });
+        Docker::connect_with_unix(path.to_str().unwrap(), 30, bollard::API_DEFAULT_VERSION).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_transfer_that_breaks_off_says_why_not_that_docker_refused_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let docker = silent_docker(dir.path());
+        let id = format!("sha256:{}", "a".repeat(64));
+        let start = zstd::encode_all(&b"the start of an archive"[..], 3).unwrap();
+        let body = futures_util::stream::iter(vec![
+            Ok(Bytes::from(start)),
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no byte of the body for 30 s",
+            )),
+        ]);
+        let e = load(&docker, "unix:///test", &id, &[], Box::pin(body))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("did not load here")
+                && e.contains("stopped arriving")
+                && e.contains("no byte of the body for 30 s")
+                && e.contains("send it again"),
+            "{e}"
+        );
+        assert!(!e.contains("could not be pulled"), "{e}");
+    }
 
     fn d(n: u8) -> String {
         sha256(&[n])
