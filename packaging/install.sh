@@ -86,7 +86,13 @@ fi
 for f in ployz ployz.service daemon.toml; do
     [ -f "$here/$f" ] || fail "$here/$f is missing: run install.sh from the unpacked tarball"
 done
-"$here/ployz" --version >/dev/null 2>&1 || fail "$here/ployz does not run on this host (wrong architecture?)"
+if ! "$here/ployz" --version >/dev/null 2>&1; then
+    if [ -x "$here/ployz" ] && command -v findmnt >/dev/null 2>&1 \
+        && findmnt -n -o OPTIONS --target "$here" | tr ',' '\n' | grep -qx noexec; then
+        fail "$here is on a filesystem mounted noexec, so $here/ployz cannot run: unpack the tarball elsewhere (your home directory) and run install.sh there"
+    fi
+    fail "$here/ployz does not run on this host (wrong architecture?)"
+fi
 if from_package; then
     # The package's next upgrade puts its own files back; until then dpkg --verify reports them.
     say "note: the ployz package is installed; its program and unit are replaced by this directory's"
@@ -121,8 +127,17 @@ chmod 0700 "$state_dir"
 if [ "$changed_unit" = yes ]; then systemctl daemon-reload; fi
 systemctl enable ployz.service >/dev/null 2>&1 || fail "systemctl enable ployz.service failed"
 
+# The running daemon's executable is not the installed file (it was replaced since the daemon
+# started, and the handover that should have followed did not happen).
+runs_another_build() {
+    pid=$(systemctl show -p MainPID --value ployz.service 2>/dev/null)
+    [ -n "$pid" ] && [ "$pid" != 0 ] || return 1
+    exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || return 1
+    [ "$exe" != "$bin" ]
+}
+
 if systemctl is-active --quiet ployz.service; then
-    if [ "$changed_bin" = yes ] || [ "$changed_unit" = yes ]; then
+    if [ "$changed_bin" = yes ] || [ "$changed_unit" = yes ] || runs_another_build; then
         say "upgrading the running daemon in place (systemctl reload ployz: handover)"
         systemctl reload ployz.service || fail "systemctl reload ployz (the handover) failed: see systemctl status ployz and journalctl -u ployz"
     else

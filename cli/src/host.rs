@@ -56,6 +56,9 @@ pub struct Probe {
     pub ployz_sha256: Option<String>,
     /// `systemctl is-active ployz`.
     pub active: Option<String>,
+    /// The executable of the unit's main process, as /proc shows it (`/usr/bin/ployz
+    /// (deleted)` when the file was replaced since it started), when it can be read.
+    pub running_exe: Option<String>,
     /// `/etc/os-release`'s `ID` and `ID_LIKE`.
     pub os: Vec<String>,
     /// The version of the `ployz` package dpkg has installed, when Ployz came from the package.
@@ -96,6 +99,7 @@ pub fn parse_probe(out: &str) -> Probe {
             "ployz_sha256" => p.ployz_sha256 = Some(v.to_owned()).filter(|s| !s.is_empty()),
             "ployz_path" => p.ployz_path = Some(v.to_owned()).filter(|s| !s.is_empty()),
             "active" => p.active = Some(v.to_owned()).filter(|s| !s.is_empty()),
+            "running_exe" => p.running_exe = Some(v.to_owned()).filter(|s| !s.is_empty()),
             "os" => p.os.extend(v.split_whitespace().map(str::to_owned)),
             "package" => p.package = Some(v.to_owned()).filter(|s| !s.is_empty()),
             _ => {}
@@ -116,6 +120,10 @@ if [ -x /usr/bin/ployz ]; then
   echo "ployz=$(/usr/bin/ployz --version 2>/dev/null | head -n 1)"
   echo "ployz_sha256=$(sha256sum /usr/bin/ployz | cut -d ' ' -f 1)"
   echo "active=$(systemctl is-active ployz.service 2>/dev/null)"
+  pid=$(systemctl show -p MainPID --value ployz.service 2>/dev/null)
+  if [ -n "$pid" ] && [ "$pid" != 0 ]; then
+    echo "running_exe=$(readlink "/proc/$pid/exe" 2>/dev/null || sudo -n readlink "/proc/$pid/exe" 2>/dev/null)"
+  fi
 fi
 if [ -r /etc/os-release ]; then . /etc/os-release; echo "os=${ID:-} ${ID_LIKE:-}"; fi
 if command -v dpkg-query >/dev/null 2>&1 && dpkg-query -W -f='${Status}' ployz 2>/dev/null | grep -q ' installed$'; then
@@ -348,6 +356,26 @@ pub async fn ensure_installed(host: &Host, options: InstallOptions) -> anyhow::R
         }
     }
     if let Some(theirs) = &probe.ployz {
+        // An older release that is no Machine yet (installed earlier, by hand or by an older
+        // CLI) has nothing to hand over carefully: it is upgraded here. `machine upgrade` would
+        // find no Machine to upgrade.
+        let older = matches!((release(theirs), release(VERSION)), (Some(t), Some(o)) if t < o);
+        if older && !options.no_install && probe.package.is_none() {
+            reach_the_socket(host, &probe, options).await?;
+            let daemon = host.running_daemon().await;
+            if daemon.as_ref().is_some_and(|v| v.machine.is_none()) {
+                progress(
+                    &options,
+                    &format!(
+                        "Ployz {theirs} on {} is older than this CLI's {VERSION} and not initialised: upgrading it",
+                        host.url()
+                    ),
+                );
+                let sudo = host.as_root(&probe)?;
+                install(host, &probe, sudo, options).await?;
+                return Ok(Installed::Fresh { docker: false });
+            }
+        }
         same_release(host, theirs)?;
         if probe.active.as_deref() == Some("active") {
             progress(
@@ -522,15 +550,19 @@ async fn install(
             size.div_ceil(1 << 20)
         ),
     );
+    // In the SSH user's home, not /tmp: hardened hosts mount /tmp noexec, and install.sh runs
+    // the staged executable to check it.
     let dir = host
         .sh_ok(
             "creating a temporary directory",
-            "mktemp -d /tmp/ployz-install.XXXXXX",
+            r#"mktemp -d "${HOME:-/tmp}/.ployz-install.XXXXXX""#,
             None,
         )
         .await?;
     let dir = dir.trim().to_owned();
-    if !dir.starts_with("/tmp/ployz-install.") {
+    if !(dir.starts_with('/') && dir.contains("/.ployz-install."))
+        || dir.contains(char::is_whitespace)
+    {
         bail!("mktemp on {} printed '{dir}', not a directory", host.url());
     }
     let result = async {
@@ -650,8 +682,15 @@ pub async fn upgrade(host: &Host, options: InstallOptions) -> anyhow::Result<Opt
             );
         }
     }
+    // The file alone is not the build that runs: a handover that failed after the file was
+    // replaced leaves the old process serving (its executable shows as deleted).
+    let runs_the_file = probe
+        .running_exe
+        .as_deref()
+        .is_none_or(|exe| exe == "/usr/bin/ployz");
     if probe.ployz_sha256.as_deref() == Some(own.as_str())
         && probe.active.as_deref() == Some("active")
+        && runs_the_file
     {
         return Ok(None);
     }
@@ -684,6 +723,13 @@ mod tests {
         assert_eq!(p.ployz.as_deref(), Some("0.1.0"));
         assert_eq!(p.ployz_sha256.as_deref(), Some("ab12"));
         assert_eq!(p.active.as_deref(), Some("inactive"));
+        assert_eq!(p.running_exe, None);
+        assert_eq!(
+            parse_probe("running_exe=/usr/bin/ployz (deleted)\n")
+                .running_exe
+                .as_deref(),
+            Some("/usr/bin/ployz (deleted)")
+        );
         assert_eq!(p.os, vec!["debian"]);
         assert_eq!(p.package, None);
         let bare = parse_probe("uid=0\nos= \npackage=0.1.1\n");

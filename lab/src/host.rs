@@ -3,7 +3,7 @@
 //!
 //! A host Machine runs systemd as PID 1 of its own PID namespace, with its own mount, UTS and
 //! cgroup namespaces, inside the Machine's network namespace. Its `/etc`, `/usr`, `/var/lib`,
-//! `/var/log` and `/var/cache` are overlays on the lab host's (what is written there lands in
+//! `/var/log`, `/var/cache`, `/root` and `/home` are overlays on the lab host's (what is written there lands in
 //! the Machine's directory; the lab host's files are never changed), `/run` a tmpfs and `/tmp` a
 //! directory of its own. Its cgroup hierarchies are mounted from inside its cgroup namespace, so
 //! its systemd manages a subtree named after the Machine and nothing above it. The unit files
@@ -42,6 +42,9 @@ const OVERLAYS: &[(&str, &str)] = &[
     ("/var/lib", "var-lib"),
     ("/var/log", "var-log"),
     ("/var/cache", "var-cache"),
+    // Users' homes: what `useradd -m` and an install staged over SSH write there.
+    ("/root", "root"),
+    ("/home", "home"),
 ];
 
 /// The script run as the Machine's first process (in its new namespaces): builds its mounts,

@@ -39,12 +39,22 @@ fn workstation(lab: &Lab) -> PathBuf {
 /// Another build of the workstation's CLI, as a rebuild makes one: the same code, one more
 /// section (so its digest differs, and stripping keeps the difference).
 fn next_build(lab: &Lab, from: &Path) -> PathBuf {
-    let note = lab.dir().join("next-build-note");
-    std::fs::write(&note, "the next build\n").expect("write the note");
-    let path = lab.dir().join("ployz-next");
+    build_named(lab, from, "next")
+}
+
+/// [`next_build`] named `name` (a build after `from`, whatever `from` is).
+fn build_named(lab: &Lab, from: &Path, name: &str) -> PathBuf {
+    let note = lab.dir().join(format!("{name}-build-note"));
+    std::fs::write(&note, format!("the {name} build\n")).expect("write the note");
+    let path = lab.dir().join(format!("ployz-{name}"));
     let out = Command::new("objcopy")
-        .arg(format!("--add-section=.note.ployz-next={}", note.display()))
-        .arg("--set-section-flags=.note.ployz-next=noload,readonly")
+        .arg(format!(
+            "--add-section=.note.ployz-{name}={}",
+            note.display()
+        ))
+        .arg(format!(
+            "--set-section-flags=.note.ployz-{name}=noload,readonly"
+        ))
         .arg(from)
         .arg(&path)
         .output()
@@ -215,7 +225,9 @@ fn three_hosts_installed_over_ssh_form_a_cluster_serve_a_deploy_and_upgrade_unde
         "755 root\n700 root\n644 root\nployz\nType=notify\nWatchdogUSec=1min\nNRestarts=0"
     );
 
-    // The others added through the saved context; host 2 as the sudo user.
+    // The others added through the saved context; host 2 as the sudo user, host 1 with /tmp
+    // mounted noexec, as hardened hosts have it (the CLI stages the install elsewhere).
+    host_sh(&lab, 1, "mount -o remount,bind,noexec /tmp");
     cli_ok(&lab, &["machine", "add", "--name", "m1", &lab.ssh_url(1)]);
     let as_user = format!("ssh://deployer@{}", lab.underlay_addr(2));
     let add = cli_ok(&lab, &["machine", "add", "--name", "m2", &as_user]);
@@ -526,6 +538,26 @@ fn upgrade_under_load(lab: &Lab) {
     assert_eq!(machines.len(), 1, "{outcome}");
     assert_eq!(machines[0]["name"], "m1", "{outcome}");
     assert_eq!(machines[0]["upgraded"], false, "{outcome}");
+
+    // The file replaced but the daemon not handed over (a handover that failed, SSH cut between
+    // the two): the same file is not the same build running, and the upgrade hands over.
+    let third = build_named(lab, &next, "third");
+    ssh_ok(
+        lab,
+        1,
+        "cat > /usr/bin/ployz.new && chmod 0755 /usr/bin/ployz.new && mv -f /usr/bin/ployz.new /usr/bin/ployz",
+        Some(&third),
+    );
+    let exe = "readlink /proc/$(systemctl show -p MainPID --value ployz.service)/exe";
+    assert_eq!(host_sh(lab, 1, exe), "/usr/bin/ployz (deleted)");
+    let mut stale = lab.cli_program(&third);
+    stale.args(["machine", "upgrade", "-m", "m1", "--json"]);
+    let out = stale.output().expect("the third CLI runs");
+    assert!(out.status.success(), "{}", text(&out));
+    let outcome: Value = serde_json::from_slice(&out.stdout).expect("machine upgrade --json");
+    assert_eq!(outcome["machines"][0]["upgraded"], true, "{outcome}");
+    assert_eq!(host_sh(lab, 1, exe), "/usr/bin/ployz");
+    assert_running(lab, 1);
 }
 
 /// The repository's root (the lab crate's parent).
@@ -679,6 +711,33 @@ fn the_tarball_and_the_package_install_upgrade_and_remove_on_a_host_cut_off_from
         host_sh(&lab, 0, "systemctl show -p MainPID --value ployz.service"),
         pid
     );
+    // An older release there, not initialised: `machine init` upgrades it first (refused, it
+    // named `machine upgrade`, which has no Machine to upgrade there).
+    host_sh(
+        &lab,
+        0,
+        "mv /usr/bin/ployz /usr/bin/ployz.real && printf '#!/bin/sh\nif [ \"$1\" = --version ]; then echo \"ployz 0.0.1\"; exit 0; fi\nexec /usr/bin/ployz.real \"$@\"\n' > /usr/bin/ployz && chmod 0755 /usr/bin/ployz",
+    );
+    assert_eq!(host_sh(&lab, 0, "ployz --version"), "ployz 0.0.1");
+    let init = cli_ok(
+        &lab,
+        &["machine", "init", "--name", "old", "--yes", &lab.ssh_url(0)],
+    );
+    assert!(
+        stderr(&init).contains("is older than this CLI's")
+            && stderr(&init).contains("upgrading it"),
+        "{}",
+        text(&init)
+    );
+    assert_eq!(
+        host_sh(
+            &lab,
+            0,
+            "ployz --version | cut -d ' ' -f 2; rm /usr/bin/ployz.real"
+        ),
+        "0.1.0"
+    );
+    assert_running(&lab, 0);
     // Removed, state and configuration kept; then purged.
     let said = ssh_ok(
         &lab,
