@@ -11,8 +11,9 @@
 //!
 //! A lease lapses its TTL (`LeaseHolder::ttl_ms`, 10 s) after its holder's last call there,
 //! and a Deploy may work on one Machine for minutes while another waits its turn (or wait for
-//! one Machine's lease while holding another's): when a command asks several Machines, a
-//! second connection renews every lease taken so far every few seconds until they are released.
+//! one Machine's lease while holding another's), or send a built image for longer than that
+//! before its first call that carries the token: a second connection renews every lease taken
+//! so far every few seconds until they are released, one Machine or many.
 
 use std::time::Duration;
 
@@ -157,10 +158,9 @@ impl Leases {
             renewing: Default::default(),
             renewer: None,
         };
-        // Several Machines: the ones taken are kept while the next is waited for.
-        if reach.machines.len() > 1 {
-            leases.renewer = Some(renew_in_background(client, leases.renewing.clone()).await?);
-        }
+        // Kept while the next Machine's is waited for, and while nothing else calls with them
+        // (an image sent to the only Machine may take minutes over a slow link).
+        leases.renewer = Some(renew_in_background(client, leases.renewing.clone()).await?);
         let mut left_out = Vec::new();
         for m in reach.machines.clone() {
             client.set_machine_target(m.id.as_ref().map(|id| id.to_string()));

@@ -567,6 +567,63 @@ fn running_images(lab: &Lab) -> Vec<String> {
     images
 }
 
+/// A Docker socket in front of the lab host's whose answers arrive at `bytes_per_s` (what the
+/// CLI reads, as over a slow uplink; what it sends is not slowed). Stops with the process.
+fn slow_docker(lab: &Lab, bytes_per_s: usize) -> String {
+    use std::io::{Read, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    let path = lab.dir().join("slow-docker.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(docker) = UnixStream::connect("/var/run/docker.sock") else {
+                continue;
+            };
+            let (mut c_in, mut d_out) = (client.try_clone().unwrap(), docker.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c_in, &mut d_out);
+                let _ = d_out.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut d_in, mut c_out) = (docker, client);
+            std::thread::spawn(move || {
+                let chunk = (bytes_per_s / 20).max(1);
+                let mut buf = vec![0u8; chunk];
+                while let Ok(n) = d_in.read(&mut buf) {
+                    if n == 0 || c_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let _ = c_out.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    format!("unix://{}", path.display())
+}
+
+#[test]
+#[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
+fn a_built_image_sent_slowly_to_the_only_machine_keeps_the_deploys_lease() {
+    // The image reaches the Machine for longer than the lease's 10 s with no other call: the
+    // lease is renewed meanwhile, and the Deploy's first operation is still its holder's.
+    let lab = cluster(1);
+    let dir = lab.dir().join("slow");
+    let compose = project(&dir, 9, 20 << 20, "");
+    let docker = slow_docker(&lab, 1 << 20);
+    let started = std::time::Instant::now();
+    let mut c = lab.cli(0);
+    c.env("DOCKER_HOST", &docker)
+        .args(["deploy", "-y", "--json", "-f", compose.to_str().unwrap()]);
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}\n{}", text(&out), logs(&lab));
+    assert!(
+        started.elapsed() > Duration::from_secs(12),
+        "the transfer was not slow enough to outlast the lease: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(running_images(&lab).len(), 1, "{}", text(&out));
+}
+
 #[test]
 #[ignore = "needs root, dockerd and the lab (scripts/test.sh runs it)"]
 fn a_service_built_from_its_context_deploys_to_three_machines_and_only_changes_cross_again() {
