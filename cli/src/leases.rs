@@ -67,6 +67,7 @@ impl Reach {
                     name: f.target.clone(),
                     reason: format!("its record cannot be read here: {}", f.reason),
                     edge_features: None,
+                    services: Vec::new(),
                 })
             })
             .collect();
@@ -77,6 +78,7 @@ impl Reach {
                     name: m.info.name.to_string(),
                     reason: "the Machine reached observes it down".into(),
                     edge_features: m.info.published_edge_features().map(<[String]>::to_vec),
+                    services: Vec::new(),
                 });
             } else {
                 machines.push(Reached {
@@ -200,6 +202,7 @@ impl Leases {
                 name: m.name,
                 reason,
                 edge_features: m.edge_features,
+                services: Vec::new(),
             });
         }
         Ok(leases)

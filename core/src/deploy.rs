@@ -490,6 +490,11 @@ pub struct NotIncluded {
     /// Its edge serves the Cluster's routes again when it comes back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub edge_features: Option<Vec<String>>,
+    /// The Services it had containers of, as the Machine reached last observed it (Replicated
+    /// Observation: possibly stale). A Service attempted that runs nowhere else is refused:
+    /// planned on the others it would be a second Service, with new, empty volumes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<String>,
 }
 
 /// One operation that ran, and what it produced.

@@ -201,9 +201,43 @@ fn one_deploy_through_one_machine_places_services_on_all_three() {
         "{said}"
     );
 
+    // A Service that runs on Machine 2 alone, seen there by Machine 0's store before Machine 2
+    // stops: deployed again through Machine 0 without it, it is refused, not made anew on the
+    // others (a second Service, with empty volumes).
+    let solo = lab.dir().join("solo.yaml");
+    let solo_on = |pin: &str| {
+        format!(
+            "services:\n  solo:\n    image: {LAB_IMAGE}\n    command: [\"sleep\", \"3600\"]\n{pin}"
+        )
+    };
+    std::fs::write(&solo, solo_on("    x-machines: m2\n")).expect("compose file");
+    ok_fast(&lab, 0, &["deploy", "-y", "-f", solo.to_str().unwrap()]);
+    wait_for(
+        &lab,
+        "Machine 0's store holds solo's container on Machine 2",
+        Duration::from_secs(30),
+        || {
+            let v = lab.json(0, &["ps", "--replicated", "--json"]);
+            v["values"]
+                .as_array()?
+                .iter()
+                .any(|c| c["service_name"] == "solo" && c["machine_name"] == "m2")
+                .then_some(())
+        },
+    );
+
     // Machine 2 stopped: a Service pinned to it is refused before anything runs; the others
     // deploy on Machines 0 and 1, and the preview says Machine 2 was not included.
     lab.stop_machine(2);
+    std::fs::write(&solo, solo_on("")).expect("compose file");
+    let out = ployz_fast(&lab, 0, &["deploy", "-y", "-f", solo.to_str().unwrap()]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out)
+            .contains("service 'solo' runs only on Machine m2, which this Deploy cannot include"),
+        "{}",
+        text(&out)
+    );
     let pinned = lab.dir().join("pinned.yaml");
     std::fs::write(
         &pinned,

@@ -1164,6 +1164,7 @@ fn left_out(m: &MachineSnapshot) -> NotIncluded {
             .info
             .published_edge_features()
             .map(<[String]>::to_vec),
+        services: Vec::new(),
     }
 }
 
@@ -1224,6 +1225,50 @@ fn a_machine_not_included_is_planned_around_unless_a_service_is_pinned_to_it() {
             "service 'db' names Machine m3 in x-machines, but this Deploy cannot include it (it did not answer); bring it back (`ployz machine ls` shows how the entry Machine observes it) or leave it out of x-machines"
         );
     }
+}
+
+#[test]
+fn a_service_that_runs_only_on_a_machine_left_out_is_refused_not_planned_anew() {
+    let machines = [machine("m1"), machine("m2"), machine("m3")];
+    let (answered, gone) = machines.split_at(2);
+    let mut db = spec("db");
+    db.container.mounts = vec![Mount::Volume {
+        source: "pgdata".into(),
+        target: "/data".into(),
+        read_only: false,
+        no_copy: false,
+    }];
+    let volume = VolumeSpec {
+        name: "pgdata".into(),
+        driver: None,
+        driver_opts: Default::default(),
+        labels: Default::default(),
+        external: false,
+    };
+    let intent = DeployIntent::all(vec![db.clone(), spec("web")], vec![volume]);
+    let mut last_seen = left_out(&gone[0]);
+    last_seen.services = vec!["db".into()];
+    let opts = PlanOptions {
+        not_included: vec![last_seen],
+        ..Default::default()
+    };
+    let err = plan(&intent, answered, &opts).unwrap_err();
+    assert_eq!(err.0.len(), 1, "{err}");
+    assert!(
+        matches!(err.0[0], PlanError::OnlyOnMachineNotIncluded { ref name, ref machine, .. } if name == "db" && machine == "m3"),
+        "{err}"
+    );
+    // Not last seen there: a new Service, planned on the Machines that answered.
+    let p = plan(
+        &intent,
+        answered,
+        &PlanOptions {
+            not_included: vec![left_out(&gone[0])],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(p.operations().count() >= 2);
 }
 
 #[test]
@@ -1427,6 +1472,7 @@ mod binding {
             name: "m3".into(),
             reason: "observed down".into(),
             edge_features: None,
+            services: Vec::new(),
         };
         let moved = reviewed.moved(&PlanBinding::of(&intent, &left, &[gone], &[]).id());
         assert!(moved.contains(&Part::Machines), "{moved:?}");

@@ -844,7 +844,35 @@ async fn gather(
         }
         reach.not_included.push(n);
     }
+    last_seen_on(client, &mut reach.not_included).await?;
     Ok(machines)
+}
+
+/// Notes on each Machine left out the Services it had containers of, as the Machine reached
+/// holds its observations (replicated, possibly stale), so that a Service found only there is
+/// not planned as a new one. When they cannot be read, nothing can be told apart: the Deploy
+/// stops rather than risk a second copy of a Service.
+async fn last_seen_on(
+    client: &mut ApiClient,
+    not_included: &mut [NotIncluded],
+) -> anyhow::Result<()> {
+    if not_included.is_empty() {
+        return Ok(());
+    }
+    client.set_machine_target(None);
+    let stored: Vec<ployz_core::ContainerRuntimeObservation> = client
+        .get(docker_paths::STORED_CONTAINERS)
+        .await
+        .context("cannot read what the Machines left out last ran")?;
+    for n in not_included.iter_mut() {
+        let on: BTreeSet<String> = stored
+            .iter()
+            .filter(|c| c.machine_id == n.machine && c.kind == ployz_core::ContainerKind::Service)
+            .map(|c| c.service_name.to_string())
+            .collect();
+        n.services = on.into_iter().collect();
+    }
+    Ok(())
 }
 
 /// The Machines of `asked` that gave no answer, each with the failure that names it (a fan-out
@@ -866,6 +894,7 @@ fn unanswered(
                 .find(|f| f.target.contains(id.as_str()))
                 .map_or_else(|| "it gave no answer".to_owned(), |f| f.reason.clone()),
             edge_features: m.edge_features.clone(),
+            services: Vec::new(),
         })
         .collect()
 }

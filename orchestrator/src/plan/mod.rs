@@ -98,6 +98,12 @@ pub enum PlanError {
         machine: String,
         reason: String,
     },
+    #[error("service '{name}' runs only on Machine {machine}, which this Deploy cannot include ({reason}), and planned on the others it would be a second Service with new, empty volumes; bring Machine {machine} back (`ployz machine ls` shows how the entry Machine observes it), or deploy the other Services by name")]
+    OnlyOnMachineNotIncluded {
+        name: String,
+        machine: String,
+        reason: String,
+    },
     #[error("service '{name}': image '{image}' is not on Machine {machine} and pull_policy is never; load it there or use pull_policy: missing")]
     ImageMissing {
         name: String,
@@ -203,6 +209,7 @@ impl PlanError {
             | PlanError::ModeChange { name, .. }
             | PlanError::NoEligibleMachine { name, .. }
             | PlanError::PinnedMachineNotIncluded { name, .. }
+            | PlanError::OnlyOnMachineNotIncluded { name, .. }
             | PlanError::ImageMissing { name, .. }
             | PlanError::HostnameClaimed { name, .. }
             | PlanError::RouteClaimed { name, .. }
@@ -445,6 +452,21 @@ fn plan_service<'a>(
         errors.push(e);
     }
     let existing = identity::containers_of(spec, machines);
+    // Containers nowhere in this Deploy but last seen on a Machine it leaves out: the Service
+    // is there, not new.
+    if existing.is_empty() {
+        if let Some(there) = not_included
+            .iter()
+            .find(|n| n.services.iter().any(|s| s == spec.name.as_str()))
+        {
+            errors.push(PlanError::OnlyOnMachineNotIncluded {
+                name: spec.name.to_string(),
+                machine: there.name.clone(),
+                reason: there.reason.clone(),
+            });
+            return Err(errors);
+        }
+    }
     let service_id = identity::service_id(spec, &existing)
         .map_err(|e| errors.push(e))
         .ok();
@@ -586,6 +608,11 @@ mod tests {
                 why: "every Machine is down".into(),
             },
             PlanError::PinnedMachineNotIncluded {
+                name: name(),
+                machine: "m3".into(),
+                reason: "observed down".into(),
+            },
+            PlanError::OnlyOnMachineNotIncluded {
                 name: name(),
                 machine: "m3".into(),
                 reason: "observed down".into(),
