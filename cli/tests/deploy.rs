@@ -194,6 +194,16 @@ fn deploy_redeploy_update_fail_scale_logs_exec_rm() {
         names_of(&after, "web"),
         "the old web container must still run"
     );
+    // Scaled after that failure, web is what it runs, not the spec that failed.
+    let out = run(&lab, &m, &["scale", "web", "2", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(names_of(&running(&lab, &m), "web").len(), 2);
+    let page = run(
+        &lab,
+        &m,
+        &["exec", "web", "wget", "-q", "-O-", "http://127.0.0.1:8080/"],
+    );
+    assert_eq!(stdout(&page).trim(), "hello-two", "{}", stderr(&page));
 
     // Back to the good file; scale, logs, rm.
     compose(&lab, &changed);

@@ -149,7 +149,15 @@ pub fn services(containers: &[ContainerRuntimeObservation]) -> Vec<ServiceView> 
     let mut out: Vec<ServiceView> = by_id
         .into_iter()
         .map(|(id, cs)| {
-            let newest = cs.iter().max_by_key(|c| c.created_at).expect("non-empty");
+            // What the Service is: its newest running container's spec. A Deploy that failed
+            // keeps its new container stopped for inspection and the old one serving; that
+            // stopped one is not what the Service runs (nor what `scale` should deploy again).
+            let newest = cs
+                .iter()
+                .filter(|c| c.is_running())
+                .max_by_key(|c| c.created_at)
+                .or_else(|| cs.iter().max_by_key(|c| c.created_at))
+                .expect("non-empty");
             let spec = newest.spec.clone();
             ServiceView {
                 id: id.clone(),
