@@ -1726,3 +1726,19 @@ fn odd_inputs_never_panic_and_errors_stay_one_line() {
         }
     }
 }
+
+#[test]
+fn yaml_1_1_booleans_are_read_as_compose_reads_them() {
+    let p = ok("services:\n  a:\n    image: nginx\n    init: yes\n    healthcheck:\n      disable: On\n  b:\n    image: nginx\n    init: off\n");
+    assert_eq!(service(&p, "a").container.init, Some(true));
+    assert_eq!(
+        service(&p, "a").container.healthcheck,
+        Some(ployz_core::Healthcheck::Disabled),
+        "disable: On"
+    );
+    assert_eq!(service(&p, "b").container.init, Some(false));
+    let e = load_yaml("services:\n  a:\n    image: nginx\n    init: maybe\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("init") && e.contains("yes/no"), "{e}");
+}

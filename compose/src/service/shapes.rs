@@ -18,10 +18,17 @@ pub(crate) fn text(n: &Node) -> Result<String, String> {
 
 /// `true`/`false`, also as text in any case.
 pub(crate) fn boolean(n: &Node) -> Result<bool, String> {
+    // YAML 1.1's words too (`privileged: yes`), which Compose reads as booleans.
+    const TRUE: &[&str] = &["true", "yes", "y", "on"];
+    const FALSE: &[&str] = &["false", "no", "n", "off"];
     match n {
         Node::Bool(b) => Ok(*b),
-        Node::Str(s) if s.eq_ignore_ascii_case("true") => Ok(true),
-        Node::Str(s) if s.eq_ignore_ascii_case("false") => Ok(false),
+        Node::Str(s) if TRUE.iter().any(|t| s.eq_ignore_ascii_case(t)) => Ok(true),
+        Node::Str(s) if FALSE.iter().any(|f| s.eq_ignore_ascii_case(f)) => Ok(false),
+        Node::Str(s) => Err(format!(
+            "expected true or false (or yes/no, on/off), found '{}'",
+            s.escape_debug()
+        )),
         other => Err(format!("expected true or false, found {}", other.kind())),
     }
 }
