@@ -88,7 +88,11 @@ pub(crate) fn resolve<'s>(
             _ => Resolution::NoData,
         };
     }
-    let (selector, base) = split_selector(name);
+    // The name itself first: a Machine may be named `rr` or `nearest` (`rr.m.web.internal`).
+    let (selector, base) = match snapshot.get(name) {
+        Some(_) => (DnsSelector::RoundRobin, name),
+        None => split_selector(name),
+    };
     match snapshot.get(base) {
         None => Resolution::NxDomain,
         Some(set) if wants_a && !set.is_empty() => Resolution::Addresses { set, selector },
@@ -371,6 +375,29 @@ mod tests {
             split_selector(b"rrweb.internal"),
             (DnsSelector::RoundRobin, &b"rrweb.internal"[..])
         );
+    }
+
+    #[test]
+    fn a_machine_named_like_a_selector_is_reached_by_its_machine_service_name() {
+        use crate::snapshot::tests::{machine, serving};
+        let rr = machine("rr", "10.210.0.0/24");
+        let web = ployz_core::ServiceId::generate();
+        let addr = Ipv4Addr::new(10, 210, 0, 7);
+        let s = DnsSnapshot::build(
+            &[serving(&rr.id, "web", &web, addr)],
+            std::slice::from_ref(&rr),
+            &rr.id,
+        );
+        for name in [
+            &b"rr.m.web.internal"[..],
+            b"rr.rr.m.web.internal",
+            b"nearest.rr.m.web.internal",
+        ] {
+            match resolve(&s, name, rtype::A, CLASS_IN) {
+                Resolution::Addresses { set, .. } => assert_eq!(set.addrs(), [addr]),
+                other => panic!("{}: {other:?}", String::from_utf8_lossy(name)),
+            }
+        }
     }
 
     #[test]
