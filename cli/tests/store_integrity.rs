@@ -531,3 +531,54 @@ services:
     drop(m);
     drop(tmpfs);
 }
+
+#[test]
+#[ignore = "needs dockerd: a Machine's init connects to Docker (scripts/test.sh runs it)"]
+fn a_lost_machine_json_is_said_at_start_and_init_sets_the_old_store_and_key_aside() {
+    let lab = Lab::new();
+    let (source, _, _) = prepared_data_dir(&lab);
+    let dir = lab.path("no-identity-data");
+    copy_dir(&source, &dir);
+    let old_key = std::fs::read(dir.join("wireguard.key")).unwrap();
+    std::fs::remove_file(dir.join("machine.json")).unwrap();
+
+    // The daemon starts uninitialised, and says what it found.
+    let daemon = Daemon::start(dir.clone(), lab.path("no-identity.sock"));
+    let log = daemon.log_text();
+    assert!(
+        log.contains("machine.json is missing") && log.contains("restore machine.json"),
+        "{log}"
+    );
+    // `machine init`, as its refusals hint, starts anew and deletes nothing: the old store,
+    // its acknowledgement record and key are beside the new ones.
+    let init = lab.ployz(&daemon, &["machine", "init", "--name", "anew", "--json"]);
+    assert!(init.status.success(), "{}", stderr(&init));
+    let aside = |prefix: &str| -> Vec<PathBuf> {
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+            })
+            .collect()
+    };
+    let stores = aside("store.lost-");
+    assert_eq!(
+        stores.len(),
+        1,
+        "{:?}",
+        std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect::<Vec<_>>()
+    );
+    assert!(stores[0].join("db").exists() || std::fs::read_dir(&stores[0]).unwrap().count() > 0);
+    assert_eq!(aside("store.ack.lost-").len(), 1);
+    let keys = aside("wireguard.key.lost-");
+    assert_eq!(keys.len(), 1);
+    assert_eq!(std::fs::read(&keys[0]).unwrap(), old_key);
+    assert!(dir.join("store").exists() && dir.join("machine.json").exists());
+}

@@ -67,6 +67,36 @@ impl DataDir {
     }
 }
 
+/// Moves `path` aside as `<name>.lost-<unix seconds>` when it exists, and says where: what an
+/// uninitialised Machine finds of an earlier identity (its `machine.json` lost, or an init cut
+/// short) is kept for an operator to restore, never deleted by a new init or join.
+pub fn set_aside(path: &Path) -> std::io::Result<Option<PathBuf>> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(None);
+    }
+    let seconds = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut aside = path.with_file_name(format!("{name}.lost-{seconds}"));
+    let mut n = 1;
+    while std::fs::symlink_metadata(&aside).is_ok() {
+        aside = path.with_file_name(format!("{name}.lost-{seconds}-{n}"));
+        n += 1;
+    }
+    std::fs::rename(path, &aside)?;
+    tracing::warn!(
+        from = %path.display(),
+        to = %aside.display(),
+        "what an earlier identity of this Machine left was set aside, not deleted (restore it with machine.json to get that Machine back)"
+    );
+    Ok(Some(aside))
+}
+
 /// What an uninitialised Machine offers to a Cluster it is asked to join: kept from the first
 /// join request until it joins (or is initialised), so that asking twice offers the same key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,6 +114,10 @@ impl PendingJoin {
                     return Ok(p);
                 }
             }
+        }
+        // A key without an offer of its own is an earlier identity's: kept aside.
+        if std::fs::symlink_metadata(dir.pending_join_file()).is_err() {
+            set_aside(&dir.private_key_file())?;
         }
         let keys = KeyPair::generate();
         keys.save_private(dir)?;

@@ -181,6 +181,13 @@ impl LocalMachine {
                 })?;
             }
         }
+        if identity.is_none() && (dir.store_dir().exists() || dir.acknowledged_file().exists()) {
+            tracing::warn!(
+                "{} is missing, but {} holds a store: if this Machine was initialised, stop the daemon and restore machine.json (from a backup of the data dir); `ployz machine init` or a join sets the store aside as store.lost-<time> and starts anew",
+                dir.identity_file().display(),
+                dir.root().display()
+            );
+        }
         let store = match &identity {
             Some(identity) => {
                 let store = open_store(&dir, identity, accept_data_loss)?;
@@ -353,6 +360,9 @@ impl LocalMachine {
         let subnet = network
             .first_free_subnet(&[])
             .expect("an empty cluster network has a free subnet");
+        crate::identity::set_aside(&self.dir.private_key_file()).map_err(io(
+            "setting aside the WireGuard key an earlier identity left",
+        ))?;
         let keys = KeyPair::generate();
         keys.save_private(&self.dir)
             .map_err(io("writing the WireGuard private key"))?;
@@ -378,20 +388,18 @@ impl LocalMachine {
         self.take_identity(state, identity, store, docker)
     }
 
-    /// Opens a new, empty store for this Machine: a store (and acknowledgement record) left by
-    /// an init or join that crashed before writing the identity belongs to no one and goes.
+    /// Opens a new, empty store for this Machine. A store (and acknowledgement record) already
+    /// there belongs to no identity: an init or join that crashed before writing it, or a
+    /// Machine whose `machine.json` was lost. It is set aside (`store.lost-<time>`), not
+    /// deleted: the second is a whole Machine's data.
     fn fresh_store(&self, id: &MachineId) -> Result<Store, MachineError> {
         let store_dir = self.dir.store_dir();
-        if store_dir.exists() {
-            std::fs::remove_dir_all(&store_dir)
-                .map_err(io("removing a store left by an interrupted init or join"))?;
-        }
+        crate::identity::set_aside(&store_dir)
+            .map_err(io("setting aside a store that belongs to no identity"))?;
         let acknowledged = self.dir.acknowledged_file();
-        if acknowledged.exists() {
-            std::fs::remove_file(&acknowledged).map_err(io(
-                "removing the acknowledgement record of a store left by an interrupted init or join",
-            ))?;
-        }
+        crate::identity::set_aside(&acknowledged).map_err(io(
+            "setting aside the acknowledgement record of a store that belongs to no identity",
+        ))?;
         let (store, _) = Store::open_with(
             &store_dir,
             id.clone(),
@@ -631,12 +639,12 @@ fn open_store(
 }
 
 /// This system's hostname.
-/// Deletes this Machine's identity, keys and store, the identity file first: a crash midway
-/// leaves an uninitialised Machine whose leftovers the next init or join removes. Says which
-/// path could not be removed.
+/// Deletes this Machine's identity, keys and store, the identity file last: it says
+/// `resetting` by then, so a crash midway leaves a reset the next start finishes, not a store
+/// without an identity (which an init or join would set aside as another Machine's data). Says
+/// which path could not be removed.
 pub(crate) fn remove_identity_files(dir: &DataDir) -> Result<(), String> {
     for file in [
-        dir.identity_file(),
         dir.private_key_file(),
         dir.pending_join_file(),
         dir.join_token_file(),
@@ -653,7 +661,11 @@ pub(crate) fn remove_identity_files(dir: &DataDir) -> Result<(), String> {
         std::fs::remove_dir_all(&store)
             .map_err(|e| format!("removing {}: {e}", store.display()))?;
     }
-    Ok(())
+    match std::fs::remove_file(dir.identity_file()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("removing {}: {e}", dir.identity_file().display())),
+    }
 }
 
 fn hostname() -> String {
