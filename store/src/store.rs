@@ -169,6 +169,9 @@ struct Writer {
     last_local: Option<AcknowledgedWrite>,
 }
 
+/// How a reopen that failed because the store's directory still refuses writes begins.
+const STILL_REFUSES: &str = "its directory still refuses writes";
+
 /// Why writes are refused.
 enum Trouble {
     /// sled refused a change; the store is frozen until it reopens.
@@ -176,6 +179,9 @@ enum Trouble {
         reason: String,
         /// The local write that failed, undone if it reached the disk after all.
         failed: Option<Box<FailedWrite>>,
+        /// Why the last attempt to reopen failed, when its directory did take writes again:
+        /// then it does not resume by itself.
+        cannot_reopen: Option<String>,
     },
     /// The changes are durable, but the acknowledgement record could not follow them.
     RecordBehind { reason: String },
@@ -187,6 +193,18 @@ enum Trouble {
 impl Trouble {
     fn describe(&self) -> String {
         match self {
+            Trouble::Frozen {
+                reason,
+                cannot_reopen: Some(why),
+                ..
+            } => {
+                let restart = if why.contains("restart the daemon") {
+                    ""
+                } else {
+                    "; restart the daemon to see the ways out"
+                };
+                format!("{reason}; reads show what was on disk before; the store cannot reopen: {why}{restart}")
+            }
             Trouble::Frozen { reason, .. } => format!(
                 "{reason}; reads show what was on disk before; writes resume by themselves once \
                  the store's filesystem takes writes again (free space there if it is full)"
@@ -1038,10 +1056,28 @@ impl Store {
             None => return Ok(()),
             Some(Trouble::RecordBehind { .. }) => self.acknowledge(writer),
             Some(Trouble::HandedOver) => writer.trouble = Some(Trouble::HandedOver),
-            Some(Trouble::Frozen { reason, failed }) => {
+            Some(Trouble::Frozen {
+                reason,
+                failed,
+                cannot_reopen,
+            }) => {
                 if let Err(still) = self.reopen(writer, failed.as_deref()) {
-                    tracing::debug!(reason = %still, "the store cannot reopen yet");
-                    writer.trouble = Some(Trouble::Frozen { reason, failed });
+                    // Its directory refusing writes still is the full disk: that passes.
+                    // Anything else does not, and is worth an operator's eye, once.
+                    let cannot_reopen = if still.starts_with(STILL_REFUSES) {
+                        tracing::debug!(reason = %still, "the store cannot reopen yet");
+                        None
+                    } else {
+                        if cannot_reopen.as_deref() != Some(still.as_str()) {
+                            tracing::warn!(reason = %still, "the store cannot reopen");
+                        }
+                        Some(still)
+                    };
+                    writer.trouble = Some(Trouble::Frozen {
+                        reason,
+                        failed,
+                        cannot_reopen,
+                    });
                 }
             }
         }
@@ -1084,7 +1120,11 @@ impl Store {
         writer.sled = None;
         let reason = format!("a write failed ({})", StoreError::Io(error));
         tracing::error!(store = ?self.path, %reason, "the store stops taking writes until its disk takes them again");
-        writer.trouble = Some(Trouble::Frozen { reason, failed });
+        writer.trouble = Some(Trouble::Frozen {
+            reason,
+            failed,
+            cannot_reopen: None,
+        });
         self.publish_writability(writer);
         self.refusal(writer)
     }
@@ -1130,7 +1170,7 @@ impl Store {
             .path
             .as_ref()
             .ok_or_else(|| "a temporary store cannot reopen".to_owned())?;
-        probe(path).map_err(|e| format!("its directory still refuses writes: {e}"))?;
+        probe(path).map_err(|e| format!("{STILL_REFUSES}: {e}"))?;
         let mut report = OpenReport::default();
         let (sled, inventory) =
             open_and_read(path, &self.local, &mut report).map_err(|e| e.to_string())?;

@@ -161,6 +161,54 @@ fn full_disk(record: AckRecord) {
 
 #[test]
 #[ignore = "needs root to mount a tmpfs (scripts/test.sh runs it)"]
+fn a_frozen_store_that_cannot_reopen_once_space_returns_says_why_and_to_restart() {
+    let fs = Tmpfs::mount("2m");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let options = OpenOptions {
+        acknowledged: Some(elsewhere.path().join("store.ack")),
+        accept_loss: false,
+    };
+    let (store, _) =
+        Store::open_with(fs.path().join("store"), MachineId::generate(), &options).unwrap();
+    store.put(&policy(), b"durable".to_vec()).unwrap();
+    let filler = fill(fs.path());
+    write_until_refused(&store);
+    assert!(
+        store
+            .write_failure()
+            .is_some_and(|w| w.contains("resume by themselves")),
+        "{:?}",
+        store.write_failure()
+    );
+    // Space returns, but the store's files were damaged meanwhile: it cannot reopen, and does
+    // not claim it will resume by itself.
+    for entry in std::fs::read_dir(fs.path().join("store"))
+        .unwrap()
+        .flatten()
+    {
+        if entry.path().is_file() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(entry.path())
+                .unwrap()
+                .set_len(100)
+                .unwrap();
+        }
+    }
+    std::fs::remove_file(&filler).unwrap();
+    assert!(!store.recover(), "a damaged store reopened");
+    let why = store
+        .write_failure()
+        .expect("the store says it cannot write");
+    assert!(
+        why.contains("cannot reopen") && why.contains("restart the daemon"),
+        "{why}"
+    );
+    assert!(!why.contains("resume by themselves"), "{why}");
+}
+
+#[test]
+#[ignore = "needs root to mount a tmpfs (scripts/test.sh runs it)"]
 fn a_store_reopened_on_a_full_disk_opens_once_space_returns_and_keeps_everything() {
     let fs = Tmpfs::mount("2m");
     let id = MachineId::generate();
