@@ -534,6 +534,14 @@ fn decode_answer(status: StatusCode, bytes: &[u8]) -> Result<serde_json::Value, 
     }
 }
 
+/// The address a request's connection came from (set by `api::serve`).
+fn caller(request: &Request) -> Option<IpAddr> {
+    request
+        .extensions()
+        .get::<ConnectedFrom<SocketAddr>>()
+        .map(|c| c.0.ip())
+}
+
 /// The layer on the whole mesh listener: a connection from this Machine's own Management
 /// Address is refused. Only this host can make one (over loopback, which the firewall lets
 /// through), the daemon never calls itself there (its share of a fan-out is served in process),
@@ -544,10 +552,7 @@ pub(crate) async fn from_another_machine(
     request: Request,
     next: Next,
 ) -> Response {
-    let from = request
-        .extensions()
-        .get::<ConnectedFrom<SocketAddr>>()
-        .map(|c| c.0.ip());
+    let from = caller(&request);
     let own = machine
         .identity()
         .map(|i| IpAddr::V6(i.management_address().addr()));
@@ -570,10 +575,7 @@ pub(crate) async fn only_members(
     request: Request,
     next: Next,
 ) -> Response {
-    let from = request
-        .extensions()
-        .get::<ConnectedFrom<SocketAddr>>()
-        .map(|c| c.0.ip());
+    let from = caller(&request);
     let member = match from {
         Some(IpAddr::V6(addr)) => {
             let machine = machine.clone();

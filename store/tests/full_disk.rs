@@ -77,6 +77,20 @@ enum AckRecord {
     Elsewhere,
 }
 
+/// A store on a 2 MiB tmpfs, its acknowledgement record on another filesystem (so sled itself
+/// meets a full disk): (the tmpfs, the record's folder, the store).
+fn on_a_small_tmpfs_record_elsewhere() -> (Tmpfs, tempfile::TempDir, Store) {
+    let fs = Tmpfs::mount("2m");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let options = OpenOptions {
+        acknowledged: Some(elsewhere.path().join("store.ack")),
+        accept_loss: false,
+    };
+    let (store, _) =
+        Store::open_with(fs.path().join("store"), MachineId::generate(), &options).unwrap();
+    (fs, elsewhere, store)
+}
+
 fn policy() -> Key {
     Key::cluster("acme", "policy")
 }
@@ -162,14 +176,7 @@ fn full_disk(record: AckRecord) {
 #[test]
 #[ignore = "needs root to mount a tmpfs (scripts/test.sh runs it)"]
 fn a_frozen_store_that_cannot_reopen_once_space_returns_says_why_and_to_restart() {
-    let fs = Tmpfs::mount("2m");
-    let elsewhere = tempfile::tempdir().unwrap();
-    let options = OpenOptions {
-        acknowledged: Some(elsewhere.path().join("store.ack")),
-        accept_loss: false,
-    };
-    let (store, _) =
-        Store::open_with(fs.path().join("store"), MachineId::generate(), &options).unwrap();
+    let (fs, _elsewhere, store) = on_a_small_tmpfs_record_elsewhere();
     store.put(&policy(), b"durable".to_vec()).unwrap();
     let filler = fill(fs.path());
     write_until_refused(&store);
@@ -253,14 +260,7 @@ fn a_store_reopened_on_a_full_disk_opens_once_space_returns_and_keeps_everything
 #[ignore = "needs root to mount a tmpfs (scripts/test.sh runs it)"]
 fn a_merge_the_full_disk_refuses_is_never_shown_and_merges_once_space_returns() {
     use ployz_store::{KeyPrefix, SyncRequest};
-    let fs = Tmpfs::mount("2m");
-    let elsewhere = tempfile::tempdir().unwrap();
-    let options = OpenOptions {
-        acknowledged: Some(elsewhere.path().join("store.ack")),
-        accept_loss: false,
-    };
-    let (store, _) =
-        Store::open_with(fs.path().join("store"), MachineId::generate(), &options).unwrap();
+    let (fs, _elsewhere, store) = on_a_small_tmpfs_record_elsewhere();
     let peer = Store::temporary(MachineId::generate()).unwrap();
     let key = |i: usize| Key::cluster("certificates", format!("h{i}"));
     let batch = |store: &Store| {
