@@ -156,6 +156,12 @@ fn the_api_travels_over_ssh_and_a_changed_host_key_is_refused() {
         stderr(&ls)
     );
     assert_eq!(json(&ls)["values"][0]["name"], "over-ssh");
+    assert!(
+        stderr(&ls).contains("warning: passed over: ")
+            && stderr(&ls).contains(&format!("using {url}")),
+        "{}",
+        stderr(&ls)
+    );
     // None answers: the error names each connection and what became of it.
     let add = in_context(&[
         "ctx",

@@ -476,7 +476,16 @@ async fn body_within(
         return next.run(idle_bounded(request, deadline)).await;
     }
     let (method, path) = (request.method().clone(), request.uri().path().to_owned());
-    let limit = body_limit(&path);
+    // Peers come over TCP (the mesh listener); the unix socket serves no replication.
+    let over_tcp = request
+        .extensions()
+        .get::<ConnectedFrom<std::net::SocketAddr>>()
+        .is_some();
+    let limit = if over_tcp {
+        body_limit(&path)
+    } else {
+        api::MAX_BODY_BYTES
+    };
     let too_large = || {
         let mut refused = rejection(
             StatusCode::PAYLOAD_TOO_LARGE,

@@ -76,7 +76,13 @@ pub async fn connect(global: &GlobalArgs) -> anyhow::Result<ApiClient> {
             reached => reached,
         };
         match reached {
-            Ok(client) => return Ok(client),
+            Ok(client) => {
+                // Passed over silently, a server that is down would hide behind the next.
+                for failed in &failures {
+                    eprintln!("warning: passed over: {failed:#}; using {candidate}");
+                }
+                return Ok(client);
+            }
             Err(e) => failures.push(e),
         }
     }

@@ -616,9 +616,19 @@ impl LocalMachine {
         let Some(store) = self.store() else {
             return false;
         };
-        roster(&store)
-            .map(|members| members.iter().any(|m| m.management_address.addr() == addr))
-            .unwrap_or(false)
+        // A Machine still joining knows its Cluster by the members it was given (its mesh
+        // peers, as `mesh_members` has them) until the roster replicates to it: they may push
+        // to it, and reset it (`machine rm` of a join that never finished).
+        let bootstrap = self.identity().is_some_and(|i| {
+            i.phase == LocalMachinePhase::Joining
+                && i.bootstrap
+                    .iter()
+                    .any(|m| m.management_address.addr() == addr)
+        });
+        bootstrap
+            || roster(&store)
+                .map(|members| members.iter().any(|m| m.management_address.addr() == addr))
+                .unwrap_or(false)
     }
 
     /// The member with this ID, as this Machine observes the roster.

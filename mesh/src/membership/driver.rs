@@ -206,8 +206,8 @@ impl Driver {
         add(&self.counters.datagrams_received, 1);
         add(&self.counters.bytes_received, data.len() as u64);
         // Only a peer's own address speaks for a peer: over the mesh WireGuard vouches for the
-        // source, and anything else that reaches the socket (a local process over loopback,
-        // from this Machine's own address) could otherwise claim any member's identity.
+        // source. Anything else that reaches the socket (a local process over loopback, from
+        // this Machine's own address) would otherwise claim any member's identity.
         if !self.peers.values().any(|peer| peer.ip() == from.ip()) {
             add(&self.counters.datagrams_rejected, 1);
             tracing::debug!(%from, len = data.len(), "membership: datagram from no peer's address refused");
