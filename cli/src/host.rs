@@ -434,6 +434,11 @@ async fn reach_the_socket(
     if probe.root || probe.ployz_group {
         return Ok(());
     }
+    // Reached already some other way: the socket's group set otherwise (`socket_group`), or
+    // another socket (`?socket=`).
+    if host.running_daemon().await.is_some() {
+        return Ok(());
+    }
     let user = probe.user.as_deref().unwrap_or("USER");
     if !probe.sudo {
         bail!(

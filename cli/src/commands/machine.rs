@@ -693,7 +693,7 @@ fn remember(global: &GlobalArgs, host: &Connection, create: bool) -> anyhow::Res
     let mut cfg = CliConfig::load(&path)?;
     let entry = ConnectionConfig::from_connection(host);
     let name = if create {
-        context_for_new_cluster(&cfg, global.context.as_deref().unwrap_or("default"), &entry)
+        context_for_new_cluster(&cfg, global.context.as_deref(), &entry)?
     } else {
         match global.context.clone().or(cfg.current_context.clone()) {
             Some(n) => n,
@@ -730,25 +730,32 @@ fn remember(global: &GlobalArgs, host: &Connection, create: bool) -> anyhow::Res
     })
 }
 
-/// The context a new Cluster's first server is saved in: `base`, unless it reaches other
-/// servers already; then the first of `base-1`, `base-2`, … that reaches none but this one.
+/// The context a new Cluster's first server is saved in: the one `-c` names (`named`), which
+/// must reach no other server; else `default`, or the first of `default-1`, `default-2`, …
+/// that reaches none but this one.
 fn context_for_new_cluster(
     cfg: &crate::config::CliConfig,
-    base: &str,
+    named: Option<&str>,
     entry: &crate::connection::ConnectionConfig,
-) -> String {
+) -> anyhow::Result<String> {
     let fits = |name: &str| {
         cfg.contexts
             .get(name)
             .is_none_or(|c| c.connections.iter().all(|c| c == entry))
     };
-    if fits(base) {
-        return base.to_owned();
+    if let Some(name) = named {
+        if !fits(name) {
+            anyhow::bail!(
+                "context '{name}' already reaches other servers, another Cluster's; the new Cluster needs a context of its own: name another with -c, or leave -c out (`ployz ctx ls` lists them)"
+            );
+        }
+        return Ok(name.to_owned());
     }
-    (1..)
-        .map(|n| format!("{base}-{n}"))
+    Ok(["default".to_owned()]
+        .into_iter()
+        .chain((1..).map(|n| format!("default-{n}")))
         .find(|name| fits(name))
-        .expect("some suffix is free")
+        .expect("some suffix is free"))
 }
 
 /// One Machine of `machine upgrade`: the Machine and how the CLI reaches its host.
@@ -1025,6 +1032,12 @@ async fn init(global: &GlobalArgs, args: InitArgs) -> anyhow::Result<()> {
         name.parse::<MachineName>()
             .map_err(|e| anyhow::anyhow!("--name: {e}"))?;
     }
+    // And a context it could not be saved in (-c naming another Cluster's).
+    if let Some(host) = &args.host {
+        let cfg = crate::config::CliConfig::load(&super::config_path(global))?;
+        let entry = crate::connection::ConnectionConfig::from_connection(host);
+        context_for_new_cluster(&cfg, global.context.as_deref(), &entry)?;
+    }
     let mut client = match &args.host {
         Some(host) => {
             let remote = crate::host::Host::new(host)?;
@@ -1162,22 +1175,15 @@ mod tests {
     fn a_new_cluster_gets_a_context_no_other_cluster_uses() {
         let m1 = entry("ssh://root@m1.example.com");
         // Nothing yet, or a context that reaches only this server: that one.
+        let chosen = |cfg: &CliConfig, named: Option<&str>| {
+            context_for_new_cluster(cfg, named, &m1).map_err(|e| e.to_string())
+        };
+        assert_eq!(chosen(&with(&[]), None).unwrap(), "default");
         assert_eq!(
-            context_for_new_cluster(&with(&[]), "default", &m1),
+            chosen(&with(&[("default", &["ssh://root@m1.example.com"])]), None).unwrap(),
             "default"
         );
-        assert_eq!(
-            context_for_new_cluster(
-                &with(&[("default", &["ssh://root@m1.example.com"])]),
-                "default",
-                &m1
-            ),
-            "default"
-        );
-        assert_eq!(
-            context_for_new_cluster(&with(&[("default", &[])]), "default", &m1),
-            "default"
-        );
+        assert_eq!(chosen(&with(&[("default", &[])]), None).unwrap(), "default");
         // Taken by another Cluster's servers: the first free suffix.
         let taken = with(&[
             ("default", &["ssh://root@a.example.com"]),
@@ -1186,8 +1192,13 @@ mod tests {
                 &["ssh://root@b.example.com", "ssh://root@m1.example.com"],
             ),
         ]);
-        assert_eq!(context_for_new_cluster(&taken, "default", &m1), "default-2");
-        // A name given with -c is the base.
-        assert_eq!(context_for_new_cluster(&taken, "prod", &m1), "prod");
+        assert_eq!(chosen(&taken, None).unwrap(), "default-2");
+        // A name given with -c is that one, refused when another Cluster's servers are there.
+        assert_eq!(chosen(&taken, Some("prod")).unwrap(), "prod");
+        let refused = chosen(&taken, Some("default")).unwrap_err();
+        assert!(
+            refused.contains("context 'default' already reaches other servers"),
+            "{refused}"
+        );
     }
 }
