@@ -451,20 +451,29 @@ async fn ask_here(
         let response = tower::ServiceExt::oneshot(local.clone(), request)
             .await
             .map_err(|e| e.to_string())?;
-        let status = response.status();
-        let bytes = http_body_util::BodyExt::collect(http_body_util::Limited::new(
-            response.into_body(),
-            MAX_SHARE_BYTES,
-        ))
-        .await
-        .map_err(share_error)?
-        .to_bytes();
-        decode_answer(status, &bytes)
+        share_answer(response).await
     };
     match tokio::time::timeout(within, exchange).await {
         Ok(result) => result,
         Err(_) => Err(format!("no answer within {} s", within.as_secs_f32())),
     }
+}
+
+/// One Machine's share of a fan-out, read whole (at most [`MAX_SHARE_BYTES`]) and decoded.
+async fn share_answer<B>(response: axum::http::Response<B>) -> Result<serde_json::Value, String>
+where
+    B: axum::body::HttpBody<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let status = response.status();
+    let bytes = http_body_util::BodyExt::collect(http_body_util::Limited::new(
+        response.into_body(),
+        MAX_SHARE_BYTES,
+    ))
+    .await
+    .map_err(share_error)?
+    .to_bytes();
+    decode_answer(status, &bytes)
 }
 
 /// Why a share's answer could not be read: over [`MAX_SHARE_BYTES`], or broken off.
@@ -499,15 +508,7 @@ async fn ask_there(
             Some(PER_MACHINE_TIMEOUT),
         )
         .await?;
-        let status = response.status();
-        let bytes = http_body_util::BodyExt::collect(http_body_util::Limited::new(
-            response.into_body(),
-            MAX_SHARE_BYTES,
-        ))
-        .await
-        .map_err(share_error)?
-        .to_bytes();
-        decode_answer(status, &bytes)
+        share_answer(response).await
     };
     match tokio::time::timeout(PER_MACHINE_TIMEOUT, exchange).await {
         Ok(result) => result,

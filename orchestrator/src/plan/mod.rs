@@ -98,7 +98,7 @@ pub enum PlanError {
         machine: String,
         reason: String,
     },
-    #[error("service '{name}' runs only on Machine {machine}, which this Deploy cannot include ({reason}), and planned on the others it would be a second Service with new, empty volumes; bring Machine {machine} back (`ployz machine ls` shows how the entry Machine observes it), or deploy the other Services by name")]
+    #[error("service '{name}' runs only on Machine {machine}, which this Deploy cannot include ({reason}), and planned on the others it would be a second Service with new, empty volumes; bring Machine {machine} back (`ployz machine ls` shows how the entry Machine observes it), remove it (`ployz machine rm {machine}`) if it is gone for good, or deploy the other Services by name")]
     OnlyOnMachineNotIncluded {
         name: String,
         machine: String,
