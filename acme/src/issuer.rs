@@ -201,6 +201,15 @@ pub struct IssuerConfig {
     pub challenge_port: Option<u16>,
     /// The failures the issuer lives through.
     pub counters: IssuerCounters,
+    /// The Machines this Machine observes down (membership), now and as they change. A
+    /// Machine observed down for [`IssuerConfig::down_grace`] in a row no longer counts among
+    /// the issuers here: the hostnames it would issue are ordered and renewed by the others.
+    pub machines_down: watch::Receiver<BTreeSet<MachineId>>,
+    /// How long a Machine is observed down before the others issue in its place. Long enough
+    /// that a reboot or a short partition does not order a hostname twice (the authority counts
+    /// duplicate certificates), short enough that a new hostname does not wait long for a
+    /// Machine that lost power.
+    pub down_grace: Duration,
 }
 
 impl IssuerConfig {
@@ -218,9 +227,15 @@ impl IssuerConfig {
             challenge_ttl: Duration::from_secs(3600),
             challenge_port: None,
             counters: IssuerCounters::default(),
+            machines_down: watch::channel(BTreeSet::new()).1,
+            down_grace: DEFAULT_DOWN_GRACE,
         }
     }
 }
+
+/// How long a Machine is observed down before the others issue the hostnames it would: 10
+/// minutes (a reboot comes back within it; a renewal due has weeks of slack).
+pub const DEFAULT_DOWN_GRACE: Duration = Duration::from_secs(600);
 
 /// The longest the issuer waits for a challenge to be served where the authority will look
 /// before it tells the authority to look anyway.
@@ -264,6 +279,10 @@ pub struct CertificateIssuer {
     last_policy: Option<CertificatePolicy>,
     /// The previous pass could not read the store (its failure was logged).
     unreadable: bool,
+    /// Since when (Unix ms, this issuer's clock) each Machine has been observed down, in a row.
+    down_since: HashMap<MachineId, i64>,
+    /// The Machines passed over in the previous pass (each change is logged once).
+    passed_over: BTreeSet<MachineId>,
 }
 
 impl std::fmt::Debug for CertificateIssuer {
@@ -291,6 +310,8 @@ impl CertificateIssuer {
             probe: None,
             last_policy: None,
             unreadable: false,
+            down_since: HashMap::new(),
+            passed_over: BTreeSet::new(),
         }
     }
 
@@ -334,6 +355,7 @@ impl CertificateIssuer {
         let mut certificates = store.watch(KeyPrefix::cluster_namespace(CERTIFICATES_NAMESPACE));
         let mut policy = store.watch(KeyPrefix::cluster_namespace(POLICY_NAMESPACE));
         let mut machines = store.watch(KeyPrefix::machine_namespace(MACHINES_NAMESPACE));
+        let mut down = issuer.config.machines_down.clone();
         tracing::info!(machine = %issuer.config.machine_id, "certificate issuer started");
         loop {
             if *shutdown.borrow() {
@@ -350,6 +372,7 @@ impl CertificateIssuer {
                 e = certificates.next() => if e.is_none() { break },
                 e = policy.next() => if e.is_none() { break },
                 e = machines.next() => if e.is_none() { break },
+                _ = changed_or_never(&mut down) => {}
             }
             // Coalesce a burst of changes into one pass.
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -379,6 +402,40 @@ impl CertificateIssuer {
         self.config.clock.now_ms()
     }
 
+    /// Follows the Machines observed down: returns those observed down for the grace in a row
+    /// (never this Machine), and when the next one's grace ends.
+    fn pass_over_down(&mut self, now_ms: i64) -> (BTreeSet<MachineId>, Option<i64>) {
+        let local = self.config.machine_id.clone();
+        let down = self.config.machines_down.borrow().clone();
+        self.down_since.retain(|m, _| down.contains(m));
+        for m in down.into_iter().filter(|m| *m != local) {
+            self.down_since.entry(m).or_insert(now_ms);
+        }
+        let grace_ms = i64::try_from(self.config.down_grace.as_millis()).unwrap_or(i64::MAX);
+        let mut passed_over = BTreeSet::new();
+        let mut next_ms: Option<i64> = None;
+        for (m, since) in &self.down_since {
+            let ends = since.saturating_add(grace_ms);
+            if ends <= now_ms {
+                passed_over.insert(m.clone());
+            } else {
+                next_ms = Some(next_ms.map_or(ends, |n| n.min(ends)));
+            }
+        }
+        for m in passed_over.difference(&self.passed_over) {
+            tracing::info!(
+                machine = %m,
+                grace_s = self.config.down_grace.as_secs(),
+                "a Machine observed down past the grace is passed over: the hostnames it would issue are issued by the others"
+            );
+        }
+        for m in self.passed_over.difference(&passed_over) {
+            tracing::info!(machine = %m, "a Machine passed over is no longer observed down: it issues its hostnames again");
+        }
+        self.passed_over = passed_over.clone();
+        (passed_over, next_ms)
+    }
+
     /// One pass over every hostname; returns how long to sleep before the next one (unless a
     /// store change comes first).
     pub async fn pass(&mut self, store: &Store) -> Duration {
@@ -386,12 +443,19 @@ impl CertificateIssuer {
         let now_ms = self.now_ms();
         let now = now_ms.div_euclid(1000);
         self.sweep_expired_challenges(store, now);
+        let (passed_over, grace_ends_ms) = self.pass_over_down(now_ms);
+        // The pass ends early on several paths; a grace ending wakes it whichever it took.
+        let within_grace = |wait: Duration| match grace_ends_ms.map(|t| (t - now_ms).max(0) as u64)
+        {
+            Some(ms) => wait.min(Duration::from_millis(ms).max(Duration::from_millis(200))),
+            None => wait,
+        };
 
         let PassInputs {
             mine,
             mut statuses,
             materials,
-        } = match read_pass_inputs(store, &local) {
+        } = match read_pass_inputs(store, &local, &passed_over) {
             Ok(inputs) => inputs,
             Err(e) => {
                 IssuerCounters::count(&self.config.counters.0.store_read_failures);
@@ -404,7 +468,7 @@ impl CertificateIssuer {
                     );
                     self.unreadable = true;
                 }
-                return RETRY_AFTER_READ_FAILURE.min(self.config.max_sleep);
+                return within_grace(RETRY_AFTER_READ_FAILURE.min(self.config.max_sleep));
             }
         };
         if std::mem::take(&mut self.unreadable) {
@@ -444,7 +508,7 @@ impl CertificateIssuer {
                 if !mine.is_empty() {
                     tracing::warn!(error = %message, "certificate issuance held: the Certificate Policy is refused");
                 }
-                return self.config.max_sleep;
+                return within_grace(self.config.max_sleep);
             }
         };
 
@@ -504,6 +568,7 @@ impl CertificateIssuer {
             .next_renewal()
             .map(|s| s.saturating_mul(1000))
             .into_iter()
+            .chain(grace_ends_ms)
             .collect();
         for (h, need) in &assessment.wanted {
             if let Some(b) = self.backoff.get(h) {
@@ -763,13 +828,26 @@ struct PassInputs {
     materials: BTreeMap<String, CertificateMaterial>,
 }
 
+/// Completes when `rx` changes; never, once its sender is gone (an issuer given no membership
+/// keeps every Machine).
+async fn changed_or_never<T>(rx: &mut watch::Receiver<T>) {
+    if rx.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Reads what a pass needs; any read the store refuses is an error, never an empty answer (no
 /// hostname would be this Machine's, and every status record would be deleted; no material
 /// would be stored, and every certificate ordered anew). Records that do not decode are
 /// skipped.
-fn read_pass_inputs(store: &Store, local: &MachineId) -> Result<PassInputs, StoreError> {
+fn read_pass_inputs(
+    store: &Store,
+    local: &MachineId,
+    passed_over: &BTreeSet<MachineId>,
+) -> Result<PassInputs, StoreError> {
     let hostnames = ingress_https_hostnames(&stored_observations(store)?);
-    let participants = participating_machines(store, local)?;
+    let mut participants = participating_machines(store, local)?;
+    participants.retain(|m| !passed_over.contains(m));
     let mine = hostnames
         .into_iter()
         .filter(|h| issuer_for(h, &participants) == Some(local))

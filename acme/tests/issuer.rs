@@ -254,3 +254,139 @@ async fn a_restarted_issuer_keeps_the_backoff_it_promised() {
     assert_eq!(statuses_of(&store, &a)["keep.example.test"], failed);
     assert!(wait >= Duration::from_secs(290), "{wait:?}");
 }
+
+#[tokio::test]
+async fn a_machine_observed_down_past_the_grace_has_its_hostnames_issued_by_another() {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::Arc;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    let a = MachineId::generate();
+    let b = MachineId::generate();
+    let hosts: Vec<String> = (0..12).map(|i| format!("d{i}.example.test")).collect();
+    let machines = [a.clone(), b.clone()];
+    let of = |m: &MachineId| -> BTreeSet<String> {
+        hosts
+            .iter()
+            .filter(|h| issuer_for(h, &machines) == Some(m))
+            .cloned()
+            .collect()
+    };
+    let (of_a, of_b) = (of(&a), of(&b));
+    assert!(
+        !of_a.is_empty() && !of_b.is_empty(),
+        "12 hostnames all went one way"
+    );
+    let store = Store::temporary(a.clone()).unwrap();
+    let runner = MachineId::generate();
+    store
+        .merge(&[
+            machine_record(&a, 1),
+            machine_record(&b, 2),
+            issuer_record(&a),
+            issuer_record(&b),
+            observation_record(&runner, &hosts),
+        ])
+        .unwrap();
+    // Every order fails at once and is retried only after an hour: the grace is what wakes.
+    write_policy(
+        &store,
+        &CertificatePolicy {
+            directory_url: Some(format!("https://127.0.0.1:{}/dir", closed_port())),
+            backoff_min_secs: Some(3600),
+            backoff_max_secs: Some(7200),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+
+    let start_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let now = Arc::new(AtomicI64::new(start_ms));
+    let clock_now = now.clone();
+    let (down, machines_down) = tokio::sync::watch::channel(BTreeSet::new());
+    let mut config = IssuerConfig::new(a.clone());
+    config.clock = ployz_acme::Clock::from_fn(move || {
+        UNIX_EPOCH + Duration::from_millis(clock_now.load(Ordering::SeqCst) as u64)
+    });
+    config.machines_down = machines_down;
+    config.down_grace = Duration::from_secs(600);
+    let mut issuer = CertificateIssuer::new(config);
+    let statuses =
+        |store: &Store| -> BTreeSet<String> { statuses_of(store, &a).keys().cloned().collect() };
+    let at = |s: i64| now.store(start_ms + s * 1000, Ordering::SeqCst);
+
+    issuer.pass(&store).await;
+    assert_eq!(
+        statuses(&store),
+        of_a,
+        "both up: A issues its own hostnames"
+    );
+
+    // B is observed down: within the grace nothing moves, and the pass wakes when it ends.
+    down.send_replace(BTreeSet::from([b.clone()]));
+    at(10);
+    let wait = issuer.pass(&store).await;
+    assert_eq!(
+        statuses(&store),
+        of_a,
+        "B's hostnames moved within the grace"
+    );
+    assert!(
+        (Duration::from_secs(599)..=Duration::from_secs(600)).contains(&wait),
+        "the pass does not wake when the grace ends: {wait:?}"
+    );
+    at(300);
+    issuer.pass(&store).await;
+    assert_eq!(
+        statuses(&store),
+        of_a,
+        "B's hostnames moved within the grace"
+    );
+
+    // Down past the grace: A orders B's hostnames too.
+    at(611);
+    issuer.pass(&store).await;
+    let all: BTreeSet<String> = hosts.iter().cloned().collect();
+    assert_eq!(
+        statuses(&store),
+        all,
+        "B's hostnames stayed without an issuer"
+    );
+    for h in &of_b {
+        let s = &statuses_of(&store, &a)[h];
+        assert_eq!(s.state, CertificateState::Failed, "{s:?}");
+        assert!(s.last_attempt_at.is_some(), "{h} was not ordered: {s:?}");
+    }
+
+    // B is back: its hostnames are its own again.
+    down.send_replace(BTreeSet::new());
+    at(700);
+    issuer.pass(&store).await;
+    assert_eq!(
+        statuses(&store),
+        of_a,
+        "B came back and A still issues its hostnames"
+    );
+
+    // B down again: the grace starts over (a flapping Machine does not move hostnames).
+    down.send_replace(BTreeSet::from([b.clone()]));
+    at(710);
+    issuer.pass(&store).await;
+    at(1000);
+    issuer.pass(&store).await;
+    assert_eq!(statuses(&store), of_a, "the grace did not start over");
+    at(1311);
+    issuer.pass(&store).await;
+    assert_eq!(statuses(&store), all);
+
+    // This Machine is never passed over by itself.
+    down.send_replace(BTreeSet::from([a.clone(), b.clone()]));
+    at(2000);
+    issuer.pass(&store).await;
+    at(3000);
+    issuer.pass(&store).await;
+    assert_eq!(statuses(&store), all);
+}

@@ -254,6 +254,9 @@ pub struct CertificateSettings {
     /// The DNS server the Cluster DNS Verdict asks; `None`: the system's resolvers.
     #[serde(deserialize_with = "socket_addr::optional")]
     pub verdict_resolver: Option<SocketAddr>,
+    /// Seconds a Machine is observed down before the others order and renew the hostnames it
+    /// would; 0 to 86400.
+    pub down_grace_seconds: u64,
 }
 
 impl Default for CertificateSettings {
@@ -261,7 +264,30 @@ impl Default for CertificateSettings {
         CertificateSettings {
             enabled: true,
             verdict_resolver: None,
+            down_grace_seconds: ployz_acme::DEFAULT_DOWN_GRACE.as_secs(),
         }
+    }
+}
+
+/// The longest `certificates.down_grace_seconds`: a day.
+const MAX_DOWN_GRACE_SECS: u64 = 86_400;
+
+impl CertificateSettings {
+    /// How long a Machine is observed down before the others issue in its place.
+    pub fn down_grace(&self) -> Duration {
+        Duration::from_secs(self.down_grace_seconds)
+    }
+
+    /// Refuses a grace over a day: a new hostname would wait that long for a Machine gone.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let secs = self.down_grace_seconds;
+        if secs > MAX_DOWN_GRACE_SECS {
+            anyhow::bail!(
+                "certificates.down_grace_seconds = {secs} ([certificates] in the config file) would keep a new hostname without a certificate for more than a day while the Machine that would order it is down: give at most {MAX_DOWN_GRACE_SECS} (default {})",
+                ployz_acme::DEFAULT_DOWN_GRACE.as_secs()
+            );
+        }
+        Ok(())
     }
 }
 
@@ -632,6 +658,7 @@ impl DaemonConfig {
         self.edge.validate()?;
         self.mesh.validate()?;
         self.reconcile.validate()?;
+        self.certificates.validate()?;
         let listeners = [
             ("http_listen", self.http_listen),
             ("https_listen", self.https_listen),
@@ -876,6 +903,24 @@ mod tests {
         assert_eq!(config.reconcile.interval(), Duration::from_secs(2));
         let err = error(DaemonConfig::parse("[reconcile]\ninterval = 2\n"));
         assert!(err.contains("interval"), "{err}");
+    }
+
+    #[test]
+    fn a_down_grace_over_a_day_is_refused_naming_the_key_and_the_fix() {
+        let err = error(DaemonConfig::parse(
+            "[certificates]\ndown_grace_seconds = 90000\n",
+        ));
+        assert!(
+            err.contains("certificates.down_grace_seconds = 90000"),
+            "{err}"
+        );
+        assert!(err.contains("at most 86400 (default 600)"), "{err}");
+        let config = DaemonConfig::parse("[certificates]\ndown_grace_seconds = 0\n").unwrap();
+        assert_eq!(config.certificates.down_grace(), Duration::ZERO);
+        assert_eq!(
+            DaemonConfig::default().certificates.down_grace(),
+            Duration::from_secs(600)
+        );
     }
 
     #[test]

@@ -232,6 +232,8 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                     verdict_resolver,
                     counters: issuer_counters.clone(),
                     challenge_port: config.http_listen.port(),
+                    mesh: mesh_view.clone(),
+                    down_grace: config.certificates.down_grace(),
                 },
                 Stage::Releasing,
                 &handover,
@@ -1285,6 +1287,10 @@ struct IssuerService {
     counters: ployz_acme::IssuerCounters,
     /// The edge's HTTP port, where the authority's HTTP-01 validation arrives.
     challenge_port: u16,
+    /// Which Machines this Machine observes down: past the grace, their hostnames are issued
+    /// by the others.
+    mesh: Arc<crate::mesh::MeshView>,
+    down_grace: std::time::Duration,
 }
 
 #[async_trait]
@@ -1297,6 +1303,8 @@ impl BackgroundService for IssuerService {
         config.verdict_resolver = self.verdict_resolver;
         config.counters = self.counters.clone();
         config.challenge_port = Some(self.challenge_port);
+        config.machines_down = self.mesh.machines_down();
+        config.down_grace = self.down_grace;
         config.public_addresses = ployz_acme::PublicAddressSource::Dynamic(Arc::new(
             ployz_store::machines::stored_public_addresses,
         ));

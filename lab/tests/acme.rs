@@ -2,7 +2,8 @@
 //! DNS pointing every name at Machine 2. Each hostname is issued by the Machine rendezvous
 //! hashing picks, whichever that is; the challenge record replicates so Machine 2's edge answers
 //! the validation, the Cluster DNS Verdict counts every Machine's public address, and every
-//! Machine's edge then serves the certificate by SNI.
+//! Machine's edge then serves the certificate by SNI. A Machine that loses power is passed over
+//! once observed down past the grace: a hostname it would issue is issued by another.
 
 mod common;
 
@@ -42,7 +43,7 @@ fn a_hostname_pointing_at_one_machine_is_issued_by_another_and_served_by_every_e
             i,
             MachineOptions {
                 daemon_toml: format!(
-                    "[certificates]\nenabled = true\nverdict_resolver = \"{}\"\n",
+                    "[certificates]\nenabled = true\nverdict_resolver = \"{}\"\ndown_grace_seconds = 5\n",
                     std::net::SocketAddr::new(bridge, dns_port)
                 ),
                 ..Default::default()
@@ -75,17 +76,7 @@ fn a_hostname_pointing_at_one_machine_is_issued_by_another_and_served_by_every_e
         ],
     );
     let compose = lab.dir().join("secure.yaml");
-    let ports: String = HOSTS
-        .iter()
-        .map(|h| format!("      - {h}:8080/https\n"))
-        .collect();
-    std::fs::write(
-        &compose,
-        format!(
-            "services:\n  secure:\n    image: {LAB_IMAGE}\n    command: [\"sh\", \"-c\", \"echo secure-on-$$PLOYZ_MACHINE_ID > /index.html && exec httpd -f -p 8080 -h /\"]\n    x-machines: m1\n    x-ports:\n{ports}"
-        ),
-    )
-    .expect("compose file");
+    write_compose(&compose, &HOSTS);
     ok(&lab, 0, &["deploy", "-y", "-f", compose.to_str().unwrap()]);
 
     // Every hostname issued, as every Machine sees it (the status and material replicate).
@@ -160,4 +151,62 @@ fn a_hostname_pointing_at_one_machine_is_issued_by_another_and_served_by_every_e
             );
         }
     }
+
+    // Machine 0 loses power (kill -9: its record as an issuer stays). A new hostname that
+    // rendezvous hashing gives Machine 0 is issued by another once Machines 1 and 2 have observed
+    // it down for the grace (5 s here); before, it waited for Machine 0 for ever.
+    let machine_ids: Vec<ployz_core::MachineId> = ids.iter().map(|i| i.parse().unwrap()).collect();
+    let orphan = (0..)
+        .map(|n| format!("g{n}.lab.test"))
+        .find(|h| ployz_acme::rendezvous::issuer_for(h, &machine_ids) == Some(&machine_ids[0]))
+        .unwrap();
+    lab.kill_daemon(0);
+    wait_for(
+        &lab,
+        "Machines 1 and 2 observe Machine 0 down",
+        Duration::from_secs(30),
+        || {
+            [1, 2]
+                .iter()
+                .all(|&i| {
+                    observed(&lab, i)
+                        .and_then(|o| o.get(&ids[0]).cloned())
+                        .is_some_and(|(_, m)| m == "down")
+                })
+                .then_some(())
+        },
+    );
+    let mut hosts: Vec<&str> = HOSTS.to_vec();
+    hosts.push(&orphan);
+    write_compose(&compose, &hosts);
+    ok(&lab, 1, &["deploy", "-y", "-f", compose.to_str().unwrap()]);
+    let status = wait_for(
+        &lab,
+        "a hostname Machine 0 would issue issued by another",
+        Duration::from_secs(120),
+        || {
+            let v = lab.json(1, &["cert", "ls", "--json"]);
+            v["status"]
+                .as_array()?
+                .iter()
+                .find(|s| s["hostname"] == orphan.as_str() && s["state"] == "valid")
+                .cloned()
+        },
+    );
+    assert_ne!(status["issuer"], ids[0].as_str(), "{status}");
+}
+
+/// The Service `secure` on Machine 1, publishing `hosts` over https.
+fn write_compose(path: &std::path::Path, hosts: &[&str]) {
+    let ports: String = hosts
+        .iter()
+        .map(|h| format!("      - {h}:8080/https\n"))
+        .collect();
+    std::fs::write(
+        path,
+        format!(
+            "services:\n  secure:\n    image: {LAB_IMAGE}\n    command: [\"sh\", \"-c\", \"echo secure-on-$$PLOYZ_MACHINE_ID > /index.html && exec httpd -f -p 8080 -h /\"]\n    x-machines: m1\n    x-ports:\n{ports}"
+        ),
+    )
+    .expect("compose file");
 }
