@@ -300,28 +300,77 @@ fn ps_asks_every_machine_through_one_and_reports_the_one_that_does_not_answer() 
     assert!(text(&hop).contains("421"), "{}", text(&hop));
     // A member reads a peer's replication digest; m1 itself, over loopback to its own address,
     // gets nothing on its mesh listener (any local user could make that call): not the API,
-    // not replication, not a reset.
+    // not replication, not a reset. Its firewall refuses the connection; behind it, the
+    // listener answers 403.
     let digest_on = |name: &str| format!("http://[{}]:51000/v1/peer/sync/digest", addr_of(name));
     let member = lab.exec_in(0, &["/bin/busybox", "wget", "-q", "-O-", &digest_on("m1")]);
     assert!(member.status.success(), "{}", text(&member));
-    for (what, extra) in [
+    let own_calls = [
         (url.clone(), None),
         (digest_on("m1"), None),
         (
             format!("http://[{}]:51000/v1/peer/reset", addr_of("m1")),
             Some("--post-data={}"),
         ),
-    ] {
+    ];
+    let call_own = |what: &str, extra: Option<&str>| {
         let mut args = vec!["/bin/busybox", "wget", "-q", "-O-"];
         args.extend(extra);
-        args.push(&what);
-        let own = lab.exec_in(1, &args);
+        args.push(what);
+        lab.exec_in(1, &args)
+    };
+    for (what, extra) in &own_calls {
+        let own = call_own(what, *extra);
         assert!(
-            !own.status.success() && text(&own).contains("403"),
-            "m1's own address served {what}: {}",
+            !own.status.success() && text(&own).contains("Connection refused"),
+            "m1's firewall let a call over loopback through to {what}: {}",
             text(&own)
         );
     }
+    // With loopback let through as an earlier release did (`-i lo -j RETURN` first), the
+    // listener itself refuses its own address. The reconciler deletes that retired rule, so it
+    // is put back at each try until the call is answered, and then seen to go.
+    let lo_return = |op: &'static str| {
+        lab.exec_in(
+            1,
+            &[
+                "ip6tables",
+                "-w",
+                "5",
+                op,
+                "PLOYZ-INPUT",
+                "-i",
+                "lo",
+                "-j",
+                "RETURN",
+            ],
+        )
+    };
+    for (what, extra) in &own_calls {
+        let answered = wait_for(
+            &lab,
+            "m1's mesh listener answers its own address",
+            Duration::from_secs(30),
+            || {
+                if !lo_return("-C").status.success() {
+                    lo_return("-I");
+                }
+                let own = call_own(what, *extra);
+                (!text(&own).contains("Connection refused")).then_some(own)
+            },
+        );
+        assert!(
+            !answered.status.success() && text(&answered).contains("403"),
+            "m1's own address served {what}: {}",
+            text(&answered)
+        );
+    }
+    wait_for(
+        &lab,
+        "m1's reconciler deletes the retired loopback rule",
+        Duration::from_secs(30),
+        || (!lo_return("-C").status.success()).then_some(()),
+    );
     assert_eq!(
         machines(&lab, 1).expect("machine ls on m1").len(),
         3,

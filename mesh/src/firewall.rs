@@ -3,8 +3,10 @@
 //! - Chain `PLOYZ-INPUT` (IPv4 and IPv6), jumped to from `INPUT` before its first DROP/REJECT
 //!   rule (or first when it has none). IPv4: WireGuard's UDP port is accepted. IPv6: the
 //!   management API (TCP) and gossip (UDP) are accepted from `fdcc::/16` arriving on the mesh
-//!   interface and dropped arriving on any other (loopback returns to `INPUT` first, so this
-//!   Machine still reaches its own Management Address).
+//!   interface and dropped arriving on any other. Over loopback they are refused at once
+//!   (a TCP reset, an ICMP port unreachable): no local process reaches the mesh listener or
+//!   gossip, whatever address it binds (a peer's, with `IP_FREEBIND`), and the daemon never
+//!   calls its own Management Address.
 //! - Forwarding (IPv4): `DOCKER-USER` accepts mesh interface -> Docker bridge and back, so
 //!   containers reach containers on other Machines by Container Address; `nat POSTROUTING`
 //!   returns before Docker's masquerade for traffic from this Machine Subnet to the Cluster
@@ -222,10 +224,41 @@ impl<R: CommandRunner> Firewall<R> {
                 1,
                 &["-p", "udp", "--dport", &wg, "-j", "ACCEPT"],
             ),
-            own(Family::V6, 1, &["-i", "lo", "-j", "RETURN"]),
+            own(
+                Family::V6,
+                1,
+                &[
+                    "-i",
+                    "lo",
+                    "-p",
+                    "tcp",
+                    "--dport",
+                    &management,
+                    "-j",
+                    "REJECT",
+                    "--reject-with",
+                    "tcp-reset",
+                ],
+            ),
             own(
                 Family::V6,
                 2,
+                &[
+                    "-i",
+                    "lo",
+                    "-p",
+                    "udp",
+                    "--dport",
+                    &gossip,
+                    "-j",
+                    "REJECT",
+                    "--reject-with",
+                    "icmp6-port-unreachable",
+                ],
+            ),
+            own(
+                Family::V6,
+                3,
                 &[
                     "-s",
                     MANAGEMENT_NETWORK,
@@ -241,7 +274,7 @@ impl<R: CommandRunner> Firewall<R> {
             ),
             own(
                 Family::V6,
-                3,
+                4,
                 &[
                     "-s",
                     MANAGEMENT_NETWORK,
@@ -257,12 +290,12 @@ impl<R: CommandRunner> Firewall<R> {
             ),
             own(
                 Family::V6,
-                4,
+                5,
                 &["-p", "tcp", "--dport", &management, "-j", "DROP"],
             ),
             own(
                 Family::V6,
-                5,
+                6,
                 &["-p", "udp", "--dport", &gossip, "-j", "DROP"],
             ),
         ];
@@ -305,6 +338,20 @@ impl<R: CommandRunner> Firewall<R> {
             ),
         ]);
         rules
+    }
+
+    /// Rules earlier releases kept that no longer belong: [`Firewall::reconcile`] deletes them
+    /// before it puts anything back (the positions of [`CHAIN`]'s rules count without them).
+    fn retired(&self) -> Vec<Rule> {
+        vec![Rule {
+            family: Family::V6,
+            table: "filter",
+            chain: CHAIN,
+            // Loopback went back to INPUT, so any local process reached the management API's
+            // mesh listener and gossip (a peer's address bound with IP_FREEBIND).
+            spec: spec(&["-i", "lo", "-j", "RETURN"]),
+            placement: Placement::At(1),
+        }]
     }
 
     fn iptables(&self, family: Family, table: &str, args: &[&str]) -> Result<CommandOutput> {
@@ -375,7 +422,8 @@ impl<R: CommandRunner> Firewall<R> {
 
     /// What is missing now, without changing anything: each of the chains this module keeps
     /// that does not exist (`PLOYZ-INPUT` per family, `DOCKER-USER`), then each rule
-    /// [`Firewall::reconcile`] would put back, in that order. Empty when everything is there.
+    /// [`Firewall::reconcile`] would put back, in that order, then each retired rule it would
+    /// delete. Empty when everything is as it should be.
     pub fn missing(&self) -> Result<Vec<String>> {
         let mut missing = Vec::new();
         for (family, chain) in [
@@ -399,6 +447,11 @@ impl<R: CommandRunner> Firewall<R> {
                 missing.push(format!("rule {rule}"));
             }
         }
+        for rule in self.retired() {
+            if self.rule_exists(&rule)? {
+                missing.push(format!("retired rule {rule} to delete"));
+            }
+        }
         Ok(missing)
     }
 
@@ -419,6 +472,17 @@ impl<R: CommandRunner> Firewall<R> {
             spec: spec(&["-j", DOCKER_USER]),
             placement: Placement::At(1),
         };
+        for rule in self.retired() {
+            let mut args = vec!["-D", rule.chain];
+            args.extend(rule.spec.iter().map(String::as_str));
+            for _ in 0..MAX_COPIES {
+                if !self.rule_exists(&rule)? {
+                    break;
+                }
+                self.must(rule.family, rule.table, &args)?;
+                tracing::info!(rule = %rule, "retired firewall rule deleted");
+            }
+        }
         let mut restored = 0;
         for rule in std::iter::once(forward_jump).chain(self.rules()) {
             if self.rule_exists(&rule)? {
@@ -637,7 +701,7 @@ mod tests {
             &["-i lo -j ACCEPT", "-p tcp --dport 22 -j ACCEPT", "-j DROP"],
         );
         let firewall = Firewall::new(config(), fake);
-        assert_eq!(firewall.reconcile().unwrap(), 13);
+        assert_eq!(firewall.reconcile().unwrap(), 14);
         let fake = firewall.runner();
         assert_eq!(
             fake.chain("iptables", "filter", CHAIN).unwrap(),
@@ -646,7 +710,8 @@ mod tests {
         assert_eq!(
             fake.chain("ip6tables", "filter", CHAIN).unwrap(),
             [
-                "-i lo -j RETURN",
+                "-i lo -p tcp --dport 51000 -j REJECT --reject-with tcp-reset",
+                "-i lo -p udp --dport 51001 -j REJECT --reject-with icmp6-port-unreachable",
                 "-s fdcc::/16 -i ployz0 -p tcp --dport 51000 -j ACCEPT",
                 "-s fdcc::/16 -i ployz0 -p udp --dport 51001 -j ACCEPT",
                 "-p tcp --dport 51000 -j DROP",
@@ -728,6 +793,44 @@ mod tests {
             ],
         );
         assert_eq!(firewall.reconcile().unwrap(), 2);
+        assert!(firewall.missing().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_chain_an_earlier_release_left_loses_its_retired_rule_and_ends_as_a_fresh_one() {
+        let fresh = Firewall::new(config(), FakeTables::with_builtins());
+        fresh.reconcile().unwrap();
+        let want = fresh.runner().chain("ip6tables", "filter", CHAIN).unwrap();
+
+        let firewall = Firewall::new(config(), FakeTables::with_builtins());
+        firewall.reconcile().unwrap();
+        // Loopback let through first, and the refusals over it not there yet.
+        firewall.runner().set_chain(
+            "ip6tables",
+            "filter",
+            CHAIN,
+            &[
+                "-i lo -j RETURN",
+                "-s fdcc::/16 -i ployz0 -p tcp --dport 51000 -j ACCEPT",
+                "-s fdcc::/16 -i ployz0 -p udp --dport 51001 -j ACCEPT",
+                "-p tcp --dport 51000 -j DROP",
+                "-p udp --dport 51001 -j DROP",
+            ],
+        );
+        let missing = firewall.missing().unwrap();
+        assert_eq!(
+            missing.last().map(String::as_str),
+            Some("retired rule ip6tables -t filter PLOYZ-INPUT -i lo -j RETURN to delete"),
+            "{missing:?}"
+        );
+        assert_eq!(firewall.reconcile().unwrap(), 2);
+        assert_eq!(
+            firewall
+                .runner()
+                .chain("ip6tables", "filter", CHAIN)
+                .unwrap(),
+            want
+        );
         assert!(firewall.missing().unwrap().is_empty());
     }
 

@@ -135,7 +135,7 @@ fn reconcile_restores_and_remove_clears_in_a_namespace() {
     let pristine = netns.ruleset();
 
     let firewall = Firewall::new(config(), &netns);
-    assert_eq!(firewall.reconcile().expect("reconcile"), 13);
+    assert_eq!(firewall.reconcile().expect("reconcile"), 14);
 
     let v4 = netns.must("iptables", &["-w", "5", "-S"]);
     let input: Vec<&str> = v4.lines().filter(|l| l.starts_with("-A INPUT")).collect();
@@ -169,7 +169,8 @@ fn reconcile_restores_and_remove_clears_in_a_namespace() {
     assert_eq!(
         chain,
         [
-            "-A PLOYZ-INPUT -i lo -j RETURN",
+            "-A PLOYZ-INPUT -i lo -p tcp -m tcp --dport 51000 -j REJECT --reject-with tcp-reset",
+            "-A PLOYZ-INPUT -i lo -p udp -m udp --dport 51001 -j REJECT --reject-with icmp6-port-unreachable",
             "-A PLOYZ-INPUT -s fdcc::/16 -i plztwg0 -p tcp -m tcp --dport 51000 -j ACCEPT",
             "-A PLOYZ-INPUT -s fdcc::/16 -i plztwg0 -p udp -m udp --dport 51001 -j ACCEPT",
             "-A PLOYZ-INPUT -p tcp -m tcp --dport 51000 -j DROP",
@@ -233,6 +234,23 @@ fn reconcile_restores_and_remove_clears_in_a_namespace() {
     );
     assert_ne!(netns.ruleset(), reconciled);
     assert_eq!(firewall.reconcile().expect("reconcile"), 3);
+    assert_eq!(netns.ruleset(), reconciled);
+
+    // A chain as an earlier release left it (loopback returned to INPUT first, ahead of the
+    // refusals): the old rule goes and the chain ends as a fresh one.
+    for spec in [
+        "-i lo -p tcp --dport 51000 -j REJECT --reject-with tcp-reset",
+        "-i lo -p udp --dport 51001 -j REJECT --reject-with icmp6-port-unreachable",
+    ] {
+        let mut args = vec!["-w", "5", "-D", CHAIN];
+        args.extend(spec.split(' '));
+        netns.must("ip6tables", &args);
+    }
+    netns.must(
+        "ip6tables",
+        &["-w", "5", "-I", CHAIN, "1", "-i", "lo", "-j", "RETURN"],
+    );
+    assert_eq!(firewall.reconcile().expect("reconcile"), 2);
     assert_eq!(netns.ruleset(), reconciled);
 
     // Remove leaves no chain, no jump and no rule of ours; DOCKER-USER stays (Docker's), empty.
