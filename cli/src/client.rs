@@ -204,12 +204,13 @@ impl ApiClient {
     /// Whether the daemon answers through this connection at all: one `GET /v1/version`,
     /// bounded by [`ANSWER_WITHIN`]. Any answer counts, an error included; only a connection
     /// that carries none (ssh failed, nothing at the far end, no answer in time) does not.
-    pub async fn answers(&mut self) -> anyhow::Result<()> {
+    /// The version, when the answer was one.
+    pub async fn answers(&mut self) -> anyhow::Result<Option<ployz_core::api::VersionInfo>> {
         let asked = self.get::<serde_json::Value>(ployz_core::api::paths::VERSION);
         match tokio::time::timeout(ANSWER_WITHIN, asked).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) if e.downcast_ref::<ApiError>().is_some() => Ok(()),
-            Ok(Err(e)) if e.downcast_ref::<Unexpected>().is_some() => Ok(()),
+            Ok(Ok(v)) => Ok(serde_json::from_value(v).ok()),
+            Ok(Err(e)) if e.downcast_ref::<ApiError>().is_some() => Ok(None),
+            Ok(Err(e)) if e.downcast_ref::<Unexpected>().is_some() => Ok(None),
             Ok(Err(e)) => Err(e),
             Err(_) => bail!(
                 "the daemon at {} did not answer within {} s",

@@ -191,10 +191,53 @@ fn contexts_choose_the_connection_and_fall_through_dead_ones() {
     let show = json(&lab.cli().args(["ctx", "show", "--json"]).output().unwrap());
     assert_eq!(show["name"], "lab");
 
+    // A first connection reaching an uninitialised Machine (one removed from the Cluster resets
+    // itself) is passed over, with a warning, for the next that reaches an initialised one.
+    let gone = lab.daemon("gone");
+    let add = lab
+        .cli()
+        .args([
+            "ctx",
+            "add",
+            "after-rm",
+            &gone.connect_url(),
+            &daemon.connect_url(),
+        ])
+        .output()
+        .unwrap();
+    assert!(add.status.success(), "{}", stderr(&add));
+    let ls = lab
+        .cli()
+        .args(["-c", "after-rm", "machine", "ls", "--json"])
+        .output()
+        .unwrap();
+    assert!(ls.status.success(), "{}", stderr(&ls));
+    assert_eq!(json(&ls)["values"][0]["name"], "via-ctx");
+    let warned = stderr(&ls);
+    assert!(
+        warned.contains(&format!(
+            "warning: passed over: {} reaches a Machine that is not initialised",
+            gone.connect_url()
+        )) && warned.contains(&format!("; using {}", daemon.connect_url())),
+        "{warned}"
+    );
+    // `machine init` is meant for an uninitialised Machine: it takes the first that answers.
+    let init = lab
+        .cli()
+        .args(["-c", "after-rm", "machine", "init", "--name", "second"])
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{}", stderr(&init));
+    let version = json(&lab.ployz(&gone, &["version", "--json"]));
+    assert!(version["daemon"]["machine"].is_string(), "{version}");
+
     let out = lab.cli().args(["ctx", "use", "nope"]).output().unwrap();
     assert_one_line_error(
         &out,
-        &["context 'nope' does not exist", "known contexts: lab"],
+        &[
+            "context 'nope' does not exist",
+            "known contexts: after-rm, lab",
+        ],
     );
 
     let out = lab

@@ -983,7 +983,7 @@ async fn rm(global: &GlobalArgs, args: RmArgs) -> anyhow::Result<()> {
         outcome.name, outcome.id
     );
     match &outcome.reset {
-        Ok(()) => println!("It was reset to uninitialised."),
+        Ok(()) => println!("It was reset to uninitialised; a context's connection to its host is passed over from now on (`ployz ctx add NAME --connect URL...` keeps only the connections you want)."),
         Err(why) => println!("It was not reset ({why}); reset it there, or reinstall it, before it joins a Cluster again."),
     }
     Ok(())
@@ -1047,7 +1047,7 @@ async fn init(global: &GlobalArgs, args: InitArgs) -> anyhow::Result<()> {
                 .await
                 .map_err(|e| missing_daemon(host, e))?
         }
-        None => super::connect(global).await?,
+        None => super::connect_any(global).await?,
     };
     let view: MachineView = client
         .post(

@@ -62,22 +62,54 @@ pub fn connections(global: &GlobalArgs) -> anyhow::Result<Vec<Connection>> {
         .collect()
 }
 
-/// Connects to the first connection that answers. With more than one to choose from, a
-/// connection counts as answering once the daemon has answered through it: over SSH, starting
-/// `ssh` succeeds whether or not the host is up, so a dead first host would otherwise fail the
-/// command instead of being passed over.
+/// Connects to the first connection that answers from an initialised Machine. With more than
+/// one to choose from, a connection counts as answering once the daemon has answered through
+/// it: over SSH, starting `ssh` succeeds whether or not the host is up, so a dead first host
+/// would otherwise fail the command instead of being passed over. A daemon that answers as an
+/// uninitialised Machine (one removed from the Cluster resets itself) is passed over too while
+/// another connection reaches an initialised one, and used only when none does.
 pub async fn connect(global: &GlobalArgs) -> anyhow::Result<ApiClient> {
+    connect_to(global, Wanted::Initialised).await
+}
+
+/// [`connect`] for a command meant for an uninitialised Machine as well (`machine init`): the
+/// first connection that answers.
+pub async fn connect_any(global: &GlobalArgs) -> anyhow::Result<ApiClient> {
+    connect_to(global, Wanted::Any).await
+}
+
+#[derive(PartialEq)]
+enum Wanted {
+    Initialised,
+    Any,
+}
+
+async fn connect_to(global: &GlobalArgs, wanted: Wanted) -> anyhow::Result<ApiClient> {
     let candidates = connections(global)?;
     let choosing = candidates.len() > 1;
     let mut failures = Vec::new();
+    // The first connection reaching an uninitialised Machine, kept in case no other will do.
+    let mut uninitialised: Option<(&Connection, ApiClient)> = None;
     for candidate in &candidates {
         let reached = match ApiClient::connect(candidate).await {
-            Ok(mut client) if choosing => client.answers().await.map(|()| client),
+            Ok(mut client) if choosing => match client.answers().await {
+                Ok(Some(v)) if v.machine.is_none() && wanted == Wanted::Initialised => {
+                    uninitialised.get_or_insert((candidate, client));
+                    continue;
+                }
+                Ok(_) => Ok(client),
+                Err(e) => Err(e),
+            },
             reached => reached,
         };
         match reached {
             Ok(client) => {
                 // Passed over silently, a server that is down would hide behind the next.
+                if let Some((passed, _)) = &uninitialised {
+                    eprintln!(
+                        "warning: passed over: {passed} reaches a Machine that is not initialised (removed from the Cluster, or reset; `ployz ctx add NAME --connect URL...` keeps only the connections you want); using {candidate}"
+                    );
+                }
                 for failed in &failures {
                     eprintln!("warning: passed over: {failed:#}; using {candidate}");
                 }
@@ -85,6 +117,12 @@ pub async fn connect(global: &GlobalArgs) -> anyhow::Result<ApiClient> {
             }
             Err(e) => failures.push(e),
         }
+    }
+    if let Some((candidate, client)) = uninitialised {
+        for failed in &failures {
+            eprintln!("warning: passed over: {failed:#}; using {candidate}");
+        }
+        return Ok(client);
     }
     if failures.len() == 1 {
         return Err(failures.remove(0));
