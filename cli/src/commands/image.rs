@@ -575,8 +575,18 @@ async fn push(global: &GlobalArgs, args: PushArgs) -> anyhow::Result<()> {
     crate::targets::report_failures(&all_failures, targets.len())
 }
 
-/// Whether image `i` is the one `wanted` names: a tag (`app` meaning `app:latest`), or an ID
-/// or its prefix.
+/// `reference` as Docker lists its tags: Docker Hub's `docker.io/library/nginx`,
+/// `docker.io/nginx` and `library/nginx` are `nginx`, `docker.io/user/app` is `user/app`.
+fn familiar(reference: &str) -> &str {
+    let rest = ["docker.io/", "index.docker.io/"]
+        .iter()
+        .find_map(|hub| reference.strip_prefix(hub))
+        .unwrap_or(reference);
+    rest.strip_prefix("library/").unwrap_or(rest)
+}
+
+/// Whether image `i` is the one `wanted` names: a tag (`app` meaning `app:latest`, Docker Hub's
+/// long forms included), or an ID or its prefix.
 fn names(i: &ImageSummary, wanted: &str) -> bool {
     let hex = wanted.strip_prefix("sha256:").unwrap_or(wanted);
     if hex.len() >= 4
@@ -585,6 +595,7 @@ fn names(i: &ImageSummary, wanted: &str) -> bool {
     {
         return true;
     }
+    let wanted = familiar(wanted);
     let tagged = match wanted.rsplit_once(':') {
         Some((_, tag)) if !tag.contains('/') => wanted.to_owned(),
         _ => format!("{wanted}:latest"),
@@ -747,6 +758,24 @@ mod tests {
         }
         for no in ["app:2", "reg:5000/x", "ab13", "abc", "x"] {
             assert!(!names(&i, no), "{no}");
+        }
+        // Docker lists Docker Hub's images by their familiar names.
+        let hub = image(&"cd34".repeat(16), &["nginx:1.27", "user/app:2"]);
+        for yes in [
+            "docker.io/library/nginx:1.27",
+            "docker.io/nginx:1.27",
+            "library/nginx:1.27",
+            "index.docker.io/library/nginx:1.27",
+            "docker.io/user/app:2",
+        ] {
+            assert!(names(&hub, yes), "{yes}");
+        }
+        for no in [
+            "docker.io/library/nginx",
+            "quay.io/nginx:1.27",
+            "docker.io/app:2",
+        ] {
+            assert!(!names(&hub, no), "{no}");
         }
     }
 }
