@@ -762,6 +762,75 @@ services:
 
 #[test]
 #[ignore = "needs dockerd (scripts/test.sh runs it)"]
+fn a_rollback_after_a_change_of_replicas_alone_keeps_the_replicas_that_ran() {
+    let lab = Lab::new();
+    let m = DockerMachine::new(&lab, "rollback2");
+    let web = |replicas: u32| {
+        versioned_web("start-first")
+            .replace("IMAGE", TEST_IMAGE)
+            .replace(
+                "    deploy:\n",
+                &format!("    deploy:\n      replicas: {replicas}\n"),
+            )
+    };
+    // Version 1 with 2 replicas, then 4 (the first two are kept, and still say 2), then
+    // version 2 with 4.
+    for (version, replicas) in [("1", 2), ("1", 4), ("2", 4)] {
+        std::fs::write(lab.path("compose.yaml"), web(replicas)).unwrap();
+        let out = deploy_version(&lab, &m, version);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    wait_served(&m, "version 2", 30, "version 2 serves");
+    let kept = json(&run(&lab, &m, &["history", "web", "--json"]));
+    let shape: Vec<(String, u64)> = kept
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["spec"]["container"]["env"]["VER"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+                r["spec"]["replicas"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64)> = vec![("1".into(), 2), ("1".into(), 4), ("2".into(), 4)];
+    assert_eq!(
+        shape, want,
+        "a kept container's old replica count was recorded as a revision"
+    );
+
+    // Rolled back: version 1 with the 4 replicas it ran with last, not 2.
+    let out = run(&lab, &m, &["rollback", "web", "-y"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stderr(&out).contains("back to revision 2"),
+        "{}",
+        stderr(&out)
+    );
+    wait_served(&m, "version 1", 30, "version 1 serves after the rollback");
+    // History marks the rollback's revision running once what runs is it: version 1, 4 of them.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let history = stdout(&run(&lab, &m, &["history", "web"]));
+        let marked: Vec<&str> = history.lines().filter(|l| l.contains("running")).collect();
+        if marked.len() == 1 && marked[0].trim_start().starts_with("4 ") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "revision 4 (version 1, 4 replicas) is not marked running: {history}\n{:?}",
+            running(&lab, &m)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(running(&lab, &m).len(), 4, "{:?}", running(&lab, &m));
+}
+
+#[test]
+#[ignore = "needs dockerd (scripts/test.sh runs it)"]
 fn rollback_under_load_fails_no_request_and_history_lists_the_revisions() {
     let lab = Lab::new();
     let m = DockerMachine::new(&lab, "rollback1");

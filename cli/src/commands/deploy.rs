@@ -1275,12 +1275,26 @@ async fn record_revisions(
 ) {
     let by = crate::leases::user_at_host();
     for service in plan.services.iter().filter(|s| !s.operations.is_empty()) {
-        let before = machines
-            .iter()
-            .flat_map(|m| &m.containers)
-            .filter(|c| c.service_id == service.service_id)
-            .filter(|c| c.state == ployz_core::ContainerState::Running)
-            .find_map(|c| c.spec.clone());
+        // What ran, unless the newest kept revision makes those containers already: it is what
+        // the last Deploy recorded. (A Deploy that kept some containers leaves them with the
+        // spec they were created with: taken as it is, an old replica count would be recorded
+        // as a revision of its own; and a Machine left out runs containers the snapshot lacks.)
+        let running = super::revision::Running::of(
+            machines.iter().flat_map(|m| &m.containers),
+            &service.service_id,
+        );
+        let before = match running {
+            Some(running) => {
+                let kept = super::revision::kept_revisions(client, &service.service_id)
+                    .await
+                    .unwrap_or_default();
+                (!kept
+                    .last()
+                    .is_some_and(|newest| running.same_containers(&newest.spec)))
+                .then(|| running.spec())
+            }
+            None => None,
+        };
         let now = intent
             .services
             .iter()

@@ -181,7 +181,7 @@ impl<'a> Freshness<'a> {
 /// Whether two specs would create the same container: name, mode, container configuration,
 /// ports, routes (the edge reads them from the container's label) and placement. Replicas, dependencies, hooks and update settings shape the Deploy, not
 /// the container, so changing them replaces nothing.
-pub(super) fn same_container_config(a: &ServiceSpec, b: &ServiceSpec) -> bool {
+pub fn same_container_config(a: &ServiceSpec, b: &ServiceSpec) -> bool {
     a.name == b.name
         && a.mode == b.mode
         && a.container == b.container

@@ -42,6 +42,8 @@ mod placement;
 mod update_order;
 mod volumes;
 
+pub use identity::same_container_config;
+
 use ployz_core::{
     ContainerRef, ContainerRuntimeObservation, DeployIntent, DeployPlan, HostProtocol,
     ImageTransfer, ListenerRole, MachineSnapshot, MembershipObservation, NotIncluded, Operation,
