@@ -527,7 +527,7 @@ fn shorten(text: &str) -> String {
 
 /// On the new Machine: take the Join Token, print the join request, and wait if asked.
 async fn join_with_token(global: &GlobalArgs, args: &JoinArgs) -> anyhow::Result<()> {
-    let mut client = super::connect(global).await?;
+    let mut client = super::connect_any(global).await?;
     let pending: api::PendingJoin = client
         .post(
             api::paths::JOIN_PENDING,

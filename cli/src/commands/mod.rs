@@ -88,13 +88,16 @@ async fn connect_to(global: &GlobalArgs, wanted: Wanted) -> anyhow::Result<ApiCl
     let candidates = connections(global)?;
     let choosing = candidates.len() > 1;
     let mut failures = Vec::new();
-    // The first connection reaching an uninitialised Machine, kept in case no other will do.
-    let mut uninitialised: Option<(&Connection, ApiClient)> = None;
+    // The connections reaching an uninitialised Machine; the first is kept in case no other
+    // will do.
+    let mut uninitialised: Vec<&Connection> = Vec::new();
+    let mut fallback: Option<ApiClient> = None;
     for candidate in &candidates {
         let reached = match ApiClient::connect(candidate).await {
             Ok(mut client) if choosing => match client.answers().await {
                 Ok(Some(v)) if v.machine.is_none() && wanted == Wanted::Initialised => {
-                    uninitialised.get_or_insert((candidate, client));
+                    uninitialised.push(candidate);
+                    fallback.get_or_insert(client);
                     continue;
                 }
                 Ok(_) => Ok(client),
@@ -105,23 +108,14 @@ async fn connect_to(global: &GlobalArgs, wanted: Wanted) -> anyhow::Result<ApiCl
         match reached {
             Ok(client) => {
                 // Passed over silently, a server that is down would hide behind the next.
-                if let Some((passed, _)) = &uninitialised {
-                    eprintln!(
-                        "warning: passed over: {passed} reaches a Machine that is not initialised (removed from the Cluster, or reset; `ployz ctx add NAME --connect URL...` keeps only the connections you want); using {candidate}"
-                    );
-                }
-                for failed in &failures {
-                    eprintln!("warning: passed over: {failed:#}; using {candidate}");
-                }
+                warn_passed_over(&failures, &uninitialised, candidate);
                 return Ok(client);
             }
             Err(e) => failures.push(e),
         }
     }
-    if let Some((candidate, client)) = uninitialised {
-        for failed in &failures {
-            eprintln!("warning: passed over: {failed:#}; using {candidate}");
-        }
+    if let (Some(client), Some((used, others))) = (fallback, uninitialised.split_first()) {
+        warn_passed_over(&failures, others, used);
         return Ok(client);
     }
     if failures.len() == 1 {
@@ -129,4 +123,17 @@ async fn connect_to(global: &GlobalArgs, wanted: Wanted) -> anyhow::Result<ApiCl
     }
     let reasons: Vec<String> = failures.iter().map(|e| format!("{e:#}")).collect();
     anyhow::bail!("no connection answered: {}", reasons.join("; "))
+}
+
+/// A warning for each connection passed over before `used`: those that failed, and those that
+/// reach an uninitialised Machine.
+fn warn_passed_over(failures: &[anyhow::Error], uninitialised: &[&Connection], used: &Connection) {
+    for passed in uninitialised {
+        eprintln!(
+            "warning: passed over: {passed} reaches a Machine that is not initialised (removed from the Cluster, or reset; `ployz ctx add NAME --connect URL...` keeps only the connections you want); using {used}"
+        );
+    }
+    for failed in failures {
+        eprintln!("warning: passed over: {failed:#}; using {used}");
+    }
 }
