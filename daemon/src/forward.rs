@@ -544,8 +544,8 @@ fn caller(request: &Request) -> Option<IpAddr> {
 }
 
 /// The layer on the whole mesh listener: a connection from this Machine's own Management
-/// Address is refused. Only this host can make one (over loopback, which the firewall lets
-/// through), the daemon never calls itself there (its share of a fan-out is served in process),
+/// Address is refused. Only this host can make one (over loopback, which the firewall refuses
+/// too: this is the layer behind it), the daemon never calls itself there (its share of a fan-out is served in process),
 /// and this Machine is a member of its own roster: any local user would otherwise reach what
 /// the unix socket keeps to root and the `ployz` group.
 pub(crate) async fn from_another_machine(

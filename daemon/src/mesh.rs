@@ -324,7 +324,7 @@ impl MeshView {
         }
         let _ = writeln!(
             out,
-            "# HELP ployz_firewall_repairs_total Firewall rules put back by reconciliation."
+            "# HELP ployz_firewall_repairs_total Firewall rules put back (or, retired, deleted) by reconciliation."
         );
         let _ = writeln!(out, "# TYPE ployz_firewall_repairs_total counter");
         let _ = writeln!(out, "ployz_firewall_repairs_total {}", m.firewall_repairs);

@@ -1014,7 +1014,7 @@ async fn firewall(parts: Arc<MeshParts>) -> Outcome {
         Ok(Ok(None)) => Outcome::InSync,
         Ok(Ok(Some((found, restored)))) => Outcome::Corrected {
             found: format!("missing: {found}"),
-            done: format!("firewall rules put back: {restored}"),
+            done: format!("firewall rules put back or deleted: {restored}"),
         },
         Ok(Err(error)) => Outcome::CouldNot { error },
         Err(e) => Outcome::CouldNot {

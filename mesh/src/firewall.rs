@@ -455,8 +455,9 @@ impl<R: CommandRunner> Firewall<R> {
         Ok(missing)
     }
 
-    /// Puts every missing rule, chain and jump back, each exactly where it belongs, and returns
-    /// how many rules it put back (zero when everything was in place). Creates `DOCKER-USER` and
+    /// Deletes every retired rule, puts every missing rule, chain and jump back, each exactly
+    /// where it belongs, and returns how many rules it deleted or put back (zero when
+    /// everything was as it should be). Creates `DOCKER-USER` and
     /// its jump from `FORWARD` when Docker has not (yet): Docker keeps both when it starts.
     pub fn reconcile(&self) -> Result<usize> {
         for family in [Family::V4, Family::V6] {
@@ -472,6 +473,7 @@ impl<R: CommandRunner> Firewall<R> {
             spec: spec(&["-j", DOCKER_USER]),
             placement: Placement::At(1),
         };
+        let mut restored = 0;
         for rule in self.retired() {
             let mut args = vec!["-D", rule.chain];
             args.extend(rule.spec.iter().map(String::as_str));
@@ -481,9 +483,9 @@ impl<R: CommandRunner> Firewall<R> {
                 }
                 self.must(rule.family, rule.table, &args)?;
                 tracing::info!(rule = %rule, "retired firewall rule deleted");
+                restored += 1;
             }
         }
-        let mut restored = 0;
         for rule in std::iter::once(forward_jump).chain(self.rules()) {
             if self.rule_exists(&rule)? {
                 continue;
@@ -823,7 +825,7 @@ mod tests {
             Some("retired rule ip6tables -t filter PLOYZ-INPUT -i lo -j RETURN to delete"),
             "{missing:?}"
         );
-        assert_eq!(firewall.reconcile().unwrap(), 2);
+        assert_eq!(firewall.reconcile().unwrap(), 3, "1 deleted, 2 put back");
         assert_eq!(
             firewall
                 .runner()

@@ -250,7 +250,11 @@ fn reconcile_restores_and_remove_clears_in_a_namespace() {
         "ip6tables",
         &["-w", "5", "-I", CHAIN, "1", "-i", "lo", "-j", "RETURN"],
     );
-    assert_eq!(firewall.reconcile().expect("reconcile"), 2);
+    assert_eq!(
+        firewall.reconcile().expect("reconcile"),
+        3,
+        "1 deleted, 2 put back"
+    );
     assert_eq!(netns.ruleset(), reconciled);
 
     // Remove leaves no chain, no jump and no rule of ours; DOCKER-USER stays (Docker's), empty.

@@ -528,7 +528,7 @@ fn two_machines_reach_each_other_over_userspace_wireguard() {
             .reconcile()
             .map_err(|e| e.to_string())
     });
-    assert_eq!(restored, Ok(13));
+    assert_eq!(restored, Ok(14));
     assert!(
         connects(mgmt_port, Duration::from_secs(5)),
         "through the mesh"
