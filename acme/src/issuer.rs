@@ -201,11 +201,13 @@ pub struct IssuerConfig {
     pub challenge_port: Option<u16>,
     /// The failures the issuer lives through.
     pub counters: IssuerCounters,
-    /// The Machines this Machine observes down (membership), now and as they change. A
-    /// Machine observed down for [`IssuerConfig::down_grace`] in a row no longer counts among
-    /// the issuers here: the hostnames it would issue are ordered and renewed by the others.
-    pub machines_down: watch::Receiver<BTreeSet<MachineId>>,
-    /// How long a Machine is observed down before the others issue in its place. Long enough
+    /// The Machines this Machine does not observe up (membership: down, suspect, or not heard
+    /// from since membership started here), now and as they change. A Machine not observed up
+    /// for [`IssuerConfig::down_grace`] in a row no longer counts among the issuers here: the
+    /// hostnames it would issue are ordered and renewed by the others. (Not only those observed
+    /// down: a daemon started after a Machine died never hears of it, and holds it unknown.)
+    pub machines_not_up: watch::Receiver<BTreeSet<MachineId>>,
+    /// How long a Machine is not observed up before the others issue in its place. Long enough
     /// that a reboot or a short partition does not order a hostname twice (the authority counts
     /// duplicate certificates), short enough that a new hostname does not wait long for a
     /// Machine that lost power.
@@ -227,13 +229,13 @@ impl IssuerConfig {
             challenge_ttl: Duration::from_secs(3600),
             challenge_port: None,
             counters: IssuerCounters::default(),
-            machines_down: watch::channel(BTreeSet::new()).1,
+            machines_not_up: watch::channel(BTreeSet::new()).1,
             down_grace: DEFAULT_DOWN_GRACE,
         }
     }
 }
 
-/// How long a Machine is observed down before the others issue the hostnames it would: 10
+/// How long a Machine is not observed up before the others issue the hostnames it would: 10
 /// minutes (a reboot comes back within it; a renewal due has weeks of slack).
 pub const DEFAULT_DOWN_GRACE: Duration = Duration::from_secs(600);
 
@@ -279,7 +281,7 @@ pub struct CertificateIssuer {
     last_policy: Option<CertificatePolicy>,
     /// The previous pass could not read the store (its failure was logged).
     unreadable: bool,
-    /// Since when (Unix ms, this issuer's clock) each Machine has been observed down, in a row.
+    /// Since when (Unix ms, this issuer's clock) each Machine has not been observed up, in a row.
     down_since: HashMap<MachineId, i64>,
     /// The Machines passed over in the previous pass (each change is logged once).
     passed_over: BTreeSet<MachineId>,
@@ -355,7 +357,7 @@ impl CertificateIssuer {
         let mut certificates = store.watch(KeyPrefix::cluster_namespace(CERTIFICATES_NAMESPACE));
         let mut policy = store.watch(KeyPrefix::cluster_namespace(POLICY_NAMESPACE));
         let mut machines = store.watch(KeyPrefix::machine_namespace(MACHINES_NAMESPACE));
-        let mut down = issuer.config.machines_down.clone();
+        let mut down = issuer.config.machines_not_up.clone();
         tracing::info!(machine = %issuer.config.machine_id, "certificate issuer started");
         loop {
             if *shutdown.borrow() {
@@ -402,11 +404,11 @@ impl CertificateIssuer {
         self.config.clock.now_ms()
     }
 
-    /// Follows the Machines observed down: returns those observed down for the grace in a row
-    /// (never this Machine), and when the next one's grace ends.
+    /// Follows the Machines not observed up: returns those not observed up for the grace in a
+    /// row (never this Machine), and when the next one's grace ends.
     fn pass_over_down(&mut self, now_ms: i64) -> (BTreeSet<MachineId>, Option<i64>) {
         let local = self.config.machine_id.clone();
-        let down = self.config.machines_down.borrow().clone();
+        let down = self.config.machines_not_up.borrow().clone();
         self.down_since.retain(|m, _| down.contains(m));
         for m in down.into_iter().filter(|m| *m != local) {
             self.down_since.entry(m).or_insert(now_ms);
@@ -426,11 +428,11 @@ impl CertificateIssuer {
             tracing::info!(
                 machine = %m,
                 grace_s = self.config.down_grace.as_secs(),
-                "a Machine observed down past the grace is passed over: the hostnames it would issue are issued by the others"
+                "a Machine not observed up for the grace is passed over: the hostnames it would issue are issued by the others"
             );
         }
         for m in self.passed_over.difference(&passed_over) {
-            tracing::info!(machine = %m, "a Machine passed over is no longer observed down: it issues its hostnames again");
+            tracing::info!(machine = %m, "a Machine passed over is observed up again: it issues its hostnames again");
         }
         self.passed_over = passed_over.clone();
         (passed_over, next_ms)

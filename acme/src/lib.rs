@@ -5,8 +5,8 @@
 //! Hostname published over https by a running Service container, makes sure Certificate Material
 //! exists, covers the hostname and is renewed when the Certificate Policy's renewal fraction of
 //! its lifetime has passed. Exactly one Machine orders for a hostname: the rendezvous-hashing
-//! winner among the participating Machines ([`rendezvous`]), less those this Machine has observed
-//! down for [`IssuerConfig::down_grace`] in a row (a Machine that lost power must not hold its
+//! winner among the participating Machines ([`rendezvous`]), less those this Machine has not
+//! observed up for [`IssuerConfig::down_grace`] in a row (a Machine that lost power must not hold its
 //! hostnames' certificates back for ever; a reboot must not order them twice). Before ordering,
 //! the issuer takes the hostname's Cluster DNS Verdict ([`verdict`]) and orders only when the hostname points at a
 //! Machine (or when that cannot be known).

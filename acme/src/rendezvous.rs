@@ -39,7 +39,7 @@ pub fn issuer_for<'a>(
 /// one started with `--no-certificates`: otherwise the hostnames it wins would never be ordered.
 /// A store that cannot be read is an error (taken for "no Machine but this one", every hostname
 /// would be this Machine's). Membership is not looked at here: the issuer passes over the
-/// Machines it has observed down for its grace.
+/// Machines it has not observed up for its grace.
 pub fn participating_machines(
     store: &Store,
     local: &MachineId,

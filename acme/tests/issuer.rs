@@ -311,7 +311,7 @@ async fn a_machine_observed_down_past_the_grace_has_its_hostnames_issued_by_anot
     config.clock = ployz_acme::Clock::from_fn(move || {
         UNIX_EPOCH + Duration::from_millis(clock_now.load(Ordering::SeqCst) as u64)
     });
-    config.machines_down = machines_down;
+    config.machines_not_up = machines_down;
     config.down_grace = Duration::from_secs(600);
     let mut issuer = CertificateIssuer::new(config);
     let statuses =

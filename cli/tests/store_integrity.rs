@@ -582,3 +582,35 @@ fn a_lost_machine_json_is_said_at_start_and_init_sets_the_old_store_and_key_asid
     assert_eq!(std::fs::read(&keys[0]).unwrap(), old_key);
     assert!(dir.join("store").exists() && dir.join("machine.json").exists());
 }
+
+#[test]
+#[ignore = "needs dockerd: a Machine's init connects to Docker (scripts/test.sh runs it)"]
+fn a_clock_that_went_back_is_said_by_the_store_digest() {
+    let lab = Lab::new();
+    // An hour ahead (mesh.clock_offset_ms), a write, then the clock set right again.
+    let ahead = lab.path("ahead.toml");
+    std::fs::write(&ahead, "[mesh]\nclock_offset_ms = 3600000\n").unwrap();
+    let ahead_args = [QUIET_DAEMON, &["--config", ahead.to_str().unwrap()]].concat();
+    let mut daemon = Daemon::start_with(lab.path("data"), lab.path("ployz.sock"), 0, &ahead_args);
+    let init = lab.ployz(&daemon, &["machine", "init", "--name", "jumped"]);
+    assert!(init.status.success(), "{}", stderr(&init));
+    let put = lab.ployz(&daemon, &["store", "put", "during=1"]);
+    assert!(put.status.success(), "{}", stderr(&put));
+    let digest = json(&lab.ployz(&daemon, &["store", "digest", "--json"]));
+    assert!(digest["clock_went_back_ms"].is_null(), "{digest}");
+
+    daemon.restart_with(QUIET_DAEMON);
+    let digest = json(&lab.ployz(&daemon, &["store", "digest", "--json"]));
+    let behind = digest["clock_went_back_ms"].as_u64().unwrap_or(0);
+    assert!(
+        (3_500_000..=3_600_000).contains(&behind),
+        "the clock went back an hour: {digest}"
+    );
+    let table = lab.ployz(&daemon, &["store", "digest"]);
+    assert!(
+        stderr(&table).contains("warning: this Machine's clock went back 3")
+            && stderr(&table).contains("the others refuse its writes"),
+        "{}",
+        stderr(&table)
+    );
+}

@@ -433,6 +433,10 @@ pub struct StoreDigest {
     /// Machines removed from the Cluster whose records this store dropped.
     #[serde(default)]
     pub forgotten: Vec<MachineId>,
+    /// How far this Machine's clock went back behind its own timestamps (milliseconds), when
+    /// beyond the drift bound: the others refuse its writes until it catches up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_went_back_ms: Option<u64>,
 }
 
 /// One record of the scratch namespace (`ployz store put`): cluster-scoped values nothing in

@@ -254,7 +254,7 @@ pub struct CertificateSettings {
     /// The DNS server the Cluster DNS Verdict asks; `None`: the system's resolvers.
     #[serde(deserialize_with = "socket_addr::optional")]
     pub verdict_resolver: Option<SocketAddr>,
-    /// Seconds a Machine is observed down before the others order and renew the hostnames it
+    /// Seconds a Machine is not observed up before the others order and renew the hostnames it
     /// would; 0 to 86400.
     pub down_grace_seconds: u64,
 }
@@ -273,7 +273,7 @@ impl Default for CertificateSettings {
 const MAX_DOWN_GRACE_SECS: u64 = 86_400;
 
 impl CertificateSettings {
-    /// How long a Machine is observed down before the others issue in its place.
+    /// How long a Machine is not observed up before the others issue in its place.
     pub fn down_grace(&self) -> Duration {
         Duration::from_secs(self.down_grace_seconds)
     }

@@ -29,6 +29,11 @@ pub struct MeshView {
     pending_attempt: Mutex<Option<String>>,
     /// The Machines observed down, for the modules that order by it (the edge).
     down: tokio::sync::watch::Sender<std::collections::BTreeSet<MachineId>>,
+    /// The members not observed up (down, suspect, unknown), for the certificate issuer.
+    not_up: tokio::sync::watch::Sender<std::collections::BTreeSet<MachineId>>,
+    /// Turned true once an anti-entropy round with a peer has completed: this Machine's store
+    /// held what that peer held.
+    caught_up: tokio::sync::watch::Sender<bool>,
 }
 
 /// How long `machine rm` waits for the removed Machine to answer its reset.
@@ -51,6 +56,8 @@ impl MeshView {
             reset: tokio::sync::watch::channel(None).0,
             pending_attempt: Mutex::default(),
             down: tokio::sync::watch::channel(Default::default()).0,
+            not_up: tokio::sync::watch::channel(Default::default()).0,
+            caught_up: tokio::sync::watch::channel(false).0,
         }
     }
 
@@ -146,7 +153,12 @@ impl MeshView {
     pub fn set_observations(&self, observations: BTreeMap<MachineId, PeerObservation>) {
         let down: std::collections::BTreeSet<MachineId> = observations
             .iter()
-            .filter(|(_, o)| o.membership == Some(ployz_core::MembershipObservation::Down))
+            .filter(|(_, o)| o.membership != Some(ployz_core::MembershipObservation::Up))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let not_up: std::collections::BTreeSet<MachineId> = observations
+            .iter()
+            .filter(|(_, o)| o.membership != Some(ployz_core::MembershipObservation::Up))
             .map(|(id, _)| id.clone())
             .collect();
         *self.observations.lock().expect("mesh view poisoned") = observations;
@@ -155,6 +167,30 @@ impl MeshView {
             *current = down;
             changed
         });
+        self.not_up.send_if_modified(|current| {
+            let changed = *current != not_up;
+            *current = not_up;
+            changed
+        });
+    }
+
+    /// The members not observed up (down, suspect, or not heard from since membership started
+    /// here), now and as they change.
+    pub fn machines_not_up(
+        &self,
+    ) -> tokio::sync::watch::Receiver<std::collections::BTreeSet<MachineId>> {
+        self.not_up.subscribe()
+    }
+
+    /// Notes that an anti-entropy round with a peer completed.
+    pub fn set_caught_up(&self) {
+        self.caught_up
+            .send_if_modified(|c| !std::mem::replace(c, true));
+    }
+
+    /// Turns true once an anti-entropy round with a peer has completed.
+    pub fn caught_up(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.caught_up.subscribe()
     }
 
     /// The Machines observed down, now and as they change.
@@ -219,6 +255,8 @@ pub struct MeshMetrics {
     pub subnet_collisions: u64,
     /// Remote records refused for a clock too far ahead, per origin.
     pub clock_refusals: BTreeMap<MachineId, u64>,
+    /// How far this Machine's store clock runs ahead of its wall clock, in milliseconds.
+    pub clock_ahead_ms: u64,
     /// Replication's totals.
     pub replication: crate::replication::ReplicationCounters,
     /// Membership gossip's totals: datagrams and bytes each way.
@@ -265,6 +303,13 @@ impl MeshView {
         let _ = writeln!(out, "# HELP ployz_mesh_subnet_collisions Members whose Machine Subnet another member holds too.");
         let _ = writeln!(out, "# TYPE ployz_mesh_subnet_collisions gauge");
         let _ = writeln!(out, "ployz_mesh_subnet_collisions {}", m.subnet_collisions);
+        let _ = writeln!(out, "# HELP ployz_store_clock_ahead_seconds How far this Machine's store clock runs ahead of its wall clock; beyond the drift bound its clock went back, and the others refuse its writes until it catches up.");
+        let _ = writeln!(out, "# TYPE ployz_store_clock_ahead_seconds gauge");
+        let _ = writeln!(
+            out,
+            "ployz_store_clock_ahead_seconds {}",
+            m.clock_ahead_ms as f64 / 1000.0
+        );
         let _ = writeln!(out, "# HELP ployz_store_clock_refusals_total Remote records not merged because their timestamp was too far ahead of this Machine's clock.");
         let _ = writeln!(out, "# TYPE ployz_store_clock_refusals_total counter");
         for (origin, n) in &m.clock_refusals {

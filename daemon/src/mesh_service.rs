@@ -56,6 +56,8 @@ pub(crate) struct MeshService {
 
 /// Everything the mesh runs once it is up.
 struct Running {
+    /// When this Machine last said its clock went back (`None`: it has not, or it caught up).
+    clock_report: std::sync::Mutex<Option<Instant>>,
     interface: Arc<Mutex<MeshInterface>>,
     firewall: Arc<Firewall>,
     membership: Membership,
@@ -549,6 +551,7 @@ impl MeshService {
             published: None,
             failing: false,
             datapath: std::sync::Mutex::default(),
+            clock_report: std::sync::Mutex::default(),
         })
     }
 
@@ -795,12 +798,27 @@ impl MeshService {
             .store()
             .map(|s| s.clock_refusals())
             .unwrap_or_default();
+        let (clock_ahead, max_drift) = self
+            .machine
+            .store()
+            .map(|s| (s.clock_ahead(), s.max_drift()))
+            .unwrap_or_default();
+        report_clock(
+            &mut lock_clock_report(running),
+            (clock_ahead > max_drift).then_some(clock_ahead),
+        );
+        let clock_ahead_ms = u64::try_from(clock_ahead.as_millis()).unwrap_or(u64::MAX);
+        let replication = running.replicator.counters();
+        if running.replicator.caught_up() {
+            self.view.set_caught_up();
+        }
         self.view.set_metrics(MeshMetrics {
             backend: Some(interface.backend().as_str()),
             membership: by_state,
             subnet_collisions: collisions,
             clock_refusals,
-            replication: running.replicator.counters(),
+            clock_ahead_ms,
+            replication,
             gossip: [
                 gossip.datagrams_sent,
                 gossip.datagrams_received,
@@ -968,6 +986,37 @@ async fn peer_reset(
 impl std::fmt::Debug for MeshService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MeshService").finish_non_exhaustive()
+    }
+}
+
+/// How often a clock that went back is reported again while it lasts.
+const CLOCK_REPORT_EVERY: Duration = Duration::from_secs(300);
+
+fn lock_clock_report(running: &Running) -> std::sync::MutexGuard<'_, Option<Instant>> {
+    running
+        .clock_report
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Says, when it starts and every [`CLOCK_REPORT_EVERY`] while it lasts, that this Machine's
+/// clock went back: its timestamps never go back, so the others refuse its writes (they count
+/// them in `ployz_store_clock_refusals_total`, and nothing said so here). Says when it is over.
+fn report_clock(last: &mut Option<Instant>, went_back: Option<Duration>) {
+    match (went_back, *last) {
+        (Some(by), reported) if reported.is_none_or(|t| t.elapsed() >= CLOCK_REPORT_EVERY) => {
+            tracing::warn!(
+                behind_s = by.as_secs(),
+                "this Machine's clock went back (a jump forward, corrected): its writes carry timestamps ahead of the others' clocks, which refuse them until this clock catches up, in about {} s; its records are not replicated meanwhile (`ployz store digest` shows it)",
+                by.as_secs()
+            );
+            *last = Some(Instant::now());
+        }
+        (None, Some(_)) => {
+            tracing::info!("this Machine's clock caught up with its timestamps: the others take its writes again");
+            *last = None;
+        }
+        _ => {}
     }
 }
 

@@ -1279,6 +1279,9 @@ impl BackgroundService for RouteService {
     }
 }
 
+/// How long the certificate issuer waits at start for replication to pull from a peer.
+const CATCH_UP_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Orders and renews certificates by ACME once this Machine is initialised.
 struct IssuerService {
     machine: Arc<LocalMachine>,
@@ -1287,8 +1290,8 @@ struct IssuerService {
     counters: ployz_acme::IssuerCounters,
     /// The edge's HTTP port, where the authority's HTTP-01 validation arrives.
     challenge_port: u16,
-    /// Which Machines this Machine observes down: past the grace, their hostnames are issued
-    /// by the others.
+    /// Which Machines this Machine does not observe up (past the grace, their hostnames are
+    /// issued by the others), and whether replication has pulled from a peer yet.
     mesh: Arc<crate::mesh::MeshView>,
     down_grace: std::time::Duration,
 }
@@ -1299,11 +1302,31 @@ impl BackgroundService for IssuerService {
         let Some(Initialised { store, .. }) = self.machine.initialised(&mut shutdown).await else {
             return;
         };
+        // A Machine back from a long absence holds a stale store: the others may have renewed
+        // in its place what it would order again. Unless it is alone, the issuer waits (at
+        // most CATCH_UP_WITHIN) until replication has pulled what a peer holds.
+        let alone = ployz_store::machines::stored_machines(&store)
+            .map(|m| m.iter().all(|m| m.id == *store.local()))
+            .unwrap_or(false);
+        if !alone {
+            let mut caught_up = self.mesh.caught_up();
+            tokio::select! {
+                waited = tokio::time::timeout(CATCH_UP_WITHIN, caught_up.wait_for(|c| *c)) => {
+                    if waited.is_err() {
+                        tracing::warn!(
+                            within_s = CATCH_UP_WITHIN.as_secs(),
+                            "the certificate issuer starts before replication pulled from a peer: a certificate renewed elsewhere meanwhile may be ordered again"
+                        );
+                    }
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
         let mut config = ployz_acme::IssuerConfig::new(store.local().clone());
         config.verdict_resolver = self.verdict_resolver;
         config.counters = self.counters.clone();
         config.challenge_port = Some(self.challenge_port);
-        config.machines_down = self.mesh.machines_down();
+        config.machines_not_up = self.mesh.machines_not_up();
         config.down_grace = self.down_grace;
         config.public_addresses = ployz_acme::PublicAddressSource::Dynamic(Arc::new(
             ployz_store::machines::stored_public_addresses,

@@ -54,6 +54,9 @@ async fn digest(State(machine): State<Arc<LocalMachine>>) -> Result<Response, Fa
             digest: store.digest()?.0,
             clock_refusals: store.clock_refusals(),
             forgotten: store.forgotten()?.into_iter().collect(),
+            clock_went_back_ms: store
+                .clock_went_back()
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         })
     })
     .await?;

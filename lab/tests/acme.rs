@@ -3,7 +3,8 @@
 //! hashing picks, whichever that is; the challenge record replicates so Machine 2's edge answers
 //! the validation, the Cluster DNS Verdict counts every Machine's public address, and every
 //! Machine's edge then serves the certificate by SNI. A Machine that loses power is passed over
-//! once observed down past the grace: a hostname it would issue is issued by another.
+//! once not observed up for the grace (down, or unknown to a daemon started since): a hostname
+//! it would issue is issued by another.
 
 mod common;
 
@@ -190,6 +191,38 @@ fn a_hostname_pointing_at_one_machine_is_issued_by_another_and_served_by_every_e
                 .as_array()?
                 .iter()
                 .find(|s| s["hostname"] == orphan.as_str() && s["state"] == "valid")
+                .cloned()
+        },
+    );
+    assert_ne!(status["issuer"], ids[0].as_str(), "{status}");
+
+    // Machines 1 and 2 restart while Machine 0 stays dead: they never hear of it again, so they
+    // hold it unknown, not down; not observed up for the grace, it is passed over all the same.
+    for i in [1, 2] {
+        lab.term_daemon(i);
+        lab.start_daemon(i);
+    }
+    for i in [1, 2] {
+        let seen = observed(&lab, i).and_then(|o| o.get(&ids[0]).cloned());
+        eprintln!("after its restart, Machine {i} observes Machine 0 as {seen:?}");
+    }
+    let orphan2 = (0..)
+        .map(|n| format!("h{n}.lab.test"))
+        .find(|h| ployz_acme::rendezvous::issuer_for(h, &machine_ids) == Some(&machine_ids[0]))
+        .unwrap();
+    hosts.push(&orphan2);
+    write_compose(&compose, &hosts);
+    ok(&lab, 1, &["deploy", "-y", "-f", compose.to_str().unwrap()]);
+    let status = wait_for(
+        &lab,
+        "after a restart, a hostname the dead Machine 0 would issue issued by another",
+        Duration::from_secs(120),
+        || {
+            let v = lab.json(1, &["cert", "ls", "--json"]);
+            v["status"]
+                .as_array()?
+                .iter()
+                .find(|s| s["hostname"] == orphan2.as_str() && s["state"] == "valid")
                 .cloned()
         },
     );

@@ -132,7 +132,7 @@ fn a_clock_an_hour_ahead_does_not_win() {
             ..MachineOptions::default()
         },
     ];
-    let lab = Lab::start(options);
+    let mut lab = Lab::start(options);
     ok(&lab, 0, &["machine", "init", "--name", "m0"]);
     ok(
         &lab,
@@ -196,6 +196,35 @@ fn a_clock_an_hour_ahead_does_not_win() {
         (0..2).any(|i| lab.log(i).contains("max_clock_drift_ms")),
         "no log line names the setting\n{}",
         logs(&lab)
+    );
+
+    // Machine 2's clock is set right: its timestamps stay an hour ahead, so the others go on
+    // refusing its writes, and it says so itself (digest, log, metric).
+    lab.set_machine_options(2, MachineOptions::default());
+    lab.term_daemon(2);
+    lab.start_daemon(2);
+    let digest = lab.json(2, &["store", "digest", "--json"]);
+    let behind = digest["clock_went_back_ms"].as_u64().unwrap_or(0);
+    assert!(
+        (3_500_000..=3_600_000).contains(&behind),
+        "Machine 2 does not say its clock went back an hour: {digest}"
+    );
+    wait_for(
+        &lab,
+        "Machine 2 logs that its clock went back",
+        Duration::from_secs(30),
+        || {
+            lab.log(2)
+                .contains("this Machine's clock went back")
+                .then_some(())
+        },
+    );
+    let metrics = text(&lab.exec_in(2, &["curl", "-s", "http://127.0.0.1:51090/metrics"]));
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("ployz_store_clock_ahead_seconds 35")),
+        "{metrics}"
     );
 }
 

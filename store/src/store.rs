@@ -131,6 +131,9 @@ pub struct Store {
     writability: watch::Sender<Option<String>>,
     /// How far ahead of the wall clock a remote record's HLC may be, in milliseconds.
     max_drift_ms: AtomicU64,
+    /// The wall time of the writer's clock (its last timestamp), kept beside it for readers
+    /// that must not wait for the writer ([`Store::clock_ahead`]).
+    clock_wall_ms: AtomicU64,
     /// Milliseconds added to the system's wall clock ([`Store::set_clock_offset_ms`]).
     clock_offset_ms: AtomicI64,
     /// Records refused for their clock, per origin.
@@ -482,6 +485,7 @@ impl Store {
             path,
             acknowledged,
             index: RwLock::new(index),
+            clock_wall_ms: AtomicU64::new(clock.last().wall_ms),
             writer: Mutex::new(Writer {
                 sled: Some(sled),
                 clock,
@@ -602,6 +606,8 @@ impl Store {
         }
         self.write_index().apply(delta);
         writer.clock = next_clock;
+        self.clock_wall_ms
+            .store(next_clock.last().wall_ms, Ordering::Relaxed);
         writer.last_local = Some(AcknowledgedWrite::of(&record));
         self.acknowledge(writer);
         self.publish_writability(writer);
@@ -796,6 +802,8 @@ impl Store {
         }
         self.write_index().apply(delta);
         writer.clock = next_clock;
+        self.clock_wall_ms
+            .store(next_clock.last().wall_ms, Ordering::Relaxed);
         if let Some(mine) = applied
             .iter()
             .rev()
@@ -879,6 +887,23 @@ impl Store {
     /// This store's wall clock: the system's, shifted by [`Store::set_clock_offset_ms`].
     fn wall_ms(&self) -> u64 {
         wall_now_ms().saturating_add_signed(self.clock_offset_ms.load(Ordering::Relaxed))
+    }
+
+    /// How far this store's clock (the last timestamp it issued or took in) runs ahead of its
+    /// wall clock. Taking in remote records moves it by the drift bound at most; more means this
+    /// Machine's own clock went back (a forward jump corrected): its timestamps never go back,
+    /// so its writes carry the old time, and stores whose clocks are right refuse them as too
+    /// far ahead until its wall clock has caught up.
+    pub fn clock_ahead(&self) -> Duration {
+        let last = self.clock_wall_ms.load(Ordering::Relaxed);
+        Duration::from_millis(last.saturating_sub(self.wall_ms()))
+    }
+
+    /// Whether [`Store::clock_ahead`] is beyond the drift bound: other Machines refuse this
+    /// Machine's writes.
+    pub fn clock_went_back(&self) -> Option<Duration> {
+        let ahead = self.clock_ahead();
+        (ahead > self.max_drift()).then_some(ahead)
     }
 
     /// Per origin, how many of its records were refused because their HLC ran further ahead of
@@ -1211,6 +1236,8 @@ impl Store {
         writer.sled = Some(sled);
         if let Some(clock) = inventory.clock {
             writer.clock.observe(clock);
+            self.clock_wall_ms
+                .store(writer.clock.last().wall_ms, Ordering::Relaxed);
         }
         writer.last_local = last_local;
         tracing::info!(store = %path.display(), "the store reopened and takes writes again");

@@ -198,6 +198,50 @@ fn a_machine_an_hour_ahead_is_refused_counted_and_taken_once_the_bound_allows() 
 }
 
 #[test]
+fn a_store_whose_clock_went_back_knows_it_and_by_how_much() {
+    let a = store();
+    a.put(&Key::cluster("x", "before"), vec![]).unwrap();
+    assert!(a.clock_went_back().is_none());
+    assert!(
+        a.clock_ahead() < Duration::from_secs(1),
+        "{:?}",
+        a.clock_ahead()
+    );
+    // A forward jump of an hour, a write, and the clock set right again.
+    a.set_clock_offset_ms(HOUR_MS);
+    a.put(&Key::cluster("x", "during"), vec![]).unwrap();
+    assert!(
+        a.clock_went_back().is_none(),
+        "its clock is where its writes are"
+    );
+    a.set_clock_offset_ms(0);
+    let went_back = a.clock_went_back().expect("the clock went back an hour");
+    assert!(
+        went_back > Duration::from_millis(HOUR_MS as u64 - 60_000)
+            && went_back <= Duration::from_millis(HOUR_MS as u64),
+        "{went_back:?}"
+    );
+    // Its next write carries the old time still: a store with the right time refuses it.
+    a.put(&Key::cluster("x", "after"), vec![]).unwrap();
+    let b = store();
+    let reports = sync(&a, &b, 10);
+    assert_eq!(reports[0].too_far_ahead, 2, "{reports:?}");
+    assert!(b.get(&Key::cluster("x", "before")).unwrap().is_some());
+    assert!(b.get(&Key::cluster("x", "during")).unwrap().is_none());
+    assert!(
+        b.get(&Key::cluster("x", "after")).unwrap().is_none(),
+        "a write after the clock was set right was taken"
+    );
+    // Taking in a record within the drift bound does not count as the clock going back.
+    let c = store();
+    c.set_clock_offset_ms(400);
+    c.put(&Key::cluster("x", "slightly"), vec![]).unwrap();
+    let d = store();
+    sync(&c, &d, 10);
+    assert!(d.clock_went_back().is_none(), "{:?}", d.clock_ahead());
+}
+
+#[test]
 fn the_digest_stops_just_below_the_first_refused_record_and_the_rest_merges() {
     let a = store();
     let mut written = Vec::new();

@@ -74,6 +74,12 @@ async fn digest(global: &GlobalArgs, args: JsonArgs) -> anyhow::Result<()> {
     for id in &d.forgotten {
         println!("forgotten (removed from the Cluster): {id}");
     }
+    if let Some(ms) = d.clock_went_back_ms {
+        eprintln!(
+            "warning: this Machine's clock went back {} s behind its own timestamps (a jump forward, corrected): the others refuse its writes until it catches up",
+            ms.div_ceil(1000)
+        );
+    }
     Ok(())
 }
 

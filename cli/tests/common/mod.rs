@@ -243,6 +243,13 @@ impl Daemon {
         self.wait_ready();
     }
 
+    /// Stops and starts again on the same data dir and socket with `args` beside the usual
+    /// test flags (instead of those it had).
+    pub fn restart_with(&mut self, args: &[&str]) {
+        self.args = args.iter().map(|a| a.to_string()).collect();
+        self.restart();
+    }
+
     /// Stops and starts again on the same data dir and socket.
     pub fn restart(&mut self) {
         assert!(

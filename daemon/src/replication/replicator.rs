@@ -170,6 +170,7 @@ impl Replicator {
             client,
             totals: Counts::default(),
             peers: Mutex::new(BTreeMap::new()),
+            caught_up: AtomicBool::new(false),
         });
         let (done_tx, done) = watch::channel(false);
         let task = shared.clone();
@@ -178,6 +179,12 @@ impl Replicator {
             let _ = done_tx.send(true);
         });
         Replicator { shared, done }
+    }
+
+    /// Whether an anti-entropy round has completed with a peer since the start: this store
+    /// then held everything that peer held (its digest compared, nothing left to ask for).
+    pub fn caught_up(&self) -> bool {
+        self.shared.caught_up.load(Ordering::Relaxed)
     }
 
     /// The counters over every peer since the start.
@@ -208,6 +215,8 @@ struct Shared {
     client: Client<HttpConnector, Full<Bytes>>,
     totals: Counts,
     peers: Mutex<BTreeMap<MachineId, Arc<PeerState>>>,
+    /// An anti-entropy round has completed: this store held what one peer's digest promised.
+    caught_up: AtomicBool,
 }
 
 /// One peer, as the replicator keeps it.
@@ -601,7 +610,10 @@ async fn run(
                         round = Some(tokio::spawn(async move {
                             shared.count(&peer, |c| &c.anti_entropy_rounds, 1);
                             match shared.pull_from(&peer).await {
-                                Ok(()) => shared.succeeded(&peer, Exchange::AntiEntropy),
+                                Ok(()) => {
+                                    shared.caught_up.store(true, Ordering::Relaxed);
+                                    shared.succeeded(&peer, Exchange::AntiEntropy)
+                                }
                                 Err(e) => shared.failed(&peer, Exchange::AntiEntropy, &e),
                             }
                         }));
