@@ -157,10 +157,7 @@ fn a_hostname_pointing_at_one_machine_is_issued_by_another_and_served_by_every_e
     // rendezvous hashing gives Machine 0 is issued by another once Machines 1 and 2 have observed
     // it down for the grace (5 s here); before, it waited for Machine 0 for ever.
     let machine_ids: Vec<ployz_core::MachineId> = ids.iter().map(|i| i.parse().unwrap()).collect();
-    let orphan = (0..)
-        .map(|n| format!("g{n}.lab.test"))
-        .find(|h| ployz_acme::rendezvous::issuer_for(h, &machine_ids) == Some(&machine_ids[0]))
-        .unwrap();
+    let orphan = won_by(&machine_ids, 0, "g");
     lab.kill_daemon(0);
     wait_for(
         &lab,
@@ -179,22 +176,7 @@ fn a_hostname_pointing_at_one_machine_is_issued_by_another_and_served_by_every_e
     );
     let mut hosts: Vec<&str> = HOSTS.to_vec();
     hosts.push(&orphan);
-    write_compose(&compose, &hosts);
-    ok(&lab, 1, &["deploy", "-y", "-f", compose.to_str().unwrap()]);
-    let status = wait_for(
-        &lab,
-        "a hostname Machine 0 would issue issued by another",
-        Duration::from_secs(120),
-        || {
-            let v = lab.json(1, &["cert", "ls", "--json"]);
-            v["status"]
-                .as_array()?
-                .iter()
-                .find(|s| s["hostname"] == orphan.as_str() && s["state"] == "valid")
-                .cloned()
-        },
-    );
-    assert_ne!(status["issuer"], ids[0].as_str(), "{status}");
+    deploy_and_see_issued_elsewhere(&lab, &compose, &hosts, &ids[0]);
 
     // Machines 1 and 2 restart while Machine 0 stays dead: they never hear of it again, so they
     // hold it unknown, not down; not observed up for the grace, it is passed over all the same.
@@ -206,27 +188,44 @@ fn a_hostname_pointing_at_one_machine_is_issued_by_another_and_served_by_every_e
         let seen = observed(&lab, i).and_then(|o| o.get(&ids[0]).cloned());
         eprintln!("after its restart, Machine {i} observes Machine 0 as {seen:?}");
     }
-    let orphan2 = (0..)
-        .map(|n| format!("h{n}.lab.test"))
-        .find(|h| ployz_acme::rendezvous::issuer_for(h, &machine_ids) == Some(&machine_ids[0]))
-        .unwrap();
+    let orphan2 = won_by(&machine_ids, 0, "h");
     hosts.push(&orphan2);
-    write_compose(&compose, &hosts);
-    ok(&lab, 1, &["deploy", "-y", "-f", compose.to_str().unwrap()]);
+    deploy_and_see_issued_elsewhere(&lab, &compose, &hosts, &ids[0]);
+}
+
+/// The first hostname `PREFIX<n>.lab.test` that rendezvous hashing gives Machine `i`.
+fn won_by(machines: &[ployz_core::MachineId], i: usize, prefix: &str) -> String {
+    (0..)
+        .map(|n| format!("{prefix}{n}.lab.test"))
+        .find(|h| ployz_acme::rendezvous::issuer_for(h, machines) == Some(&machines[i]))
+        .expect("some hostname hashes to every Machine")
+}
+
+/// Deploys `secure` publishing `hosts` (through Machine 1), and waits until the last of them
+/// is issued, by another Machine than `dead`.
+fn deploy_and_see_issued_elsewhere(
+    lab: &ployz_lab::Lab,
+    compose: &std::path::Path,
+    hosts: &[&str],
+    dead: &str,
+) {
+    let new = *hosts.last().expect("a hostname");
+    write_compose(compose, hosts);
+    ok(lab, 1, &["deploy", "-y", "-f", compose.to_str().unwrap()]);
     let status = wait_for(
-        &lab,
-        "after a restart, a hostname the dead Machine 0 would issue issued by another",
+        lab,
+        &format!("{new}, which the dead Machine would issue, issued by another"),
         Duration::from_secs(120),
         || {
             let v = lab.json(1, &["cert", "ls", "--json"]);
             v["status"]
                 .as_array()?
                 .iter()
-                .find(|s| s["hostname"] == orphan2.as_str() && s["state"] == "valid")
+                .find(|s| s["hostname"] == new && s["state"] == "valid")
                 .cloned()
         },
     );
-    assert_ne!(status["issuer"], ids[0].as_str(), "{status}");
+    assert_ne!(status["issuer"], dead, "{status}");
 }
 
 /// The Service `secure` on Machine 1, publishing `hosts` over https.
