@@ -151,16 +151,15 @@ impl MeshView {
 
     /// Replaces the observations.
     pub fn set_observations(&self, observations: BTreeMap<MachineId, PeerObservation>) {
-        let down: std::collections::BTreeSet<MachineId> = observations
-            .iter()
-            .filter(|(_, o)| o.membership != Some(ployz_core::MembershipObservation::Up))
-            .map(|(id, _)| id.clone())
-            .collect();
-        let not_up: std::collections::BTreeSet<MachineId> = observations
-            .iter()
-            .filter(|(_, o)| o.membership != Some(ployz_core::MembershipObservation::Up))
-            .map(|(id, _)| id.clone())
-            .collect();
+        let observed = |pick: fn(Option<ployz_core::MembershipObservation>) -> bool| {
+            observations
+                .iter()
+                .filter(|(_, o)| pick(o.membership))
+                .map(|(id, _)| id.clone())
+                .collect::<std::collections::BTreeSet<MachineId>>()
+        };
+        let down = observed(|m| m == Some(ployz_core::MembershipObservation::Down));
+        let not_up = observed(|m| m != Some(ployz_core::MembershipObservation::Up));
         *self.observations.lock().expect("mesh view poisoned") = observations;
         self.down.send_if_modified(|current| {
             let changed = *current != down;
@@ -451,6 +450,37 @@ fn render_datapath(out: &mut String, d: &ployz_core::api::MeshDataPath) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_edge_hears_of_machines_down_and_the_issuer_of_every_machine_not_up() {
+        use ployz_core::MembershipObservation::{Down, Suspect, Unknown, Up};
+        let view = super::MeshView::new(crate::config::MeshSettings::default());
+        let ids: Vec<ployz_core::MachineId> =
+            (0..5).map(|_| ployz_core::MachineId::generate()).collect();
+        let observations = [Some(Up), Some(Down), Some(Suspect), Some(Unknown), None]
+            .into_iter()
+            .zip(&ids)
+            .map(|(membership, id)| {
+                (
+                    id.clone(),
+                    crate::local_machine::PeerObservation {
+                        membership,
+                        selected_endpoint: None,
+                    },
+                )
+            })
+            .collect();
+        view.set_observations(observations);
+        // A suspect Machine keeps its exchanges and its place in the routes.
+        assert_eq!(
+            *view.machines_down().borrow(),
+            std::collections::BTreeSet::from([ids[1].clone()])
+        );
+        assert_eq!(
+            *view.machines_not_up().borrow(),
+            ids[1..].iter().cloned().collect()
+        );
+    }
+
     #[test]
     fn the_data_path_series_carry_offloads_counters_and_rates() {
         let d = ployz_core::api::MeshDataPath {
