@@ -420,15 +420,35 @@ pub async fn remove(
 }
 
 /// A writer that hands what it is given, in chunks, to the other end of a channel (blocking
-/// while the channel is full: the connection sets the pace).
+/// while the channel is full: the connection sets the pace). A chunk goes when it is full or
+/// when `keepalive` has passed since the last one: what compresses to almost nothing (a layer
+/// of gigabytes of zeros, about 4 bytes per 128 KiB) would otherwise take gigabytes of reading
+/// to fill a chunk, and leave the receiver's idle bound waiting meanwhile.
 struct ChannelWriter {
     tx: tokio::sync::mpsc::Sender<io::Result<Bytes>>,
     buf: Vec<u8>,
     counters: Arc<TransferCounters>,
+    keepalive: Duration,
+    sent_at: std::time::Instant,
 }
 
 impl ChannelWriter {
+    fn new(
+        tx: tokio::sync::mpsc::Sender<io::Result<Bytes>>,
+        counters: Arc<TransferCounters>,
+        keepalive: Duration,
+    ) -> ChannelWriter {
+        ChannelWriter {
+            tx,
+            buf: Vec::with_capacity(CHUNK),
+            counters,
+            keepalive,
+            sent_at: std::time::Instant::now(),
+        }
+    }
+
     fn send(&mut self) -> io::Result<()> {
+        self.sent_at = std::time::Instant::now();
         if self.buf.is_empty() {
             return Ok(());
         }
@@ -445,7 +465,7 @@ impl ChannelWriter {
 impl Write for ChannelWriter {
     fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
         self.buf.extend_from_slice(bytes);
-        if self.buf.len() >= CHUNK {
+        if self.buf.len() >= CHUNK || self.sent_at.elapsed() >= self.keepalive {
             self.send()?;
         }
         Ok(bytes.len())
@@ -675,11 +695,7 @@ pub fn export(
     let bridge = tokio_util::io::SyncIoBridge::new(reader);
     tokio::task::spawn_blocking(move || {
         let failed = tx.clone();
-        let writer = ChannelWriter {
-            tx,
-            buf: Vec::with_capacity(CHUNK),
-            counters: counters.clone(),
-        };
+        let writer = ChannelWriter::new(tx, counters.clone(), KEEPALIVE);
         if let Err(e) = filter_archive(bridge, writer, &skip, &layers, &counters) {
             let _ = failed.blocking_send(Err(e));
         }
@@ -1179,6 +1195,74 @@ mod tests {
         assert!(
             filter_archive(cut, &mut out, &HashSet::new(), &HashSet::new(), &counters).is_err()
         );
+    }
+
+    #[test]
+    fn what_compresses_to_almost_nothing_is_sent_without_waiting_for_a_full_chunk() {
+        // 64 MiB of zeros compress to a few kilobytes: far from a chunk. The archive's last
+        // bytes are held back until a chunk has arrived (or 30 s have passed): what was made
+        // of the rest must be on its way before the archive ends.
+        struct Gated {
+            archive: Vec<u8>,
+            pos: usize,
+            hold_at: usize,
+            go: std::sync::mpsc::Receiver<()>,
+            held_for_ever: Arc<std::sync::atomic::AtomicBool>,
+        }
+        impl Read for Gated {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                if self.pos == self.hold_at
+                    && self.go.recv_timeout(Duration::from_secs(30)).is_err()
+                {
+                    self.held_for_ever.store(true, Ordering::SeqCst);
+                }
+                let end = if self.pos < self.hold_at {
+                    self.hold_at
+                } else {
+                    self.archive.len()
+                };
+                let n = buf.len().min(end - self.pos);
+                buf[..n].copy_from_slice(&self.archive[self.pos..self.pos + n]);
+                self.pos += n;
+                Ok(n)
+            }
+        }
+        let zeros = vec![0u8; 64 << 20];
+        let (archive, diff_ids) = saved(&[&zeros, b"top layer"]);
+        let (go, gate) = std::sync::mpsc::channel();
+        let held_for_ever = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let input = Gated {
+            hold_at: archive.len() - 1024,
+            archive,
+            pos: 0,
+            go: gate,
+            held_for_ever: held_for_ever.clone(),
+        };
+        let counters = Arc::new(TransferCounters::default());
+        let (tx, mut rx) = tokio::sync::mpsc::channel(CHANNEL_CHUNKS);
+        // Every write after the first finds the keep-alive passed.
+        let writer = ChannelWriter::new(tx, counters.clone(), Duration::ZERO);
+        let layers: HashSet<String> = diff_ids.iter().cloned().collect();
+        let sender = std::thread::spawn(move || {
+            filter_archive(input, writer, &HashSet::new(), &layers, &counters)
+        });
+        let first = rx.blocking_recv().expect("a chunk").unwrap();
+        assert!(
+            !held_for_ever.load(Ordering::SeqCst),
+            "nothing was sent before the archive ended"
+        );
+        assert!(first.len() < CHUNK, "{} bytes", first.len());
+        go.send(()).unwrap();
+        let mut wire = first.to_vec();
+        while let Some(chunk) = rx.blocking_recv() {
+            wire.extend_from_slice(&chunk.unwrap());
+        }
+        sender.join().unwrap().unwrap();
+        assert!(wire.len() < 64 << 10, "{} bytes on the wire", wire.len());
+        let got = entries(&wire);
+        assert_eq!(got[0].1.len(), zeros.len());
+        assert!(got[0].1.iter().all(|b| *b == 0));
+        assert_eq!(got[1].1, b"top layer");
     }
 
     #[test]
