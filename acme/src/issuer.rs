@@ -285,6 +285,9 @@ pub struct CertificateIssuer {
     down_since: HashMap<MachineId, i64>,
     /// The Machines passed over in the previous pass (each change is logged once).
     passed_over: BTreeSet<MachineId>,
+    /// The previous pass held back from passing over Machines because this Machine observed
+    /// fewer than half the issuing Machines up (logged once).
+    outnumbered: bool,
 }
 
 impl std::fmt::Debug for CertificateIssuer {
@@ -314,6 +317,7 @@ impl CertificateIssuer {
             unreadable: false,
             down_since: HashMap::new(),
             passed_over: BTreeSet::new(),
+            outnumbered: false,
         }
     }
 
@@ -405,12 +409,12 @@ impl CertificateIssuer {
     }
 
     /// Follows the Machines not observed up: returns those not observed up for the grace in a
-    /// row (never this Machine), and when the next one's grace ends.
-    fn pass_over_down(&mut self, now_ms: i64) -> (BTreeSet<MachineId>, Option<i64>) {
+    /// row (never this Machine), when the next one's grace ends, and those not observed up now.
+    fn pass_over_down(&mut self, now_ms: i64) -> PassOver {
         let local = self.config.machine_id.clone();
         let down = self.config.machines_not_up.borrow().clone();
         self.down_since.retain(|m, _| down.contains(m));
-        for m in down.into_iter().filter(|m| *m != local) {
+        for m in down.iter().filter(|m| **m != local).cloned() {
             self.down_since.entry(m).or_insert(now_ms);
         }
         let grace_ms = i64::try_from(self.config.down_grace.as_millis()).unwrap_or(i64::MAX);
@@ -435,7 +439,33 @@ impl CertificateIssuer {
             tracing::info!(machine = %m, "a Machine passed over is observed up again: it issues its hostnames again");
         }
         self.passed_over = passed_over.clone();
-        (passed_over, next_ms)
+        PassOver {
+            past_grace: passed_over,
+            grace_ends_ms: next_ms,
+            not_up: down,
+        }
+    }
+
+    /// Logs once when this Machine starts and stops holding back from passing over Machines
+    /// because it observes fewer than half the issuing Machines up.
+    fn note_outnumbered(&mut self, quorum: &Quorum) {
+        if quorum.outnumbered == self.outnumbered {
+            return;
+        }
+        self.outnumbered = quorum.outnumbered;
+        if quorum.outnumbered {
+            tracing::warn!(
+                up = quorum.up,
+                issuers = quorum.issuers,
+                "this Machine observes fewer than half the issuing Machines up, itself included: it may be the one cut off, so it passes over none of them; the hostnames of those not up wait for them, or for a Machine that observes at least half up"
+            );
+        } else {
+            tracing::info!(
+                up = quorum.up,
+                issuers = quorum.issuers,
+                "this Machine observes at least half the issuing Machines up again: those not up past the grace are passed over"
+            );
+        }
     }
 
     /// One pass over every hostname; returns how long to sleep before the next one (unless a
@@ -445,7 +475,11 @@ impl CertificateIssuer {
         let now_ms = self.now_ms();
         let now = now_ms.div_euclid(1000);
         self.sweep_expired_challenges(store, now);
-        let (passed_over, grace_ends_ms) = self.pass_over_down(now_ms);
+        let PassOver {
+            past_grace: passed_over,
+            grace_ends_ms,
+            not_up,
+        } = self.pass_over_down(now_ms);
         // The pass ends early on several paths; a grace ending wakes it whichever it took.
         let within_grace = |wait: Duration| match grace_ends_ms.map(|t| (t - now_ms).max(0) as u64)
         {
@@ -457,7 +491,8 @@ impl CertificateIssuer {
             mine,
             mut statuses,
             materials,
-        } = match read_pass_inputs(store, &local, &passed_over) {
+            quorum,
+        } = match read_pass_inputs(store, &local, &passed_over, &not_up) {
             Ok(inputs) => inputs,
             Err(e) => {
                 IssuerCounters::count(&self.config.counters.0.store_read_failures);
@@ -476,6 +511,7 @@ impl CertificateIssuer {
         if std::mem::take(&mut self.unreadable) {
             tracing::info!("certificate passes resumed: the store reads again");
         }
+        self.note_outnumbered(&quorum);
         for h in statuses.keys().filter(|h| !mine.contains(*h)) {
             if let Err(e) = blocking(|| store.delete(&status_key(&local, h))) {
                 IssuerCounters::count(&self.config.counters.0.store_write_failures);
@@ -828,6 +864,51 @@ struct PassInputs {
     statuses: BTreeMap<String, CertificateStatus>,
     /// The stored Certificate Material, by hostname.
     materials: BTreeMap<String, CertificateMaterial>,
+    /// How many of the issuing Machines this Machine observes up.
+    quorum: Quorum,
+}
+
+/// What [`CertificateIssuer::pass_over_down`] found.
+struct PassOver {
+    /// Not observed up for the grace in a row (never this Machine).
+    past_grace: BTreeSet<MachineId>,
+    /// When the next Machine's grace ends (Unix ms).
+    grace_ends_ms: Option<i64>,
+    /// Not observed up now.
+    not_up: BTreeSet<MachineId>,
+}
+
+/// How many of the issuing Machines this Machine observes up, itself included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Quorum {
+    up: usize,
+    issuers: usize,
+    /// Fewer than half are up, and some are past their grace: none is passed over.
+    outnumbered: bool,
+}
+
+/// Machines past their grace are passed over only while this Machine observes at least half
+/// of the issuing Machines up, itself included. A Machine cut off from its peers (its own
+/// link to them down, the internet still up) observes every other one not up; were it to pass
+/// them over, it would order every hostname of the Cluster, spending the authority's limits on
+/// duplicates and on validations that reach the other Machines' edges. Half, not a majority:
+/// in a Cluster of two, the one left passes over the one that lost power (and, cut in two,
+/// each side orders the other's hostnames once, as any two-sided partition at most does).
+fn quorum(
+    issuers: &BTreeSet<MachineId>,
+    local: &MachineId,
+    not_up: &BTreeSet<MachineId>,
+    passed_over: &BTreeSet<MachineId>,
+) -> Quorum {
+    let up = issuers
+        .iter()
+        .filter(|m| *m == local || !not_up.contains(*m))
+        .count();
+    Quorum {
+        up,
+        issuers: issuers.len(),
+        outnumbered: up * 2 < issuers.len() && issuers.iter().any(|m| passed_over.contains(m)),
+    }
 }
 
 /// Completes when `rx` changes; never, once its sender is gone (an issuer given no membership
@@ -846,10 +927,14 @@ fn read_pass_inputs(
     store: &Store,
     local: &MachineId,
     passed_over: &BTreeSet<MachineId>,
+    not_up: &BTreeSet<MachineId>,
 ) -> Result<PassInputs, StoreError> {
     let hostnames = ingress_https_hostnames(&stored_observations(store)?);
     let mut participants = participating_machines(store, local)?;
-    participants.retain(|m| !passed_over.contains(m));
+    let quorum = quorum(&participants, local, not_up, passed_over);
+    if !quorum.outnumbered {
+        participants.retain(|m| !passed_over.contains(m));
+    }
     let mine = hostnames
         .into_iter()
         .filter(|h| issuer_for(h, &participants) == Some(local))
@@ -871,6 +956,7 @@ fn read_pass_inputs(
         mine,
         statuses,
         materials,
+        quorum,
     })
 }
 

@@ -390,3 +390,104 @@ async fn a_machine_observed_down_past_the_grace_has_its_hostnames_issued_by_anot
     issuer.pass(&store).await;
     assert_eq!(statuses(&store), all);
 }
+
+#[tokio::test]
+async fn a_machine_that_observes_fewer_than_half_up_passes_over_none() {
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::Arc;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    let a = MachineId::generate();
+    let b = MachineId::generate();
+    let c = MachineId::generate();
+    let hosts: Vec<String> = (0..24).map(|i| format!("q{i}.example.test")).collect();
+    let of = |m: &MachineId, among: &[MachineId]| -> BTreeSet<String> {
+        hosts
+            .iter()
+            .filter(|h| issuer_for(h, among) == Some(m))
+            .cloned()
+            .collect()
+    };
+    let three = [a.clone(), b.clone(), c.clone()];
+    let of_a = of(&a, &three);
+    let of_a_without_b = of(&a, &[a.clone(), c.clone()]);
+    assert!(
+        !of_a.is_empty() && of_a_without_b.len() > of_a.len(),
+        "24 hostnames: A got {} of them, {} without B",
+        of_a.len(),
+        of_a_without_b.len()
+    );
+    let store = Store::temporary(a.clone()).unwrap();
+    let runner = MachineId::generate();
+    store
+        .merge(&[
+            machine_record(&a, 1),
+            machine_record(&b, 2),
+            machine_record(&c, 3),
+            issuer_record(&a),
+            issuer_record(&b),
+            issuer_record(&c),
+            observation_record(&runner, &hosts),
+        ])
+        .unwrap();
+    write_policy(
+        &store,
+        &CertificatePolicy {
+            directory_url: Some(format!("https://127.0.0.1:{}/dir", closed_port())),
+            backoff_min_secs: Some(3600),
+            backoff_max_secs: Some(7200),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+
+    let start_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let now = Arc::new(AtomicI64::new(start_ms));
+    let clock_now = now.clone();
+    let (not_up, machines_not_up) = tokio::sync::watch::channel(BTreeSet::new());
+    let mut config = IssuerConfig::new(a.clone());
+    config.clock = ployz_acme::Clock::from_fn(move || {
+        UNIX_EPOCH + Duration::from_millis(clock_now.load(Ordering::SeqCst) as u64)
+    });
+    config.machines_not_up = machines_not_up;
+    config.down_grace = Duration::from_secs(600);
+    let mut issuer = CertificateIssuer::new(config);
+    let statuses =
+        |store: &Store| -> BTreeSet<String> { statuses_of(store, &a).keys().cloned().collect() };
+    let at = |s: i64| now.store(start_ms + s * 1000, Ordering::SeqCst);
+
+    issuer.pass(&store).await;
+    assert_eq!(statuses(&store), of_a, "all up: A issues its own hostnames");
+
+    // A is cut off: it observes neither B nor C up. Past the grace it is one of three up, and
+    // orders none of theirs (the others, who observe each other, do).
+    not_up.send_replace(BTreeSet::from([b.clone(), c.clone()]));
+    at(10);
+    issuer.pass(&store).await;
+    at(1000);
+    issuer.pass(&store).await;
+    assert_eq!(
+        statuses(&store),
+        of_a,
+        "a Machine that observes only itself up ordered the others' hostnames"
+    );
+
+    // C is observed up again: two of three, so B, still past its grace, is passed over.
+    not_up.send_replace(BTreeSet::from([b.clone()]));
+    at(1010);
+    issuer.pass(&store).await;
+    assert_eq!(
+        statuses(&store),
+        of_a_without_b,
+        "two of three up and B's hostnames still wait for it"
+    );
+
+    // Back to one of three: A holds back again, and B's hostnames are left to the others.
+    not_up.send_replace(BTreeSet::from([b.clone(), c.clone()]));
+    at(2000);
+    issuer.pass(&store).await;
+    assert_eq!(statuses(&store), of_a);
+}
