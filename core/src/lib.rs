@@ -12,6 +12,7 @@ mod certificate;
 pub mod certificate_policy;
 mod deploy;
 mod edge_feature;
+mod error_chain;
 pub mod gate;
 mod healthcheck;
 mod id;
@@ -39,6 +40,7 @@ pub use deploy::{
     ServicePlan, TransferOutcome,
 };
 pub use edge_feature::EdgeFeature;
+pub use error_chain::error_chain;
 pub use gate::{GateState, ServiceGate};
 pub use healthcheck::{ConfiguredHealthcheck, Healthcheck};
 pub use id::{ClusterId, ContainerId, IdError, MachineId, ServiceId};

@@ -797,21 +797,6 @@ where
     })
 }
 
-/// An error with what caused it (bollard's own text leaves out why hyper failed).
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = cause.source();
-    }
-    text
-}
-
 /// Loads an archive [`export`] made into `docker`, checks the image `id` is there after, and
 /// points `tags` at it. `docker` must allow a long request ([`LOAD_TIMEOUT`]): Docker answers
 /// only once the whole archive is in.
@@ -861,7 +846,7 @@ where
                         "the image stopped arriving after {} bytes: {why}; send it again (a Machine is sent only the layers it lacks)",
                         received.load(Ordering::Relaxed)
                     ),
-                    None => format!("docker load refused what arrived: {}", with_causes(&e)),
+                    None => format!("docker load refused what arrived: {}", ployz_core::error_chain(&e)),
                 };
                 return Err(DockerError::ImageNotLoaded {
                     image: id.to_owned(),

@@ -387,7 +387,7 @@ impl Shared {
                 .client
                 .request(request)
                 .await
-                .map_err(|e| format!("{what}: {}", error_chain(&e)))?;
+                .map_err(|e| format!("{what}: {}", ployz_core::error_chain(&e)))?;
             let status = response.status();
             let machine = response
                 .headers()
@@ -754,18 +754,6 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, String> {
     serde_json::from_slice(bytes).map_err(|e| format!("the peer's {what} does not decode: {e}"))
 }
 
-/// An error with its causes, `outer: inner: innermost` (the HTTP client's own text says little).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -854,29 +842,5 @@ mod tests {
         assert_eq!(woken(&peers), Vec::<usize>::new());
         push_round(&peers[..2], 3, &mut rotation);
         assert_eq!(woken(&peers), vec![0, 1]);
-    }
-
-    #[test]
-    fn an_error_reads_with_its_causes() {
-        let refused = std::io::Error::other("connection refused");
-        assert_eq!(
-            error_chain(&Wrapped(refused)),
-            "client error: connection refused"
-        );
-    }
-
-    #[derive(Debug)]
-    struct Wrapped(std::io::Error);
-
-    impl std::fmt::Display for Wrapped {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("client error")
-        }
-    }
-
-    impl std::error::Error for Wrapped {
-        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-            Some(&self.0)
-        }
     }
 }
