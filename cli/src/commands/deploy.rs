@@ -1285,9 +1285,20 @@ async fn record_revisions(
         );
         let before = match running {
             Some(running) => {
-                let kept = super::revision::kept_revisions(client, &service.service_id)
-                    .await
-                    .unwrap_or_default();
+                let kept = match super::revision::kept_revisions(client, &service.service_id).await
+                {
+                    Ok(kept) => kept,
+                    Err(e) => {
+                        // Recorded again at worst: one revision more in `ployz history`.
+                        if !quiet {
+                            eprintln!(
+                                "warning: service '{}': its kept revisions could not be read ({e:#}); what ran before is recorded as a revision again",
+                                service.name
+                            );
+                        }
+                        Vec::new()
+                    }
+                };
                 (!kept
                     .last()
                     .is_some_and(|newest| running.same_containers(&newest.spec)))
