@@ -457,7 +457,7 @@ impl CertificateIssuer {
             tracing::warn!(
                 up = quorum.up,
                 issuers = quorum.issuers,
-                "this Machine observes fewer than half the issuing Machines up, itself included: it may be the one cut off, so it passes over none of them; the hostnames of those not up wait for them, or for a Machine that observes at least half up"
+                "this Machine observes fewer than half the issuing Machines up, itself included: it may be the one cut off, so it passes over none of them; the hostnames of those not up wait for them, or for a Machine that observes at least half up (remove a Machine gone for good: ployz machine rm)"
             );
         } else {
             tracing::info!(
