@@ -448,17 +448,21 @@ impl ChannelWriter {
     }
 
     fn send(&mut self) -> io::Result<()> {
-        self.sent_at = std::time::Instant::now();
         if self.buf.is_empty() {
+            self.sent_at = std::time::Instant::now();
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
         self.counters
             .wire
             .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-        self.tx
+        let sent = self
+            .tx
             .blocking_send(Ok(chunk))
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the receiver went away"))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the receiver went away"));
+        // From when the connection took it: a full channel (a slow link) is not a quiet one.
+        self.sent_at = std::time::Instant::now();
+        sent
     }
 }
 
@@ -1225,11 +1229,19 @@ mod tests {
         };
         let counters = Arc::new(TransferCounters::default());
         let (tx, mut rx) = tokio::sync::mpsc::channel(CHANNEL_CHUNKS);
-        // Every write after the first finds the keep-alive passed.
+        // Every write finds the keep-alive passed; the archive's own keep-alive (while a layer
+        // is read and hashed) never comes, so only the writer can send early.
         let writer = ChannelWriter::new(tx, counters.clone(), Duration::ZERO);
         let layers: HashSet<String> = diff_ids.iter().cloned().collect();
         let sender = std::thread::spawn(move || {
-            filter_archive(input, writer, &HashSet::new(), &layers, &counters)
+            filter_with_keepalive(
+                input,
+                writer,
+                &HashSet::new(),
+                &layers,
+                &counters,
+                Duration::from_secs(24 * 3600),
+            )
         });
         let first = rx.blocking_recv().expect("a chunk").unwrap();
         assert!(
