@@ -19,22 +19,6 @@ use rustls::pki_types::CertificateDer;
 /// How long connecting to the directory may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Renders an error with its chain of sources, so a refused connection says so instead of
-/// "client error (Connect)".
-pub(crate) fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
-}
-
 /// Whether the authority says the account we used does not exist (it was deactivated, or the
 /// authority lost its state): the stored credentials are useless and a new account is made.
 pub(crate) fn is_account_missing(e: &instant_acme::Error) -> bool {
@@ -137,7 +121,7 @@ impl Accounts {
                             format!(
                                 "the ACME directory {} cannot be used: {}",
                                 wanted.directory_url,
-                                describe(&e)
+                                ployz_core::error_chain(&e)
                             )
                         })?,
                 ),
@@ -169,7 +153,7 @@ impl Accounts {
                         format!(
                             "registering an ACME account at {} failed: {}",
                             wanted.directory_url,
-                            describe(&e)
+                            ployz_core::error_chain(&e)
                         )
                     })?;
                 let record = StoredAccount {

@@ -36,7 +36,7 @@ use ployz_store::observations::{stored_observations, CONTAINERS_NAMESPACE};
 use ployz_store::{KeyPrefix, Store, StoreError};
 use tokio::sync::watch;
 
-use crate::acme_client::{describe, is_account_missing, key_and_csr, Accounts};
+use crate::acme_client::{is_account_missing, key_and_csr, Accounts};
 use crate::rendezvous::{issuer_for, participating_machines};
 use crate::verdict::{VerdictProbe, VerdictResolver};
 use crate::wanted::{assess, ingress_https_hostnames, renewal_point, Need};
@@ -283,6 +283,9 @@ pub struct CertificateIssuer {
     unreadable: bool,
     /// Since when (Unix ms, this issuer's clock) each Machine has not been observed up, in a row.
     down_since: HashMap<MachineId, i64>,
+    /// The status records of hostnames that went to another Machine while their backoff
+    /// lasted, written again if they come back within it (and dropped with it).
+    left: HashMap<String, CertificateStatus>,
     /// The Machines passed over in the previous pass (each change is logged once).
     passed_over: BTreeSet<MachineId>,
     /// The previous pass held back from passing over Machines because this Machine observed
@@ -316,6 +319,7 @@ impl CertificateIssuer {
             last_policy: None,
             unreadable: false,
             down_since: HashMap::new(),
+            left: HashMap::new(),
             passed_over: BTreeSet::new(),
             outnumbered: false,
         }
@@ -428,6 +432,15 @@ impl CertificateIssuer {
                 next_ms = Some(next_ms.map_or(ends, |n| n.min(ends)));
             }
         }
+        PassOver {
+            past_grace: passed_over,
+            grace_ends_ms: next_ms,
+            not_up: down,
+        }
+    }
+
+    /// Logs each Machine passed over, and each no longer passed over, once.
+    fn note_passed_over(&mut self, passed_over: BTreeSet<MachineId>) {
         for m in passed_over.difference(&self.passed_over) {
             tracing::info!(
                 machine = %m,
@@ -436,14 +449,9 @@ impl CertificateIssuer {
             );
         }
         for m in self.passed_over.difference(&passed_over) {
-            tracing::info!(machine = %m, "a Machine passed over is observed up again: it issues its hostnames again");
+            tracing::info!(machine = %m, "a Machine is no longer passed over: it issues its hostnames again");
         }
-        self.passed_over = passed_over.clone();
-        PassOver {
-            past_grace: passed_over,
-            grace_ends_ms: next_ms,
-            not_up: down,
-        }
+        self.passed_over = passed_over;
     }
 
     /// Logs once when this Machine starts and stops holding back from passing over Machines
@@ -453,7 +461,9 @@ impl CertificateIssuer {
             return;
         }
         self.outnumbered = quorum.outnumbered;
-        if quorum.outnumbered {
+        if !quorum.outnumbered && !quorum.half_up {
+            // No Machine is past its grace any more: nothing to hold back, and nothing to say.
+        } else if quorum.outnumbered {
             tracing::warn!(
                 up = quorum.up,
                 issuers = quorum.issuers,
@@ -476,7 +486,7 @@ impl CertificateIssuer {
         let now = now_ms.div_euclid(1000);
         self.sweep_expired_challenges(store, now);
         let PassOver {
-            past_grace: passed_over,
+            past_grace,
             grace_ends_ms,
             not_up,
         } = self.pass_over_down(now_ms);
@@ -492,7 +502,8 @@ impl CertificateIssuer {
             mut statuses,
             materials,
             quorum,
-        } = match read_pass_inputs(store, &local, &passed_over, &not_up) {
+            passed_over,
+        } = match read_pass_inputs(store, &local, &past_grace, &not_up) {
             Ok(inputs) => inputs,
             Err(e) => {
                 IssuerCounters::count(&self.config.counters.0.store_read_failures);
@@ -512,15 +523,39 @@ impl CertificateIssuer {
             tracing::info!("certificate passes resumed: the store reads again");
         }
         self.note_outnumbered(&quorum);
+        self.note_passed_over(passed_over);
         for h in statuses.keys().filter(|h| !mine.contains(*h)) {
             if let Err(e) = blocking(|| store.delete(&status_key(&local, h))) {
                 IssuerCounters::count(&self.config.counters.0.store_write_failures);
                 tracing::warn!(hostname = %h, error = %e, "removing a certificate status failed");
             }
         }
+        // A hostname that is no longer this Machine's keeps the wait promised for it while it
+        // lasts, and its status: if it comes back (the Machine it went to goes, or this
+        // Machine's view of who is up flips back), it is not ordered before then, and says so.
+        self.backoff
+            .retain(|h, b| mine.contains(h) || b.next_attempt_ms > now_ms);
+        for (h, status) in statuses.iter().filter(|(h, _)| !mine.contains(*h)) {
+            if self.backoff.contains_key(h) {
+                self.left.insert(h.clone(), status.clone());
+            }
+        }
+        for h in &mine {
+            if statuses.contains_key(h) {
+                continue;
+            }
+            let Some(mut status) = self.left.remove(h) else {
+                continue;
+            };
+            if self.backoff.contains_key(h) {
+                status.updated_at = now;
+                write_status(&self.config.counters, store, None, status.clone());
+                statuses.insert(h.clone(), status);
+            }
+        }
+        self.left
+            .retain(|h, _| !mine.contains(h) && self.backoff.contains_key(h));
         statuses.retain(|h, _| mine.contains(h));
-        self.backoff.retain(|h, _| mine.contains(h));
-        self.last_issued_ms.retain(|h, _| mine.contains(h));
 
         let policy = match stored_policy(store) {
             Ok(p) => p,
@@ -556,6 +591,9 @@ impl CertificateIssuer {
             self.last_issued_ms.clear();
         }
         self.last_policy = Some(policy.clone());
+        let backoff_min_ms = i64::try_from(policy.backoff_min().as_millis()).unwrap_or(i64::MAX);
+        self.last_issued_ms
+            .retain(|h, t| mine.contains(h) || t.saturating_add(backoff_min_ms) > now_ms);
 
         let assessment = assess(&mine, &materials, &policy, now);
         for (h, current) in &assessment.current {
@@ -866,6 +904,8 @@ struct PassInputs {
     materials: BTreeMap<String, CertificateMaterial>,
     /// How many of the issuing Machines this Machine observes up.
     quorum: Quorum,
+    /// The issuing Machines left out of the choice (past their grace, unless outnumbered).
+    passed_over: BTreeSet<MachineId>,
 }
 
 /// What [`CertificateIssuer::pass_over_down`] found.
@@ -883,6 +923,8 @@ struct PassOver {
 struct Quorum {
     up: usize,
     issuers: usize,
+    /// At least half are up.
+    half_up: bool,
     /// Fewer than half are up, and some are past their grace: none is passed over.
     outnumbered: bool,
 }
@@ -898,16 +940,18 @@ fn quorum(
     issuers: &BTreeSet<MachineId>,
     local: &MachineId,
     not_up: &BTreeSet<MachineId>,
-    passed_over: &BTreeSet<MachineId>,
+    past_grace: &BTreeSet<MachineId>,
 ) -> Quorum {
     let up = issuers
         .iter()
         .filter(|m| *m == local || !not_up.contains(*m))
         .count();
+    let half_up = up * 2 >= issuers.len();
     Quorum {
         up,
         issuers: issuers.len(),
-        outnumbered: up * 2 < issuers.len() && issuers.iter().any(|m| passed_over.contains(m)),
+        half_up,
+        outnumbered: !half_up && issuers.iter().any(|m| past_grace.contains(m)),
     }
 }
 
@@ -926,15 +970,18 @@ async fn changed_or_never<T>(rx: &mut watch::Receiver<T>) {
 fn read_pass_inputs(
     store: &Store,
     local: &MachineId,
-    passed_over: &BTreeSet<MachineId>,
+    past_grace: &BTreeSet<MachineId>,
     not_up: &BTreeSet<MachineId>,
 ) -> Result<PassInputs, StoreError> {
     let hostnames = ingress_https_hostnames(&stored_observations(store)?);
     let mut participants = participating_machines(store, local)?;
-    let quorum = quorum(&participants, local, not_up, passed_over);
-    if !quorum.outnumbered {
-        participants.retain(|m| !passed_over.contains(m));
-    }
+    let quorum = quorum(&participants, local, not_up, past_grace);
+    let passed_over: BTreeSet<MachineId> = if quorum.outnumbered {
+        BTreeSet::new()
+    } else {
+        participants.intersection(past_grace).cloned().collect()
+    };
+    participants.retain(|m| !passed_over.contains(m));
     let mine = hostnames
         .into_iter()
         .filter(|h| issuer_for(h, &participants) == Some(local))
@@ -957,6 +1004,7 @@ fn read_pass_inputs(
         statuses,
         materials,
         quorum,
+        passed_over,
     })
 }
 
@@ -1008,7 +1056,7 @@ struct OrderFailure {
 fn acme_failure(step: &'static str) -> impl Fn(instant_acme::Error) -> OrderFailure {
     move |e| OrderFailure {
         account_missing: is_account_missing(&e),
-        message: format!("{step}: {}", describe(&e)),
+        message: format!("{step}: {}", ployz_core::error_chain(&e)),
     }
 }
 

@@ -381,6 +381,17 @@ async fn a_machine_observed_down_past_the_grace_has_its_hostnames_issued_by_anot
     at(1311);
     issuer.pass(&store).await;
     assert_eq!(statuses(&store), all);
+    // B's hostnames are A's again, but their orders failed at 611 and wait out the backoff
+    // promised then (an authority counts failed validations); their statuses say so.
+    for h in &of_b {
+        let s = &statuses_of(&store, &a)[h];
+        assert_eq!(s.state, CertificateState::Failed, "{s:?}");
+        assert_eq!(
+            s.last_attempt_at,
+            Some(start_ms / 1000 + 611),
+            "{h} was ordered again within its backoff: {s:?}"
+        );
+    }
 
     // This Machine is never passed over by itself.
     down.send_replace(BTreeSet::from([a.clone(), b.clone()]));
@@ -400,7 +411,8 @@ async fn a_machine_that_observes_fewer_than_half_up_passes_over_none() {
     let a = MachineId::generate();
     let b = MachineId::generate();
     let c = MachineId::generate();
-    let hosts: Vec<String> = (0..24).map(|i| format!("q{i}.example.test")).collect();
+    // Enough that some of B's go to A once B is left out (all to C: 1 in 10^7).
+    let hosts: Vec<String> = (0..96).map(|i| format!("q{i}.example.test")).collect();
     let of = |m: &MachineId, among: &[MachineId]| -> BTreeSet<String> {
         hosts
             .iter()
@@ -413,7 +425,7 @@ async fn a_machine_that_observes_fewer_than_half_up_passes_over_none() {
     let of_a_without_b = of(&a, &[a.clone(), c.clone()]);
     assert!(
         !of_a.is_empty() && of_a_without_b.len() > of_a.len(),
-        "24 hostnames: A got {} of them, {} without B",
+        "96 hostnames: A got {} of them, {} without B",
         of_a.len(),
         of_a_without_b.len()
     );
@@ -490,4 +502,30 @@ async fn a_machine_that_observes_fewer_than_half_up_passes_over_none() {
     at(2000);
     issuer.pass(&store).await;
     assert_eq!(statuses(&store), of_a);
+
+    // C flaps back: B's hostnames are A's again, but their orders failed at 1010 and wait out
+    // the hour (and up to a fifth more) promised then: an authority counts failed validations.
+    not_up.send_replace(BTreeSet::from([b.clone()]));
+    at(2010);
+    issuer.pass(&store).await;
+    assert_eq!(statuses(&store), of_a_without_b);
+    let attempted = |store: &Store| -> BTreeSet<Option<i64>> {
+        statuses_of(store, &a)
+            .iter()
+            .filter(|(h, _)| !of_a.contains(*h))
+            .map(|(_, s)| s.last_attempt_at)
+            .collect()
+    };
+    assert_eq!(
+        attempted(&store),
+        BTreeSet::from([Some(start_ms / 1000 + 1010)]),
+        "B's hostnames were ordered again before their backoff ended"
+    );
+    at(1010 + 3600 * 6 / 5 + 1);
+    issuer.pass(&store).await;
+    assert_eq!(
+        attempted(&store),
+        BTreeSet::from([Some(start_ms / 1000 + 1010 + 3600 * 6 / 5 + 1)]),
+        "the backoff never ended"
+    );
 }
