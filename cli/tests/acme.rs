@@ -153,6 +153,8 @@ services:
     assert_eq!(material(&last, "elsewhere.test"), None, "{last:#}");
     let why = status(&last, "elsewhere.test").expect("a status for the held-back hostname");
     assert_eq!(why["state"], "not_pointing_here", "{why:#}");
+    // An issuer at work is late for nothing.
+    assert_eq!(last["overdue"], serde_json::json!([]), "{last:#}");
     let out = run(&lab, &m, &["cert", "ls"]);
     assert!(
         stdout(&out).contains("elsewhere.test") && stdout(&out).contains("192.0.2.7"),
@@ -216,5 +218,20 @@ services:
         );
     }
     assert!(renewed["not_after"].as_i64() > first["not_after"].as_i64());
+    // The edge's metrics follow: the renewed certificate's expiry, once the edge serves it.
+    let line = format!(
+        "ployz_edge_certificate_expiry_timestamp_seconds{{hostname=\"app.test\"}} {}\n",
+        renewed["not_after"]
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, metrics) = http_get(m.daemon.metrics_port, "x", "/metrics");
+        assert_eq!(status, 200);
+        if metrics.contains(&line) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no {line} in {metrics}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     ca.stop();
 }

@@ -383,6 +383,19 @@ services:
             .find(|l| l.starts_with("ployz_edge_tls_handshake_failures_total{reason=\"failed\"}"))
             .and_then(|l| l.split_whitespace().last()?.parse::<u64>().ok());
         if failed.is_some_and(|n| n >= 1) {
+            // The edge serves both certificates (curl saw each): it says when each expires.
+            for material in ls["material"].as_array().unwrap() {
+                let line = format!(
+                    "ployz_edge_certificate_expiry_timestamp_seconds{{hostname=\"{}\"}} {}\n",
+                    material["hostname"].as_str().unwrap(),
+                    material["not_after"].as_i64().unwrap()
+                );
+                assert!(metrics.contains(&line), "no {line} in {metrics}");
+            }
+            assert!(
+                !metrics.contains("hostname=\"none.test.localhost\""),
+                "{metrics}"
+            );
             break;
         }
         assert!(

@@ -213,7 +213,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
             RouteService {
                 machine: machine.clone(),
                 routes: routes.clone(),
-                certificates,
+                certificates: certificates.clone(),
                 challenges,
                 state: edge_state.clone(),
                 mesh: mesh_view.clone(),
@@ -317,6 +317,7 @@ fn run_as(config: DaemonConfig, take_over: bool) -> anyhow::Result<()> {
                 mesh: mesh_view.clone(),
                 take_over,
                 reconcile: reconciler.clone(),
+                certificates: certificates.clone(),
             },
             Stage::Retiring,
             &handover,
@@ -965,6 +966,8 @@ struct MetricsService {
     take_over: bool,
     /// The reconciliation's series.
     reconcile: Arc<crate::reconcile::Reconciler>,
+    /// The certificates the edge serves, for their expiry.
+    certificates: CertificateResolver,
 }
 
 #[async_trait]
@@ -994,6 +997,7 @@ impl BackgroundService for MetricsService {
         let failures = self.failures.clone();
         let mesh = self.mesh.clone();
         let reconcile = self.reconcile.clone();
+        let certificates = self.certificates.clone();
         let app = axum::Router::new().route(
             "/metrics",
             axum::routing::get(move || {
@@ -1003,6 +1007,7 @@ impl BackgroundService for MetricsService {
                 let failures = failures.clone();
                 let mesh = mesh.clone();
                 let reconcile = reconcile.clone();
+                let certificates = certificates.clone();
                 async move {
                     let table = routes.table().load();
                     let mut text = metrics.render(table.generation(), table.len());
@@ -1012,6 +1017,7 @@ impl BackgroundService for MetricsService {
                     failures.render(&mut text);
                     mesh.render(&mut text);
                     reconcile.render(&mut text);
+                    certificates.render_expiry(&mut text);
                     ([("content-type", "text/plain; version=0.0.4")], text)
                 }
             }),

@@ -21,6 +21,8 @@ pub use ployz_core::CertificateError;
 #[derive(Default)]
 pub struct CertificateTable {
     exact: HashMap<String, Arc<CertifiedKey>>,
+    /// Each hostname served and when its certificate expires (Unix seconds), by hostname.
+    expiry: Vec<(String, i64)>,
 }
 
 impl CertificateTable {
@@ -28,17 +30,21 @@ impl CertificateTable {
     /// warning, never breaking the others.
     pub fn build(materials: &[CertificateMaterial]) -> CertificateTable {
         let mut exact = HashMap::new();
+        let mut expiry = Vec::new();
         for m in materials {
             match certified_key(m) {
                 Ok(ck) => {
                     exact.insert(m.hostname.clone(), Arc::new(ck));
+                    expiry.push((m.hostname.clone(), m.not_after));
                 }
                 Err(e) => {
                     tracing::warn!(hostname = %m.hostname, error = %e, "skipping certificate material")
                 }
             }
         }
-        CertificateTable { exact }
+        expiry.sort();
+        expiry.dedup_by(|a, b| a.0 == b.0);
+        CertificateTable { exact, expiry }
     }
 
     /// The key for an SNI name.
@@ -122,6 +128,29 @@ impl CertificateResolver {
             .store(Arc::new(CertificateTable::build(&materials)));
         self.built.send_replace(true);
         Ok(())
+    }
+
+    /// Appends `ployz_edge_certificate_expiry_timestamp_seconds{hostname}` in the Prometheus
+    /// text format: when the certificate this edge serves for each hostname expires (Unix
+    /// seconds), so an alert can say a certificate nears its end whatever kept it from being
+    /// renewed (its issuer down, the authority refusing, a policy that cannot be followed).
+    pub fn render_expiry(&self, out: &mut String) {
+        use prometheus_client::metrics::family::Family;
+        use prometheus_client::metrics::gauge::Gauge;
+        let family = Family::<[(&'static str, String); 1], Gauge>::default();
+        for (hostname, not_after) in &self.table.load().expiry {
+            family
+                .get_or_create(&[("hostname", hostname.clone())])
+                .set(*not_after);
+        }
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register(
+            "ployz_edge_certificate_expiry_timestamp_seconds",
+            "When the certificate the edge serves for each hostname expires, Unix seconds",
+            family,
+        );
+        // Writing to a String cannot fail, and nothing registered here fails to encode.
+        let _ = prometheus_client::encoding::prometheus_text::encode(out, &registry);
     }
 
     /// Completes once a table read from the store is published.

@@ -237,6 +237,44 @@ fn show_policy(p: &CertificatePolicy) {
 struct Listing {
     material: Vec<CertificateSummary>,
     status: Vec<CertificateStatus>,
+    /// The statuses whose issuer has not done what they say it would, long past the time.
+    overdue: Vec<Overdue>,
+}
+
+#[derive(Debug, PartialEq, Eq, serde::Serialize)]
+struct Overdue {
+    hostname: String,
+    /// The Machine that was to act.
+    issuer: ployz_core::MachineId,
+    /// When it was to act (Unix seconds).
+    due_at: i64,
+}
+
+/// How long after the time a status says its issuer would act (renew, retry, finish an order)
+/// it is taken as left alone, on top of the policy's minimum backoff (a renewal soon after an
+/// issuance waits that long): the issuer wakes at each such time, and at least hourly.
+const OVERDUE_AFTER_SECS: i64 = 3600;
+
+/// When `status`'s issuer was to act on it, if that is more than [`OVERDUE_AFTER_SECS`] and
+/// `backoff_min_secs` before `now`: a Valid status past its renewal point, a failed one past its
+/// next attempt, an order begun and never ended. Its issuer is down, cut off, or passed over by
+/// no one (a Machine gone for good and not removed).
+fn overdue(status: &CertificateStatus, now: i64, backoff_min_secs: i64) -> Option<Overdue> {
+    use ployz_core::CertificateState as S;
+    let due_at = match status.state {
+        S::Valid => status.renew_at?,
+        S::Failed | S::NotPointingHere => status.next_attempt_at?,
+        S::Pending | S::Ordering => status.updated_at,
+        S::PolicyRefused => return None,
+    };
+    (now > due_at
+        .saturating_add(OVERDUE_AFTER_SECS)
+        .saturating_add(backoff_min_secs))
+    .then(|| Overdue {
+        hostname: status.hostname.clone(),
+        issuer: status.issuer.clone(),
+        due_at,
+    })
 }
 
 fn unix_time(t: Option<i64>) -> String {
@@ -291,8 +329,26 @@ pub async fn run(global: &GlobalArgs, cmd: CertCommand) -> anyhow::Result<()> {
             let mut client = super::connect(global).await?;
             let material: Vec<CertificateSummary> = client.get(paths::CERTIFICATES).await?;
             let status: Vec<CertificateStatus> = client.get(paths::CERTIFICATE_STATUS).await?;
+            let backoff_min = client
+                .get::<CertificatePolicy>(paths::CERTIFICATE_POLICY)
+                .await
+                .map_or(
+                    ployz_core::certificate_policy::DEFAULT_BACKOFF_MIN_SECS,
+                    |p| p.backoff_min().as_secs(),
+                );
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() as i64);
+            let overdue: Vec<Overdue> = status
+                .iter()
+                .filter_map(|s| overdue(s, now, i64::try_from(backoff_min).unwrap_or(i64::MAX)))
+                .collect();
             if json {
-                return print_json(&Listing { material, status });
+                return print_json(&Listing {
+                    material,
+                    status,
+                    overdue,
+                });
             }
             let mut hostnames: Vec<&str> = material
                 .iter()
@@ -312,18 +368,31 @@ pub async fn run(global: &GlobalArgs, cmd: CertCommand) -> anyhow::Result<()> {
             for h in hostnames {
                 let m = material.iter().find(|m| m.hostname == h);
                 let s = status.iter().find(|s| s.hostname == h);
+                let late = overdue.iter().find(|o| o.hostname == h);
                 let state = match (s, m) {
+                    (Some(s), _) if late.is_some() => format!("{} (overdue)", s.state),
                     (Some(s), _) => s.state.to_string(),
                     (None, Some(_)) => "imported".to_owned(),
                     (None, None) => "-".to_owned(),
                 };
-                let why = s
+                let mut why = s
                     .and_then(|s| {
                         s.last_error
                             .clone()
                             .or_else(|| s.verdict.as_ref().map(ToString::to_string))
                     })
                     .unwrap_or_default();
+                if let Some(o) = late {
+                    let late = format!(
+                        "its issuer was to act at {} and has not: is that Machine up (`ployz machine ls`)?",
+                        o.due_at
+                    );
+                    why = if why.is_empty() {
+                        late
+                    } else {
+                        format!("{late} Before: {why}")
+                    };
+                }
                 t.add_row(vec![
                     h.to_owned(),
                     state,
@@ -369,5 +438,61 @@ pub async fn run(global: &GlobalArgs, cmd: CertCommand) -> anyhow::Result<()> {
             println!("Certificate Policy reset to the built-in defaults.");
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ployz_core::CertificateState;
+
+    fn status(state: CertificateState) -> CertificateStatus {
+        CertificateStatus {
+            hostname: "app.example.com".into(),
+            state,
+            not_after: Some(10_000_000),
+            renew_at: Some(1_000_000),
+            issuer: "0123456789abcdef0123456789abcdef".parse().unwrap(),
+            last_error: None,
+            consecutive_failures: 0,
+            last_attempt_at: None,
+            next_attempt_at: Some(2_000_000),
+            verdict: None,
+            updated_at: 500_000,
+        }
+    }
+
+    #[test]
+    fn a_status_is_overdue_an_hour_and_the_minimum_backoff_after_its_issuer_was_to_act() {
+        let valid = status(CertificateState::Valid);
+        // Renewal at 1,000,000: on time until an hour and a minute later.
+        assert_eq!(overdue(&valid, 1_000_000 + 3_660, 60), None);
+        let late = overdue(&valid, 1_000_000 + 3_661, 60).expect("overdue");
+        assert_eq!(late.due_at, 1_000_000);
+        assert_eq!(late.hostname, "app.example.com");
+        // A longer minimum backoff holds a renewal back longer.
+        assert_eq!(overdue(&valid, 1_000_000 + 7_000, 3_600), None);
+
+        // A failure is retried at its next attempt, not its renewal point.
+        let failed = status(CertificateState::Failed);
+        assert_eq!(overdue(&failed, 1_500_000, 60), None);
+        assert!(overdue(&failed, 2_003_661, 60).is_some());
+        let elsewhere = status(CertificateState::NotPointingHere);
+        assert!(overdue(&elsewhere, 2_003_661, 60).is_some());
+
+        // An order begun and never ended: from when it was written.
+        for state in [CertificateState::Pending, CertificateState::Ordering] {
+            assert_eq!(overdue(&status(state), 503_660, 60), None);
+            assert!(overdue(&status(state), 503_661, 60).is_some(), "{state}");
+        }
+        // A policy the issuer cannot follow waits for a person, never for a time.
+        assert_eq!(
+            overdue(&status(CertificateState::PolicyRefused), i64::MAX, 60),
+            None
+        );
+        // Without the time it names, nothing is late.
+        let mut unknown = status(CertificateState::Valid);
+        unknown.renew_at = None;
+        assert_eq!(overdue(&unknown, i64::MAX, 60), None);
     }
 }
