@@ -257,10 +257,6 @@ async fn a_restarted_issuer_keeps_the_backoff_it_promised() {
 
 #[tokio::test]
 async fn a_machine_observed_down_past_the_grace_has_its_hostnames_issued_by_another() {
-    use std::sync::atomic::{AtomicI64, Ordering};
-    use std::sync::Arc;
-    use std::time::{SystemTime, UNIX_EPOCH};
-
     let a = MachineId::generate();
     let b = MachineId::generate();
     let hosts: Vec<String> = (0..12).map(|i| format!("d{i}.example.test")).collect();
@@ -277,137 +273,171 @@ async fn a_machine_observed_down_past_the_grace_has_its_hostnames_issued_by_anot
         !of_a.is_empty() && !of_b.is_empty(),
         "12 hostnames all went one way"
     );
-    let store = Store::temporary(a.clone()).unwrap();
-    let runner = MachineId::generate();
-    store
-        .merge(&[
-            machine_record(&a, 1),
-            machine_record(&b, 2),
-            issuer_record(&a),
-            issuer_record(&b),
-            observation_record(&runner, &hosts),
-        ])
-        .unwrap();
-    // Every order fails at once and is retried only after an hour: the grace is what wakes.
-    write_policy(
-        &store,
-        &CertificatePolicy {
-            directory_url: Some(format!("https://127.0.0.1:{}/dir", closed_port())),
-            backoff_min_secs: Some(3600),
-            backoff_max_secs: Some(7200),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut m = Membership::new(&machines, &hosts);
 
-    let start_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    let now = Arc::new(AtomicI64::new(start_ms));
-    let clock_now = now.clone();
-    let (down, machines_down) = tokio::sync::watch::channel(BTreeSet::new());
-    let mut config = IssuerConfig::new(a.clone());
-    config.clock = ployz_acme::Clock::from_fn(move || {
-        UNIX_EPOCH + Duration::from_millis(clock_now.load(Ordering::SeqCst) as u64)
-    });
-    config.machines_not_up = machines_down;
-    config.down_grace = Duration::from_secs(600);
-    let mut issuer = CertificateIssuer::new(config);
-    let statuses =
-        |store: &Store| -> BTreeSet<String> { statuses_of(store, &a).keys().cloned().collect() };
-    let at = |s: i64| now.store(start_ms + s * 1000, Ordering::SeqCst);
-
-    issuer.pass(&store).await;
-    assert_eq!(
-        statuses(&store),
-        of_a,
-        "both up: A issues its own hostnames"
-    );
+    m.pass().await;
+    assert_eq!(m.statuses(), of_a, "both up: A issues its own hostnames");
 
     // B is observed down: within the grace nothing moves, and the pass wakes when it ends.
-    down.send_replace(BTreeSet::from([b.clone()]));
-    at(10);
-    let wait = issuer.pass(&store).await;
-    assert_eq!(
-        statuses(&store),
-        of_a,
-        "B's hostnames moved within the grace"
-    );
+    m.not_up(&[&b]);
+    m.at(10);
+    let wait = m.pass().await;
+    assert_eq!(m.statuses(), of_a, "B's hostnames moved within the grace");
     assert!(
         (Duration::from_secs(599)..=Duration::from_secs(600)).contains(&wait),
         "the pass does not wake when the grace ends: {wait:?}"
     );
-    at(300);
-    issuer.pass(&store).await;
-    assert_eq!(
-        statuses(&store),
-        of_a,
-        "B's hostnames moved within the grace"
-    );
+    m.at(300);
+    m.pass().await;
+    assert_eq!(m.statuses(), of_a, "B's hostnames moved within the grace");
 
     // Down past the grace: A orders B's hostnames too.
-    at(611);
-    issuer.pass(&store).await;
+    m.at(611);
+    m.pass().await;
     let all: BTreeSet<String> = hosts.iter().cloned().collect();
-    assert_eq!(
-        statuses(&store),
-        all,
-        "B's hostnames stayed without an issuer"
-    );
+    assert_eq!(m.statuses(), all, "B's hostnames stayed without an issuer");
     for h in &of_b {
-        let s = &statuses_of(&store, &a)[h];
+        let s = &statuses_of(&m.store, &a)[h];
         assert_eq!(s.state, CertificateState::Failed, "{s:?}");
         assert!(s.last_attempt_at.is_some(), "{h} was not ordered: {s:?}");
     }
 
     // B is back: its hostnames are its own again.
-    down.send_replace(BTreeSet::new());
-    at(700);
-    issuer.pass(&store).await;
+    m.not_up(&[]);
+    m.at(700);
+    m.pass().await;
     assert_eq!(
-        statuses(&store),
+        m.statuses(),
         of_a,
         "B came back and A still issues its hostnames"
     );
 
     // B down again: the grace starts over (a flapping Machine does not move hostnames).
-    down.send_replace(BTreeSet::from([b.clone()]));
-    at(710);
-    issuer.pass(&store).await;
-    at(1000);
-    issuer.pass(&store).await;
-    assert_eq!(statuses(&store), of_a, "the grace did not start over");
-    at(1311);
-    issuer.pass(&store).await;
-    assert_eq!(statuses(&store), all);
+    m.not_up(&[&b]);
+    m.at(710);
+    m.pass().await;
+    m.at(1000);
+    m.pass().await;
+    assert_eq!(m.statuses(), of_a, "the grace did not start over");
+    m.at(1311);
+    m.pass().await;
+    assert_eq!(m.statuses(), all);
     // B's hostnames are A's again, but their orders failed at 611 and wait out the backoff
     // promised then (an authority counts failed validations); their statuses say so.
     for h in &of_b {
-        let s = &statuses_of(&store, &a)[h];
+        let s = &statuses_of(&m.store, &a)[h];
         assert_eq!(s.state, CertificateState::Failed, "{s:?}");
         assert_eq!(
             s.last_attempt_at,
-            Some(start_ms / 1000 + 611),
+            Some(m.unix(611)),
             "{h} was ordered again within its backoff: {s:?}"
         );
     }
 
     // This Machine is never passed over by itself.
-    down.send_replace(BTreeSet::from([a.clone(), b.clone()]));
-    at(2000);
-    issuer.pass(&store).await;
-    at(3000);
-    issuer.pass(&store).await;
-    assert_eq!(statuses(&store), all);
+    m.not_up(&[&a, &b]);
+    m.at(2000);
+    m.pass().await;
+    m.at(3000);
+    m.pass().await;
+    assert_eq!(m.statuses(), all);
+}
+
+/// An issuer for `machines[0]` among `machines` (each with an issuer record), asked for
+/// `hosts`, with a clock the test moves and a membership view it sets. Every order fails at
+/// once (a closed port) and is retried only after an hour (and up to a fifth more), so the
+/// grace and the membership are what move hostnames.
+struct Membership {
+    store: Store,
+    issuer: CertificateIssuer,
+    not_up: tokio::sync::watch::Sender<BTreeSet<MachineId>>,
+    now: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    start_ms: i64,
+    local: MachineId,
+}
+
+impl Membership {
+    fn new(machines: &[MachineId], hosts: &[String]) -> Membership {
+        use std::sync::atomic::{AtomicI64, Ordering};
+        use std::sync::Arc;
+        use std::time::{SystemTime, UNIX_EPOCH};
+
+        let local = machines[0].clone();
+        let store = Store::temporary(local.clone()).unwrap();
+        let mut records: Vec<Record> = Vec::new();
+        for (i, m) in machines.iter().enumerate() {
+            records.push(machine_record(m, i as u8 + 1));
+            records.push(issuer_record(m));
+        }
+        records.push(observation_record(&MachineId::generate(), hosts));
+        store.merge(&records).unwrap();
+        write_policy(
+            &store,
+            &CertificatePolicy {
+                directory_url: Some(format!("https://127.0.0.1:{}/dir", closed_port())),
+                backoff_min_secs: Some(3600),
+                backoff_max_secs: Some(7200),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let start_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let now = Arc::new(AtomicI64::new(start_ms));
+        let clock_now = now.clone();
+        let (not_up, machines_not_up) = tokio::sync::watch::channel(BTreeSet::new());
+        let mut config = IssuerConfig::new(local.clone());
+        config.clock = ployz_acme::Clock::from_fn(move || {
+            UNIX_EPOCH + Duration::from_millis(clock_now.load(Ordering::SeqCst) as u64)
+        });
+        config.machines_not_up = machines_not_up;
+        config.down_grace = Duration::from_secs(600);
+        Membership {
+            store,
+            issuer: CertificateIssuer::new(config),
+            not_up,
+            now,
+            start_ms,
+            local,
+        }
+    }
+
+    /// Moves the clock to `s` seconds after the start.
+    fn at(&self, s: i64) {
+        self.now.store(
+            self.start_ms + s * 1000,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+
+    /// The Machines observed not up from now on.
+    fn not_up(&self, machines: &[&MachineId]) {
+        self.not_up
+            .send_replace(machines.iter().map(|m| (*m).clone()).collect());
+    }
+
+    async fn pass(&mut self) -> Duration {
+        self.issuer.pass(&self.store).await
+    }
+
+    /// The hostnames this issuer has a status for.
+    fn statuses(&self) -> BTreeSet<String> {
+        statuses_of(&self.store, &self.local)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Unix seconds `s` seconds after the start.
+    fn unix(&self, s: i64) -> i64 {
+        self.start_ms / 1000 + s
+    }
 }
 
 #[tokio::test]
 async fn a_machine_that_observes_fewer_than_half_up_passes_over_none() {
-    use std::sync::atomic::{AtomicI64, Ordering};
-    use std::sync::Arc;
-    use std::time::{SystemTime, UNIX_EPOCH};
-
     let a = MachineId::generate();
     let b = MachineId::generate();
     let c = MachineId::generate();
@@ -429,86 +459,46 @@ async fn a_machine_that_observes_fewer_than_half_up_passes_over_none() {
         of_a.len(),
         of_a_without_b.len()
     );
-    let store = Store::temporary(a.clone()).unwrap();
-    let runner = MachineId::generate();
-    store
-        .merge(&[
-            machine_record(&a, 1),
-            machine_record(&b, 2),
-            machine_record(&c, 3),
-            issuer_record(&a),
-            issuer_record(&b),
-            issuer_record(&c),
-            observation_record(&runner, &hosts),
-        ])
-        .unwrap();
-    write_policy(
-        &store,
-        &CertificatePolicy {
-            directory_url: Some(format!("https://127.0.0.1:{}/dir", closed_port())),
-            backoff_min_secs: Some(3600),
-            backoff_max_secs: Some(7200),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut m = Membership::new(&three, &hosts);
 
-    let start_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    let now = Arc::new(AtomicI64::new(start_ms));
-    let clock_now = now.clone();
-    let (not_up, machines_not_up) = tokio::sync::watch::channel(BTreeSet::new());
-    let mut config = IssuerConfig::new(a.clone());
-    config.clock = ployz_acme::Clock::from_fn(move || {
-        UNIX_EPOCH + Duration::from_millis(clock_now.load(Ordering::SeqCst) as u64)
-    });
-    config.machines_not_up = machines_not_up;
-    config.down_grace = Duration::from_secs(600);
-    let mut issuer = CertificateIssuer::new(config);
-    let statuses =
-        |store: &Store| -> BTreeSet<String> { statuses_of(store, &a).keys().cloned().collect() };
-    let at = |s: i64| now.store(start_ms + s * 1000, Ordering::SeqCst);
-
-    issuer.pass(&store).await;
-    assert_eq!(statuses(&store), of_a, "all up: A issues its own hostnames");
+    m.pass().await;
+    assert_eq!(m.statuses(), of_a, "all up: A issues its own hostnames");
 
     // A is cut off: it observes neither B nor C up. Past the grace it is one of three up, and
     // orders none of theirs (the others, who observe each other, do).
-    not_up.send_replace(BTreeSet::from([b.clone(), c.clone()]));
-    at(10);
-    issuer.pass(&store).await;
-    at(1000);
-    issuer.pass(&store).await;
+    m.not_up(&[&b, &c]);
+    m.at(10);
+    m.pass().await;
+    m.at(1000);
+    m.pass().await;
     assert_eq!(
-        statuses(&store),
+        m.statuses(),
         of_a,
         "a Machine that observes only itself up ordered the others' hostnames"
     );
 
     // C is observed up again: two of three, so B, still past its grace, is passed over.
-    not_up.send_replace(BTreeSet::from([b.clone()]));
-    at(1010);
-    issuer.pass(&store).await;
+    m.not_up(&[&b]);
+    m.at(1010);
+    m.pass().await;
     assert_eq!(
-        statuses(&store),
+        m.statuses(),
         of_a_without_b,
         "two of three up and B's hostnames still wait for it"
     );
 
     // Back to one of three: A holds back again, and B's hostnames are left to the others.
-    not_up.send_replace(BTreeSet::from([b.clone(), c.clone()]));
-    at(2000);
-    issuer.pass(&store).await;
-    assert_eq!(statuses(&store), of_a);
+    m.not_up(&[&b, &c]);
+    m.at(2000);
+    m.pass().await;
+    assert_eq!(m.statuses(), of_a);
 
     // C flaps back: B's hostnames are A's again, but their orders failed at 1010 and wait out
     // the hour (and up to a fifth more) promised then: an authority counts failed validations.
-    not_up.send_replace(BTreeSet::from([b.clone()]));
-    at(2010);
-    issuer.pass(&store).await;
-    assert_eq!(statuses(&store), of_a_without_b);
+    m.not_up(&[&b]);
+    m.at(2010);
+    m.pass().await;
+    assert_eq!(m.statuses(), of_a_without_b);
     let attempted = |store: &Store| -> BTreeSet<Option<i64>> {
         statuses_of(store, &a)
             .iter()
@@ -517,15 +507,15 @@ async fn a_machine_that_observes_fewer_than_half_up_passes_over_none() {
             .collect()
     };
     assert_eq!(
-        attempted(&store),
-        BTreeSet::from([Some(start_ms / 1000 + 1010)]),
+        attempted(&m.store),
+        BTreeSet::from([Some(m.unix(1010))]),
         "B's hostnames were ordered again before their backoff ended"
     );
-    at(1010 + 3600 * 6 / 5 + 1);
-    issuer.pass(&store).await;
+    m.at(1010 + 3600 * 6 / 5 + 1);
+    m.pass().await;
     assert_eq!(
-        attempted(&store),
-        BTreeSet::from([Some(start_ms / 1000 + 1010 + 3600 * 6 / 5 + 1)]),
+        attempted(&m.store),
+        BTreeSet::from([Some(m.unix(1010 + 3600 * 6 / 5 + 1))]),
         "the backoff never ended"
     );
 }
