@@ -439,8 +439,12 @@ impl CertificateIssuer {
         }
     }
 
-    /// Logs each Machine passed over, and each no longer passed over, once.
-    fn note_passed_over(&mut self, passed_over: BTreeSet<MachineId>) {
+    /// Logs each Machine passed over, and each no longer passed over, once; while outnumbered
+    /// (none is passed over, and [`CertificateIssuer::note_outnumbered`] said why) nothing.
+    fn note_passed_over(&mut self, passed_over: BTreeSet<MachineId>, outnumbered: bool) {
+        if outnumbered {
+            return;
+        }
         for m in passed_over.difference(&self.passed_over) {
             tracing::info!(
                 machine = %m,
@@ -523,7 +527,7 @@ impl CertificateIssuer {
             tracing::info!("certificate passes resumed: the store reads again");
         }
         self.note_outnumbered(&quorum);
-        self.note_passed_over(passed_over);
+        self.note_passed_over(passed_over, quorum.outnumbered);
         for h in statuses.keys().filter(|h| !mine.contains(*h)) {
             if let Err(e) = blocking(|| store.delete(&status_key(&local, h))) {
                 IssuerCounters::count(&self.config.counters.0.store_write_failures);
@@ -540,21 +544,7 @@ impl CertificateIssuer {
                 self.left.insert(h.clone(), status.clone());
             }
         }
-        for h in &mine {
-            if statuses.contains_key(h) {
-                continue;
-            }
-            let Some(mut status) = self.left.remove(h) else {
-                continue;
-            };
-            if self.backoff.contains_key(h) {
-                status.updated_at = now;
-                write_status(&self.config.counters, store, None, status.clone());
-                statuses.insert(h.clone(), status);
-            }
-        }
-        self.left
-            .retain(|h, _| !mine.contains(h) && self.backoff.contains_key(h));
+        self.left.retain(|h, _| self.backoff.contains_key(h));
         statuses.retain(|h, _| mine.contains(h));
 
         let policy = match stored_policy(store) {
@@ -615,6 +605,14 @@ impl CertificateIssuer {
             write_status(&self.config.counters, store, held, status);
         }
         for (h, need) in &assessment.wanted {
+            // Back within the backoff it left with: its status says so again (the order waits).
+            if !statuses.contains_key(h) && self.backoff.contains_key(h) {
+                if let Some(mut status) = self.left.remove(h) {
+                    status.updated_at = now;
+                    write_status(&self.config.counters, store, None, status.clone());
+                    statuses.insert(h.clone(), status);
+                }
+            }
             let held = statuses.get(h);
             let fresh = held.is_none_or(|s| {
                 matches!(
