@@ -153,7 +153,7 @@ services:
     assert_eq!(material(&last, "elsewhere.test"), None, "{last:#}");
     let why = status(&last, "elsewhere.test").expect("a status for the held-back hostname");
     assert_eq!(why["state"], "not_pointing_here", "{why:#}");
-    // An issuer at work is late for nothing.
+    // The listing names what is overdue; an issuer at work is late for nothing.
     assert_eq!(last["overdue"], serde_json::json!([]), "{last:#}");
     let out = run(&lab, &m, &["cert", "ls"]);
     assert!(

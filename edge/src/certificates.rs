@@ -30,21 +30,23 @@ impl CertificateTable {
     /// warning, never breaking the others.
     pub fn build(materials: &[CertificateMaterial]) -> CertificateTable {
         let mut exact = HashMap::new();
-        let mut expiry = Vec::new();
+        let mut expiry = std::collections::BTreeMap::new();
         for m in materials {
             match certified_key(m) {
                 Ok(ck) => {
+                    // The last of a hostname wins in both.
                     exact.insert(m.hostname.clone(), Arc::new(ck));
-                    expiry.push((m.hostname.clone(), m.not_after));
+                    expiry.insert(m.hostname.clone(), m.not_after);
                 }
                 Err(e) => {
                     tracing::warn!(hostname = %m.hostname, error = %e, "skipping certificate material")
                 }
             }
         }
-        expiry.sort();
-        expiry.dedup_by(|a, b| a.0 == b.0);
-        CertificateTable { exact, expiry }
+        CertificateTable {
+            exact,
+            expiry: expiry.into_iter().collect(),
+        }
     }
 
     /// The key for an SNI name.

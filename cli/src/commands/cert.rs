@@ -250,10 +250,32 @@ struct Overdue {
     due_at: i64,
 }
 
-/// How long after the time a status says its issuer would act (renew, retry, finish an order)
-/// it is taken as left alone, on top of the policy's minimum backoff (a renewal soon after an
-/// issuance waits that long): the issuer wakes at each such time, and at least hourly.
+/// How long after the time a status says its issuer would act (start or end an order, renew,
+/// retry) it is taken as left alone, on top of the policy's minimum backoff (a renewal soon
+/// after an issuance waits that long): the issuer wakes at each such time, and at least
+/// hourly. And how long that issuer must have written no status at all: one working through
+/// a long queue of orders (each up to 5 minutes) writes as it goes.
 const OVERDUE_AFTER_SECS: i64 = 3600;
+
+/// The statuses among `statuses` whose issuer is late ([`overdue`]) and has written none of
+/// its statuses for [`OVERDUE_AFTER_SECS`].
+fn overdue_statuses(
+    statuses: &[CertificateStatus],
+    now: i64,
+    backoff_min_secs: i64,
+) -> Vec<Overdue> {
+    let mut last_write: std::collections::HashMap<&ployz_core::MachineId, i64> =
+        std::collections::HashMap::new();
+    for s in statuses {
+        let t = last_write.entry(&s.issuer).or_insert(s.updated_at);
+        *t = (*t).max(s.updated_at);
+    }
+    statuses
+        .iter()
+        .filter(|s| now > last_write[&s.issuer].saturating_add(OVERDUE_AFTER_SECS))
+        .filter_map(|s| overdue(s, now, backoff_min_secs))
+        .collect()
+}
 
 /// When `status`'s issuer was to act on it, if that is more than [`OVERDUE_AFTER_SECS`] and
 /// `backoff_min_secs` before `now`: a Valid status past its renewal point, a failed one past its
@@ -339,10 +361,8 @@ pub async fn run(global: &GlobalArgs, cmd: CertCommand) -> anyhow::Result<()> {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs() as i64);
-            let overdue: Vec<Overdue> = status
-                .iter()
-                .filter_map(|s| overdue(s, now, i64::try_from(backoff_min).unwrap_or(i64::MAX)))
-                .collect();
+            let overdue =
+                overdue_statuses(&status, now, i64::try_from(backoff_min).unwrap_or(i64::MAX));
             if json {
                 return print_json(&Listing {
                     material,
@@ -494,5 +514,27 @@ mod tests {
         let mut unknown = status(CertificateState::Valid);
         unknown.renew_at = None;
         assert_eq!(overdue(&unknown, i64::MAX, 60), None);
+    }
+
+    #[test]
+    fn an_issuer_that_wrote_a_status_within_the_hour_is_at_work_not_late() {
+        // One hostname waits at the end of a long queue of orders; another, ordered just now,
+        // shows its issuer at work.
+        let mut waiting = status(CertificateState::Pending);
+        waiting.updated_at = 1_000_000;
+        let mut ordering = status(CertificateState::Ordering);
+        ordering.hostname = "other.example.com".into();
+        ordering.updated_at = 1_000_000 + 7_000;
+        let now = 1_000_000 + 7_200;
+        assert!(overdue(&waiting, now, 60).is_some());
+        assert_eq!(
+            overdue_statuses(&[waiting.clone(), ordering.clone()], now, 60),
+            vec![]
+        );
+        // Another issuer's writes say nothing of this one.
+        ordering.issuer = "fedcba9876543210fedcba9876543210".parse().unwrap();
+        let late = overdue_statuses(&[waiting, ordering], now, 60);
+        assert_eq!(late.len(), 1);
+        assert_eq!(late[0].hostname, "app.example.com");
     }
 }
