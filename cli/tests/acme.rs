@@ -161,6 +161,15 @@ services:
         "{}",
         stdout(&out)
     );
+    // The issuer by its Machine Name.
+    let machines = json(&run(&lab, &m, &["machine", "ls", "--json"]));
+    let name = machines["values"][0]["name"].as_str().unwrap().to_owned();
+    let issuer_id = why["issuer"].as_str().unwrap().to_owned();
+    assert!(
+        stdout(&out).contains(&format!(" {name} ")) && !stdout(&out).contains(&issuer_id),
+        "{name} ({issuer_id}) in {}",
+        stdout(&out)
+    );
 
     // A client trusting Pebble's root gets the Service by SNI, each hostname its own leaf.
     std::fs::write(lab.path("ca.pem"), ca.issuing_root()).unwrap();

@@ -377,6 +377,19 @@ pub async fn run(global: &GlobalArgs, cmd: CertCommand) -> anyhow::Result<()> {
                 .collect();
             hostnames.sort();
             hostnames.dedup();
+            // Issuers by Machine Name, and how the Machine reached observes them (best effort:
+            // an ID's first characters, and no observation, without it).
+            let machines: Vec<ployz_core::api::MachineView> = client
+                .get::<ployz_core::api::MachineList>(paths::MACHINES)
+                .await
+                .map(|l| l.values)
+                .unwrap_or_default();
+            let issuer = |id: &ployz_core::MachineId| -> (String, Option<&'static str>) {
+                match machines.iter().find(|v| v.info.id == *id) {
+                    Some(v) => (v.info.name.to_string(), Some(v.membership.as_str())),
+                    None => (id.as_str().chars().take(12).collect(), None),
+                }
+            };
             let mut t = table(&[
                 "HOSTNAME",
                 "STATUS",
@@ -403,10 +416,16 @@ pub async fn run(global: &GlobalArgs, cmd: CertCommand) -> anyhow::Result<()> {
                     })
                     .unwrap_or_default();
                 if let Some(o) = late {
-                    let late = format!(
-                        "its issuer was to act at {} and has not: is that Machine up (`ployz machine ls`)?",
-                        o.due_at
-                    );
+                    let late = match issuer(&o.issuer) {
+                        (name, Some(seen)) => format!(
+                            "its issuer {name} ({seen} as this Machine observes it) was to act at {} and has not; `ployz machine ls`",
+                            o.due_at
+                        ),
+                        (name, None) => format!(
+                            "its issuer {name} (not a Machine of this Cluster as this Machine knows it) was to act at {} and has not",
+                            o.due_at
+                        ),
+                    };
                     why = if why.is_empty() {
                         late
                     } else {
@@ -417,7 +436,7 @@ pub async fn run(global: &GlobalArgs, cmd: CertCommand) -> anyhow::Result<()> {
                     h.to_owned(),
                     state,
                     unix_time(m.map(|m| m.not_after).or(s.and_then(|s| s.not_after))),
-                    s.map_or_else(|| "-".to_owned(), |s| s.issuer.to_string()),
+                    s.map_or_else(|| "-".to_owned(), |s| issuer(&s.issuer).0),
                     unix_time(s.and_then(|s| s.next_attempt_at)),
                     why,
                 ]);
