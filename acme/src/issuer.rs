@@ -465,15 +465,15 @@ impl CertificateIssuer {
             return;
         }
         self.outnumbered = quorum.outnumbered;
-        if !quorum.outnumbered && !quorum.half_up {
-            // No Machine is past its grace any more: nothing to hold back, and nothing to say.
-        } else if quorum.outnumbered {
+        if quorum.outnumbered {
             tracing::warn!(
                 up = quorum.up,
                 issuers = quorum.issuers,
                 "this Machine observes fewer than half the issuing Machines up, itself included: it may be the one cut off, so it passes over none of them; the hostnames of those not up wait for them, or for a Machine that observes at least half up (remove a Machine gone for good: ployz machine rm)"
             );
-        } else {
+        } else if quorum.half_up {
+            // (Not outnumbered with fewer than half up: no Machine is past its grace any more,
+            // and there is nothing to say.)
             tracing::info!(
                 up = quorum.up,
                 issuers = quorum.issuers,
